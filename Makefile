@@ -1,0 +1,32 @@
+# Understudy — `make demo` and `make test` work on a fresh machine: both run `make setup`.
+.PHONY: setup test test-fast lint demo bench e2e clean
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+
+setup:
+	@bash scripts/setup.sh
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict broker_image/src operator/src spark_jobs/src
+
+test: setup lint
+	$(PYTEST) -m "not e2e" $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PYTEST) -m "not e2e and not slow and not spark" $(PYTEST_ARGS)
+
+demo: setup
+	@bash scripts/demo.sh
+
+bench: setup
+	@mkdir -p bench-results
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+e2e: setup
+	$(PYTEST) -m e2e e2e -v
+
+clean:
+	rm -rf .understudy bench-results .pytest_cache .mypy_cache .ruff_cache

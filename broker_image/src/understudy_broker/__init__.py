@@ -1,0 +1,1 @@
+"""Understudy broker: the data plane (commit log, wire protocol, replication) and its client."""

@@ -1,0 +1,145 @@
+"""The shared vocabulary of Understudy: permissions, roles, group modes and the one
+function that turns them into a broker's *effective* permission.
+
+Why this module exists: the broker enforces effective permission, the controller
+reasons about it and the tests assert it. If any of the three computed it differently,
+the one-reader invariant would hold in one place and not in another. So there is exactly
+one pure function, :func:`effective_permission`, with no I/O and no clock of its own; the
+callers gather the facts (ZooKeeper state, link health, lease validity) and pass them in.
+
+The rules are the ones in DESIGN.md ("Effective permission" and "Read leases").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Permission(enum.IntFlag):
+    """Bit flags. ``FULL`` is ``READ | WRITE``."""
+
+    NONE = 0
+    READ = 1
+    WRITE = 2
+    FULL = 3
+
+    @classmethod
+    def parse(cls, text: str) -> Permission:
+        """Parse ``FULL``/``WRITE``/``READ``/``NONE`` (case-insensitive) or ``0``-``3``."""
+        t = text.strip().upper()
+        if t.isdigit() and 0 <= int(t) <= 3:
+            return cls(int(t))
+        try:
+            return cls[t]
+        except KeyError:
+            raise ValueError(
+                f"unknown permission {text!r}: expected one of FULL, WRITE, READ, NONE"
+            ) from None
+
+    @property
+    def label(self) -> str:
+        """The canonical name (``FULL``, ``WRITE``, ``READ``, ``NONE``)."""
+        return {0: "NONE", 1: "READ", 2: "WRITE", 3: "FULL"}[int(self)]
+
+
+class Role(enum.StrEnum):
+    """Roles are fixed by configuration: ordinal 0 is the master. Failover never
+    promotes a slave to a writer."""
+
+    MASTER = "master"
+    SLAVE = "slave"
+
+
+class Mode(enum.IntEnum):
+    """Group mode; the numeric values are the ``understudy_group_mode`` metric values."""
+
+    NORMAL = 0
+    FENCING = 1
+    SLAVE_CONSUME = 2
+    RECOVERING = 3
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """The content of ``/groups/<group>/state``."""
+
+    mode: Mode
+    epoch: int
+    acting: str | None = None
+    since: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What a broker knows about itself right now.
+
+    ``zk_live``: its ZooKeeper session is connected and not expired.
+    ``zk_lost_for``: seconds since the session was last known good (0 while live).
+    ``fence_after``: how long ZooKeeper may be unreachable before a master counts as
+    isolated (when the other isolation conditions hold).
+    ``slaves_assigned``: the configuration names at least one slave.
+    ``slave_connected``: some slave has a live replication link to this master.
+    ``slave_once_connected``: some slave has connected at least once since start.
+    ``lease_valid``: the read lease (DESIGN "Read leases") is currently valid.
+    """
+
+    zk_live: bool = True
+    zk_lost_for: float = 0.0
+    fence_after: float = 0.0
+    slaves_assigned: bool = False
+    slave_connected: bool = False
+    slave_once_connected: bool = False
+    lease_valid: bool = True
+
+
+def is_isolated(health: Health) -> bool:
+    """A master is isolated when ZooKeeper has been unreachable longer than the fence
+    time AND no slave is connected AND a slave is assigned AND one has connected before.
+
+    The last two conditions are the field-learned exceptions: a master without a
+    configured slave, or whose slave never connected, never fences itself (there is
+    nobody who could have taken over reads). Because this is recomputed from the current
+    facts, a self-fenced master recovers as soon as ZooKeeper or a slave is back.
+    """
+    return (
+        not health.zk_live
+        and health.zk_lost_for > health.fence_after
+        and not health.slave_connected
+        and health.slaves_assigned
+        and health.slave_once_connected
+    )
+
+
+def effective_permission(
+    *,
+    role: Role,
+    name: str,
+    configured: Permission,
+    state: GroupState | None,
+    health: Health,
+) -> Permission:
+    """The permission a broker enforces right now.
+
+    ``state`` is the group state this broker has applied; ``None`` means the broker runs
+    without coordination (static configuration, no ZooKeeper): a master then enforces its
+    configured permission and a slave at most READ of its configured permission.
+    """
+    if role is Role.MASTER:
+        if state is None:
+            perm = configured
+        elif state.mode is not Mode.NORMAL or is_isolated(health):
+            perm = Permission.NONE
+        else:
+            perm = configured
+    else:
+        if state is None:
+            perm = configured & Permission.READ
+        elif state.mode is Mode.SLAVE_CONSUME and state.acting == name and health.zk_live:
+            perm = configured & Permission.READ
+        else:
+            perm = Permission.NONE
+    if not health.lease_valid:
+        perm &= ~Permission.READ
+    return Permission(perm)

@@ -1,0 +1,86 @@
+"""Effective permission: the rules of DESIGN.md, case by case."""
+
+from __future__ import annotations
+
+import pytest
+
+from understudy_broker.model import (
+    GroupState,
+    Health,
+    Mode,
+    Permission,
+    Role,
+    effective_permission,
+    is_isolated,
+)
+
+NORMAL = GroupState(Mode.NORMAL, 1)
+SC_S1 = GroupState(Mode.SLAVE_CONSUME, 3, acting="s1")
+
+
+def eff(role: Role, state: GroupState | None, health: Health = Health(), name: str = "s1",
+        configured: Permission = Permission.FULL) -> Permission:
+    return effective_permission(role=role, name=name, configured=configured, state=state,
+                                health=health)
+
+
+def test_master_normal_gets_configured() -> None:
+    assert eff(Role.MASTER, NORMAL, configured=Permission.WRITE) is Permission.WRITE
+
+
+@pytest.mark.parametrize("mode", [Mode.FENCING, Mode.SLAVE_CONSUME, Mode.RECOVERING])
+def test_master_outside_normal_gets_none(mode: Mode) -> None:
+    assert eff(Role.MASTER, GroupState(mode, 2, acting="s1")) is Permission.NONE
+
+
+def test_isolated_master_fences_itself() -> None:
+    h = Health(zk_live=False, zk_lost_for=5, fence_after=2, slaves_assigned=True,
+               slave_connected=False, slave_once_connected=True)
+    assert is_isolated(h)
+    assert eff(Role.MASTER, NORMAL, h) is Permission.NONE
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"slaves_assigned": False},  # no slave configured: never fences itself
+        {"slave_once_connected": False},  # slave never connected
+        {"slave_connected": True},  # a slave is back
+        {"zk_live": True, "zk_lost_for": 0.0},  # ZooKeeper is back
+        {"zk_lost_for": 1.0},  # not yet past the fence time
+    ],
+)
+def test_isolation_exceptions(override: dict[str, object]) -> None:
+    base = dict(zk_live=False, zk_lost_for=5.0, fence_after=2.0, slaves_assigned=True,
+                slave_connected=False, slave_once_connected=True)
+    base.update(override)
+    h = Health(**base)  # type: ignore[arg-type]
+    assert not is_isolated(h)
+    assert eff(Role.MASTER, NORMAL, h) is Permission.FULL
+
+
+def test_slave_reads_only_when_acting_with_live_session() -> None:
+    assert eff(Role.SLAVE, SC_S1, name="s1") is Permission.READ
+    assert eff(Role.SLAVE, SC_S1, name="s2") is Permission.NONE
+    assert eff(Role.SLAVE, SC_S1, Health(zk_live=False), name="s1") is Permission.NONE
+    assert eff(Role.SLAVE, NORMAL, name="s1") is Permission.NONE
+    assert eff(Role.SLAVE, SC_S1, name="s1", configured=Permission.WRITE) is Permission.NONE
+
+
+def test_lapsed_lease_masks_read_only() -> None:
+    lapsed = Health(lease_valid=False)
+    assert eff(Role.MASTER, NORMAL, lapsed) is Permission.WRITE
+    assert eff(Role.SLAVE, SC_S1, lapsed, name="s1") is Permission.NONE
+
+
+def test_static_mode_without_coordination() -> None:
+    assert eff(Role.MASTER, None, configured=Permission.FULL) is Permission.FULL
+    assert eff(Role.SLAVE, None, configured=Permission.FULL) is Permission.READ
+    assert eff(Role.SLAVE, None, configured=Permission.NONE) is Permission.NONE
+
+
+def test_permission_parse() -> None:
+    assert Permission.parse("full") is Permission.FULL
+    assert Permission.parse("2") is Permission.WRITE
+    with pytest.raises(ValueError, match="expected one of"):
+        Permission.parse("admin")

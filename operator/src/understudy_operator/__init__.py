@@ -1,0 +1,1 @@
+"""Understudy operator: failover controller, local cluster, drill, and the kopf operator."""

@@ -1,0 +1,1 @@
+"""Understudy SLA jobs: PySpark over Prometheus exports, producing failover SLA reports."""

@@ -1,0 +1,40 @@
+"""Guards for the repository layout that keep Python's stdlib intact."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STDLIB_NAMES = {"operator", "queue", "select", "socket", "struct", "logging", "types",
+                "signal", "test", "code"}
+
+
+def test_no_package_shadows_stdlib_operator() -> None:
+    assert not (ROOT / "operator" / "__init__.py").exists(), (
+        "operator/__init__.py would shadow the standard-library operator module"
+    )
+    import operator as op
+
+    assert op.__file__ is not None and "site-packages" not in op.__file__
+    assert hasattr(op, "itemgetter")
+
+
+def test_top_level_folders_are_not_packages() -> None:
+    for folder in ("operator", "broker_image", "spark_jobs", "crds", "charts", "e2e"):
+        assert (ROOT / folder).is_dir(), folder
+        assert not (ROOT / folder / "__init__.py").exists(), folder
+
+
+def test_no_module_named_after_stdlib_inside_packages() -> None:
+    for src in ROOT.glob("*/src/understudy_*"):
+        for path in src.rglob("*.py"):
+            assert path.stem not in STDLIB_NAMES, f"{path} shadows a stdlib module name"
+        for path in src.rglob("*"):
+            if path.is_dir():
+                assert path.name not in STDLIB_NAMES, f"{path} shadows a stdlib package name"
+
+
+def test_packages_import() -> None:
+    for name in ("understudy_broker", "understudy_operator", "understudy_spark"):
+        assert importlib.import_module(name).__doc__
