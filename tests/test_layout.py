@@ -16,7 +16,8 @@ def test_no_package_shadows_stdlib_operator() -> None:
     )
     import operator as op
 
-    assert op.__file__ is not None and "site-packages" not in op.__file__
+    assert op.__file__ is not None
+    assert "site-packages" not in op.__file__
     assert hasattr(op, "itemgetter")
 
 

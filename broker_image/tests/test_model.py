@@ -18,10 +18,10 @@ NORMAL = GroupState(Mode.NORMAL, 1)
 SC_S1 = GroupState(Mode.SLAVE_CONSUME, 3, acting="s1")
 
 
-def eff(role: Role, state: GroupState | None, health: Health = Health(), name: str = "s1",
+def eff(role: Role, state: GroupState | None, health: Health | None = None, name: str = "s1",
         configured: Permission = Permission.FULL) -> Permission:
     return effective_permission(role=role, name=name, configured=configured, state=state,
-                                health=health)
+                                health=health or Health())
 
 
 def test_master_normal_gets_configured() -> None:

@@ -134,12 +134,13 @@ def effective_permission(
         else:
             perm = configured
     else:
-        if state is None:
-            perm = configured & Permission.READ
-        elif state.mode is Mode.SLAVE_CONSUME and state.acting == name and health.zk_live:
-            perm = configured & Permission.READ
-        else:
-            perm = Permission.NONE
+        acting = (
+            state is not None
+            and state.mode is Mode.SLAVE_CONSUME
+            and state.acting == name
+            and health.zk_live
+        )
+        perm = configured & Permission.READ if state is None or acting else Permission.NONE
     if not health.lease_valid:
         perm &= ~Permission.READ
     return Permission(perm)
