@@ -39,3 +39,10 @@ def test_no_module_named_after_stdlib_inside_packages() -> None:
 def test_packages_import() -> None:
     for name in ("understudy_broker", "understudy_operator", "understudy_spark"):
         assert importlib.import_module(name).__doc__
+
+
+def test_operator_folder_holds_no_tests() -> None:
+    # pytest's importlib mode names a test file operator/tests/test_x.py "operator.tests.test_x"
+    # and imports the folder operator/ as a namespace package called "operator", replacing the
+    # standard-library module for the rest of the run. Operator tests live in tests/.
+    assert not list((ROOT / "operator").rglob("test_*.py"))
