@@ -1,0 +1,817 @@
+"""The broker wire protocol: frames, operation and status codes, typed bodies.
+
+Why this module exists: the broker, the client library, the benchmarks and the tests all
+speak this protocol, and a malformed frame from any peer must be caught in one place
+with one clear error. The codec is pure (in the manner of h11): no sockets, no asyncio,
+no clock. Transport code feeds bytes into a :class:`FrameDecoder` and takes
+:class:`Frame` objects out, or :data:`NEED_DATA` when a frame is still incomplete.
+
+Frame layout (big-endian, one frame per request or response)::
+
+    offset size field
+    0      2    magic        0x5553 ("US")
+    2      1    version      1
+    3      1    flags        bit 0: response; other bits reserved (0)
+    4      4    request_id   chosen by the requester, echoed in the response
+    8      2    op           operation code (requests and responses both carry it)
+    10     2    status       status code; 0 (OK) in every request
+    12     8    epoch        the sender's view of the group epoch; 0 = unknown
+    20     4    body_length  bytes of body that follow the header
+    24     4    body_crc     CRC-32 (zlib) of the body
+    28     ...  body
+
+The maximum frame size is checked as soon as the 28-byte header is complete, before a
+single body byte is buffered: a peer that announces 4 GiB gets ``TOO_LARGE`` and no
+allocation. Data bodies (produce batches, pull responses) are compact binary; control
+bodies (topics, offsets, routes, heartbeats) are JSON. An error response carries a UTF-8
+message as its body.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Self
+
+MAGIC: Final = 0x5553
+VERSION: Final = 1
+FLAG_RESPONSE: Final = 0x01
+DEFAULT_MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+
+HEADER = struct.Struct(
+    ">"
+    "H"  # magic: 0x5553, rejects peers that are not speaking this protocol
+    "B"  # version: 1
+    "B"  # flags: bit 0 = response
+    "I"  # request_id: echoed by the response; lets one connection pipeline requests
+    "H"  # op: Op code
+    "H"  # status: Status code (0 in requests)
+    "Q"  # epoch: sender's view of the group epoch, 0 = unknown (accept)
+    "I"  # body_length: bytes after the header
+    "I"  # body_crc: zlib.crc32 of the body
+)
+HEADER_SIZE: Final = HEADER.size  # 28
+
+
+class Op(enum.IntEnum):
+    """Operation codes. 8-31 are reserved for the HA issue and later additions."""
+
+    CREATE_TOPIC = 1
+    PRODUCE = 2
+    PULL = 3
+    COMMIT_OFFSET = 4
+    FETCH_OFFSET = 5
+    GET_ROUTE = 6
+    HEARTBEAT = 7
+    BACKSYNC_OFFSETS = 8  # reserved: the acting slave pushes consume offsets to the master
+    GET_STATUS = 9  # reserved: the controller reads a broker's status
+
+
+class Status(enum.IntEnum):
+    """Response status codes."""
+
+    OK = 0
+    NO_PERMISSION = 1
+    NOT_MASTER = 2
+    UNKNOWN_TOPIC = 3
+    BAD_FRAME = 4
+    TOO_LARGE = 5
+    STALE_EPOCH = 6
+    TIMEOUT = 7
+    NOT_ENOUGH_REPLICAS = 8
+    UNKNOWN_OPERATION = 9
+    INTERNAL = 10
+    BAD_REQUEST = 11  # a well-formed frame whose content is invalid (bad queue, ...)
+
+
+#: Statuses after which a client should re-route and retry.
+RETRIABLE: Final = frozenset(
+    {
+        Status.NO_PERMISSION,
+        Status.NOT_MASTER,
+        Status.STALE_EPOCH,
+        Status.TIMEOUT,
+        Status.NOT_ENOUGH_REPLICAS,
+        Status.INTERNAL,
+    }
+)
+
+
+class FrameError(Exception):
+    """A frame or body that cannot be accepted. ``code`` is the status to answer with;
+    ``request_id`` is known when the header was readable."""
+
+    def __init__(self, code: Status, message: str, *, request_id: int | None = None) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded frame. ``body`` is a view into the decoder's copy of the bytes."""
+
+    request_id: int
+    op: int
+    status: int
+    flags: int
+    epoch: int
+    body: bytes
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FLAG_RESPONSE)
+
+
+class _NeedData:
+    """Sentinel type for :data:`NEED_DATA`."""
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+def encode_frame(
+    *,
+    request_id: int,
+    op: int,
+    body: bytes = b"",
+    status: int = Status.OK,
+    flags: int = 0,
+    epoch: int = 0,
+) -> bytes:
+    """Header plus body, ready to write to a socket."""
+    return (
+        HEADER.pack(
+            MAGIC, VERSION, flags, request_id, op, status, epoch, len(body), zlib.crc32(body)
+        )
+        + body
+    )
+
+
+def encode_response(
+    request: Frame, *, status: int = Status.OK, body: bytes = b"", epoch: int = 0
+) -> bytes:
+    """A response frame to ``request`` (same request id and op)."""
+    return encode_frame(
+        request_id=request.request_id,
+        op=request.op,
+        status=status,
+        flags=FLAG_RESPONSE,
+        epoch=epoch,
+        body=body,
+    )
+
+
+def encode_error(
+    *, request_id: int, op: int, status: Status, message: str, epoch: int = 0
+) -> bytes:
+    """An error response whose body is a UTF-8 message."""
+    return encode_frame(
+        request_id=request_id,
+        op=op,
+        status=status,
+        flags=FLAG_RESPONSE,
+        epoch=epoch,
+        body=message.encode("utf-8", "replace"),
+    )
+
+
+class FrameDecoder:
+    """Incremental frame decoder: ``feed(data)``, then call ``next_frame()`` until it
+    returns :data:`NEED_DATA`.
+
+    After a :class:`FrameError` the stream is out of sync and the decoder refuses
+    further use; the transport answers the error and closes the connection.
+    """
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if max_frame_bytes < HEADER_SIZE:
+            raise ValueError(f"max_frame_bytes must be at least {HEADER_SIZE}")
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+        self._failed: FrameError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as frames."""
+        return len(self._buf) - self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> Frame | _NeedData:
+        if self._failed is not None:
+            raise self._failed
+        try:
+            return self._next()
+        except FrameError as exc:
+            self._failed = exc
+            raise
+
+    def _next(self) -> Frame | _NeedData:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER_SIZE:
+            # Reject a stranger (an HTTP probe, garbage) as soon as the magic is visible.
+            if len(buf) - pos >= 2 and _U16.unpack_from(buf, pos)[0] != MAGIC:
+                raise FrameError(Status.BAD_FRAME, "bad magic: not an Understudy frame")
+            return NEED_DATA
+        magic, version, flags, rid, op, status, epoch, length, crc = HEADER.unpack_from(buf, pos)
+        if magic != MAGIC:
+            raise FrameError(Status.BAD_FRAME, f"bad magic 0x{magic:04x}, expected 0x{MAGIC:04x}")
+        if version != VERSION:
+            raise FrameError(
+                Status.BAD_FRAME,
+                f"unsupported protocol version {version}, expected {VERSION}",
+                request_id=rid,
+            )
+        if HEADER_SIZE + length > self.max_frame_bytes:
+            raise FrameError(
+                Status.TOO_LARGE,
+                f"frame of {HEADER_SIZE + length} bytes exceeds the limit of "
+                f"{self.max_frame_bytes} bytes",
+                request_id=rid,
+            )
+        end = pos + HEADER_SIZE + length
+        if len(buf) < end:
+            return NEED_DATA
+        body = bytes(memoryview(buf)[pos + HEADER_SIZE : end])
+        if zlib.crc32(body) != crc:
+            raise FrameError(Status.BAD_FRAME, "body CRC mismatch", request_id=rid)
+        self._pos = end
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        elif end > 1 << 20:
+            del buf[:end]
+            self._pos = 0
+        return Frame(rid, op, status, flags, epoch, body)
+
+
+# --------------------------------------------------------------------------- bodies
+
+_U16 = struct.Struct(">H")  # length of a short string (topic name)
+_PRODUCE_HEAD = struct.Struct(
+    ">"
+    "I"  # message count
+)
+_PRODUCE_MSG = struct.Struct(
+    ">"
+    "H"  # queue
+    "i"  # key length, -1 = no key
+    "I"  # body length
+)
+_OFFSETS_HEAD = struct.Struct(">I")  # count of (queue, offset) pairs
+_OFFSET_ENTRY = struct.Struct(
+    ">"
+    "H"  # queue
+    "Q"  # queue offset assigned to the message
+)
+_PULL_REQ = struct.Struct(
+    ">"
+    "H"  # queue
+    "Q"  # first queue offset wanted
+    "I"  # max bytes of record bodies+keys in the response (at least one record is sent)
+    "I"  # max wait in ms when nothing is available (long poll)
+)
+_PULL_RESP_HEAD = struct.Struct(
+    ">"
+    "Q"  # next offset to ask for
+    "Q"  # queue start (oldest retained offset)
+    "Q"  # queue end (next offset to be written)
+    "I"  # record count
+)
+_PULL_RECORD = struct.Struct(
+    ">"
+    "Q"  # queue offset
+    "q"  # timestamp, ms since the epoch
+    "i"  # key length, -1 = no key
+    "I"  # body length
+)
+MAX_QUEUES: Final = 0xFFFF
+
+
+def _bad(message: str) -> FrameError:
+    return FrameError(Status.BAD_FRAME, message)
+
+
+class _Reader:
+    """Bounds-checked reads from a body; every overrun is a BAD_FRAME."""
+
+    __slots__ = ("_data", "_pos", "_view")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def unpack(self, st: struct.Struct) -> tuple[Any, ...]:
+        if self._pos + st.size > len(self._data):
+            raise _bad("body truncated")
+        values = st.unpack_from(self._data, self._pos)
+        self._pos += st.size
+        return values
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self._pos + n > len(self._data):
+            raise _bad("body truncated")
+        out = bytes(self._view[self._pos : self._pos + n])
+        self._pos += n
+        return out
+
+    def string(self) -> str:
+        (n,) = self.unpack(_U16)
+        try:
+            return self.take(n).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad("string is not UTF-8") from None
+
+    def end(self) -> None:
+        if self._pos != len(self._data):
+            raise _bad(f"{len(self._data) - self._pos} unexpected trailing bytes")
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ValueError("string longer than 65535 bytes")
+    return _U16.pack(len(raw)) + raw
+
+
+def _json_body(data: Mapping[str, Any]) -> bytes:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _bad(f"body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _bad("JSON body must be an object")
+    return data
+
+
+def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    if name not in data:
+        raise _bad(f"missing field {name!r}")
+    value = data[name]
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+        raise _bad(f"field {name!r} has the wrong type")
+    return value
+
+
+def _topic_name(data: Mapping[str, Any]) -> str:
+    topic: str = _field(data, "topic", str)
+    validate_topic(topic)
+    return topic
+
+
+def validate_topic(topic: str) -> None:
+    """Topic names are 1-200 characters of letters, digits, ``.``, ``_`` and ``-``."""
+    if not 1 <= len(topic) <= 200 or not all(c.isalnum() or c in "._-" for c in topic):
+        raise FrameError(
+            Status.BAD_REQUEST,
+            f"invalid topic name {topic!r}: 1-200 letters, digits, '.', '_' or '-'",
+        )
+
+
+def _queue(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUEUES:
+        raise _bad(f"invalid queue {value!r}")
+    return value
+
+
+def _offset(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise _bad(f"invalid offset {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicRequest:
+    topic: str
+    queues: int
+
+    def encode(self) -> bytes:
+        return _json_body({"topic": self.topic, "queues": self.queues})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        queues = _field(data, "queues", int)
+        if not 1 <= queues <= MAX_QUEUES:
+            raise FrameError(Status.BAD_REQUEST, f"queue count must be 1-{MAX_QUEUES}")
+        return cls(_topic_name(data), queues)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResponse:
+    topic: str
+    queues: int
+    created: bool
+
+    def encode(self) -> bytes:
+        return _json_body({"topic": self.topic, "queues": self.queues, "created": self.created})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_topic_name(data), _field(data, "queues", int), _field(data, "created", bool))
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceMessage:
+    queue: int
+    key: bytes | None
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    """A batch for one topic; messages may target different queues."""
+
+    topic: str
+    messages: Sequence[ProduceMessage]
+
+    def encode(self) -> bytes:
+        parts = [_string(self.topic), _PRODUCE_HEAD.pack(len(self.messages))]
+        pack = _PRODUCE_MSG.pack
+        for m in self.messages:
+            if m.key is None:
+                parts.append(pack(m.queue, -1, len(m.body)))
+            else:
+                parts.append(pack(m.queue, len(m.key), len(m.body)))
+                parts.append(m.key)
+            parts.append(m.body)
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        r = _Reader(body)
+        topic = r.string()
+        (count,) = r.unpack(_PRODUCE_HEAD)
+        if count > len(body):  # each message needs at least one header byte
+            raise _bad(f"message count {count} exceeds the body size")
+        messages = []
+        for _ in range(count):
+            queue, key_len, body_len = r.unpack(_PRODUCE_MSG)
+            key = None if key_len == -1 else r.take(key_len)
+            messages.append(ProduceMessage(queue, key, r.take(body_len)))
+        r.end()
+        return cls(topic, messages)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResponse:
+    """One ``(queue, offset)`` per message, in request order."""
+
+    offsets: Sequence[tuple[int, int]]
+
+    def encode(self) -> bytes:
+        pack = _OFFSET_ENTRY.pack
+        return _OFFSETS_HEAD.pack(len(self.offsets)) + b"".join(
+            pack(q, o) for q, o in self.offsets
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        r = _Reader(body)
+        (count,) = r.unpack(_OFFSETS_HEAD)
+        if count * _OFFSET_ENTRY.size != len(body) - _OFFSETS_HEAD.size:
+            raise _bad("offset count does not match the body size")
+        return cls([r.unpack(_OFFSET_ENTRY) for _ in range(count)])
+
+
+@dataclass(frozen=True, slots=True)
+class PullRequest:
+    topic: str
+    queue: int
+    offset: int
+    max_bytes: int
+    max_wait_ms: int
+
+    def encode(self) -> bytes:
+        return _string(self.topic) + _PULL_REQ.pack(
+            self.queue, self.offset, self.max_bytes, self.max_wait_ms
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        r = _Reader(body)
+        topic = r.string()
+        queue, offset, max_bytes, max_wait_ms = r.unpack(_PULL_REQ)
+        r.end()
+        return cls(topic, queue, offset, max_bytes, max_wait_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class PulledRecord:
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PullResponse:
+    next_offset: int
+    queue_start: int
+    queue_end: int
+    records: Sequence[PulledRecord] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        parts = [
+            _PULL_RESP_HEAD.pack(
+                self.next_offset, self.queue_start, self.queue_end, len(self.records)
+            )
+        ]
+        pack = _PULL_RECORD.pack
+        for rec in self.records:
+            if rec.key is None:
+                parts.append(pack(rec.offset, rec.timestamp_ms, -1, len(rec.body)))
+            else:
+                parts.append(pack(rec.offset, rec.timestamp_ms, len(rec.key), len(rec.body)))
+                parts.append(rec.key)
+            parts.append(rec.body)
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        r = _Reader(body)
+        next_offset, start, end, count = r.unpack(_PULL_RESP_HEAD)
+        if count * _PULL_RECORD.size > len(body):
+            raise _bad(f"record count {count} exceeds the body size")
+        records = []
+        for _ in range(count):
+            offset, ts, key_len, body_len = r.unpack(_PULL_RECORD)
+            key = None if key_len == -1 else r.take(key_len)
+            records.append(PulledRecord(offset, ts, key, r.take(body_len)))
+        r.end()
+        return cls(next_offset, start, end, records)
+
+
+def _queue_offsets(data: Mapping[str, Any], name: str) -> dict[int, int | None]:
+    raw = _field(data, name, dict)
+    out: dict[int, int | None] = {}
+    for k, v in raw.items():
+        try:
+            q = int(k)
+        except ValueError:
+            raise _bad(f"{name}: queue {k!r} is not a number") from None
+        out[_queue(q)] = None if v is None else _offset(v)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffsetRequest:
+    """Commit the next offset to consume, per queue, for a consumer group."""
+
+    group: str
+    topic: str
+    offsets: Mapping[int, int]
+
+    def encode(self) -> bytes:
+        return _json_body(
+            {
+                "group": self.group,
+                "topic": self.topic,
+                "offsets": {str(q): o for q, o in self.offsets.items()},
+            }
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        offsets = _queue_offsets(data, "offsets")
+        if any(v is None for v in offsets.values()):
+            raise _bad("offsets: null is not a committable offset")
+        clean = {q: v for q, v in offsets.items() if v is not None}
+        return cls(_field(data, "group", str), _topic_name(data), clean)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsResponse:
+    """Committed offsets per queue (``None`` = nothing committed). The answer to both
+    COMMIT_OFFSET (the stored values, which never move backwards) and FETCH_OFFSET."""
+
+    offsets: Mapping[int, int | None]
+
+    def encode(self) -> bytes:
+        return _json_body({"offsets": {str(q): o for q, o in self.offsets.items()}})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        return cls(_queue_offsets(_json_object(body), "offsets"))
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOffsetRequest:
+    group: str
+    topic: str
+    queues: Sequence[int]
+
+    def encode(self) -> bytes:
+        return _json_body({"group": self.group, "topic": self.topic, "queues": list(self.queues)})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        queues = [_queue(q) for q in _field(data, "queues", list)]
+        return cls(_field(data, "group", str), _topic_name(data), queues)
+
+
+@dataclass(frozen=True, slots=True)
+class GetRouteRequest:
+    """``topic`` None asks for every topic."""
+
+    topic: str | None = None
+
+    def encode(self) -> bytes:
+        return _json_body({"topic": self.topic})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        topic = data.get("topic")
+        if topic is not None and not isinstance(topic, str):
+            raise _bad("field 'topic' has the wrong type")
+        return cls(topic)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRoute:
+    """One broker as a client sees it. ``permission`` is effective, 0-3; ``reachable``
+    is False when the answering broker could not reach it."""
+
+    name: str
+    address: str
+    role: str
+    permission: int
+    epoch: int
+    reachable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "role": self.role,
+            "permission": self.permission,
+            "epoch": self.epoch,
+            "reachable": self.reachable,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        perm = _field(data, "permission", int)
+        if not 0 <= perm <= 3:
+            raise _bad(f"invalid permission {perm}")
+        return cls(
+            _field(data, "name", str),
+            _field(data, "address", str),
+            _field(data, "role", str),
+            perm,
+            _field(data, "epoch", int),
+            bool(data.get("reachable", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRoute:
+    group: str
+    brokers: Sequence[BrokerRoute]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResponse:
+    """``{"groups": [{"group", "brokers": [...]}], "topics": {name: {"queues", "groups"}}}``;
+    the shape allows a topic to span several groups later."""
+
+    groups: Sequence[GroupRoute]
+    topics: Mapping[str, int]  # topic -> queue count
+    topic_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _json_body(
+            {
+                "groups": [
+                    {"group": g.group, "brokers": [b.to_json() for b in g.brokers]}
+                    for g in self.groups
+                ],
+                "topics": {
+                    t: {"queues": n, "groups": list(self.topic_groups.get(t, ()))}
+                    for t, n in self.topics.items()
+                },
+            }
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        groups = []
+        for g in _field(data, "groups", list):
+            if not isinstance(g, dict):
+                raise _bad("route group must be an object")
+            brokers = []
+            for b in _field(g, "brokers", list):
+                if not isinstance(b, dict):
+                    raise _bad("route broker must be an object")
+                brokers.append(BrokerRoute.from_json(b))
+            groups.append(GroupRoute(_field(g, "group", str), brokers))
+        topics: dict[str, int] = {}
+        topic_groups: dict[str, list[str]] = {}
+        for name, info in _field(data, "topics", dict).items():
+            if not isinstance(info, dict):
+                raise _bad("topic info must be an object")
+            topics[name] = _field(info, "queues", int)
+            topic_groups[name] = [str(x) for x in info.get("groups", [])]
+        return cls(groups, topics, topic_groups)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    sender: str = ""
+
+    def encode(self) -> bytes:
+        return _json_body({"sender": self.sender})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        sender = data.get("sender", "")
+        if not isinstance(sender, str):
+            raise _bad("field 'sender' has the wrong type")
+        return cls(sender)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse:
+    name: str
+    group: str
+    role: str
+    permission: int
+    epoch: int
+    max_phys: int
+
+    def encode(self) -> bytes:
+        return _json_body(
+            {
+                "name": self.name,
+                "group": self.group,
+                "role": self.role,
+                "permission": self.permission,
+                "epoch": self.epoch,
+                "max_phys": self.max_phys,
+            }
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(
+            _field(data, "name", str),
+            _field(data, "group", str),
+            _field(data, "role", str),
+            _field(data, "permission", int),
+            _field(data, "epoch", int),
+            _field(data, "max_phys", int),
+        )
+
+
+#: Request and response body types per operation.
+REQUEST_TYPES: Final[Mapping[Op, type]] = {
+    Op.CREATE_TOPIC: CreateTopicRequest,
+    Op.PRODUCE: ProduceRequest,
+    Op.PULL: PullRequest,
+    Op.COMMIT_OFFSET: CommitOffsetRequest,
+    Op.FETCH_OFFSET: FetchOffsetRequest,
+    Op.GET_ROUTE: GetRouteRequest,
+    Op.HEARTBEAT: HeartbeatRequest,
+}
+RESPONSE_TYPES: Final[Mapping[Op, type]] = {
+    Op.CREATE_TOPIC: CreateTopicResponse,
+    Op.PRODUCE: ProduceResponse,
+    Op.PULL: PullResponse,
+    Op.COMMIT_OFFSET: OffsetsResponse,
+    Op.FETCH_OFFSET: OffsetsResponse,
+    Op.GET_ROUTE: RouteResponse,
+    Op.HEARTBEAT: HeartbeatResponse,
+}
+
+
+def error_message(frame: Frame) -> str:
+    """The text of an error response."""
+    return frame.body.decode("utf-8", "replace")

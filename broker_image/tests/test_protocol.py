@@ -1,0 +1,251 @@
+"""The codec without a socket: round-trips for every body type, and every kind of bad
+input the decoder must reject with a clear error."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from understudy_broker import protocol as p
+
+topics = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=30)
+queues = st.integers(min_value=0, max_value=p.MAX_QUEUES)
+offsets = st.integers(min_value=0, max_value=(1 << 63) - 1)
+keys = st.none() | st.binary(max_size=40)
+bodies = st.binary(max_size=300)
+
+
+def roundtrip(obj: object) -> object:
+    encoded = obj.encode()  # type: ignore[attr-defined]
+    return type(obj).decode(encoded)  # type: ignore[attr-defined]
+
+
+@given(topics, st.lists(st.builds(p.ProduceMessage, queues, keys, bodies), max_size=20))
+def test_produce_request_roundtrip(topic: str, messages: list[p.ProduceMessage]) -> None:
+    req = p.ProduceRequest(topic, messages)
+    out = roundtrip(req)
+    assert isinstance(out, p.ProduceRequest)
+    assert out.topic == topic
+    assert list(out.messages) == messages
+
+
+@given(st.lists(st.tuples(queues, offsets), max_size=50))
+def test_produce_response_roundtrip(pairs: list[tuple[int, int]]) -> None:
+    out = roundtrip(p.ProduceResponse(pairs))
+    assert isinstance(out, p.ProduceResponse)
+    assert list(out.offsets) == pairs
+
+
+@given(topics, queues, offsets, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_pull_request_roundtrip(topic: str, q: int, off: int, mb: int, wait: int) -> None:
+    req = p.PullRequest(topic, q, off, mb, wait)
+    assert roundtrip(req) == req
+
+
+@given(
+    offsets,
+    offsets,
+    offsets,
+    st.lists(
+        st.builds(p.PulledRecord, offsets, st.integers(-(2**63), 2**63 - 1), keys, bodies),
+        max_size=20,
+    ),
+)
+def test_pull_response_roundtrip(
+    nxt: int, start: int, end: int, records: list[p.PulledRecord]
+) -> None:
+    out = roundtrip(p.PullResponse(nxt, start, end, records))
+    assert isinstance(out, p.PullResponse)
+    assert (out.next_offset, out.queue_start, out.queue_end) == (nxt, start, end)
+    assert list(out.records) == records
+
+
+@given(topics, st.integers(1, p.MAX_QUEUES), st.booleans())
+def test_topic_roundtrip(topic: str, n: int, created: bool) -> None:
+    assert roundtrip(p.CreateTopicRequest(topic, n)) == p.CreateTopicRequest(topic, n)
+    resp = p.CreateTopicResponse(topic, n, created)
+    assert roundtrip(resp) == resp
+
+
+@given(st.text(max_size=20), topics, st.dictionaries(queues, offsets, max_size=10))
+def test_offset_bodies_roundtrip(group: str, topic: str, offs: dict[int, int]) -> None:
+    out = roundtrip(p.CommitOffsetRequest(group, topic, offs))
+    assert isinstance(out, p.CommitOffsetRequest)
+    assert (out.group, out.topic, dict(out.offsets)) == (group, topic, offs)
+    fetch = roundtrip(p.FetchOffsetRequest(group, topic, sorted(offs)))
+    assert isinstance(fetch, p.FetchOffsetRequest)
+    assert list(fetch.queues) == sorted(offs)
+    mixed: dict[int, int | None] = {**offs, 70000 % 65535: None}
+    resp = roundtrip(p.OffsetsResponse(mixed))
+    assert isinstance(resp, p.OffsetsResponse)
+    assert dict(resp.offsets) == mixed
+
+
+brokers = st.builds(
+    p.BrokerRoute,
+    st.text(max_size=10),
+    st.text(max_size=20),
+    st.sampled_from(["master", "slave"]),
+    st.integers(0, 3),
+    st.integers(0, 2**40),
+    st.booleans(),
+)
+
+
+@given(
+    st.lists(st.builds(p.GroupRoute, st.text(max_size=8), st.lists(brokers, max_size=3)), max_size=3),
+    st.dictionaries(topics, st.integers(1, 64), max_size=4),
+)
+def test_route_and_heartbeat_roundtrip(groups: list[p.GroupRoute], tmap: dict[str, int]) -> None:
+    tg = {t: [g.group for g in groups] for t in tmap}
+    out = roundtrip(p.RouteResponse(groups, tmap, tg))
+    assert isinstance(out, p.RouteResponse)
+    assert [(g.group, list(g.brokers)) for g in out.groups] == [
+        (g.group, list(g.brokers)) for g in groups
+    ]
+    assert dict(out.topics) == tmap
+    assert {k: list(v) for k, v in out.topic_groups.items()} == tg
+    hb = p.HeartbeatResponse("b0", "g", "master", 3, 7, 1234)
+    assert roundtrip(hb) == hb
+    assert roundtrip(p.HeartbeatRequest("me")) == p.HeartbeatRequest("me")
+    assert roundtrip(p.GetRouteRequest("t")) == p.GetRouteRequest("t")
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**32 - 1), st.sampled_from(list(p.Op)), offsets, bodies),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(1, 97),
+)
+def test_decoder_reassembles_frames_from_any_chunking(
+    frames: list[tuple[int, p.Op, int, bytes]], chunk: int
+) -> None:
+    wire = b"".join(
+        p.encode_frame(request_id=rid, op=op, epoch=ep, body=body) for rid, op, ep, body in frames
+    )
+    dec = p.FrameDecoder(max_frame_bytes=4096)
+    out = []
+    for i in range(0, len(wire), chunk):
+        dec.feed(wire[i : i + chunk])
+        while True:
+            f = dec.next_frame()
+            if f is p.NEED_DATA:
+                break
+            out.append(f)
+    assert [(f.request_id, f.op, f.epoch, f.body) for f in out] == frames  # type: ignore[union-attr]
+    assert dec.buffered == 0
+
+
+def test_truncated_frame_waits_for_more_data() -> None:
+    wire = p.encode_frame(request_id=1, op=p.Op.HEARTBEAT, body=b"{}")
+    dec = p.FrameDecoder()
+    dec.feed(wire[:-1])
+    assert dec.next_frame() is p.NEED_DATA
+    dec.feed(wire[-1:])
+    frame = dec.next_frame()
+    assert isinstance(frame, p.Frame)
+    assert frame.body == b"{}"
+
+
+def test_bad_crc_is_bad_frame() -> None:
+    wire = bytearray(p.encode_frame(request_id=9, op=p.Op.HEARTBEAT, body=b"{}"))
+    wire[-1] ^= 0xFF
+    dec = p.FrameDecoder()
+    dec.feed(wire)
+    with pytest.raises(p.FrameError) as info:
+        dec.next_frame()
+    assert info.value.code is p.Status.BAD_FRAME
+    assert info.value.request_id == 9
+    assert "CRC" in info.value.message
+    # the decoder stays failed: the stream is out of sync
+    with pytest.raises(p.FrameError):
+        dec.next_frame()
+
+
+def test_oversized_length_rejected_from_the_header_alone() -> None:
+    header = p.HEADER.pack(p.MAGIC, p.VERSION, 0, 5, p.Op.PRODUCE, 0, 0, 2**32 - 1, 0)
+    dec = p.FrameDecoder(max_frame_bytes=1024)
+    dec.feed(header)  # not one body byte has arrived
+    with pytest.raises(p.FrameError) as info:
+        dec.next_frame()
+    assert info.value.code is p.Status.TOO_LARGE
+    assert info.value.request_id == 5
+    assert dec.buffered == p.HEADER_SIZE
+
+
+def test_garbage_bytes_are_bad_frame() -> None:
+    dec = p.FrameDecoder()
+    dec.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    with pytest.raises(p.FrameError) as info:
+        dec.next_frame()
+    assert info.value.code is p.Status.BAD_FRAME
+    assert "magic" in info.value.message
+
+
+def test_wrong_version_is_bad_frame() -> None:
+    wire = bytearray(p.encode_frame(request_id=3, op=p.Op.HEARTBEAT))
+    wire[2] = 99
+    dec = p.FrameDecoder()
+    dec.feed(wire)
+    with pytest.raises(p.FrameError, match="version 99"):
+        dec.next_frame()
+
+
+@pytest.mark.parametrize(
+    ("cls", "body"),
+    [
+        (p.ProduceRequest, b""),
+        (p.ProduceRequest, struct.pack(">H", 1) + b"t" + struct.pack(">I", 3)),
+        (p.ProduceRequest, p.ProduceRequest("t", [p.ProduceMessage(0, b"k", b"v")]).encode() + b"x"),
+        (p.ProduceRequest, p.ProduceRequest("t", [p.ProduceMessage(0, None, b"vvvv")]).encode()[:-2]),
+        (p.PullRequest, b"\x00\x01t"),
+        (p.PullResponse, struct.pack(">QQQI", 0, 0, 0, 10**9)),
+        (p.ProduceResponse, struct.pack(">I", 4)),
+        (p.CreateTopicRequest, b"not json"),
+        (p.CreateTopicRequest, b"[1,2]"),
+        (p.CreateTopicRequest, b'{"topic": "t"}'),
+        (p.CreateTopicRequest, b'{"topic": "t", "queues": "4"}'),
+        (p.CommitOffsetRequest, b'{"group": "g", "topic": "t", "offsets": {"x": 1}}'),
+        (p.CommitOffsetRequest, b'{"group": "g", "topic": "t", "offsets": {"0": -1}}'),
+        (p.FetchOffsetRequest, b'{"group": "g", "topic": "t", "queues": [70000]}'),
+        (p.HeartbeatResponse, b"\xff\xfe"),
+    ],
+)
+def test_malformed_bodies_are_rejected_with_a_message(cls: type, body: bytes) -> None:
+    with pytest.raises(p.FrameError) as info:
+        cls.decode(body)  # type: ignore[attr-defined]
+    assert info.value.code is p.Status.BAD_FRAME
+    assert info.value.message
+
+
+@pytest.mark.parametrize("body", [b'{"topic": "a b", "queues": 1}', b'{"topic": "t", "queues": 0}'])
+def test_invalid_topic_requests_are_bad_request(body: bytes) -> None:
+    with pytest.raises(p.FrameError) as info:
+        p.CreateTopicRequest.decode(body)
+    assert info.value.code is p.Status.BAD_REQUEST
+
+
+def test_error_response_carries_the_message() -> None:
+    req = p.Frame(11, p.Op.PULL, 0, 0, 0, b"")
+    wire = p.encode_error(request_id=11, op=req.op, status=p.Status.NO_PERMISSION, message="no READ")
+    dec = p.FrameDecoder()
+    dec.feed(wire)
+    frame = dec.next_frame()
+    assert isinstance(frame, p.Frame)
+    assert frame.is_response
+    assert frame.status == p.Status.NO_PERMISSION
+    assert p.error_message(frame) == "no READ"
+    assert zlib.crc32(frame.body) == struct.unpack_from(">I", wire, 24)[0]
+
+
+def test_every_operation_has_body_types_or_is_reserved() -> None:
+    reserved = {p.Op.BACKSYNC_OFFSETS, p.Op.GET_STATUS}
+    for op in p.Op:
+        assert (op in p.REQUEST_TYPES and op in p.RESPONSE_TYPES) or op in reserved
