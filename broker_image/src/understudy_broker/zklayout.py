@@ -1,0 +1,335 @@
+"""The ZooKeeper layout and the JSON documents stored in it.
+
+Why this module exists: brokers, the failover controller, the local cluster and the
+Kubernetes operator all read and write the same znodes. This module is the single
+definition of the paths and of the documents' shapes (DESIGN "ZooKeeper layout"), pure
+and without kazoo, so every party encodes and validates them identically and a malformed
+document is a clear :class:`LayoutError`, never a crash.
+
+Paths are relative to the chroot (default ``/understudy``); the chroot is part of the
+connect string (``host:port/understudy``)::
+
+    /groups/<group>/config            GroupConfig          (written by operator / local up)
+    /groups/<group>/state             GroupState           (controller, versioned writes only)
+    /groups/<group>/live/<broker>     ephemeral, one per running broker (data: pid, address)
+    /groups/<group>/status/<broker>   BrokerStatus         (each broker, ~1 s)
+    /controllers/<group>              controller election
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from understudy_broker.model import GroupState, Mode, Permission, Role
+
+DEFAULT_CHROOT = "/understudy"
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class LayoutError(ValueError):
+    """A znode document or name is malformed; the message says which and why."""
+
+
+def check_name(kind: str, name: str) -> str:
+    """Group and broker names are DNS labels (they become Kubernetes object names)."""
+    if not _NAME.match(name):
+        raise LayoutError(f"{kind} name {name!r} must be a DNS label: [a-z0-9-], at most 63")
+    return name
+
+
+def group_path(group: str) -> str:
+    return f"/groups/{check_name('group', group)}"
+
+
+def config_path(group: str) -> str:
+    return f"{group_path(group)}/config"
+
+
+def state_path(group: str) -> str:
+    return f"{group_path(group)}/state"
+
+
+def live_dir(group: str) -> str:
+    return f"{group_path(group)}/live"
+
+
+def live_path(group: str, broker: str) -> str:
+    return f"{live_dir(group)}/{check_name('broker', broker)}"
+
+
+def status_dir(group: str) -> str:
+    return f"{group_path(group)}/status"
+
+
+def status_path(group: str, broker: str) -> str:
+    return f"{status_dir(group)}/{check_name('broker', broker)}"
+
+
+def controller_path(group: str) -> str:
+    return f"/controllers/{check_name('group', group)}"
+
+
+# --------------------------------------------------------------------------- documents
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSpec:
+    """One broker of a group. Ordinal 0 is the master."""
+
+    name: str
+    ordinal: int
+    host: str
+    port: int
+    replication_port: int
+    http_port: int
+    permission: Permission = Permission.FULL
+
+    @property
+    def role(self) -> Role:
+        return Role.MASTER if self.ordinal == 0 else Role.SLAVE
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverPolicy:
+    enabled: bool = True
+    check_interval_ms: int = 250
+    detection_checks: int = 2
+    backsync_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationPolicy:
+    sync: bool = True
+    min_insync: int = 1
+    auto_degrade: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """``/groups/<group>/config``: the desired group, as the operator or ``local up`` wrote it."""
+
+    group: str
+    brokers: tuple[BrokerSpec, ...]
+    failover: FailoverPolicy = field(default_factory=FailoverPolicy)
+    replication: ReplicationPolicy = field(default_factory=ReplicationPolicy)
+    session_timeout_ms: int = 2000
+
+    @property
+    def master(self) -> BrokerSpec:
+        return next(b for b in self.brokers if b.ordinal == 0)
+
+    @property
+    def slaves(self) -> tuple[BrokerSpec, ...]:
+        return tuple(b for b in self.brokers if b.ordinal != 0)
+
+    def broker(self, name: str) -> BrokerSpec:
+        for b in self.brokers:
+            if b.name == name:
+                return b
+        raise LayoutError(f"group {self.group!r} has no broker {name!r}")
+
+    def validate(self) -> GroupConfig:
+        check_name("group", self.group)
+        ordinals = sorted(b.ordinal for b in self.brokers)
+        if ordinals != list(range(len(self.brokers))) or not self.brokers:
+            raise LayoutError(
+                f"group {self.group!r}: broker ordinals must be 0..n-1 with 0 the master, got {ordinals}"
+            )
+        names = [check_name("broker", b.name) for b in self.brokers]
+        if len(set(names)) != len(names):
+            raise LayoutError(f"group {self.group!r}: duplicate broker names {names}")
+        if self.replication.min_insync > len(self.slaves):
+            raise LayoutError(
+                f"group {self.group!r}: minInSyncReplicas={self.replication.min_insync} "
+                f"exceeds the number of slaves ({len(self.slaves)})"
+            )
+        if self.failover.check_interval_ms < 10 or self.failover.detection_checks < 1:
+            raise LayoutError(f"group {self.group!r}: checkIntervalMs>=10, detectionChecks>=1")
+        if self.session_timeout_ms < 500:
+            raise LayoutError(f"group {self.group!r}: sessionTimeoutMs must be >= 500")
+        return self
+
+    def to_json(self) -> bytes:
+        doc = {
+            "group": self.group,
+            "brokers": [
+                {
+                    "name": b.name,
+                    "ordinal": b.ordinal,
+                    "host": b.host,
+                    "port": b.port,
+                    "replicationPort": b.replication_port,
+                    "httpPort": b.http_port,
+                    "permission": b.permission.label,
+                }
+                for b in self.brokers
+            ],
+            "failover": {
+                "enabled": self.failover.enabled,
+                "checkIntervalMs": self.failover.check_interval_ms,
+                "detectionChecks": self.failover.detection_checks,
+                "backSyncTimeoutSeconds": self.failover.backsync_timeout_s,
+            },
+            "replication": {
+                "mode": "sync" if self.replication.sync else "async",
+                "minInSyncReplicas": self.replication.min_insync,
+                "autoDegrade": self.replication.auto_degrade,
+            },
+            "sessionTimeoutMs": self.session_timeout_ms,
+        }
+        return _dump(doc)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> GroupConfig:
+        doc = _load("config", data)
+        try:
+            brokers = tuple(
+                BrokerSpec(
+                    name=str(b["name"]),
+                    ordinal=int(b["ordinal"]),
+                    host=str(b["host"]),
+                    port=int(b["port"]),
+                    replication_port=int(b["replicationPort"]),
+                    http_port=int(b["httpPort"]),
+                    permission=Permission.parse(str(b.get("permission", "FULL"))),
+                )
+                for b in doc["brokers"]
+            )
+            fo = doc.get("failover", {})
+            rp = doc.get("replication", {})
+            mode = rp.get("mode", "sync")
+            if mode not in ("sync", "async"):
+                raise LayoutError(f"config: replication.mode must be sync or async, got {mode!r}")
+            cfg = cls(
+                group=str(doc["group"]),
+                brokers=brokers,
+                failover=FailoverPolicy(
+                    enabled=bool(fo.get("enabled", True)),
+                    check_interval_ms=int(fo.get("checkIntervalMs", 250)),
+                    detection_checks=int(fo.get("detectionChecks", 2)),
+                    backsync_timeout_s=float(fo.get("backSyncTimeoutSeconds", 30.0)),
+                ),
+                replication=ReplicationPolicy(
+                    sync=mode == "sync",
+                    min_insync=int(rp.get("minInSyncReplicas", 1)),
+                    auto_degrade=bool(rp.get("autoDegrade", True)),
+                ),
+                session_timeout_ms=int(doc.get("sessionTimeoutMs", 2000)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, LayoutError):
+                raise
+            raise LayoutError(f"config: malformed document: {exc!r}") from exc
+        return cfg.validate()
+
+
+def encode_state(state: GroupState) -> bytes:
+    return _dump(
+        {
+            "mode": state.mode.name,
+            "epoch": state.epoch,
+            "acting": state.acting,
+            "since": state.since,
+            "reason": state.reason,
+        }
+    )
+
+
+def decode_state(data: bytes) -> GroupState:
+    doc = _load("state", data)
+    try:
+        return GroupState(
+            mode=Mode[str(doc["mode"])],
+            epoch=int(doc["epoch"]),
+            acting=None if doc.get("acting") is None else str(doc["acting"]),
+            since=float(doc.get("since", 0.0)),
+            reason=str(doc.get("reason", "")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LayoutError(f"state: malformed document: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    """``/groups/<group>/status/<broker>``, refreshed by the broker about once a second.
+
+    ``ready`` means: started, applied ``epoch_applied``, and (for a returning master in
+    SLAVE_CONSUME) isolated with the acting slave connected for replication, i.e. ready
+    for back-sync. ``backsync_epoch`` is the epoch of the last back-synced offsets the
+    broker persisted.
+    """
+
+    broker: str
+    effective: Permission
+    epoch_applied: int
+    master_link: bool = False
+    slave_links: tuple[str, ...] = ()
+    max_offset: int = 0
+    isolated: bool = False
+    slave_once_connected: bool = False
+    backsync_epoch: int | None = None
+    ready: bool = False
+    pid: int | None = None
+    updated_ms: int = 0
+
+    def to_json(self) -> bytes:
+        return _dump(
+            {
+                "broker": self.broker,
+                "effective": self.effective.label,
+                "epochApplied": self.epoch_applied,
+                "masterLink": self.master_link,
+                "slaveLinks": list(self.slave_links),
+                "maxOffset": self.max_offset,
+                "isolated": self.isolated,
+                "slaveOnceConnected": self.slave_once_connected,
+                "backSyncEpoch": self.backsync_epoch,
+                "ready": self.ready,
+                "pid": self.pid,
+                "updatedMs": self.updated_ms,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> BrokerStatus:
+        doc = _load("status", data)
+        try:
+            bse = doc.get("backSyncEpoch")
+            pid = doc.get("pid")
+            return cls(
+                broker=str(doc["broker"]),
+                effective=Permission.parse(str(doc["effective"])),
+                epoch_applied=int(doc["epochApplied"]),
+                master_link=bool(doc.get("masterLink", False)),
+                slave_links=tuple(str(s) for s in doc.get("slaveLinks", [])),
+                max_offset=int(doc.get("maxOffset", 0)),
+                isolated=bool(doc.get("isolated", False)),
+                slave_once_connected=bool(doc.get("slaveOnceConnected", False)),
+                backsync_epoch=None if bse is None else int(bse),
+                ready=bool(doc.get("ready", False)),
+                pid=None if pid is None else int(pid),
+                updated_ms=int(doc.get("updatedMs", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LayoutError(f"status: malformed document: {exc!r}") from exc
+
+
+def _dump(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _load(kind: str, data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LayoutError(f"{kind}: not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise LayoutError(f"{kind}: expected a JSON object, got {type(doc).__name__}")
+    return doc
