@@ -244,9 +244,12 @@ def encode_state(state: GroupState) -> bytes:
 
 def decode_state(data: bytes) -> GroupState:
     doc = _load("state", data)
+    mode = str(doc.get("mode"))
+    if mode not in Mode.__members__:
+        raise LayoutError(f"state: unknown mode {mode!r}: expected one of {list(Mode.__members__)}")
     try:
         return GroupState(
-            mode=Mode[str(doc["mode"])],
+            mode=Mode[mode],
             epoch=int(doc["epoch"]),
             acting=None if doc.get("acting") is None else str(doc["acting"]),
             since=float(doc.get("since", 0.0)),
