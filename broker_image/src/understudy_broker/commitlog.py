@@ -1,0 +1,999 @@
+"""The broker's commit log: one append-only byte stream in fixed-size segment files.
+
+Why this module exists: every message a broker stores goes through here, on the master
+(``append``) and on every slave (``append_replicated``, with the master's bytes at the
+master's offsets). Keeping one physical stream for all queues (RocketMQ's CommitLog)
+makes replication a byte copy: a slave that writes what the master wrote at the same
+positions ends with byte-identical segment files and rebuilds identical indexes.
+
+Layout on disk (``<dir>/commitlog/<base offset, 20 digits>`` and ``<dir>/index/...``):
+
+* The *physical offset* is the global byte position in the stream. Segment ``k`` holds
+  bytes ``[k*segment_bytes, (k+1)*segment_bytes)`` and is named by its base offset.
+* Records are contiguous. A record never straddles two segments: when one does not fit
+  (keeping room for a marker), an end-of-file marker fills the rest of the segment and
+  the record goes to the next segment's base. Every sealed segment therefore ends with
+  a marker and is exactly ``segment_bytes`` long; the active one grows as written.
+
+Record (all big-endian; sizes derived with ``calcsize``)::
+
+    RECORD_PREFIX   total length | magic | crc32 of every byte after the crc field
+    RECORD_HEADER   seq | queue offset | timestamp ms | queue | topic len | key len | body len
+    topic (utf-8) | key (absent when key len == -1) | body
+
+End-of-file marker::
+
+    EOF_MARKER      total length (= rest of the segment) | EOF magic | next sequence number
+    zero bytes up to the segment end
+
+The marker carries the next sequence number so a log whose active segment is empty
+still knows where the sequence continues.
+
+Durability: ``FlushPolicy(mode="batch")`` fdatasyncs after each append call;
+``mode="interval"`` leaves it to the caller (``needs_flush``/``flush``, which may run in a
+worker thread). Recovery on open scans the last segments, truncates a torn tail and
+repairs the indexes (``RecoveryReport``); corruption inside a sealed segment raises
+:class:`CorruptSegmentError` instead of dropping data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from understudy_broker.cqindex import IndexFileError, QueueIndex
+
+RECORD_MAGIC = 0xDAA320A7
+EOF_MAGIC = 0xCBD43194
+
+RECORD_PREFIX = struct.Struct(
+    ">"
+    "I"  # total record length in bytes, this field included
+    "I"  # magic: RECORD_MAGIC
+    "I"  # crc32 over every byte that follows this field (header rest + topic + key + body)
+)
+RECORD_HEADER = struct.Struct(
+    ">"
+    "Q"  # sequence number: global, +1 per record, never reused
+    "Q"  # queue offset: logical position of the record inside its (topic, queue)
+    "q"  # timestamp, ms since the Unix epoch (producer's or broker's clock)
+    "I"  # queue id
+    "H"  # topic length in bytes (utf-8)
+    "i"  # key length in bytes; -1 means "no key" (distinct from an empty key)
+    "I"  # body length in bytes
+)
+EOF_MARKER = struct.Struct(
+    ">"
+    "I"  # total marker length: from here to the end of the segment
+    "I"  # magic: EOF_MAGIC
+    "Q"  # sequence number the next record will carry
+)
+PREFIX_SIZE = RECORD_PREFIX.size
+HEADER_END = PREFIX_SIZE + RECORD_HEADER.size
+EOF_MIN = EOF_MARKER.size
+_LEN_MAGIC = struct.Struct(">II")  # the two fields records and markers share
+_CRC_FROM = PREFIX_SIZE  # the CRC covers everything after the prefix
+
+MAX_TOPIC_BYTES = 200
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_SEGMENT_RE = re.compile(r"^\d{20}$")
+_PRESERVED_TAIL_SEGMENTS = 3
+
+
+# ---- errors ------------------------------------------------------------------------
+class CommitLogError(Exception):
+    """Base class of commit-log errors."""
+
+
+class CorruptSegmentError(CommitLogError):
+    """A sealed segment is damaged; nothing was truncated. An operator decides."""
+
+    def __init__(self, path: Path, position: int, reason: str) -> None:
+        super().__init__(f"corrupt segment {path} at file position {position}: {reason}")
+        self.path = path
+        self.position = position
+        self.reason = reason
+
+
+class CorruptRecordError(CommitLogError):
+    """A record read back from disk fails its checks."""
+
+
+class ReplicationGapError(CommitLogError):
+    """Replicated bytes do not start at this log's end."""
+
+
+class ReplicationCorruptError(CommitLogError):
+    """Replicated bytes hold an invalid or inconsistent record; none of it was written."""
+
+
+class MessageTooLargeError(CommitLogError, ValueError):
+    """A message cannot fit in one segment."""
+
+
+class InvalidMessageError(CommitLogError, ValueError):
+    """Topic name, queue id or key length out of range."""
+
+
+# ---- value types -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    queue: int
+    key: bytes | None
+    body: bytes
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    topic: str
+    queue: int
+    queue_offset: int
+    seq: int
+    timestamp_ms: int
+    key: bytes | None
+    body: bytes
+    phys_offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    start_phys: int
+    end_phys: int
+    queue_offsets: list[tuple[str, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushPolicy:
+    """``batch``: fdatasync inside every append call. ``interval``: the caller flushes
+    when :meth:`CommitLog.needs_flush` says so (every ``interval_ms``)."""
+
+    mode: Literal["batch", "interval"] = "batch"
+    interval_ms: int = 200
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("batch", "interval"):
+            raise ValueError(f"flush mode must be 'batch' or 'interval', not {self.mode!r}")
+        if self.interval_ms <= 0:
+            raise ValueError("flush interval_ms must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Delete whole sealed segments beyond ``max_bytes`` total or older than ``max_age_s``."""
+
+    max_bytes: int | None = None
+    max_age_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    truncated_bytes: int
+    records_scanned: int
+    indexes_rebuilt: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What the retention predicate needs to know about a segment."""
+
+    base: int
+    size: int
+    modified_ms: int
+
+
+@dataclass(slots=True)
+class _Scanned:
+    """One item found while walking the byte stream."""
+
+    phys: int
+    size: int
+    is_marker: bool
+    seq: int = 0
+    queue_offset: int = 0
+    queue: int = 0
+    topic: str = ""
+    key_hash: int = 0
+
+
+@dataclass(slots=True)
+class _ScanResult:
+    items: list[_Scanned] = field(default_factory=list)
+    valid_end: int = 0  # physical offset after the last whole valid item
+    error: str | None = None  # why scanning stopped before the data ended
+
+
+# ---- pure helpers -------------------------------------------------------------------
+def validate_topic(topic: str) -> bytes:
+    """The topic's utf-8 bytes, or :class:`InvalidMessageError` (names become directories)."""
+    raw = topic.encode("utf-8")
+    if not raw or len(raw) > MAX_TOPIC_BYTES or not _TOPIC_RE.match(topic) or topic in (".", ".."):
+        raise InvalidMessageError(
+            f"invalid topic name {topic!r}: 1-{MAX_TOPIC_BYTES} characters of A-Z a-z 0-9 . _ -"
+        )
+    return raw
+
+
+def record_size(*, topic_len: int, key: bytes | None, body_len: int) -> int:
+    return HEADER_END + topic_len + (len(key) if key is not None else 0) + body_len
+
+
+def encode_record(
+    *, seq: int, queue_offset: int, message: Message, topic_raw: bytes
+) -> tuple[bytes, ...]:
+    """The pieces of one record (join them to get its bytes)."""
+    key = message.key
+    klen = -1 if key is None else len(key)
+    rest = RECORD_HEADER.pack(
+        seq,
+        queue_offset,
+        message.timestamp_ms,
+        message.queue,
+        len(topic_raw),
+        klen,
+        len(message.body),
+    )
+    crc = zlib.crc32(rest)
+    crc = zlib.crc32(topic_raw, crc)
+    if key:
+        crc = zlib.crc32(key, crc)
+    crc = zlib.crc32(message.body, crc)
+    size = HEADER_END + len(topic_raw) + max(klen, 0) + len(message.body)
+    prefix = RECORD_PREFIX.pack(size, RECORD_MAGIC, crc)
+    if key:
+        return (prefix, rest, topic_raw, key, message.body)
+    return (prefix, rest, topic_raw, message.body)
+
+
+def encode_eof_marker(*, length: int, next_seq: int) -> bytes:
+    return EOF_MARKER.pack(length, EOF_MAGIC, next_seq) + bytes(length - EOF_MIN)
+
+
+def decode_record(buf: memoryview, pos: int, phys: int) -> StoredRecord:
+    """Decode and CRC-check the record at ``buf[pos:]``."""
+    if len(buf) - pos < HEADER_END:
+        raise CorruptRecordError(f"record at {phys}: truncated header")
+    size, magic, crc = RECORD_PREFIX.unpack_from(buf, pos)
+    if magic != RECORD_MAGIC or size < HEADER_END or pos + size > len(buf):
+        raise CorruptRecordError(f"record at {phys}: bad magic or length")
+    if zlib.crc32(buf[pos + _CRC_FROM : pos + size]) != crc:
+        raise CorruptRecordError(f"record at {phys}: CRC mismatch")
+    seq, qoff, ts, queue, tlen, klen, blen = RECORD_HEADER.unpack_from(buf, pos + PREFIX_SIZE)
+    p = pos + HEADER_END
+    topic = bytes(buf[p : p + tlen]).decode("utf-8")
+    p += tlen
+    key: bytes | None = None
+    if klen >= 0:
+        key = bytes(buf[p : p + klen])
+        p += klen
+    body = bytes(buf[p : p + blen])
+    return StoredRecord(topic, queue, qoff, seq, ts, key, body, phys, size)
+
+
+def scan(
+    buf: memoryview, *, start_phys: int, segment_bytes: int, verify: bool = True
+) -> _ScanResult:
+    """Walk whole records and markers in ``buf`` (which starts at ``start_phys``).
+
+    Stops at the end of the data, at an incomplete item (``error`` None: more bytes may
+    come) or at an invalid one (``error`` says why).
+    """
+    out = _ScanResult(valid_end=start_phys)
+    n = len(buf)
+    pos = 0
+    unpack_prefix = RECORD_PREFIX.unpack_from
+    unpack_header = RECORD_HEADER.unpack_from
+    while pos < n:
+        phys = start_phys + pos
+        seg_end = (phys // segment_bytes + 1) * segment_bytes
+        if n - pos < _LEN_MAGIC.size:
+            break
+        size, magic = _LEN_MAGIC.unpack_from(buf, pos)
+        if magic == EOF_MAGIC:
+            if size != seg_end - phys or size < EOF_MIN:
+                out.error = (
+                    f"end-of-file marker at {phys} has length {size}, expected {seg_end - phys}"
+                )
+                break
+            if n - pos < size:
+                break
+            (_, _, next_seq) = EOF_MARKER.unpack_from(buf, pos)
+            out.items.append(_Scanned(phys, size, True, seq=next_seq))
+        elif magic == RECORD_MAGIC:
+            if size < HEADER_END or size + EOF_MIN > seg_end - phys:
+                out.error = f"record at {phys} has impossible length {size}"
+                break
+            if n - pos < size:
+                break
+            _, _, crc = unpack_prefix(buf, pos)
+            if verify and zlib.crc32(buf[pos + _CRC_FROM : pos + size]) != crc:
+                out.error = f"record at {phys} fails its CRC"
+                break
+            seq, qoff, _ts, queue, tlen, klen, blen = unpack_header(buf, pos + PREFIX_SIZE)
+            if HEADER_END + tlen + max(klen, 0) + blen != size or klen < -1:
+                out.error = f"record at {phys}: field lengths disagree with record length"
+                break
+            t0 = pos + HEADER_END
+            try:
+                topic = bytes(buf[t0 : t0 + tlen]).decode("utf-8")
+            except UnicodeDecodeError:
+                out.error = f"record at {phys}: topic is not utf-8"
+                break
+            khash = zlib.crc32(buf[t0 + tlen : t0 + tlen + klen]) if klen > 0 else 0
+            out.items.append(_Scanned(phys, size, False, seq, qoff, queue, topic, khash))
+        else:
+            out.error = f"bad magic 0x{magic:08x} at {phys}"
+            break
+        pos += size
+        out.valid_end = start_phys + pos
+    return out
+
+
+def segments_to_delete(
+    segments: Sequence[SegmentInfo],
+    *,
+    retention: Retention,
+    now_ms: int,
+    active_base: int,
+    active_empty: bool,
+) -> list[int]:
+    """Bases of the oldest sealed segments retention removes (a prefix, never a hole).
+
+    The active segment is never deleted, nor the newest sealed one while the active
+    segment is empty (its end-of-file marker carries the next sequence number).
+    """
+    ordered = sorted(segments, key=lambda s: s.base)
+    sealed = [s for s in ordered if s.base < active_base]
+    if active_empty and sealed:
+        sealed = sealed[:-1]
+    total = sum(s.size for s in ordered)
+    doomed: list[int] = []
+    for seg in sealed:
+        too_big = retention.max_bytes is not None and total > retention.max_bytes
+        too_old = (
+            retention.max_age_s is not None
+            and now_ms - seg.modified_ms > retention.max_age_s * 1000
+        )
+        if not (too_big or too_old):
+            break
+        doomed.append(seg.base)
+        total -= seg.size
+    return doomed
+
+
+def _index_path(root: Path, topic: str, queue: int) -> Path:
+    return root / "index" / topic / str(queue)
+
+
+def _segment_name(base: int) -> str:
+    return f"{base:020d}"
+
+
+# ---- the log -----------------------------------------------------------------------
+class CommitLog:
+    """See the module docstring. Not thread-safe except :meth:`flush`/:meth:`needs_flush`."""
+
+    recovery: RecoveryReport
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int,
+        flush: FlushPolicy,
+        retention: Retention,
+    ) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.flush_policy = flush
+        self.retention = retention
+        self._log_dir = directory / "commitlog"
+        self._segments: list[int] = []  # bases, ascending; the last is the active one
+        self._read_fds: dict[int, int] = {}
+        self._write_fd = -1
+        self._write_base = -1
+        self._max_phys = 0
+        self._min_phys = 0
+        self._next_seq = 0
+        self._indexes: dict[tuple[str, int], QueueIndex] = {}
+        self._topic_raw: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._unsynced: list[int] = []  # dup'd fds of sealed segments not yet fsynced
+        self._flushed_phys = 0
+        self._last_flush = time.monotonic()
+        self.recovery = RecoveryReport(0, 0, 0)
+
+    # ---- open & recovery ----------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        *,
+        segment_bytes: int = 64 << 20,
+        flush: FlushPolicy = FlushPolicy(),
+        retention: Retention = Retention(),
+    ) -> CommitLog:
+        if segment_bytes < 4096 or segment_bytes > 1 << 31:
+            raise ValueError("segment_bytes must be between 4 KiB and 2 GiB")
+        log = cls(directory, segment_bytes=segment_bytes, flush=flush, retention=retention)
+        try:
+            log._recover()
+        except BaseException:
+            log.close()
+            raise
+        return log
+
+    def _list_segments(self) -> list[int]:
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        bases = sorted(int(p.name) for p in self._log_dir.iterdir() if _SEGMENT_RE.match(p.name))
+        for i, base in enumerate(bases):
+            path = self._log_dir / _segment_name(base)
+            if base % self.segment_bytes:
+                raise CorruptSegmentError(
+                    path, 0, f"base offset is not a multiple of segment_bytes={self.segment_bytes}"
+                )
+            size = path.stat().st_size
+            if size > self.segment_bytes:
+                raise CorruptSegmentError(
+                    path, self.segment_bytes, f"file is {size} bytes, larger than segment_bytes"
+                )
+            if i + 1 < len(bases):
+                if bases[i + 1] != base + self.segment_bytes:
+                    raise CorruptSegmentError(
+                        path,
+                        size,
+                        f"next segment is {bases[i + 1]}, expected {base + self.segment_bytes} (missing file)",
+                    )
+                if size != self.segment_bytes:
+                    raise CorruptSegmentError(
+                        path, size, f"sealed segment is {size} bytes, expected {self.segment_bytes}"
+                    )
+        return bases
+
+    def _recover(self) -> None:
+        bases = self._list_segments()
+        self._segments = bases
+        if not bases:
+            self._max_phys = self._min_phys = 0
+            self._load_indexes(scan_start=0, scanned=[], truncated=0)
+            self._flushed_phys = 0
+            return
+        self._min_phys = bases[0]
+        first_scanned = max(0, len(bases) - _PRESERVED_TAIL_SEGMENTS)
+        items: list[_Scanned] = []
+        truncated = 0
+        end = bases[first_scanned]
+        for i in range(first_scanned, len(bases)):
+            base = bases[i]
+            path = self._log_dir / _segment_name(base)
+            data = path.read_bytes()
+            res = scan(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes)
+            last = i == len(bases) - 1
+            if not last and res.valid_end != base + self.segment_bytes:
+                raise CorruptSegmentError(
+                    path,
+                    res.valid_end - base,
+                    res.error or "segment does not end with a complete end-of-file marker",
+                )
+            items.extend(res.items)
+            end = res.valid_end
+            if last and res.valid_end - base < len(data):
+                truncated = len(data) - (res.valid_end - base)
+                with path.open("r+b") as fh:
+                    fh.truncate(res.valid_end - base)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        self._max_phys = end
+        self._flushed_phys = end
+        if items:
+            last_item = items[-1]
+            self._next_seq = last_item.seq if last_item.is_marker else last_item.seq + 1
+        # A last segment that is exactly full: the next append creates the next file.
+        if end < bases[-1] + self.segment_bytes:
+            self._open_writer(bases[-1])
+        rebuilt = self._load_indexes(
+            scan_start=bases[first_scanned],
+            scanned=[s for s in items if not s.is_marker],
+            truncated=truncated,
+        )
+        self.recovery = RecoveryReport(truncated, len(items), rebuilt)
+
+    def _load_indexes(self, *, scan_start: int, scanned: list[_Scanned], truncated: int) -> int:
+        """Open every index; make each agree with the log. Returns indexes repaired."""
+        root = self.directory / "index"
+        root.mkdir(parents=True, exist_ok=True)
+        expected: dict[tuple[str, int], list[_Scanned]] = {}
+        for s in scanned:
+            expected.setdefault((s.topic, s.queue), []).append(s)
+        repaired = 0
+        needs_full = False
+        found_any = False
+        for tdir in sorted(root.iterdir()):
+            if not tdir.is_dir():
+                continue
+            for qfile in sorted(tdir.iterdir()):
+                if not qfile.name.isdigit():
+                    if qfile.name.endswith(".tmp"):
+                        qfile.unlink()
+                    continue
+                found_any = True
+                key = (tdir.name, int(qfile.name))
+                try:
+                    index, torn = QueueIndex.load(qfile)
+                except IndexFileError:
+                    needs_full = True
+                    continue
+                self._indexes[key] = index
+                outcome = self._repair_index(index, scan_start, expected.get(key, []))
+                if outcome == "rebuild":
+                    needs_full = True
+                elif torn or outcome == "repaired":
+                    repaired += 1
+        for key, items in expected.items():
+            if key not in self._indexes:
+                if items[0].queue_offset != 0:
+                    needs_full = True
+                    continue
+                index = QueueIndex.create(_index_path(self.directory, *key))
+                self._indexes[key] = index
+                index.append([(s.phys, s.size, s.key_hash) for s in items])
+                repaired += 1
+        if not found_any and scan_start > self._min_phys:
+            needs_full = True
+        if needs_full:
+            return self.rebuild_indexes()
+        return repaired
+
+    @staticmethod
+    def _repair_index(
+        index: QueueIndex, scan_start: int, items: list[_Scanned]
+    ) -> Literal["ok", "repaired", "rebuild"]:
+        """Make ``index`` agree with the scanned tail of the log.
+
+        ``rebuild`` when the index disagrees about entries before the scanned region
+        (missing or extra): only a scan of the whole log can fix that.
+        """
+        cut = index.first_index_at_or_after(scan_start)
+        if items and index.base + cut != items[0].queue_offset:
+            return "rebuild"
+        have = index.entries()[cut:]
+        want = [(s.phys, s.size) for s in items]
+        if have == want:
+            return "ok"
+        keep = cut
+        for h, w in zip(have, want, strict=False):
+            if h != w:
+                break
+            keep += 1
+        index.truncate(keep)
+        index.append([(s.phys, s.size, s.key_hash) for s in items[keep - cut :]])
+        return "repaired"
+
+    def rebuild_indexes(self) -> int:
+        """Rebuild every index from the whole log (CRC-checked). Returns indexes written."""
+        old_ends = {k: ix.end for k, ix in self._indexes.items()}
+        for ix in self._indexes.values():
+            ix.close()
+        self._indexes.clear()
+        found: dict[tuple[str, int], list[_Scanned]] = {}
+        for item in self._iter_log_items():
+            if not item.is_marker:
+                found.setdefault((item.topic, item.queue), []).append(item)
+        keys = set(found) | set(old_ends)
+        for key in sorted(keys):
+            items = found.get(key, [])
+            base = items[0].queue_offset if items else old_ends[key]
+            index = QueueIndex.create(_index_path(self.directory, *key), base=base)
+            index.append([(s.phys, s.size, s.key_hash) for s in items])
+            index.fsync()
+            self._indexes[key] = index
+        return len(keys)
+
+    def _iter_log_items(self) -> Iterator[_Scanned]:
+        for base in self._segments:
+            path = self._log_dir / _segment_name(base)
+            if not path.exists():
+                continue
+            data = path.read_bytes()
+            res = scan(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes)
+            if res.error is not None or res.valid_end - base != len(data):
+                raise CorruptSegmentError(path, res.valid_end - base, res.error or "torn record")
+            yield from res.items
+
+    # ---- file handles -------------------------------------------------------------
+    def _open_writer(self, base: int) -> None:
+        path = self._log_dir / _segment_name(base)
+        created = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if created:
+            _fsync_dir(self._log_dir)
+        with self._lock:
+            if self._write_fd >= 0:
+                self._unsynced.append(self._write_fd)
+            self._write_fd = fd
+            self._write_base = base
+        if not self._segments or self._segments[-1] != base:
+            self._segments.append(base)
+
+    def _read_fd(self, base: int) -> int:
+        fd = self._read_fds.get(base)
+        if fd is None:
+            fd = os.open(self._log_dir / _segment_name(base), os.O_RDONLY)
+            self._read_fds[base] = fd
+        return fd
+
+    def _write_at(self, phys: int, data: bytes | memoryview) -> None:
+        """Write ``data`` (within one segment) at ``phys``; rolls to a new file if needed."""
+        base = phys - phys % self.segment_bytes
+        if base != self._write_base:
+            self._open_writer(base)
+        view = memoryview(data)
+        off = phys - base
+        while view:
+            n = os.pwrite(self._write_fd, view, off)
+            view = view[n:]
+            off += n
+
+    # ---- properties ---------------------------------------------------------------
+    @property
+    def max_phys(self) -> int:
+        return self._max_phys
+
+    @property
+    def min_phys(self) -> int:
+        return self._min_phys
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    # ---- master path --------------------------------------------------------------
+    def _topic_bytes(self, topic: str) -> bytes:
+        raw = self._topic_raw.get(topic)
+        if raw is None:
+            raw = validate_topic(topic)
+            self._topic_raw[topic] = raw
+        return raw
+
+    def _index(self, topic: str, queue: int, *, create: bool) -> QueueIndex | None:
+        ix = self._indexes.get((topic, queue))
+        if ix is None and create:
+            ix = QueueIndex.create(_index_path(self.directory, topic, queue))
+            self._indexes[(topic, queue)] = ix
+        return ix
+
+    def append(self, messages: Sequence[Message]) -> AppendResult:
+        """Append a batch: one write per segment touched, indexes after the log."""
+        seg_bytes = self.segment_bytes
+        limit = seg_bytes - EOF_MIN
+        raws: list[bytes] = []
+        for m in messages:
+            raw = self._topic_bytes(m.topic)
+            if not 0 <= m.queue <= 0xFFFF_FFFF:
+                raise InvalidMessageError(f"queue id {m.queue} out of range")
+            size = record_size(topic_len=len(raw), key=m.key, body_len=len(m.body))
+            if size > limit:
+                raise MessageTooLargeError(
+                    f"record of {size} bytes does not fit in a {seg_bytes}-byte segment"
+                )
+            raws.append(raw)
+        try:
+            return self._append_checked(messages, raws)
+        except OSError:
+            self._discard_unpublished()
+            raise
+
+    def _append_checked(self, messages: Sequence[Message], raws: list[bytes]) -> AppendResult:
+        seg_bytes = self.segment_bytes
+        start = pos = self._max_phys
+        seg_end = (pos // seg_bytes + 1) * seg_bytes
+        chunk_start = pos
+        chunk: list[bytes] = []
+        seq = self._next_seq
+        ends: dict[tuple[str, int], int] = {}
+        pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+        offsets: list[tuple[str, int, int]] = []
+        for m, raw in zip(messages, raws, strict=True):
+            size = record_size(topic_len=len(raw), key=m.key, body_len=len(m.body))
+            if pos + size + EOF_MIN > seg_end:
+                chunk.append(encode_eof_marker(length=seg_end - pos, next_seq=seq))
+                self._write_at(chunk_start, b"".join(chunk))
+                chunk = []
+                pos = chunk_start = seg_end
+                seg_end += seg_bytes
+            key = (m.topic, m.queue)
+            qoff = ends.get(key)
+            if qoff is None:
+                ix = self._indexes.get(key)
+                qoff = ix.end if ix is not None else 0
+            ends[key] = qoff + 1
+            chunk.extend(encode_record(seq=seq, queue_offset=qoff, message=m, topic_raw=raw))
+            pending.setdefault(key, []).append((pos, size, zlib.crc32(m.key) if m.key else 0))
+            offsets.append((m.topic, m.queue, qoff))
+            seq += 1
+            pos += size
+        if chunk:
+            self._write_at(chunk_start, b"".join(chunk))
+        self._commit(pos, seq, pending)
+        return AppendResult(start, pos, offsets)
+
+    def _discard_unpublished(self) -> None:
+        """After a failed write, cut the files back to ``max_phys`` so stale bytes beyond
+        it can never be mistaken for records by a later recovery."""
+        end = self._max_phys
+        while self._segments and self._segments[-1] > end:
+            base = self._segments.pop()
+            if base == self._write_base:
+                with self._lock:
+                    os.close(self._write_fd)
+                    self._write_fd, self._write_base = -1, -1
+            (self._log_dir / _segment_name(base)).unlink(missing_ok=True)
+        path = self._log_dir / _segment_name(end - end % self.segment_bytes)
+        if path.exists():
+            os.truncate(path, end % self.segment_bytes)
+
+    def _commit(
+        self, end: int, next_seq: int, pending: dict[tuple[str, int], list[tuple[int, int, int]]]
+    ) -> None:
+        """Make written bytes durable (per policy), then visible, then indexed."""
+        if self.flush_policy.mode == "batch" and end > self._max_phys:
+            self._sync_now(end)
+        for (topic, queue), entries in pending.items():
+            ix = self._index(topic, queue, create=True)
+            if ix is not None:
+                ix.append(entries)
+        with self._lock:
+            self._max_phys = end
+        self._next_seq = next_seq
+
+    def _sync_now(self, end: int) -> None:
+        with self._lock:
+            sealed, self._unsynced = self._unsynced, []
+        for fd in sealed:
+            os.fdatasync(fd)
+            os.close(fd)
+        os.fdatasync(self._write_fd)
+        with self._lock:
+            self._flushed_phys = max(self._flushed_phys, end)
+            self._last_flush = time.monotonic()
+
+    # ---- slave path ---------------------------------------------------------------
+    def append_replicated(self, start_phys: int, data: bytes | memoryview) -> int:
+        """Append the master's bytes at ``start_phys`` (which must equal ``max_phys``).
+
+        Only whole records and markers are accepted: a trailing partial record is left
+        for the caller to resend with the next bytes (compare the returned ``max_phys``
+        with ``start_phys + len(data)``). Valid records before an invalid one are kept;
+        the invalid one raises :class:`ReplicationCorruptError` and nothing of it is
+        written. Returns the new ``max_phys``.
+        """
+        if start_phys != self._max_phys:
+            raise ReplicationGapError(
+                f"replicated bytes start at {start_phys} but this log ends at {self._max_phys}"
+            )
+        view = memoryview(data)
+        res = scan(view, start_phys=start_phys, segment_bytes=self.segment_bytes)
+        seq = self._next_seq
+        ends: dict[tuple[str, int], int] = {}
+        pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+        good_end = start_phys
+        problem = res.error
+        for item in res.items:
+            if item.is_marker:
+                if item.seq != seq:
+                    problem = f"end-of-file marker at {item.phys} says next seq {item.seq}, expected {seq}"
+                    break
+            else:
+                key = (item.topic, item.queue)
+                qend = ends.get(key)
+                if qend is None:
+                    ix = self._indexes.get(key)
+                    qend = ix.end if ix is not None else 0
+                if item.seq != seq or item.queue_offset != qend:
+                    problem = (
+                        f"record at {item.phys} has seq {item.seq}/queue offset {item.queue_offset}, "
+                        f"expected {seq}/{qend} (diverged from the master)"
+                    )
+                    break
+                try:
+                    validate_topic(item.topic)
+                except InvalidMessageError as exc:
+                    problem = f"record at {item.phys}: {exc}"
+                    break
+                ends[key] = qend + 1
+                pending.setdefault(key, []).append((item.phys, item.size, item.key_hash))
+                seq += 1
+            good_end = item.phys + item.size
+        pos = start_phys
+        try:
+            while pos < good_end:
+                seg_end = (pos // self.segment_bytes + 1) * self.segment_bytes
+                stop = min(seg_end, good_end)
+                self._write_at(pos, view[pos - start_phys : stop - start_phys])
+                pos = stop
+            if good_end > start_phys:
+                self._commit(good_end, seq, pending)
+        except OSError:
+            self._discard_unpublished()
+            raise
+        if problem is not None:
+            raise ReplicationCorruptError(f"replicated data rejected: {problem}")
+        return self._max_phys
+
+    def read_raw(self, start_phys: int, max_bytes: int) -> bytes:
+        """Raw log bytes from ``start_phys`` (within one segment), for the replication push."""
+        if start_phys < self._min_phys or start_phys > self._max_phys:
+            raise ReplicationGapError(
+                f"offset {start_phys} is outside this log [{self._min_phys}, {self._max_phys}]"
+            )
+        seg_end = (start_phys // self.segment_bytes + 1) * self.segment_bytes
+        stop = min(self._max_phys, seg_end, start_phys + max_bytes)
+        if stop <= start_phys:
+            return b""
+        base = start_phys - start_phys % self.segment_bytes
+        return os.pread(self._read_fd(base), stop - start_phys, start_phys - base)
+
+    # ---- reads --------------------------------------------------------------------
+    def read(
+        self, topic: str, queue: int, offset: int, *, max_bytes: int, max_records: int
+    ) -> list[StoredRecord]:
+        """Records of one queue from ``offset``; at least one if any exists, then up to
+        ``max_bytes``/``max_records``. Offsets outside ``[queue_start, queue_end)`` give []."""
+        ix = self._indexes.get((topic, queue))
+        if ix is None or max_records <= 0:
+            return []
+        offset = max(offset, ix.base)
+        stop = min(ix.end, offset + max_records)
+        out: list[StoredRecord] = []
+        total = 0
+        i = offset
+        while i < stop:
+            phys, size = ix.entry(i)
+            if phys < self._min_phys:
+                i += 1
+                continue
+            if out and total + size > max_bytes:
+                break
+            # Gather a run of entries in the same segment into one pread.
+            base = phys - phys % self.segment_bytes
+            run = [(phys, size)]
+            run_bytes = size
+            j = i + 1
+            while j < stop:
+                p2, s2 = ix.entry(j)
+                if p2 - p2 % self.segment_bytes != base or total + run_bytes + s2 > max_bytes:
+                    break
+                if p2 + s2 - phys > 4 * max(max_bytes, 1 << 16):
+                    break
+                run.append((p2, s2))
+                run_bytes += s2
+                j += 1
+            span_end = run[-1][0] + run[-1][1]
+            buf = memoryview(os.pread(self._read_fd(base), span_end - phys, phys - base))
+            for p, _s in run:
+                rec = decode_record(buf, p - phys, p)
+                out.append(rec)
+            total += run_bytes
+            i = j
+        return out
+
+    def queue_end(self, topic: str, queue: int) -> int:
+        ix = self._indexes.get((topic, queue))
+        return ix.end if ix is not None else 0
+
+    def queue_start(self, topic: str, queue: int) -> int:
+        ix = self._indexes.get((topic, queue))
+        return ix.base if ix is not None else 0
+
+    def topics(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for topic, queue in self._indexes:
+            out[topic] = max(out.get(topic, 0), queue + 1)
+        return out
+
+    # ---- flush & retention --------------------------------------------------------
+    def needs_flush(self) -> bool:
+        with self._lock:
+            if self._max_phys <= self._flushed_phys:
+                return False
+            return (time.monotonic() - self._last_flush) * 1000 >= self.flush_policy.interval_ms
+
+    def flush(self) -> None:
+        """fdatasync what was written so far. Safe from a worker thread during appends."""
+        with self._lock:
+            target = self._max_phys
+            fds = self._unsynced
+            self._unsynced = []
+            active = os.dup(self._write_fd) if self._write_fd >= 0 else -1
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+            if active >= 0:
+                os.fdatasync(active)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if active >= 0:
+                os.close(active)
+        with self._lock:
+            self._flushed_phys = max(self._flushed_phys, target)
+            self._last_flush = time.monotonic()
+
+    def flush_indexes(self) -> None:
+        """fsync index files (derived data; call from the event-loop thread)."""
+        for ix in self._indexes.values():
+            ix.fsync()
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        infos = []
+        for base in self._segments:
+            path = self._log_dir / _segment_name(base)
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            infos.append(SegmentInfo(base, st.st_size, int(st.st_mtime * 1000)))
+        return infos
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete the segments :func:`segments_to_delete` picks; advance queue starts."""
+        if self.retention.max_bytes is None and self.retention.max_age_s is None:
+            return 0
+        active_base = self._max_phys - self._max_phys % self.segment_bytes
+        doomed = segments_to_delete(
+            self.segment_infos(),
+            retention=self.retention,
+            now_ms=now_ms,
+            active_base=active_base,
+            active_empty=self._max_phys == active_base,
+        )
+        if not doomed:
+            return 0
+        new_min = doomed[-1] + self.segment_bytes
+        for ix in self._indexes.values():
+            ix.drop_before_phys(new_min)
+        for base in doomed:
+            fd = self._read_fds.pop(base, None)
+            if fd is not None:
+                os.close(fd)
+            (self._log_dir / _segment_name(base)).unlink()
+            self._segments.remove(base)
+        _fsync_dir(self._log_dir)
+        self._min_phys = new_min
+        return len(doomed)
+
+    def close(self) -> None:
+        with self._lock:
+            fds = self._unsynced
+            self._unsynced = []
+            wfd, self._write_fd = self._write_fd, -1
+        for fd in fds:
+            os.fdatasync(fd)
+            os.close(fd)
+        if wfd >= 0:
+            os.fdatasync(wfd)
+            os.close(wfd)
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+        for ix in self._indexes.values():
+            ix.close()
+        self._indexes.clear()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

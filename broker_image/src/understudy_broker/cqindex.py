@@ -1,0 +1,192 @@
+"""Per-queue index ("consume queue"): logical queue offset -> position in the commit log.
+
+Why this module exists: the commit log interleaves every queue of every topic in one
+byte stream, so a consumer asking for "queue 3 of topic t from offset 1200" needs a map
+from that logical offset to a physical position. Like RocketMQ's ConsumeQueue, that map
+is a file of fixed-size entries, one per record, so entry ``i`` is found by arithmetic.
+Indexes are *derived* data: the commit log is the truth and :meth:`CommitLog.open`
+verifies, repairs or rebuilds them. That is why index writes are not fsynced per batch.
+
+File layout (``index/<topic>/<queue>``), big-endian::
+
+    header  INDEX_HEADER   magic b"UQIX", version, base offset (first logical offset kept)
+    entries INDEX_ENTRY *  one per record, in queue-offset order
+
+A trailing partial entry (torn write) is dropped on open. Retention rewrites the file
+atomically (tmp + rename) with a higher base offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from array import array
+from pathlib import Path
+
+INDEX_MAGIC = b"UQIX"
+INDEX_VERSION = 1
+
+INDEX_HEADER = struct.Struct(
+    ">"
+    "4s"  # magic b"UQIX"
+    "H"  # format version (1)
+    "Q"  # base offset: logical queue offset of the first entry in this file
+)
+INDEX_ENTRY = struct.Struct(
+    ">"
+    "Q"  # physical offset of the record in the commit log
+    "I"  # record size in bytes (header included)
+    "I"  # key hash: crc32 of the key, 0 when the record has no key
+)
+INDEX_HEADER_SIZE = INDEX_HEADER.size
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size
+
+
+class IndexFileError(Exception):
+    """An index file is unreadable (bad magic/version); the caller rebuilds it from the log."""
+
+
+class QueueIndex:
+    """The index of one (topic, queue). Entries are mirrored in memory for lookups."""
+
+    def __init__(self, path: Path, *, base: int, phys: array[int], sizes: array[int]) -> None:
+        self.path = path
+        self._base = base
+        self._phys = phys
+        self._sizes = sizes
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._dirty = False
+
+    # ---- construction -------------------------------------------------------------
+    @classmethod
+    def create(cls, path: Path, *, base: int = 0) -> QueueIndex:
+        """Create (or overwrite atomically) an empty index starting at ``base``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, base))
+        return cls(path, base=base, phys=array("q"), sizes=array("l"))
+
+    @classmethod
+    def load(cls, path: Path) -> tuple[QueueIndex, int]:
+        """Open an existing index; returns it and the number of torn bytes dropped.
+
+        Raises :class:`IndexFileError` when the header is unusable.
+        """
+        raw = path.read_bytes()
+        if len(raw) < INDEX_HEADER_SIZE:
+            raise IndexFileError(f"{path}: index file shorter than its header")
+        magic, version, base = INDEX_HEADER.unpack_from(raw, 0)
+        if magic != INDEX_MAGIC or version != INDEX_VERSION:
+            raise IndexFileError(f"{path}: not an index file (magic {magic!r}, version {version})")
+        body = memoryview(raw)[INDEX_HEADER_SIZE:]
+        whole = len(body) - len(body) % INDEX_ENTRY_SIZE
+        phys: array[int] = array("q")
+        sizes: array[int] = array("l")
+        for p, s, _h in INDEX_ENTRY.iter_unpack(body[:whole]):
+            phys.append(p)
+            sizes.append(s)
+        index = cls(path, base=base, phys=phys, sizes=sizes)
+        torn = len(body) - whole
+        if torn:
+            os.ftruncate(index._fd, INDEX_HEADER_SIZE + whole)
+        return index, torn
+
+    # ---- queries ------------------------------------------------------------------
+    @property
+    def base(self) -> int:
+        """First logical offset still indexed (the queue's start)."""
+        return self._base
+
+    @property
+    def end(self) -> int:
+        """Next logical offset to be written."""
+        return self._base + len(self._phys)
+
+    def __len__(self) -> int:
+        return len(self._phys)
+
+    def entry(self, offset: int) -> tuple[int, int]:
+        """``(phys, size)`` of logical ``offset``; IndexError outside ``[base, end)``."""
+        i = offset - self._base
+        if i < 0 or i >= len(self._phys):
+            raise IndexError(offset)
+        return self._phys[i], self._sizes[i]
+
+    def entries(self) -> list[tuple[int, int]]:
+        return list(zip(self._phys, self._sizes, strict=True))
+
+    def first_index_at_or_after(self, phys: int) -> int:
+        """Position (0-based, relative to base) of the first entry with phys >= ``phys``."""
+        return bisect.bisect_left(self._phys, phys)
+
+    # ---- mutation -----------------------------------------------------------------
+    def append(self, entries: list[tuple[int, int, int]]) -> None:
+        """Append ``(phys, size, key_hash)`` entries with one write."""
+        if not entries:
+            return
+        buf = b"".join([INDEX_ENTRY.pack(p, s, h) for p, s, h in entries])
+        pos = INDEX_HEADER_SIZE + len(self._phys) * INDEX_ENTRY_SIZE
+        os.pwrite(self._fd, buf, pos)
+        for p, s, _h in entries:
+            self._phys.append(p)
+            self._sizes.append(s)
+        self._dirty = True
+
+    def truncate(self, count: int) -> None:
+        """Keep only the first ``count`` entries."""
+        if count >= len(self._phys):
+            return
+        del self._phys[count:]
+        del self._sizes[count:]
+        os.ftruncate(self._fd, INDEX_HEADER_SIZE + count * INDEX_ENTRY_SIZE)
+        self._dirty = True
+
+    def drop_before_phys(self, min_phys: int) -> int:
+        """Drop the entries that point below ``min_phys`` (retention); rewrite atomically.
+
+        Returns the number of entries dropped. Key hashes of kept entries are re-read
+        from the file so nothing is lost by the rewrite.
+        """
+        cut = self.first_index_at_or_after(min_phys)
+        if cut == 0:
+            return 0
+        raw = os.pread(
+            self._fd,
+            (len(self._phys) - cut) * INDEX_ENTRY_SIZE,
+            INDEX_HEADER_SIZE + cut * INDEX_ENTRY_SIZE,
+        )
+        new_base = self._base + cut
+        _atomic_write(self.path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, new_base) + raw)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_RDWR)
+        del self._phys[:cut]
+        del self._sizes[:cut]
+        self._base = new_base
+        return cut
+
+    def fsync(self) -> None:
+        if self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.fsync()
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
