@@ -1,0 +1,176 @@
+"""Consumer offsets: committed position per (consumer group, topic, queue).
+
+Why this module exists: invariant 4 ("no rewind") is kept at the source. A commit lower
+than the stored offset is ignored, and the two flows that move offsets between brokers
+(master -> slave on an interval, slave -> master in back-sync) go through :meth:`merge`,
+which takes the maximum per key. The only way down is :meth:`reset`, an explicit admin
+action. The store persists atomically (tmp file, fsync, rename, fsync directory), so a
+crash leaves either the old or the new file, never a mix; a leftover ``.tmp`` is ignored.
+
+File format (UTF-8 JSON)::
+
+    {"format": 1, "backsync_epoch": 7 | null,
+     "offsets": {"<group>": {"<topic>": {"<queue>": <offset>, ...}, ...}, ...}}
+
+A file that does not parse or has the wrong shape raises :class:`OffsetStoreCorruptError`
+naming it; the file is left untouched for an operator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+
+Snapshot = dict[str, dict[str, dict[int, int]]]
+
+
+class OffsetStoreCorruptError(Exception):
+    """The offsets file is unreadable; it was not modified."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"corrupt consumer-offset file {path}: {reason} (file left as is)")
+        self.path = path
+
+
+def _parse(path: Path, raw: bytes) -> tuple[Snapshot, int | None]:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OffsetStoreCorruptError(path, f"not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise OffsetStoreCorruptError(path, f"expected an object with format {FORMAT}")
+    epoch = doc.get("backsync_epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
+        raise OffsetStoreCorruptError(path, "backsync_epoch is not an integer")
+    try:
+        return normalize_snapshot(doc.get("offsets", {})), epoch
+    except ValueError as exc:
+        raise OffsetStoreCorruptError(path, str(exc)) from None
+
+
+def normalize_snapshot(data: Any) -> Snapshot:
+    """Validate a snapshot (as parsed from JSON: queue keys may be strings).
+
+    Raises ValueError on the wrong shape or negative offsets.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError("offsets must be an object")
+    out: Snapshot = {}
+    for group, topics in data.items():
+        if not isinstance(group, str) or not isinstance(topics, Mapping):
+            raise ValueError(f"group {group!r}: expected an object of topics")
+        for topic, queues in topics.items():
+            if not isinstance(topic, str) or not isinstance(queues, Mapping):
+                raise ValueError(f"{group}/{topic}: expected an object of queues")
+            for queue, offset in queues.items():
+                try:
+                    q = int(queue)
+                except (TypeError, ValueError):
+                    raise ValueError(f"{group}/{topic}: queue {queue!r} is not a number") from None
+                if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0 or q < 0:
+                    raise ValueError(f"{group}/{topic}/{queue}: bad offset {offset!r}")
+                out.setdefault(group, {}).setdefault(topic, {})[q] = offset
+    return out
+
+
+class OffsetStore:
+    """In-memory offsets with atomic persistence. Not thread-safe (one event loop)."""
+
+    def __init__(self, path: Path, *, offsets: Snapshot, backsync_epoch: int | None) -> None:
+        self.path = path
+        self._offsets = offsets
+        self.backsync_epoch = backsync_epoch
+        self._dirty = False
+
+    @classmethod
+    def open(cls, path: Path) -> OffsetStore:
+        """Load ``path`` (an absent file is an empty store)."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return cls(path, offsets={}, backsync_epoch=None)
+        offsets, epoch = _parse(path, raw)
+        return cls(path, offsets=offsets, backsync_epoch=epoch)
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+    def get(self, group: str, topic: str, queue: int) -> int | None:
+        return self._offsets.get(group, {}).get(topic, {}).get(queue)
+
+    def commit(self, group: str, topic: str, queue: int, offset: int) -> int:
+        """Store ``offset`` unless it is lower than the stored one; returns the stored value."""
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        queues = self._offsets.setdefault(group, {}).setdefault(topic, {})
+        current = queues.get(queue)
+        if current is not None and offset <= current:
+            return current
+        queues[queue] = offset
+        self._dirty = True
+        return offset
+
+    def reset(self, group: str, topic: str, queue: int, offset: int) -> None:
+        """Explicit admin rewind (or skip): the one way an offset may go down."""
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        self._offsets.setdefault(group, {}).setdefault(topic, {})[queue] = offset
+        self._dirty = True
+
+    def snapshot(self) -> Snapshot:
+        return {g: {t: dict(qs) for t, qs in ts.items()} for g, ts in self._offsets.items()}
+
+    def merge(self, snapshot: Mapping[str, Any], *, epoch: int | None = None) -> int:
+        """Take the maximum per key from ``snapshot``; returns how many keys moved up.
+
+        With ``epoch`` (back-sync from an acting slave), record it as
+        :attr:`backsync_epoch` if higher; the caller then persists and reports it.
+        """
+        moved = 0
+        for group, topics in normalize_snapshot(snapshot).items():
+            for topic, queues in topics.items():
+                for queue, offset in queues.items():
+                    before = self.get(group, topic, queue)
+                    if self.commit(group, topic, queue, offset) != before:
+                        moved += 1
+        if epoch is not None and (self.backsync_epoch is None or epoch > self.backsync_epoch):
+            self.backsync_epoch = epoch
+            self._dirty = True
+        return moved
+
+    def persist(self) -> None:
+        """Write atomically if anything changed since the last persist."""
+        if not self._dirty:
+            return
+        doc = {
+            "format": FORMAT,
+            "backsync_epoch": self.backsync_epoch,
+            "offsets": {
+                g: {t: {str(q): o for q, o in sorted(qs.items())} for t, qs in ts.items()}
+                for g, ts in self._offsets.items()
+            },
+        }
+        data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self._dirty = False

@@ -1,0 +1,556 @@
+"""Master -> slave replication of the commit log (DESIGN "Wire protocol and storage").
+
+Why this module exists: invariant 3 (no acknowledged message lost when a master dies
+with synchronous replication) rests on two things done here: the master acknowledges a
+produce only after enough slaves report that they persisted its bytes
+(:meth:`ReplicationServer.wait_replicated`), and a slave only reports an offset after
+:meth:`CommitLog.append_replicated` wrote (and, with ``FlushPolicy(mode="batch")``,
+fsynced) every byte below it. The slave copies the master's byte stream at the master's
+physical offsets, so its segment files are byte-identical and its indexes rebuild equal.
+
+Protocol on the replication port (big-endian; one TCP connection per slave):
+
+slave -> master::
+
+    HELLO      magic b"UQRS" | version | name length, then the name (utf-8, 1-255 bytes)
+    HEARTBEAT  8-byte max physical offset: right after HELLO, every ~100 ms, and after
+               every write. It is the acknowledgement: everything below it is persisted.
+
+master -> slave::
+
+    PUSH_HEADER  start offset (8) | length (4), then ``length`` raw log bytes
+    metadata     the same header with start offset ``METADATA_OFFSET`` (2**64-1) and a
+                 JSON body ``{"max_phys": N, "data": <metadata()>}`` sent on connect and
+                 every ``metadata_interval_s``: topics and consumer-offset snapshot flow
+                 master -> slave this way.
+
+Pushes may end in the middle of a record: the slave keeps the partial tail and prepends
+it to the next push. Gaps are never papered over: a push whose start differs from the
+slave's end (+ its buffered tail), a heartbeat beyond what the master has (a divergent
+slave tail) or an offset the master no longer stores drops the link with a log line,
+and the slave reconnects with capped backoff. Both sides cap frame sizes *before*
+reading a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from understudy_broker.commitlog import CommitLog, CommitLogError
+
+log = logging.getLogger(__name__)
+
+HELLO_MAGIC = b"UQRS"
+PROTOCOL_VERSION = 1
+HELLO = struct.Struct(
+    ">"
+    "4s"  # magic b"UQRS"
+    "H"  # protocol version
+    "H"  # slave name length in bytes (1-255), the name follows
+)
+HEARTBEAT = struct.Struct(
+    ">Q"  # slave's max physical offset: all bytes below are persisted on the slave
+)
+PUSH_HEADER = struct.Struct(
+    ">"
+    "Q"  # start physical offset of the bytes that follow, or METADATA_OFFSET
+    "I"  # number of bytes that follow
+)
+METADATA_OFFSET = (1 << 64) - 1
+MAX_NAME_BYTES = 255
+MAX_PUSH_BYTES = 8 << 20
+MAX_METADATA_BYTES = 16 << 20
+
+
+class ReplicationError(Exception):
+    """Base class of replication errors."""
+
+
+class ReplicationProtocolError(ReplicationError):
+    """A peer sent something the protocol does not allow; the link is dropped."""
+
+
+class NotEnoughReplicasError(ReplicationError):
+    """Fewer slaves are in sync than ``min_insync`` and auto-degrade is off."""
+
+
+class ReplicationTimeoutError(ReplicationError):
+    """No quorum of slaves acknowledged the offset within ``ack_timeout_s``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlaveLink:
+    """A snapshot of one slave's link as the master sees it."""
+
+    name: str
+    peer: str
+    acked_offset: int
+    connected: bool
+    in_sync: bool
+    connected_since: float  # wall-clock seconds
+    lag_bytes: int
+
+
+@dataclass(eq=False, slots=True)
+class _Link:
+    name: str
+    peer: str
+    connected_since: float
+    acked: int = -1  # -1 until the first heartbeat
+    push_pos: int = 0
+    connected: bool = True
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    writer: asyncio.StreamWriter | None = None
+
+
+def quorum_offset(acked: list[int], min_insync: int) -> int:
+    """The highest offset that at least ``min_insync`` of ``acked`` have reached (-1 if none)."""
+    if min_insync <= 0:
+        return 1 << 63
+    if len(acked) < min_insync:
+        return -1
+    return sorted(acked, reverse=True)[min_insync - 1]
+
+
+class ReplicationServer:
+    """The master's side: accepts slaves, pushes log bytes, tracks acknowledgements."""
+
+    def __init__(
+        self,
+        log: CommitLog,
+        *,
+        host: str,
+        port: int,
+        sync: bool,
+        min_insync: int = 1,
+        auto_degrade: bool = True,
+        metadata: Callable[[], dict[str, Any]],
+        ack_timeout_s: float = 3.0,
+        insync_lag_bytes: int = 4 << 20,
+        metadata_interval_s: float = 1.0,
+        link_timeout_s: float = 3.0,
+        chunk_bytes: int = 1 << 20,
+    ) -> None:
+        if min_insync < 0:
+            raise ValueError("min_insync must be >= 0")
+        self.log = log
+        self.host = host
+        self.port = port
+        self.sync = sync
+        self.min_insync = min_insync
+        self.auto_degrade = auto_degrade
+        self.metadata = metadata
+        self.ack_timeout_s = ack_timeout_s
+        self.insync_lag_bytes = insync_lag_bytes
+        self.metadata_interval_s = metadata_interval_s
+        self.link_timeout_s = link_timeout_s
+        self.chunk_bytes = min(chunk_bytes, MAX_PUSH_BYTES)
+        self.degraded_acks = 0  # produces acknowledged without a quorum (auto-degrade)
+        self._links: dict[str, _Link] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._counter = itertools.count()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._once_connected = False
+
+    # ---- lifecycle ----------------------------------------------------------------
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("replication server listening on %s:%d (sync=%s)", self.host, self.port, self.sync)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for link in list(self._links.values()):
+            if link.writer is not None:
+                link.writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        for _end, _n, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(ReplicationError("replication server stopped"))
+                fut.exception()  # mark retrieved: the waiter may be gone
+        self._waiters.clear()
+
+    # ---- state --------------------------------------------------------------------
+    def _in_sync(self, link: _Link) -> bool:
+        return (
+            link.connected
+            and link.acked >= 0
+            and self.log.max_phys - link.acked <= self.insync_lag_bytes
+        )
+
+    def links(self) -> list[SlaveLink]:
+        return [
+            SlaveLink(
+                name=lk.name,
+                peer=lk.peer,
+                acked_offset=max(lk.acked, 0),
+                connected=lk.connected,
+                in_sync=self._in_sync(lk),
+                connected_since=lk.connected_since,
+                lag_bytes=max(0, self.log.max_phys - max(lk.acked, 0)),
+            )
+            for lk in self._links.values()
+        ]
+
+    @property
+    def slave_connected(self) -> bool:
+        return any(lk.connected for lk in self._links.values())
+
+    @property
+    def slave_once_connected(self) -> bool:
+        return self._once_connected
+
+    @property
+    def degraded(self) -> bool:
+        """Sync mode running without a quorum of in-sync slaves (auto-degrade on)."""
+        return self.sync and self.auto_degrade and self._insync_count() < self.min_insync
+
+    def _insync_count(self) -> int:
+        return sum(1 for lk in self._links.values() if self._in_sync(lk))
+
+    def _quorum(self) -> int:
+        acked = [lk.acked for lk in self._links.values() if lk.connected and lk.acked >= 0]
+        return quorum_offset(acked, self.min_insync)
+
+    # ---- master API ---------------------------------------------------------------
+    def notify_appended(self) -> None:
+        for link in self._links.values():
+            link.wake.set()
+
+    async def wait_replicated(self, end_phys: int) -> None:
+        """See the module docstring; returns at once in async mode."""
+        if not self.sync or end_phys <= self._quorum():
+            return
+        if self._insync_count() < self.min_insync:
+            if self.auto_degrade:
+                self.degraded_acks += 1
+                return
+            raise NotEnoughReplicasError(
+                f"{self._insync_count()} slave(s) in sync, min_insync is {self.min_insync}"
+            )
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (end_phys, next(self._counter), fut))
+        try:
+            await asyncio.wait_for(fut, self.ack_timeout_s)
+        except TimeoutError:
+            raise ReplicationTimeoutError(
+                f"no {self.min_insync} slave(s) acknowledged offset {end_phys} "
+                f"within {self.ack_timeout_s:g}s"
+            ) from None
+
+    def _release_waiters(self) -> None:
+        quorum = self._quorum()
+        while self._waiters and self._waiters[0][0] <= quorum:
+            _end, _n, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
+
+    def _on_links_changed(self) -> None:
+        """A link went away: waiters that can no longer be satisfied stop waiting."""
+        self._release_waiters()
+        if not self._waiters or self._insync_count() >= self.min_insync:
+            return
+        waiters, self._waiters = self._waiters, []
+        for end, _n, fut in waiters:
+            if fut.done():
+                continue
+            if self.auto_degrade:
+                self.degraded_acks += 1
+                fut.set_result(None)
+            else:
+                fut.set_exception(
+                    NotEnoughReplicasError(
+                        f"in-sync slaves fell below min_insync={self.min_insync} "
+                        f"while waiting for offset {end}"
+                    )
+                )
+
+    # ---- per-connection -----------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        host, port = writer.get_extra_info("peername")[:2]
+        peer = f"{host}:{port}"
+        link: _Link | None = None
+        pusher: asyncio.Task[None] | None = None
+        try:
+            name = await asyncio.wait_for(_read_hello(reader), self.link_timeout_s)
+            (first,) = HEARTBEAT.unpack(
+                await asyncio.wait_for(reader.readexactly(HEARTBEAT.size), self.link_timeout_s)
+            )
+            self._check_start(name, first)
+            old = self._links.get(name)
+            if old is not None and old.connected and old.writer is not None:
+                log.warning("slave %s reconnected from %s; closing its old link", name, peer)
+                old.writer.close()
+            link = _Link(name=name, peer=peer, connected_since=time.time(), writer=writer)
+            link.acked = link.push_pos = first
+            self._links[name] = link
+            self._once_connected = True
+            log.info("slave %s connected from %s at offset %d", name, peer, first)
+            self._release_waiters()
+            pusher = asyncio.create_task(self._push(link, writer))
+            while True:
+                raw = await asyncio.wait_for(
+                    reader.readexactly(HEARTBEAT.size), self.link_timeout_s
+                )
+                (offset,) = HEARTBEAT.unpack(raw)
+                if offset > link.push_pos or offset < link.acked:
+                    raise ReplicationProtocolError(
+                        f"slave {name} acknowledged offset {offset}, but it was sent "
+                        f"up to {link.push_pos} and had acknowledged {link.acked}"
+                    )
+                if offset != link.acked:
+                    link.acked = offset
+                    self._release_waiters()
+                if pusher.done():
+                    pusher.result()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            log.warning("replication link %s (%s) closed by the slave", link and link.name, peer)
+        except TimeoutError:
+            log.warning(
+                "replication link %s (%s): no heartbeat for %gs; dropping it",
+                link and link.name,
+                peer,
+                self.link_timeout_s,
+            )
+        except (ReplicationError, CommitLogError) as exc:
+            log.error("replication link %s (%s) dropped: %s", link and link.name, peer, exc)
+        finally:
+            if pusher is not None:
+                pusher.cancel()
+                with contextlib.suppress(BaseException):
+                    await pusher
+            writer.close()
+            if link is not None:
+                link.connected = False
+                self._on_links_changed()
+            if task is not None:
+                self._tasks.discard(task)
+
+    def _check_start(self, name: str, offset: int) -> None:
+        if offset > self.log.max_phys:
+            raise ReplicationProtocolError(
+                f"slave {name} reports offset {offset} beyond the master's end "
+                f"{self.log.max_phys}: divergent tail, the slave must be repaired"
+            )
+        if offset < self.log.min_phys:
+            raise ReplicationProtocolError(
+                f"slave {name} needs offset {offset}, but the master keeps only "
+                f"[{self.log.min_phys}, {self.log.max_phys}] (retention removed the rest)"
+            )
+
+    async def _push(self, link: _Link, writer: asyncio.StreamWriter) -> None:
+        next_meta = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            if now >= next_meta:
+                body = json.dumps(
+                    {"max_phys": self.log.max_phys, "data": self.metadata()},
+                    separators=(",", ":"),
+                ).encode("utf-8")
+                if len(body) > MAX_METADATA_BYTES:
+                    raise ReplicationProtocolError(f"metadata of {len(body)} bytes is too large")
+                writer.write(PUSH_HEADER.pack(METADATA_OFFSET, len(body)) + body)
+                next_meta = now + self.metadata_interval_s
+            if link.push_pos < self.log.max_phys:
+                data = self.log.read_raw(link.push_pos, self.chunk_bytes)
+                writer.write(PUSH_HEADER.pack(link.push_pos, len(data)))
+                writer.write(data)
+                link.push_pos += len(data)
+                await writer.drain()
+                continue
+            await writer.drain()
+            link.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.wake.wait(), max(0.0, next_meta - loop.time()))
+
+
+async def _read_hello(reader: asyncio.StreamReader) -> str:
+    magic, version, nlen = HELLO.unpack(await reader.readexactly(HELLO.size))
+    if magic != HELLO_MAGIC:
+        raise ReplicationProtocolError(f"not a replication hello (magic {magic!r})")
+    if version != PROTOCOL_VERSION:
+        raise ReplicationProtocolError(
+            f"replication protocol version {version}, this master speaks {PROTOCOL_VERSION}"
+        )
+    if not 1 <= nlen <= MAX_NAME_BYTES:
+        raise ReplicationProtocolError(f"slave name length {nlen} out of range")
+    try:
+        return (await reader.readexactly(nlen)).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReplicationProtocolError("slave name is not utf-8") from None
+
+
+def encode_hello(name: str) -> bytes:
+    raw = name.encode("utf-8")
+    if not 1 <= len(raw) <= MAX_NAME_BYTES:
+        raise ValueError(f"slave name must be 1-{MAX_NAME_BYTES} bytes")
+    return HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, len(raw)) + raw
+
+
+class ReplicationClient:
+    """The slave's side: one connection to the master, reconnecting with capped backoff."""
+
+    def __init__(
+        self,
+        log: CommitLog,
+        *,
+        master_host: str,
+        master_port: int,
+        name: str,
+        on_metadata: Callable[[dict[str, Any]], None],
+        on_append: Callable[[], None],
+        heartbeat_s: float = 0.1,
+        link_timeout_s: float = 3.0,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 2.0,
+    ) -> None:
+        self.log = log
+        self.master_host = master_host
+        self.master_port = master_port
+        self.name = name
+        self._hello = encode_hello(name)
+        self.on_metadata = on_metadata
+        self.on_append = on_append
+        self.heartbeat_s = heartbeat_s
+        self.link_timeout_s = link_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.connected = False
+        self.master_offset: int | None = None
+        self.sessions = 0  # connections made (for status and tests)
+        self.last_error: str | None = None
+        self._stop = asyncio.Event()
+        self._writer: asyncio.StreamWriter | None = None
+
+    @property
+    def lag_bytes(self) -> int:
+        if self.master_offset is None:
+            return 0
+        return max(0, self.master_offset - self.log.max_phys)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.close()
+
+    async def run(self) -> None:
+        backoff = self.backoff_initial_s
+        while not self._stop.is_set():
+            progressed = False
+            try:
+                progressed = await self._session()
+            except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+                self.last_error = f"connection: {exc!r}"
+            except TimeoutError:
+                self.last_error = f"no data from the master for {self.link_timeout_s:g}s"
+            except (ReplicationError, CommitLogError) as exc:
+                self.last_error = str(exc)
+                log.error(
+                    "replication from %s:%d dropped: %s", self.master_host, self.master_port, exc
+                )
+            finally:
+                self.connected = False
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+            if self._stop.is_set():
+                break
+            log.info("replication link down (%s); retrying in %.2fs", self.last_error, backoff)
+            backoff = self.backoff_initial_s if progressed else min(backoff * 2, self.backoff_max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), backoff)
+
+    async def _session(self) -> bool:
+        """One connection; returns whether any bytes were replicated."""
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.master_host, self.master_port), self.link_timeout_s
+        )
+        self._writer = writer
+        writer.write(self._hello + HEARTBEAT.pack(self.log.max_phys))
+        await writer.drain()
+        self.connected = True
+        self.sessions += 1
+        heartbeats = asyncio.create_task(self._heartbeats(writer))
+        progressed = False
+        pending = b""
+        try:
+            while not self._stop.is_set():
+                start, length = PUSH_HEADER.unpack(
+                    await asyncio.wait_for(
+                        reader.readexactly(PUSH_HEADER.size), self.link_timeout_s
+                    )
+                )
+                if start == METADATA_OFFSET:
+                    self._metadata(await self._read_body(reader, length, MAX_METADATA_BYTES))
+                    continue
+                expected = self.log.max_phys + len(pending)
+                if start != expected:
+                    raise ReplicationProtocolError(
+                        f"master pushed bytes from {start}, but this slave ends at {expected}: gap"
+                    )
+                body = await self._read_body(reader, length, MAX_PUSH_BYTES)
+                data = pending + body if pending else body
+                before = self.log.max_phys
+                after = self.log.append_replicated(before, data)
+                pending = data[after - before :]
+                if len(pending) > self.log.segment_bytes:
+                    raise ReplicationProtocolError("partial record larger than a segment")
+                self.master_offset = max(self.master_offset or 0, start + length)
+                if after > before:
+                    progressed = True
+                    writer.write(HEARTBEAT.pack(after))
+                    self.on_append()
+        finally:
+            heartbeats.cancel()
+            with contextlib.suppress(BaseException):
+                await heartbeats
+        return progressed
+
+    async def _read_body(self, reader: asyncio.StreamReader, length: int, cap: int) -> bytes:
+        if length > cap:
+            raise ReplicationProtocolError(f"frame of {length} bytes exceeds the {cap}-byte limit")
+        return await asyncio.wait_for(reader.readexactly(length), self.link_timeout_s)
+
+    def _metadata(self, body: bytes) -> None:
+        try:
+            doc = json.loads(body.decode("utf-8"))
+            max_phys = doc["max_phys"]
+            data = doc["data"]
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ReplicationProtocolError(f"bad metadata frame: {exc}") from None
+        if not isinstance(max_phys, int) or not isinstance(data, dict):
+            raise ReplicationProtocolError("bad metadata frame: wrong field types")
+        self.master_offset = max_phys
+        try:
+            self.on_metadata(data)
+        except Exception:
+            log.exception("on_metadata callback failed; replication continues")
+
+    async def _heartbeats(self, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            writer.write(HEARTBEAT.pack(self.log.max_phys))
+            await writer.drain()
