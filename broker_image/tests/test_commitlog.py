@@ -1,0 +1,256 @@
+"""Commit log: round trips, segment rolls, indexes, retention, flush policy (real files)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from understudy_broker.commitlog import (
+    EOF_MAGIC,
+    EOF_MARKER,
+    CommitLog,
+    FlushPolicy,
+    InvalidMessageError,
+    Message,
+    MessageTooLargeError,
+    Retention,
+    SegmentInfo,
+    StoredRecord,
+    segments_to_delete,
+)
+
+SEG = 8 << 10  # small segments so a few hundred records roll several times
+
+messages_st = st.builds(
+    Message,
+    topic=st.sampled_from(["orders", "audit.log", "t-1"]),
+    queue=st.integers(0, 3),
+    key=st.one_of(st.none(), st.binary(max_size=16)),
+    body=st.binary(max_size=1500),
+    timestamp_ms=st.integers(0, 2**62),
+)
+batches_st = st.lists(st.lists(messages_st, min_size=0, max_size=12), min_size=1, max_size=12)
+
+
+def read_all(
+    log: CommitLog, topic: str, queue: int, *, max_bytes: int = 1 << 30
+) -> list[StoredRecord]:
+    out: list[StoredRecord] = []
+    offset = log.queue_start(topic, queue)
+    while True:
+        got = log.read(topic, queue, offset, max_bytes=max_bytes, max_records=7)
+        if not got:
+            return out
+        out.extend(got)
+        offset = got[-1].queue_offset + 1
+
+
+def expected_by_queue(batches: list[list[Message]]) -> dict[tuple[str, int], list[Message]]:
+    out: dict[tuple[str, int], list[Message]] = {}
+    for batch in batches:
+        for m in batch:
+            out.setdefault((m.topic, m.queue), []).append(m)
+    return out
+
+
+def snapshot_files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=batches_st, max_bytes=st.integers(1, 5000))
+def test_append_reopen_read_back_equal(batches: list[list[Message]], max_bytes: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        log = CommitLog.open(Path(d), segment_bytes=SEG)
+        results = [log.append(b) for b in batches]
+        for b, r in zip(batches, results, strict=True):
+            assert [(t, q) for t, q, _ in r.queue_offsets] == [(m.topic, m.queue) for m in b]
+        end, seq = log.max_phys, log.next_seq
+        log.close()
+        log = CommitLog.open(Path(d), segment_bytes=SEG)
+        try:
+            assert (log.max_phys, log.next_seq) == (end, seq)
+            assert log.recovery.truncated_bytes == 0
+            want = expected_by_queue(batches)
+            for (topic, queue), msgs in want.items():
+                got = read_all(log, topic, queue, max_bytes=max_bytes)
+                assert [(r.key, r.body, r.timestamp_ms) for r in got] == [
+                    (m.key, m.body, m.timestamp_ms) for m in msgs
+                ]
+                assert [r.queue_offset for r in got] == list(range(len(msgs)))
+                assert log.queue_end(topic, queue) == len(msgs)
+            seqs = sorted(r.seq for k in want for r in read_all(log, *k))
+            assert seqs == list(range(seq))
+            assert log.topics() == {t: max(q for tt, q in want if tt == t) + 1 for t, _ in want}
+        finally:
+            log.close()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=batches_st)
+def test_rebuilt_indexes_equal_incremental_ones(batches: list[list[Message]]) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        log = CommitLog.open(root, segment_bytes=SEG)
+        for b in batches:
+            log.append(b)
+        log.close()
+        before = {k: v for k, v in snapshot_files(root).items() if k.startswith("index")}
+        log = CommitLog.open(root, segment_bytes=SEG)
+        try:
+            log.rebuild_indexes()
+            log.flush_indexes()
+            after = {k: v for k, v in snapshot_files(root).items() if k.startswith("index")}
+            assert after == before
+        finally:
+            log.close()
+
+
+def test_segments_roll_with_eof_markers_and_records_never_straddle(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        for i in range(40):
+            log.append([Message("t", 0, None, bytes([i]) * 700, i)])
+        files = sorted((tmp_path / "commitlog").iterdir())
+        assert len(files) >= 3
+        for f in files:
+            assert f.name == f"{int(f.name):020d}"
+            assert int(f.name) % SEG == 0
+        for f in files[:-1]:
+            data = f.read_bytes()
+            assert len(data) == SEG
+            # Find the marker by walking the records from the start of the segment.
+            pos = 0
+            while True:
+                length, magic, _ = EOF_MARKER.unpack_from(data, pos)
+                if magic == EOF_MAGIC:
+                    assert pos + length == SEG
+                    assert data[pos + EOF_MARKER.size :] == bytes(length - EOF_MARKER.size)
+                    break
+                pos += length
+        got = read_all(log, "t", 0)
+        assert [r.body[0] for r in got] == list(range(40))
+        for r in got:
+            assert r.phys_offset // SEG == (r.phys_offset + r.size - 1) // SEG
+    finally:
+        log.close()
+
+
+def test_read_honours_limits_but_returns_at_least_one(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        log.append([Message("t", 0, b"k", b"x" * 500, 1) for _ in range(10)])
+        one = log.read("t", 0, 0, max_bytes=1, max_records=100)
+        assert len(one) == 1
+        some = log.read("t", 0, 2, max_bytes=one[0].size * 3, max_records=100)
+        assert [r.queue_offset for r in some] == [2, 3, 4]
+        assert len(log.read("t", 0, 0, max_bytes=1 << 20, max_records=4)) == 4
+        assert log.read("t", 0, 10, max_bytes=1 << 20, max_records=4) == []
+        assert log.read("nope", 0, 0, max_bytes=1 << 20, max_records=4) == []
+    finally:
+        log.close()
+
+
+def test_bad_messages_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        log.append([Message("t", 0, None, b"ok", 1)])
+        end = log.max_phys
+        with pytest.raises(MessageTooLargeError, match="does not fit"):
+            log.append([Message("t", 0, None, b"a", 1), Message("t", 0, None, b"x" * SEG, 1)])
+        for topic in ["", "../etc", "a/b", "x" * 300, ".."]:
+            with pytest.raises(InvalidMessageError, match="invalid topic"):
+                log.append([Message(topic, 0, None, b"a", 1)])
+        with pytest.raises(InvalidMessageError, match="queue id"):
+            log.append([Message("t", -1, None, b"a", 1)])
+        assert log.max_phys == end
+        assert [r.body for r in read_all(log, "t", 0)] == [b"ok"]
+    finally:
+        log.close()
+
+
+def test_empty_key_and_no_key_are_distinct(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        log.append([Message("t", 0, b"", b"a", 1), Message("t", 0, None, b"b", 1)])
+        assert [r.key for r in read_all(log, "t", 0)] == [b"", None]
+    finally:
+        log.close()
+
+
+def test_retention_predicate_deletes_an_old_prefix_only() -> None:
+    segs = [SegmentInfo(i * 100, 100, 1000 * i) for i in range(5)]
+    by_size = segments_to_delete(
+        segs, retention=Retention(max_bytes=250), now_ms=10_000, active_base=400, active_empty=False
+    )
+    assert by_size == [0, 100, 200]  # 500 bytes -> 200, the first total <= 250
+    by_age = segments_to_delete(
+        segs, retention=Retention(max_age_s=7.5), now_ms=10_000, active_base=400, active_empty=False
+    )
+    assert by_age == [0, 100, 200]  # ages 10, 9, 8 s exceed 7.5 s; the next is 7 s old
+    never_active = segments_to_delete(
+        segs, retention=Retention(max_bytes=0), now_ms=0, active_base=400, active_empty=False
+    )
+    assert never_active == [0, 100, 200, 300]
+    keeps_marker = segments_to_delete(
+        segs, retention=Retention(max_bytes=0), now_ms=0, active_base=400, active_empty=True
+    )
+    assert keeps_marker == [0, 100, 200]
+
+
+def test_apply_retention_advances_queue_start_and_survives_reopen(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG, retention=Retention(max_bytes=3 * SEG))
+    for i in range(60):
+        log.append([Message("t", i % 2, None, bytes([i]) * 700, i)])
+    nfiles = len(list((tmp_path / "commitlog").iterdir()))
+    deleted = log.apply_retention(now_ms=0)
+    assert deleted == nfiles - 3
+    assert log.min_phys == deleted * SEG
+    for q in (0, 1):
+        got = read_all(log, "t", q)
+        assert got
+        assert got[0].queue_offset == log.queue_start("t", q) > 0
+        assert got[-1].queue_offset == log.queue_end("t", q) - 1 == 29
+        assert all(r.phys_offset >= log.min_phys for r in got)
+    starts = {q: log.queue_start("t", q) for q in (0, 1)}
+    seq = log.next_seq
+    log.close()
+    log = CommitLog.open(tmp_path, segment_bytes=SEG, retention=Retention(max_bytes=3 * SEG))
+    try:
+        assert {q: log.queue_start("t", q) for q in (0, 1)} == starts
+        assert log.next_seq == seq
+        r = log.append([Message("t", 0, None, b"after", 1)])
+        assert r.queue_offsets == [("t", 0, 30)]
+    finally:
+        log.close()
+
+
+def test_interval_flush_policy(tmp_path: Path) -> None:
+    log = CommitLog.open(
+        tmp_path, segment_bytes=SEG, flush=FlushPolicy(mode="interval", interval_ms=1)
+    )
+    try:
+        assert not log.needs_flush()
+        for i in range(30):  # crosses segment boundaries: sealed files are synced too
+            log.append([Message("t", 0, None, bytes([i]) * 700, i)])
+        log.flush()
+        assert not log.needs_flush()
+    finally:
+        log.close()
+    with pytest.raises(ValueError, match="flush mode"):
+        FlushPolicy(mode="sometimes")  # type: ignore[arg-type]
+
+
+def test_opening_with_a_different_segment_size_is_refused(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    for i in range(30):
+        log.append([Message("t", 0, None, bytes([i]) * 700, i)])
+    log.close()
+    with pytest.raises(Exception, match="segment"):
+        CommitLog.open(tmp_path, segment_bytes=SEG * 2)

@@ -1,0 +1,216 @@
+"""Commit log crash recovery: torn tails, flipped bytes, damaged sealed segments and indexes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from understudy_broker.commitlog import (
+    CommitLog,
+    CorruptSegmentError,
+    Message,
+    StoredRecord,
+)
+
+SEG = 8 << 10
+SLOW_OK = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def read_all(log: CommitLog, topic: str, queue: int) -> list[StoredRecord]:
+    return log.read(topic, queue, 0, max_bytes=1 << 30, max_records=1 << 20)
+
+
+def build_log(root: Path, *, records: int = 30, body: int = 600) -> list[StoredRecord]:
+    """A log of ~2.5 segments over 3 queues; returns every record in log order."""
+    log = CommitLog.open(root, segment_bytes=SEG)
+    try:
+        for i in range(records):
+            key = None if i % 3 else f"k{i}".encode()
+            log.append([Message("t", i % 3, key, bytes([i]) * (body + i), 1000 + i)])
+        out = [r for q in range(3) for r in read_all(log, "t", q)]
+    finally:
+        log.close()
+    return sorted(out, key=lambda r: r.phys_offset)
+
+
+def last_segment(root: Path) -> Path:
+    return sorted((root / "commitlog").iterdir())[-1]
+
+
+def index_files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted((root / "index").rglob("*"))
+        if p.is_file()
+    }
+
+
+def assert_indexes_agree_with_log(root: Path) -> None:
+    """The indexes left by recovery equal the ones a full rebuild produces."""
+    recovered = index_files(root)
+    with tempfile.TemporaryDirectory() as d:
+        copy = Path(d) / "copy"
+        shutil.copytree(root, copy)
+        log = CommitLog.open(copy, segment_bytes=SEG)
+        try:
+            log.rebuild_indexes()
+            log.flush_indexes()
+        finally:
+            log.close()
+        assert index_files(copy) == recovered
+
+
+def check_survivors(root: Path, expected: list[StoredRecord]) -> None:
+    log = CommitLog.open(root, segment_bytes=SEG)
+    try:
+        got = sorted(
+            (r for q in range(3) for r in read_all(log, "t", q)), key=lambda r: r.phys_offset
+        )
+        assert got == expected
+        end = expected[-1].phys_offset + expected[-1].size if expected else 0
+        assert log.max_phys >= end
+        assert log.next_seq == len(expected)
+        for q in range(3):
+            assert log.queue_end("t", q) == sum(1 for r in expected if r.queue == q)
+    finally:
+        log.close()
+
+
+@SLOW_OK
+@given(data=st.data())
+def test_truncated_tail_is_cut_at_the_last_whole_record(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        records = build_log(root)
+        seg = last_segment(root)
+        base = int(seg.name)
+        size = seg.stat().st_size
+        cut = data.draw(st.integers(0, size - 1), label="cut")
+        os.truncate(seg, cut)
+        survivors = [r for r in records if r.phys_offset + r.size <= base + cut]
+        log = CommitLog.open(root, segment_bytes=SEG)
+        try:
+            valid_end = max(
+                [base] + [r.phys_offset + r.size for r in survivors if r.phys_offset >= base]
+            )
+            assert log.max_phys == valid_end
+            assert log.recovery.truncated_bytes == base + cut - valid_end
+            assert seg.stat().st_size == valid_end - base
+        finally:
+            log.close()
+        check_survivors(root, survivors)
+        assert_indexes_agree_with_log(root)
+
+
+@SLOW_OK
+@given(data=st.data())
+def test_flipped_byte_in_the_tail_drops_that_record_and_the_rest(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        records = build_log(root)
+        seg = last_segment(root)
+        base = int(seg.name)
+        raw = bytearray(seg.read_bytes())
+        pos = data.draw(st.integers(0, len(raw) - 1), label="pos")
+        raw[pos] ^= data.draw(st.integers(1, 255), label="xor")
+        seg.write_bytes(bytes(raw))
+        hit = next(r for r in records if r.phys_offset <= base + pos < r.phys_offset + r.size)
+        survivors = [r for r in records if r.phys_offset < hit.phys_offset]
+        log = CommitLog.open(root, segment_bytes=SEG)
+        try:
+            assert log.max_phys == hit.phys_offset
+            assert log.recovery.truncated_bytes == len(raw) - (hit.phys_offset - base)
+        finally:
+            log.close()
+        check_survivors(root, survivors)
+        assert_indexes_agree_with_log(root)
+
+
+def test_corruption_inside_a_sealed_segment_is_an_error_and_nothing_is_cut(tmp_path: Path) -> None:
+    build_log(tmp_path)
+    first = sorted((tmp_path / "commitlog").iterdir())[0]
+    raw = bytearray(first.read_bytes())
+    raw[SEG // 2] ^= 0x55
+    first.write_bytes(bytes(raw))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()}
+    with pytest.raises(CorruptSegmentError, match=first.name) as info:
+        CommitLog.open(tmp_path, segment_bytes=SEG)
+    assert info.value.path == first
+    assert 0 < info.value.position <= SEG // 2
+    assert {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()} == before
+
+
+def test_a_missing_or_short_sealed_segment_is_an_error(tmp_path: Path) -> None:
+    build_log(tmp_path, records=45)
+    files = sorted((tmp_path / "commitlog").iterdir())
+    assert len(files) >= 3
+    os.truncate(files[0], SEG - 10)
+    with pytest.raises(CorruptSegmentError, match="sealed segment is"):
+        CommitLog.open(tmp_path, segment_bytes=SEG)
+    files[1].unlink()
+    with pytest.raises(CorruptSegmentError, match="missing file"):
+        CommitLog.open(tmp_path, segment_bytes=SEG)
+
+
+@pytest.mark.parametrize("damage", ["delete", "torn", "garbage", "stale-extra", "all-gone"])
+def test_damaged_indexes_are_repaired_from_the_log(tmp_path: Path, damage: str) -> None:
+    records = build_log(tmp_path)
+    healthy = index_files(tmp_path)
+    idx = tmp_path / "index" / "t" / "1"
+    if damage == "delete":
+        idx.unlink()
+    elif damage == "torn":
+        os.truncate(idx, idx.stat().st_size - 5)
+    elif damage == "garbage":
+        idx.write_bytes(b"this is not an index")
+    elif damage == "stale-extra":
+        # Entries for records that a crash took away: they point past the log's end.
+        idx.write_bytes(idx.read_bytes() + idx.read_bytes()[-16:] * 3)
+    else:
+        shutil.rmtree(tmp_path / "index")
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        assert log.recovery.indexes_rebuilt >= 1
+        assert log.recovery.truncated_bytes == 0
+    finally:
+        log.close()
+    assert index_files(tmp_path) == healthy
+    check_survivors(tmp_path, records)
+
+
+def test_crash_between_log_and_index_write_is_repaired(tmp_path: Path) -> None:
+    """The log is written before the indexes; a crash in between leaves indexes short."""
+    records = build_log(tmp_path)
+    healthy = index_files(tmp_path)
+    for q in range(3):
+        idx = tmp_path / "index" / "t" / str(q)
+        os.truncate(idx, idx.stat().st_size - 2 * 16)
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        assert log.recovery.indexes_rebuilt == 3
+    finally:
+        log.close()
+    assert index_files(tmp_path) == healthy
+    check_survivors(tmp_path, records)
+
+
+def test_appends_continue_correctly_after_recovery(tmp_path: Path) -> None:
+    records = build_log(tmp_path)
+    seg = last_segment(tmp_path)
+    os.truncate(seg, seg.stat().st_size - 3)
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        lost = records[-1]
+        assert log.max_phys == lost.phys_offset
+        r = log.append([Message("t", lost.queue, None, b"again", 1)])
+        assert r.queue_offsets == [("t", lost.queue, lost.queue_offset)]
+        assert read_all(log, "t", lost.queue)[-1].body == b"again"
+        assert read_all(log, "t", lost.queue)[-1].seq == lost.seq
+    finally:
+        log.close()
