@@ -1,0 +1,170 @@
+"""``understudy broker``: run one broker (master or slave) in the foreground.
+
+Why this module exists: it is the process entry point the operator, the local cluster,
+the tests and people all use. It turns flags into a validated
+:class:`~understudy_broker.config.BrokerConfig` (bad flags exit 2 with a message naming
+the flag), runs the :class:`~understudy_broker.server.Broker` on uvloop when available,
+and turns SIGTERM/SIGINT into a clean stop (in-flight requests finish, log and offsets
+are flushed, exit 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from understudy_broker.config import (
+    BrokerConfig,
+    ConfigError,
+    parse_hostport,
+    parse_peer,
+    validate,
+)
+from understudy_broker.model import Permission, Role
+from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
+
+
+def _config_from_flags(
+    *,
+    data_dir: str,
+    port: int,
+    host: str,
+    http_port: int | None,
+    replication_port: int | None,
+    role: str,
+    master: str | None,
+    name: str | None,
+    group: str,
+    permission: str | None,
+    peer: tuple[str, ...],
+    sync: bool,
+    segment_bytes: int,
+    flush: str,
+    flush_interval_ms: int,
+    retention_bytes: int | None,
+    retention_hours: float | None,
+    min_insync_replicas: int,
+    auto_degrade: bool,
+    ack_timeout: float,
+    max_frame_bytes: int,
+) -> BrokerConfig:
+    """Flags -> config; raises ConfigError/ValueError with a message naming the flag."""
+    the_role = Role(role)
+    perm = (
+        Permission.parse(permission)
+        if permission is not None
+        else (Permission.FULL if the_role is Role.MASTER else Permission.NONE)
+    )
+    return BrokerConfig(
+        data_dir=Path(data_dir),
+        port=port,
+        host=host,
+        http_port=http_port,
+        replication_port=replication_port,
+        role=the_role,
+        master=parse_hostport(master, what="--master") if master else None,
+        name=name or ("broker-0" if the_role is Role.MASTER else "broker-1"),
+        group=group,
+        permission=perm,
+        peers=tuple(parse_peer(x) for x in peer),
+        sync=sync,
+        segment_bytes=segment_bytes,
+        flush=flush,
+        flush_interval_ms=flush_interval_ms,
+        retention_bytes=retention_bytes,
+        retention_hours=retention_hours,
+        min_insync_replicas=min_insync_replicas,
+        auto_degrade=auto_degrade,
+        max_frame_bytes=max_frame_bytes,
+        ack_timeout_s=ack_timeout,
+    )
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--data-dir", required=True, type=click.Path(file_okay=False), help="Log, indexes, offsets and topics live here.")
+@click.option("--port", required=True, type=int, help="Client port (0 = pick a free one).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--http-port", type=int, default=None, help="Side port for /metrics, /healthz, /readyz.")
+@click.option("--replication-port", type=int, default=None, help="Master: port slaves replicate from.")
+@click.option("--role", type=click.Choice(["master", "slave"]), default="master", show_default=True)
+@click.option("--master", default=None, metavar="HOST:PORT", help="Slave: the master's replication address.")
+@click.option("--name", default=None, help="Broker name (default broker-0 for a master, broker-1 for a slave).")
+@click.option("--group", default="default", show_default=True, help="Broker group name.")
+@click.option("--permission", default=None, type=click.Choice(["FULL", "WRITE", "READ", "NONE"], case_sensitive=False),
+              help="Configured permission (default FULL for a master, NONE for a slave).")
+@click.option("--peer", multiple=True, metavar="NAME=HOST:PORT", help="Another broker of the group (repeatable), for routes.")
+@click.option("--sync/--async", "sync", default=True, show_default=True,
+              help="Synchronous replication acknowledges a produce only after a slave persisted it.")
+@click.option("--segment-bytes", type=int, default=64 * 1024 * 1024, show_default=True)
+@click.option("--flush", type=click.Choice(["batch", "interval"]), default="batch", show_default=True,
+              help="batch: fsync (group commit) before every acknowledgement; interval: every --flush-interval-ms.")
+@click.option("--flush-interval-ms", type=int, default=100, show_default=True)
+@click.option("--retention-bytes", type=int, default=None, help="Delete old segments beyond this many bytes.")
+@click.option("--retention-hours", type=float, default=None, help="Delete segments older than this.")
+@click.option("--min-insync-replicas", type=int, default=1, show_default=True,
+              help="Sync mode: slaves that must be in sync to acknowledge.")
+@click.option("--auto-degrade/--no-auto-degrade", default=False, show_default=True,
+              help="Sync mode: acknowledge without a slave when none is in sync (else NOT_ENOUGH_REPLICAS).")
+@click.option("--ack-timeout", type=float, default=5.0, show_default=True, help="Sync mode: seconds to wait for a slave.")
+@click.option("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def broker(log_level: str, **flags: Any) -> None:
+    """Run a broker. A master: --data-dir DIR --port P --replication-port R; a slave: add
+    --role slave --master HOST:R. SIGTERM/SIGINT stop it cleanly."""
+    try:
+        cfg = _config_from_flags(**flags)
+        validate(cfg)
+    except (ConfigError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        _run_on_best_loop(cfg)
+    except Exception as exc:
+        raise click.ClickException(f"broker failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _run_on_best_loop(cfg: BrokerConfig) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a declared dependency
+        asyncio.run(_run(cfg))
+        return
+    uvloop.run(_run(cfg))
+
+
+async def _run(cfg: BrokerConfig) -> None:
+    from understudy_broker.server import Broker, probe_peer
+
+    server = Broker(cfg, peer_probe=probe_peer)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    where = await server.start()
+    parts = [f"understudy broker {cfg.name} ({cfg.role.value}, group {cfg.group}, "
+             f"permission {cfg.permission.label}, {'sync' if cfg.sync else 'async'}) "
+             f"clients {where.host}:{where.port}"]
+    if where.replication_port is not None:
+        parts.append(f"replication {where.host}:{where.replication_port}")
+    if cfg.master is not None:
+        parts.append(f"replicating from {cfg.master[0]}:{cfg.master[1]}")
+    if where.http_port is not None:
+        parts.append(f"http {where.host}:{where.http_port}")
+    parts.append(f"data {cfg.data_dir}")
+    print(", ".join(parts), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+    print(f"understudy broker {cfg.name}: stopped cleanly", flush=True)

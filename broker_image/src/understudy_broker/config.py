@@ -1,0 +1,123 @@
+"""A broker's configuration: one frozen dataclass and the pure checks that make a bad
+combination of flags fail before anything is opened.
+
+Why this module exists: the CLI, the local cluster and the tests all build brokers; they
+share one definition of what a valid broker configuration is, and the server never has
+to second-guess its inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from understudy_broker.model import Permission, Role
+from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the flag."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Another broker of this group, as named by ``--peer NAME=HOST:PORT``."""
+
+    name: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    data_dir: Path
+    port: int
+    host: str = "127.0.0.1"
+    http_port: int | None = None
+    replication_port: int | None = None
+    role: Role = Role.MASTER
+    master: tuple[str, int] | None = None  # slave: the master's replication address
+    name: str = "broker-0"
+    group: str = "default"
+    permission: Permission = Permission.FULL
+    peers: tuple[Peer, ...] = field(default_factory=tuple)
+    sync: bool = True
+    segment_bytes: int = 64 * 1024 * 1024
+    flush: str = "batch"  # "batch" | "interval"
+    flush_interval_ms: int = 100
+    retention_bytes: int | None = None
+    retention_hours: float | None = None
+    min_insync_replicas: int = 1
+    auto_degrade: bool = False
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ack_timeout_s: float = 5.0
+    offsets_persist_interval_s: float = 1.0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_hostport(text: str, *, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` with a port in 1-65535."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"{what}: expected HOST:PORT, got {text!r}")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{what}: port {port} is outside 1-65535")
+    return host, port
+
+
+def parse_peer(text: str) -> Peer:
+    """``NAME=HOST:PORT``."""
+    name, sep, addr = text.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"--peer: expected NAME=HOST:PORT, got {text!r}")
+    host, port = parse_hostport(addr, what=f"--peer {name}")
+    return Peer(name, host, port)
+
+
+def validate(cfg: BrokerConfig) -> None:
+    """Raise :class:`ConfigError` for the first invalid setting."""
+    ports = {"--port": cfg.port, "--http-port": cfg.http_port}
+    ports["--replication-port"] = cfg.replication_port
+    for flag, port in ports.items():
+        if port is not None and not 0 <= port <= 65535:
+            raise ConfigError(f"{flag}: port {port} is outside 0-65535")
+    used = [p for p in ports.values() if p]
+    if len(used) != len(set(used)):
+        raise ConfigError("--port, --http-port and --replication-port must differ")
+    if cfg.role is Role.MASTER:
+        if cfg.replication_port is None:
+            raise ConfigError("a master needs --replication-port (slaves connect to it)")
+        if cfg.master is not None:
+            raise ConfigError("--master is for slaves; add --role slave")
+    else:
+        if cfg.master is None:
+            raise ConfigError("a slave needs --master HOST:PORT (the master's replication port)")
+        if cfg.permission & Permission.WRITE:
+            raise ConfigError("a slave never writes: use --permission READ or NONE")
+    if cfg.segment_bytes < 4096:
+        raise ConfigError("--segment-bytes must be at least 4096")
+    if cfg.max_frame_bytes < HEADER_SIZE + 64:
+        raise ConfigError(f"--max-frame-bytes must be at least {HEADER_SIZE + 64}")
+    if cfg.max_frame_bytes + 1024 > cfg.segment_bytes:
+        raise ConfigError("--max-frame-bytes must be smaller than --segment-bytes")
+    if cfg.flush not in ("batch", "interval"):
+        raise ConfigError("--flush must be 'batch' or 'interval'")
+    if cfg.flush_interval_ms < 1:
+        raise ConfigError("--flush-interval-ms must be positive")
+    if cfg.retention_bytes is not None and cfg.retention_bytes < cfg.segment_bytes:
+        raise ConfigError("--retention-bytes must be at least one segment (--segment-bytes)")
+    if cfg.retention_hours is not None and cfg.retention_hours <= 0:
+        raise ConfigError("--retention-hours must be positive")
+    if cfg.min_insync_replicas < 0:
+        raise ConfigError("--min-insync-replicas must be 0 or more")
+    names = [p.name for p in cfg.peers]
+    if cfg.name in names or len(names) != len(set(names)):
+        raise ConfigError("--peer names must be unique and differ from --name")

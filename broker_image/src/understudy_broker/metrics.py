@@ -1,0 +1,68 @@
+"""The broker's Prometheus series, on a registry of its own.
+
+Why this module exists: metric names and labels are a public contract (DESIGN, "Metrics
+contract"): the Spark SLA jobs, dashboards and alert rules read them. They are declared
+once, here, on a per-server ``CollectorRegistry`` (never the global default), so several
+brokers can live in one process (tests, local mode) without colliding.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from understudy_broker.model import Permission
+
+
+class BrokerMetrics:
+    """Series for one broker, pre-labelled with its group and name."""
+
+    def __init__(self, *, group: str, broker: str, role: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.group = group
+        self.broker = broker
+        self._permission = Gauge(
+            "understudy_broker_permission",
+            "Effective permission the broker enforces (0 NONE, 1 READ, 2 WRITE, 3 FULL).",
+            ["group", "broker", "role"],
+            registry=self.registry,
+        ).labels(group=group, broker=broker, role=role)
+        self._in = Counter(
+            "understudy_messages_in",
+            "Messages appended by produce requests.",
+            ["group", "broker"],
+            registry=self.registry,
+        ).labels(group=group, broker=broker)
+        self._out = Counter(
+            "understudy_messages_out",
+            "Messages delivered by pull requests.",
+            ["group", "broker"],
+            registry=self.registry,
+        ).labels(group=group, broker=broker)
+        self._lag = Gauge(
+            "understudy_replication_lag_bytes",
+            "Bytes of log a slave is behind its master (reported by both sides).",
+            ["group", "broker"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "understudy_produce_latency_seconds",
+            "Produce request time from receipt to acknowledgement (append, flush, replication).",
+            ["group", "broker"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        ).labels(group=group, broker=broker)
+
+    def set_permission(self, perm: Permission) -> None:
+        self._permission.set(int(perm))
+
+    def messages_in(self, n: int) -> None:
+        self._in.inc(n)
+
+    def messages_out(self, n: int) -> None:
+        self._out.inc(n)
+
+    def replication_lag(self, *, broker: str, lag_bytes: int) -> None:
+        self._lag.labels(group=self.group, broker=broker).set(lag_bytes)
+
+    def produce_latency(self, seconds: float) -> None:
+        self._latency.observe(seconds)

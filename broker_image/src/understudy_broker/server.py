@@ -1,0 +1,762 @@
+"""The broker process: TCP request handling over the commit log, offsets and replication.
+
+Why this module exists: it is the one place where network input meets stored data, so it
+owns the rules that protect the data — every request is checked against the effective
+permission from the :class:`~understudy_broker.authority.Authority` (a slave never
+writes, a broker without READ never serves a read), stale epochs are refused, and a
+malformed frame costs its sender the connection and nothing else.
+
+Concurrency model (one asyncio loop):
+
+* One connection = one read loop feeding a :class:`~understudy_broker.protocol.FrameDecoder`.
+  Each request runs as its own task, so a long-poll PULL never blocks a PRODUCE pipelined
+  behind it; responses carry the request id and may leave out of order.
+* PRODUCE appends synchronously (no await before ``CommitLog.append``), so batches from
+  one connection land in the order they were sent. Durability is *group commit*: a
+  single flusher task fdatasyncs in a worker thread while the loop keeps appending, and
+  one fsync acknowledges every batch appended before it began. With synchronous
+  replication the handler also waits for a slave to persist the batch (in parallel with
+  the local fsync) before answering.
+* PULL long-polls on an :class:`AppendSignal` that is fired by local appends and, on a
+  slave, by replicated data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from understudy_broker import protocol as p
+from understudy_broker.authority import Authority, StaticAuthority
+from understudy_broker.commitlog import (
+    CommitLog,
+    CommitLogError,
+    FlushPolicy,
+    Message,
+    Retention,
+)
+from understudy_broker.config import BrokerConfig, Peer
+from understudy_broker.httpserver import HttpSidePort
+from understudy_broker.metrics import BrokerMetrics
+from understudy_broker.model import Health, Permission, Role
+from understudy_broker.offsets import OffsetStore
+from understudy_broker.replication import (
+    NotEnoughReplicasError,
+    ReplicationClient,
+    ReplicationServer,
+    ReplicationTimeoutError,
+)
+
+log = logging.getLogger("understudy.broker")
+
+READ_CHUNK = 256 * 1024
+PULL_MAX_RECORDS = 4096
+RETENTION_EVERY_S = 10.0
+
+
+class RequestError(Exception):
+    """A request that is answered with a non-OK status."""
+
+    def __init__(self, status: p.Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# --------------------------------------------------------------------------- topics
+
+
+class TopicRegistry:
+    """Topic -> queue count, persisted atomically in ``<data>/topics.json``.
+
+    The master owns it; slaves receive it with the replication metadata. Queue counts
+    never shrink (a message already stored in queue 7 stays addressable).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._topics: dict[str, int] = {}
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                raw = data["topics"]
+                if not isinstance(raw, dict):
+                    raise TypeError("topics is not an object")
+                self._topics = {str(k): int(v) for k, v in raw.items()}
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CommitLogError(f"{path} is unreadable: {exc}") from exc
+
+    def get(self, topic: str) -> int | None:
+        return self._topics.get(topic)
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._topics)
+
+    def create(self, topic: str, queues: int) -> bool:
+        """True if created or grown; an existing topic with as many queues is left alone."""
+        current = self._topics.get(topic, 0)
+        if current >= queues:
+            return False
+        self._topics[topic] = queues
+        self._save()
+        return True
+
+    def merge(self, topics: Mapping[str, int]) -> bool:
+        """Adopt the master's topics (growing only). True when something changed."""
+        changed = False
+        for topic, queues in topics.items():
+            if queues > self._topics.get(topic, 0):
+                self._topics[topic] = queues
+                changed = True
+        if changed:
+            self._save()
+        return changed
+
+    def _save(self) -> None:
+        tmp = self._path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"topics": self._topics}, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+        dfd = os.open(self._path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class AppendSignal:
+    """Wakes every long-poll waiter when the log grows (or permission changes)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, wait_s: float) -> None:
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), wait_s)
+
+
+class GroupCommitter:
+    """Coalesces fdatasyncs: one flush acknowledges every append made before it began.
+
+    ``batch`` mode: :meth:`durable` returns once a flush covering ``end_phys`` completed.
+    ``interval`` mode: :meth:`durable` returns at once and the log is flushed every
+    ``interval_ms`` (a crash may lose the last interval of acknowledged writes).
+    """
+
+    def __init__(self, log_: CommitLog, *, mode: str, interval_ms: int) -> None:
+        self._log = log_
+        self._mode = mode
+        self._interval_s = interval_ms / 1000
+        self._flushed = log_.max_phys
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self.flushes = 0
+
+    async def durable(self, end_phys: int) -> None:
+        if self._mode != "batch" or end_phys <= self._flushed:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((end_phys, fut))
+        self._wake.set()
+        await fut
+
+    async def run(self) -> None:
+        while True:
+            if self._mode == "batch":
+                await self._wake.wait()
+                self._wake.clear()
+            else:
+                await asyncio.sleep(self._interval_s)
+                if not self._log.needs_flush():
+                    continue
+            await self.flush_now()
+
+    async def flush_now(self) -> None:
+        target = self._log.max_phys
+        try:
+            await asyncio.to_thread(self._log.flush)
+        except OSError as exc:
+            log.error("flush failed: %s", exc)
+            waiters, self._waiters = self._waiters, []
+            for _, fut in waiters:
+                if not fut.done():
+                    fut.set_exception(RequestError(p.Status.INTERNAL, f"flush failed: {exc}"))
+            return
+        self.flushes += 1
+        self._flushed = max(self._flushed, target)
+        keep = []
+        for end, fut in self._waiters:
+            if end <= self._flushed:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((end, fut))
+        self._waiters = keep
+        if keep:
+            self._wake.set()
+
+
+# --------------------------------------------------------------------------- broker
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """Where a started broker listens (ports resolved when 0 was asked)."""
+
+    host: str
+    port: int
+    http_port: int | None
+    replication_port: int | None
+
+
+Handler = Callable[[p.Frame], Awaitable[bytes]]
+
+
+class Broker:
+    """One broker: open with :meth:`start`, stop with :meth:`stop`."""
+
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        *,
+        authority: Authority | None = None,
+        peer_probe: Callable[[Peer], Awaitable[tuple[int, int, str]]] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._authority: Authority = authority or StaticAuthority(
+            name=cfg.name,
+            group=cfg.group,
+            role=cfg.role,
+            configured=cfg.permission,
+            address=cfg.address,
+            peers=cfg.peers,
+            probe=peer_probe,
+        )
+        self.metrics = BrokerMetrics(group=cfg.group, broker=cfg.name, role=cfg.role.value)
+        self._log: CommitLog | None = None
+        self._offsets: OffsetStore | None = None
+        self._topics: TopicRegistry | None = None
+        self._committer: GroupCommitter | None = None
+        self._repl_server: ReplicationServer | None = None
+        self._repl_client: ReplicationClient | None = None
+        self._server: asyncio.Server | None = None
+        self._http: HttpSidePort | None = None
+        self._signal: AppendSignal | None = None
+        self._background: list[asyncio.Task[Any]] = []
+        self._connections: set[asyncio.Task[Any]] = set()
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._handlers: dict[int, Handler] = {
+            p.Op.CREATE_TOPIC: self._create_topic,
+            p.Op.PRODUCE: self._produce,
+            p.Op.PULL: self._pull,
+            p.Op.COMMIT_OFFSET: self._commit_offset,
+            p.Op.FETCH_OFFSET: self._fetch_offset,
+            p.Op.GET_ROUTE: self._get_route,
+            p.Op.HEARTBEAT: self._heartbeat,
+        }
+        self._stopping = False
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    @property
+    def log(self) -> CommitLog:
+        if self._log is None:
+            raise RuntimeError("broker not started")
+        return self._log
+
+    @property
+    def offsets(self) -> OffsetStore:
+        if self._offsets is None:
+            raise RuntimeError("broker not started")
+        return self._offsets
+
+    @property
+    def topics(self) -> TopicRegistry:
+        if self._topics is None:
+            raise RuntimeError("broker not started")
+        return self._topics
+
+    async def start(self) -> Listening:
+        cfg = self.cfg
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self._signal = AppendSignal()
+        retention = Retention(
+            max_bytes=cfg.retention_bytes,
+            max_age_s=None if cfg.retention_hours is None else cfg.retention_hours * 3600,
+        )
+        self._log = CommitLog.open(
+            cfg.data_dir,
+            segment_bytes=cfg.segment_bytes,
+            flush=self._flush_policy(),
+            retention=retention,
+        )
+        rec = self._log.recovery
+        if rec.truncated_bytes or rec.indexes_rebuilt:
+            log.warning(
+                "recovered the log: truncated %d torn bytes, rebuilt %d indexes",
+                rec.truncated_bytes,
+                rec.indexes_rebuilt,
+            )
+        self._offsets = OffsetStore.open(cfg.data_dir / "offsets.json")
+        self._topics = TopicRegistry(cfg.data_dir / "topics.json")
+        # Topics seen in the log but missing from the registry (a crash between the two)
+        # are re-registered so their data stays addressable.
+        self._topics.merge(self._log.topics())
+        self._committer = GroupCommitter(
+            self._log, mode=cfg.flush, interval_ms=cfg.flush_interval_ms
+        )
+        self._authority.subscribe(self._on_authority_change)
+        await self._authority.start()
+
+        if cfg.role is Role.MASTER:
+            self._repl_server = ReplicationServer(
+                self._log,
+                host=cfg.host,
+                port=cfg.replication_port or 0,
+                sync=cfg.sync,
+                min_insync=cfg.min_insync_replicas,
+                auto_degrade=cfg.auto_degrade,
+                metadata=self._metadata,
+                ack_timeout_s=cfg.ack_timeout_s,
+            )
+            await self._repl_server.start()
+        else:
+            if cfg.master is None:
+                raise RuntimeError("a slave needs a master address")
+            self._repl_client = ReplicationClient(
+                self._log,
+                master_host=cfg.master[0],
+                master_port=cfg.master[1],
+                name=cfg.name,
+                on_metadata=self._on_metadata,
+                on_append=self._on_replicated,
+            )
+            self._background.append(asyncio.create_task(self._repl_client.run()))
+
+        self._server = await asyncio.start_server(
+            self._serve_connection, cfg.host, cfg.port, limit=READ_CHUNK, backlog=512
+        )
+        if cfg.http_port is not None:
+            self._http = HttpSidePort(
+                registry=self.metrics.registry, ready=self._ready, host=cfg.host, port=cfg.http_port
+            )
+            await self._http.start()
+        self._background += [
+            asyncio.create_task(self._committer.run()),
+            asyncio.create_task(self._housekeeping()),
+        ]
+        self.metrics.set_permission(self._authority.effective())
+        return self.listening
+
+    def _flush_policy(self) -> FlushPolicy:
+        """On a master the broker flushes (GroupCommitter: one fdatasync for many
+        concurrent batches), so the log never fsyncs inside ``append``. On a slave the
+        replication client acknowledges what ``append_replicated`` returned, so with
+        ``--flush batch`` the log must fsync inside it (invariant 3)."""
+        cfg = self.cfg
+        if cfg.role is Role.SLAVE and cfg.flush == "batch":
+            return FlushPolicy(mode="batch", interval_ms=cfg.flush_interval_ms)
+        return FlushPolicy(mode="interval", interval_ms=cfg.flush_interval_ms)
+
+    @property
+    def listening(self) -> Listening:
+        port = self.cfg.port
+        if self._server is not None and self._server.sockets:
+            port = int(self._server.sockets[0].getsockname()[1])
+        return Listening(
+            host=self.cfg.host,
+            port=port,
+            http_port=self._http.port if self._http is not None else None,
+            replication_port=self._repl_server.port if self._repl_server is not None else None,
+        )
+
+    async def stop(self, *, grace_s: float = 5.0) -> None:
+        """Stop accepting, let in-flight requests finish, flush log and offsets."""
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        if self._signal is not None:
+            self._signal.fire()  # long-polls return now
+        if self._inflight:
+            await asyncio.wait(set(self._inflight), timeout=grace_s)
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(set(self._connections), timeout=grace_s)
+        if self._http is not None:
+            await self._http.stop()
+        if self._repl_client is not None:
+            await self._repl_client.stop()
+        if self._repl_server is not None:
+            await self._repl_server.stop()
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._authority.stop()
+        if self._offsets is not None:
+            self._offsets.persist()
+        if self._log is not None:
+            self._log.flush()
+            self._log.flush_indexes()
+            self._log.close()
+            self._log = None
+
+    # ---- replication hooks ----------------------------------------------------------
+
+    def _metadata(self) -> dict[str, Any]:
+        """What the master pushes to slaves on an interval: topics and consumer offsets."""
+        return {"topics": self.topics.snapshot(), "offsets": self.offsets.snapshot()}
+
+    def _on_metadata(self, data: Mapping[str, Any]) -> None:
+        topics = data.get("topics")
+        if isinstance(topics, dict):
+            self.topics.merge({str(k): int(v) for k, v in topics.items()})
+        snapshot = data.get("offsets")
+        if snapshot is not None:
+            self.offsets.merge(snapshot)
+
+    def _on_replicated(self, *_args: object) -> None:
+        if self._signal is not None:
+            self._signal.fire()
+
+    def _on_authority_change(self) -> None:
+        self.metrics.set_permission(self._authority.effective())
+        if self._signal is not None:
+            self._signal.fire()  # long-polls re-check their permission
+
+    def _ready(self) -> tuple[bool, str]:
+        if self._stopping:
+            return False, "stopping"
+        if self._repl_client is not None and not self._repl_client.connected:
+            return False, "not connected to the master"
+        return True, f"{self.cfg.role.value} {self._authority.effective().label}"
+
+    async def _housekeeping(self) -> None:
+        last_persist = last_retention = time.monotonic()
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            if now - last_persist >= self.cfg.offsets_persist_interval_s:
+                last_persist = now
+                try:
+                    self.offsets.persist()
+                except OSError as exc:
+                    log.error("persisting consumer offsets failed: %s", exc)
+            if now - last_retention >= RETENTION_EVERY_S:
+                last_retention = now
+                deleted = self.log.apply_retention(int(time.time() * 1000))
+                if deleted:
+                    log.info("retention deleted %d segment(s)", deleted)
+            self._refresh_health()
+
+    def _refresh_health(self) -> None:
+        if self._repl_server is not None:
+            rs = self._repl_server
+            self._authority.update_health(
+                Health(
+                    slaves_assigned=bool(self.cfg.peers),
+                    slave_connected=rs.slave_connected,
+                    slave_once_connected=rs.slave_once_connected,
+                )
+            )
+            for link in rs.links():
+                self.metrics.replication_lag(broker=link.name, lag_bytes=link.lag_bytes)
+        if self._repl_client is not None:
+            self.metrics.replication_lag(
+                broker=self.cfg.name, lag_bytes=int(self._repl_client.lag_bytes)
+            )
+
+    # ---- connections ----------------------------------------------------------------
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        decoder = p.FrameDecoder(self.cfg.max_frame_bytes)
+        mine: set[asyncio.Task[Any]] = set()
+        peer = writer.get_extra_info("peername")
+        try:
+            while not self._stopping:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    break
+                decoder.feed(data)
+                while True:
+                    frame = decoder.next_frame()
+                    if frame is p.NEED_DATA:
+                        break
+                    if not isinstance(frame, p.Frame):  # pragma: no cover - typing aid
+                        break
+                    t = asyncio.create_task(self._respond(frame, writer))
+                    mine.add(t)
+                    self._inflight.add(t)
+                    t.add_done_callback(mine.discard)
+                    t.add_done_callback(self._inflight.discard)
+        except p.FrameError as exc:
+            log.warning("closing connection from %s: %s", peer, exc)
+            with contextlib.suppress(ConnectionError):
+                writer.write(
+                    p.encode_error(
+                        request_id=exc.request_id or 0,
+                        op=0,
+                        status=exc.code,
+                        message=exc.message,
+                        epoch=self._authority.epoch(),
+                    )
+                )
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            if mine:
+                await asyncio.wait(set(mine), timeout=5)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            if task is not None:
+                self._connections.discard(task)
+
+    async def _respond(self, frame: p.Frame, writer: asyncio.StreamWriter) -> None:
+        epoch = self._authority.epoch()
+        try:
+            if frame.is_response:
+                raise RequestError(p.Status.BAD_FRAME, "a broker does not accept responses")
+            handler = self._handlers.get(frame.op)
+            if handler is None:
+                raise RequestError(
+                    p.Status.UNKNOWN_OPERATION, f"operation {frame.op} is not supported"
+                )
+            body = await handler(frame)
+            out = p.encode_response(frame, body=body, epoch=epoch)
+        except RequestError as exc:
+            out = p.encode_error(
+                request_id=frame.request_id, op=frame.op, status=exc.status, message=exc.message,
+                epoch=epoch,
+            )
+        except p.FrameError as exc:
+            out = p.encode_error(
+                request_id=frame.request_id, op=frame.op, status=exc.code, message=exc.message,
+                epoch=epoch,
+            )
+        except Exception as exc:
+            log.exception("request %s op %s failed", frame.request_id, frame.op)
+            out = p.encode_error(
+                request_id=frame.request_id, op=frame.op, status=p.Status.INTERNAL,
+                message=f"internal error: {type(exc).__name__}: {exc}", epoch=epoch,
+            )
+        if writer.is_closing():
+            return
+        writer.write(out)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+    # ---- checks ---------------------------------------------------------------------
+
+    def _check_epoch(self, frame: p.Frame) -> None:
+        current = self._authority.epoch()
+        if frame.epoch and frame.epoch < current:
+            raise RequestError(
+                p.Status.STALE_EPOCH,
+                f"request epoch {frame.epoch} is older than this broker's epoch {current}",
+            )
+
+    def _require_write(self, frame: p.Frame) -> None:
+        if self._authority.role is not Role.MASTER:
+            raise RequestError(p.Status.NOT_MASTER, f"{self.cfg.name} is a slave: it never writes")
+        if not self._authority.effective() & Permission.WRITE:
+            raise RequestError(
+                p.Status.NO_PERMISSION,
+                f"{self.cfg.name} has no WRITE permission "
+                f"(effective {self._authority.effective().label})",
+            )
+        self._check_epoch(frame)
+
+    def _require_read(self, frame: p.Frame) -> None:
+        if not self._authority.effective() & Permission.READ:
+            raise RequestError(
+                p.Status.NO_PERMISSION,
+                f"{self.cfg.name} has no READ permission "
+                f"(effective {self._authority.effective().label})",
+            )
+        self._check_epoch(frame)
+
+    def _queues(self, topic: str) -> int:
+        n = self.topics.get(topic)
+        if n is None:
+            raise RequestError(p.Status.UNKNOWN_TOPIC, f"unknown topic {topic!r}")
+        return n
+
+    # ---- handlers -------------------------------------------------------------------
+
+    async def _create_topic(self, frame: p.Frame) -> bytes:
+        self._require_write(frame)
+        req = p.CreateTopicRequest.decode(frame.body)
+        created = self.topics.create(req.topic, req.queues)
+        queues = self.topics.get(req.topic) or req.queues
+        if self._repl_server is not None:
+            self._repl_server.notify_appended()  # carries fresh metadata to slaves soon
+        return p.CreateTopicResponse(req.topic, queues, created).encode()
+
+    async def _produce(self, frame: p.Frame) -> bytes:
+        started = time.perf_counter()
+        self._require_write(frame)
+        req = p.ProduceRequest.decode(frame.body)
+        queues = self._queues(req.topic)
+        if not req.messages:
+            return p.ProduceResponse([]).encode()
+        now_ms = int(time.time() * 1000)
+        messages = []
+        for m in req.messages:
+            if m.queue >= queues:
+                raise RequestError(
+                    p.Status.BAD_REQUEST,
+                    f"queue {m.queue} does not exist: topic {req.topic!r} has {queues} queues",
+                )
+            messages.append(Message(req.topic, m.queue, m.key, m.body, now_ms))
+        # No await before the append: batches of one connection keep their order.
+        try:
+            result = self.log.append(messages)
+        except (CommitLogError, ValueError) as exc:
+            raise RequestError(p.Status.BAD_REQUEST, str(exc)) from exc
+        if self._signal is not None:
+            self._signal.fire()
+        if self._committer is None:
+            raise RuntimeError("broker not started")
+        waits: list[Awaitable[None]] = [self._committer.durable(result.end_phys)]
+        if self._repl_server is not None:
+            self._repl_server.notify_appended()
+            if self.cfg.sync:
+                waits.append(self._repl_server.wait_replicated(result.end_phys))
+        try:
+            await asyncio.gather(*waits)
+        except NotEnoughReplicasError as exc:
+            raise RequestError(p.Status.NOT_ENOUGH_REPLICAS, str(exc)) from exc
+        except ReplicationTimeoutError as exc:
+            raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
+        self.metrics.messages_in(len(messages))
+        self.metrics.produce_latency(time.perf_counter() - started)
+        return p.ProduceResponse([(q, o) for _t, q, o in result.queue_offsets]).encode()
+
+    async def _pull(self, frame: p.Frame) -> bytes:
+        self._require_read(frame)
+        req = p.PullRequest.decode(frame.body)
+        queues = self._queues(req.topic)
+        if req.queue >= queues:
+            raise RequestError(
+                p.Status.BAD_REQUEST,
+                f"queue {req.queue} does not exist: topic {req.topic!r} has {queues} queues",
+            )
+        # Keep the response inside the frame limit the client most likely uses.
+        max_bytes = max(1, min(req.max_bytes, self.cfg.max_frame_bytes // 2))
+        deadline = time.monotonic() + min(req.max_wait_ms, 60_000) / 1000
+        signal = self._signal
+        while True:
+            start = self.log.queue_start(req.topic, req.queue)
+            end = self.log.queue_end(req.topic, req.queue)
+            offset = max(req.offset, start)
+            records = self.log.read(
+                req.topic, req.queue, offset, max_bytes=max_bytes, max_records=PULL_MAX_RECORDS
+            )
+            remaining = deadline - time.monotonic()
+            if records or remaining <= 0 or req.offset > end or self._stopping or signal is None:
+                break
+            await signal.wait(remaining)
+            self._require_read(frame)  # permission may have changed while waiting
+        next_offset = records[-1].queue_offset + 1 if records else offset
+        self.metrics.messages_out(len(records))
+        return p.PullResponse(
+            next_offset,
+            start,
+            end if not records else max(end, next_offset),
+            [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in records],
+        ).encode()
+
+    async def _commit_offset(self, frame: p.Frame) -> bytes:
+        self._require_read(frame)
+        req = p.CommitOffsetRequest.decode(frame.body)
+        queues = self._queues(req.topic)
+        stored: dict[int, int | None] = {}
+        for q, off in req.offsets.items():
+            if q >= queues:
+                raise RequestError(p.Status.BAD_REQUEST, f"queue {q} does not exist")
+            stored[q] = self.offsets.commit(req.group, req.topic, q, off)
+        return p.OffsetsResponse(stored).encode()
+
+    async def _fetch_offset(self, frame: p.Frame) -> bytes:
+        self._require_read(frame)
+        req = p.FetchOffsetRequest.decode(frame.body)
+        self._queues(req.topic)
+        return p.OffsetsResponse(
+            {q: self.offsets.get(req.group, req.topic, q) for q in req.queues}
+        ).encode()
+
+    async def _get_route(self, frame: p.Frame) -> bytes:
+        req = p.GetRouteRequest.decode(frame.body)
+        topics = self.topics.snapshot()
+        if req.topic is not None:
+            topics = {req.topic: topics[req.topic]} if req.topic in topics else {}
+        groups = await self._authority.route()
+        names = [g.group for g in groups]
+        return p.RouteResponse(groups, topics, {t: names for t in topics}).encode()
+
+    async def _heartbeat(self, frame: p.Frame) -> bytes:
+        p.HeartbeatRequest.decode(frame.body)
+        return p.HeartbeatResponse(
+            self.cfg.name,
+            self.cfg.group,
+            self._authority.role.value,
+            int(self._authority.effective()),
+            self._authority.epoch(),
+            self.log.max_phys,
+        ).encode()
+
+
+async def probe_peer(peer: Peer, *, timeout_s: float = 0.5) -> tuple[int, int, str]:
+    """HEARTBEAT a peer: ``(effective permission, epoch, role)``."""
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(peer.host, peer.port), timeout_s
+    )
+    try:
+        writer.write(
+            p.encode_frame(request_id=1, op=p.Op.HEARTBEAT, body=p.HeartbeatRequest().encode())
+        )
+        head = await asyncio.wait_for(reader.readexactly(p.HEADER_SIZE), timeout_s)
+        decoder = p.FrameDecoder(64 * 1024)
+        decoder.feed(head)
+        frame = decoder.next_frame()  # enforces the size limit before reading the body
+        if frame is p.NEED_DATA:
+            length = p.HEADER.unpack(head)[7]
+            decoder.feed(await asyncio.wait_for(reader.readexactly(length), timeout_s))
+            frame = decoder.next_frame()
+        if not isinstance(frame, p.Frame) or frame.status != p.Status.OK:
+            raise ValueError(f"peer {peer.name} answered with an error")
+        hb = p.HeartbeatResponse.decode(frame.body)
+        return hb.permission, hb.epoch, hb.role
+    except p.FrameError as exc:
+        raise ValueError(str(exc)) from exc
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
