@@ -1,0 +1,358 @@
+"""The invariant checker over hand-built histories: every category, including the ones
+that must report zero. Times are written in milliseconds and converted to the history's
+nanoseconds by ``ms()``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from understudy_operator.checker import check, percentile
+from understudy_operator.history import HistoryError
+
+T = "orders"
+
+
+def ms(x: float) -> int:
+    return int(x * 1_000_000)
+
+
+def ack(t: float, id: str, queue: int = 0, offset: int = 0) -> dict[str, Any]:
+    return {"type": "produce_ack", "t": ms(t), "id": id, "topic": T, "queue": queue, "offset": offset}
+
+
+def dlv(t: float, id: str, offset: int, *, cg: str = "cg1", queue: int = 0) -> dict[str, Any]:
+    return {"type": "deliver", "t": ms(t), "cgroup": cg, "topic": T, "queue": queue, "offset": offset, "id": id}
+
+
+def commit(t: float, offset: int, *, cg: str = "cg1", queue: int = 0) -> dict[str, Any]:
+    return {"type": "commit", "t": ms(t), "cgroup": cg, "topic": T, "queue": queue, "offset": offset}
+
+
+def perm(t: float, broker: str, eff: str, *, group: str = "g1") -> dict[str, Any]:
+    return {"type": "perm", "t": ms(t), "group": group, "broker": broker, "effective": eff}
+
+
+def mode(t: float, m: str, epoch: int, *, group: str = "g1") -> dict[str, Any]:
+    return {"type": "mode", "t": ms(t), "group": group, "mode": m, "epoch": epoch}
+
+
+def fault(t: float, cycle: int = 1, broker: str = "g1-0", *, group: str = "g1") -> dict[str, Any]:
+    return {"type": "fault", "t": ms(t), "cycle": cycle, "kind": "kill", "broker": broker, "group": group}
+
+
+def messages(n: int, *, t0: float = 0.0) -> list[dict[str, Any]]:
+    """n acked messages, each delivered once and committed: a clean run."""
+    out = []
+    for i in range(n):
+        out += [ack(t0 + i, f"m{i}", offset=i), dlv(t0 + i + 0.5, f"m{i}", i), commit(t0 + i + 0.6, i + 1)]
+    return out
+
+
+# ------------------------------------------------------------------ clean and lost
+
+
+def test_clean_history_reports_zero_everywhere() -> None:
+    report = check([*messages(5), perm(0, "g1-0", "FULL"), perm(0, "g1-1", "NONE")])
+    assert report.ok
+    assert report.violations == []
+    assert (report.acked, report.delivered) == (5, 5)
+    assert report.lost_acked == 0
+    assert report.duplicates_inflight == report.duplicates_rewind == report.duplicates_produce == 0
+    assert report.offset_rewinds == 0
+    assert report.one_reader_violations == 0
+    assert report.one_reader_overlap_s == 0.0
+    assert report.skipped == {"cg1": 0}
+
+
+def test_empty_history_is_clean() -> None:
+    report = check([])
+    assert report.ok
+    assert report.acked == 0
+    assert report.to_json()["reads_restored_ms_p99"] is None
+
+
+def test_acked_but_never_delivered_is_lost() -> None:
+    report = check([*messages(3), ack(10, "lost-1", offset=3), ack(11, "lost-2", offset=4)])
+    assert report.lost_acked == 2
+    assert report.lost_examples == ("lost-1", "lost-2")
+    assert not report.ok
+    assert "2 acknowledged message(s) lost" in report.violations
+
+
+def test_unacked_produce_that_never_arrives_is_not_lost() -> None:
+    # a send whose ack never came is not a promise: only produce_ack counts
+    report = check(messages(3))
+    assert report.lost_acked == 0
+
+
+def test_message_received_by_one_group_but_not_another_is_skipped() -> None:
+    history = [*messages(2), dlv(5, "m0", 0, cg="cg2")]
+    report = check(history)
+    assert report.lost_acked == 0
+    assert report.skipped == {"cg1": 0, "cg2": 1}
+    assert not report.ok
+
+
+# ------------------------------------------------------------------ duplicates
+
+
+def test_redelivery_of_uncommitted_record_after_crash_is_in_flight() -> None:
+    history = [
+        ack(0, "a", offset=0), ack(0, "b", offset=1),
+        dlv(1, "a", 0), commit(2, 1),  # offset 0 committed (next to read: 1)
+        dlv(3, "b", 1),  # delivered, not yet committed
+        fault(4),
+        dlv(5, "b", 1),  # redelivered after the crash: the at-least-once window
+        commit(6, 2),
+    ]
+    report = check(history)
+    assert report.duplicates_inflight == 1
+    assert report.duplicates_rewind == 0
+    assert report.ok
+
+
+def test_redelivery_of_committed_record_is_a_rewind() -> None:
+    history = [
+        ack(0, "a", offset=0), ack(0, "b", offset=1),
+        dlv(1, "a", 0), dlv(1.5, "b", 1), commit(2, 2),  # both committed
+        fault(4),
+        dlv(5, "b", 1),  # the broker handed back a committed record
+    ]
+    report = check(history)
+    assert report.duplicates_rewind == 1
+    assert report.duplicates_inflight == 0
+    assert "1 duplicate(s) from a rewind" in report.violations
+
+
+def test_redelivery_without_any_disruption_is_a_rewind() -> None:
+    history = [ack(0, "a"), dlv(1, "a", 0), dlv(2, "a", 0)]
+    report = check(history)
+    assert report.duplicates_rewind == 1
+
+
+def test_commit_after_the_crash_does_not_excuse_or_convict() -> None:
+    # the committed offset is taken as of the crash, not as of the redelivery
+    history = [
+        ack(0, "a"), dlv(1, "a", 0), fault(2), commit(3, 1), dlv(4, "a", 0),
+    ]
+    report = check(history)
+    assert report.duplicates_inflight == 1
+
+
+def test_failback_mode_change_is_a_disruption() -> None:
+    # records read from the acting slave but not committed when it dropped READ
+    history = [
+        ack(0, "a"), fault(1), mode(1.1, "SLAVE_CONSUME", 3),
+        dlv(2, "a", 0), mode(3, "RECOVERING", 4), mode(3.2, "NORMAL", 5), dlv(4, "a", 0),
+    ]
+    report = check(history)
+    assert report.duplicates_inflight == 1
+    assert report.duplicates_rewind == 0
+
+
+def test_redelivery_in_another_consumer_group_is_independent() -> None:
+    history = [ack(0, "a"), dlv(1, "a", 0, cg="cg1"), dlv(2, "a", 0, cg="cg2")]
+    report = check(history)
+    assert report.duplicates_inflight == report.duplicates_rewind == report.duplicates_produce == 0
+
+
+def test_same_id_at_two_positions_is_produced_twice_not_a_rewind() -> None:
+    history = [ack(0, "a", offset=0), ack(1, "a", offset=1), dlv(2, "a", 0), dlv(3, "a", 1)]
+    report = check(history)
+    assert report.duplicates_produce == 1
+    assert report.duplicates_rewind == 0
+    assert report.ok
+
+
+# ------------------------------------------------------------------ offset rewinds
+
+
+def test_committed_offset_going_back_is_a_rewind() -> None:
+    history = [commit(1, 5), commit(2, 7), commit(3, 6), commit(4, 8)]
+    report = check(history)
+    assert report.offset_rewinds == 1
+    (r,) = report.rewind_examples
+    assert (r.previous, r.offset, r.queue) == (7, 6, 0)
+
+
+def test_equal_commits_and_other_queues_are_not_rewinds() -> None:
+    history = [
+        commit(1, 5, queue=0), commit(2, 5, queue=0), commit(3, 2, queue=1),
+        commit(4, 3, queue=1), commit(5, 1, cg="cg2", queue=0),
+    ]
+    assert check(history).offset_rewinds == 0
+
+
+# ------------------------------------------------------------------ one reader
+
+
+def test_two_readers_at_once_is_a_violation_with_its_overlap() -> None:
+    history = [
+        perm(0, "g1-0", "FULL"), perm(0, "g1-1", "NONE"),
+        perm(1000, "g1-1", "READ"),  # slave reads while the master still does
+        perm(1500, "g1-0", "NONE"),
+        perm(3000, "g1-1", "NONE"), perm(3000, "g1-0", "FULL"),  # clean hand-back
+    ]
+    report = check(history)
+    assert report.one_reader_violations == 1
+    assert report.one_reader_overlap_s == pytest.approx(0.5)
+    assert report.overlaps[0].brokers == ("g1-0", "g1-1")
+
+
+def test_hand_over_in_one_sample_is_not_an_overlap() -> None:
+    history = [
+        # recorded grant-first within one sample: applied together, no overlap
+        perm(0, "g1-0", "FULL"), perm(100, "g1-1", "READ"), perm(100, "g1-0", "NONE"),
+        perm(200, "g1-0", "FULL"), perm(200, "g1-1", "NONE"),
+    ]
+    report = check(history)
+    assert report.one_reader_violations == 0
+
+
+def test_write_only_and_other_groups_do_not_count_as_readers() -> None:
+    history = [
+        perm(0, "g1-0", "WRITE"), perm(0, "g1-1", "READ"),
+        perm(0, "g2-0", "FULL", group="g2"),
+    ]
+    assert check(history).one_reader_violations == 0
+
+
+def test_overlaps_are_counted_and_summed_and_an_open_one_ends_with_the_history() -> None:
+    history = [
+        perm(0, "g1-0", "FULL"), perm(100, "g1-1", "READ"), perm(300, "g1-1", "NONE"),
+        perm(1000, "g1-2", "READ"), ack(1400, "x"),
+    ]
+    report = check(history)
+    assert report.one_reader_violations == 2
+    assert report.one_reader_overlap_s == pytest.approx(0.2 + 0.4)
+
+
+# ------------------------------------------------------------------ cycles
+
+
+def cycle(t0: float, cycle_no: int, *, restored: float, hand_back_gap: float, backsync: float) -> list[dict[str, Any]]:
+    """A failover/failback cycle starting at t0 (ms): kill, slave READ after ``restored``,
+    RECOVERING at t0+1000, slave drops READ then, master FULL after ``hand_back_gap``,
+    NORMAL ``backsync`` after RECOVERING."""
+    rec = t0 + 1000
+    return [
+        fault(t0, cycle_no),
+        perm(t0 + 10, "g1-0", "NONE"),
+        mode(t0 + restored / 2, "FENCING", 10 * cycle_no),
+        mode(t0 + restored, "SLAVE_CONSUME", 10 * cycle_no + 1),
+        perm(t0 + restored, "g1-1", "READ"),
+        {"type": "restart", "t": ms(t0 + 500), "cycle": cycle_no, "broker": "g1-0", "group": "g1"},
+        mode(rec, "RECOVERING", 10 * cycle_no + 2),
+        perm(rec, "g1-1", "NONE"),
+        perm(rec + hand_back_gap, "g1-0", "FULL"),
+        mode(rec + backsync, "NORMAL", 10 * cycle_no + 3),
+    ]
+
+
+def test_per_cycle_figures() -> None:
+    history = [
+        perm(0, "g1-0", "FULL"), perm(0, "g1-1", "NONE"), mode(0, "NORMAL", 1),
+        *cycle(1000, 1, restored=200, hand_back_gap=40, backsync=60),
+        *cycle(5000, 2, restored=100, hand_back_gap=20, backsync=30),
+    ]
+    report = check(history)
+    assert report.ok
+    c1, c2 = report.cycles
+    assert (c1.cycle, c1.broker, c1.kind) == (1, "g1-0", "kill")
+    assert c1.reads_restored_ms == pytest.approx(200)
+    assert c1.failback_gap_ms == pytest.approx(40)
+    assert c1.backsync_ms == pytest.approx(60)
+    assert c1.normal_again_ms == pytest.approx(1060)
+    assert c2.reads_restored_ms == pytest.approx(100)
+    assert c2.failback_gap_ms == pytest.approx(20)
+    doc = report.to_json()
+    assert doc["reads_restored_ms_p50"] == pytest.approx(100)
+    assert doc["reads_restored_ms_p99"] == pytest.approx(200)
+    assert doc["failback_gap_ms_p99"] == pytest.approx(40)
+    assert doc["backsync_ms_p99"] == pytest.approx(60)
+    assert [c["cycle"] for c in doc["cycles"]] == [1, 2]
+
+
+def test_hand_back_in_one_sample_has_zero_gap() -> None:
+    history = [perm(0, "g1-0", "FULL"), *cycle(1000, 1, restored=150, hand_back_gap=0, backsync=5)]
+    (c,) = check(history).cycles
+    assert c.failback_gap_ms == 0.0
+
+
+def test_master_that_never_lost_read_to_a_slave_has_no_failback_gap() -> None:
+    # a short hang: the master lost READ and regained it; no slave took over
+    history = [
+        perm(0, "g1-0", "FULL"), perm(0, "g1-1", "NONE"), fault(1000),
+        perm(1020, "g1-0", "NONE"), perm(1300, "g1-0", "FULL"),
+    ]
+    (c,) = check(history).cycles
+    assert c.reads_restored_ms == pytest.approx(300)
+    assert c.failback_gap_ms is None
+    assert c.backsync_ms is None
+
+
+def test_reads_never_restored_is_none_not_zero() -> None:
+    history = [perm(0, "g1-0", "FULL"), fault(1000), perm(1020, "g1-0", "NONE")]
+    (c,) = check(history).cycles
+    assert c.reads_restored_ms is None
+    assert check(history).to_json()["reads_restored_ms_p99"] is None
+
+
+def test_cycles_of_two_groups_do_not_bleed_into_each_other() -> None:
+    history = [
+        perm(0, "g1-0", "FULL"), perm(0, "g2-0", "FULL", group="g2"),
+        fault(1000, 1, "g1-0"), perm(1010, "g1-0", "NONE"),
+        fault(1100, 1, "g2-0", group="g2"), perm(1110, "g2-0", "NONE", group="g2"),
+        perm(1200, "g2-1", "READ", group="g2"),
+        perm(1400, "g1-1", "READ"),
+    ]
+    c1, c2 = check(history).cycles
+    assert (c1.group, c1.reads_restored_ms) == ("g1", pytest.approx(400))
+    assert (c2.group, c2.reads_restored_ms) == ("g2", pytest.approx(100))
+
+
+def test_events_out_of_order_are_sorted_by_time() -> None:
+    history = [*messages(3)]
+    history.reverse()
+    assert check(history).ok
+
+
+# ------------------------------------------------------------------ helpers and bad input
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+
+
+def test_json_report_has_the_contract_keys() -> None:
+    doc = check(messages(1)).to_json()
+    for key in (
+        "lost_acked", "duplicates_inflight", "duplicates_rewind", "offset_rewinds",
+        "one_reader_violations", "reads_restored_ms_p50", "reads_restored_ms_p99",
+        "failback_gap_ms_p99", "backsync_ms_p99", "cycles",
+    ):
+        assert key in doc
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        ({"type": "explode", "t": 1}, "unknown event type"),
+        ({"type": "deliver", "t": 1, "cgroup": "c", "topic": T, "queue": 0, "offset": 1}, "missing field 'id'"),
+        ({"type": "produce_ack", "t": 1, "id": "a", "topic": T, "queue": True, "offset": 0}, "queue must be int"),
+        ({"type": "produce_ack", "t": 1.5, "id": "a", "topic": T, "queue": 0, "offset": 0}, "integer 't'"),
+        ({"type": "commit", "t": 1, "cgroup": "c", "topic": T, "queue": 0, "offset": -3}, "offset must be >= 0"),
+        ({"type": "perm", "t": 1, "group": "g", "broker": "b", "effective": "ROOT"}, "unknown permission"),
+        ({"type": "mode", "t": 1, "group": "g", "mode": "PANIC", "epoch": 1}, "PANIC"),
+    ],
+)
+def test_malformed_event_is_a_clear_error(event: dict[str, Any], message: str) -> None:
+    with pytest.raises(HistoryError, match=message):
+        check([*messages(1), event])
