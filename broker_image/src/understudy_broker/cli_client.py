@@ -1,0 +1,334 @@
+"""``understudy produce``, ``understudy consume`` and ``understudy topic``.
+
+Why this module exists: people, runbooks, the demo and the drill drive the broker from a
+shell. These commands wrap :mod:`understudy_broker.client`, show live progress on
+stderr, and with ``--json`` end stdout with exactly one JSON object that scripts parse
+(``acked``/``consumed`` and ``msgs_per_s`` at least).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from understudy_broker.client import (
+    BrokerError,
+    Consumer,
+    Producer,
+    Router,
+    create_topic,
+    parse_address,
+)
+
+_stderr = Console(stderr=True)
+
+
+def _bootstrap(values: Sequence[str]) -> list[str]:
+    out = []
+    for v in values:
+        for part in v.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                parse_address(part)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--bootstrap") from None
+            out.append(part)
+    if not out:
+        raise click.BadParameter("at least one HOST:PORT is needed", param_hint="--bootstrap")
+    return out
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=_stderr,
+        transient=False,
+    )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=1000, method="inclusive")[max(0, int(q * 1000) - 1)]
+
+
+bootstrap_option = click.option(
+    "--bootstrap",
+    "-b",
+    multiple=True,
+    required=True,
+    metavar="HOST:PORT",
+    help="Any broker of the group (repeatable or comma-separated).",
+)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@bootstrap_option
+@click.option("--topic", "-t", required=True)
+@click.option("--count", "-n", type=click.IntRange(min=1), default=10_000, show_default=True)
+@click.option("--size", "-s", type=click.IntRange(min=1), default=1024, show_default=True, help="Body bytes per message.")
+@click.option("--window", type=click.IntRange(min=1), default=256, show_default=True, help="Messages in flight (unacknowledged) at most.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--linger-ms", type=click.FloatRange(min=0), default=1.0, show_default=True)
+@click.option("--key", default=None, help="Message key (all messages; picks the queue by hash).")
+@click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
+def produce(
+    bootstrap: tuple[str, ...],
+    topic: str,
+    count: int,
+    size: int,
+    window: int,
+    batch_size: int,
+    linger_ms: float,
+    key: str | None,
+    as_json: bool,
+) -> None:
+    """Produce COUNT messages of SIZE bytes and report throughput and ack latency."""
+    addrs = _bootstrap(bootstrap)
+    summary = asyncio.run(
+        _produce(
+            addrs,
+            topic=topic,
+            count=count,
+            size=size,
+            window=window,
+            batch_size=batch_size,
+            linger_ms=linger_ms,
+            key=key.encode() if key is not None else None,
+        )
+    )
+    _report(summary, as_json=as_json, title="produce")
+    if summary["failed"]:
+        sys.exit(1)
+
+
+async def _produce(
+    bootstrap: list[str],
+    *,
+    topic: str,
+    count: int,
+    size: int,
+    window: int,
+    batch_size: int,
+    linger_ms: float,
+    key: bytes | None,
+) -> dict[str, Any]:
+    producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms)
+    slots = asyncio.Semaphore(window)
+    latencies: list[float] = []
+    errors: list[str] = []
+    acked = 0
+    prefix = os.urandom(4).hex().encode()
+    pad = b"x" * size
+    with _progress() as progress:
+        task = progress.add_task(f"produce {topic}", total=count, rate="")
+        started = time.perf_counter()
+        last_draw = started
+
+        def done(fut: asyncio.Future[tuple[int, int]], *, sent_at: float) -> None:
+            nonlocal acked
+            slots.release()
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is not None:
+                if len(errors) < 5:
+                    errors.append(str(exc))
+                return
+            acked += 1
+            latencies.append(time.perf_counter() - sent_at)
+
+        try:
+            for i in range(count):
+                await slots.acquire()
+                body = (prefix + b"-%d-" % i + pad)[:size] if size > 20 else pad
+                sent_at = time.perf_counter()
+                fut = await producer.send(topic, body, key=key)
+                fut.add_done_callback(functools.partial(done, sent_at=sent_at))
+                now = time.perf_counter()
+                if now - last_draw > 0.2:
+                    last_draw = now
+                    progress.update(task, completed=acked, rate=f"{acked / (now - started):,.0f} msg/s")
+            await producer.flush()
+        except (BrokerError, ConnectionError) as exc:
+            errors.append(str(exc))
+        finally:
+            await producer.close()
+        elapsed = time.perf_counter() - started
+        progress.update(task, completed=acked, rate=f"{acked / elapsed:,.0f} msg/s")
+    return {
+        "acked": acked,
+        "failed": count - acked,
+        "seconds": round(elapsed, 3),
+        "msgs_per_s": round(acked / elapsed, 1) if elapsed > 0 else 0.0,
+        "mb_per_s": round(acked * size / elapsed / 1e6, 2) if elapsed > 0 else 0.0,
+        "ack_p50_ms": round(_percentile(latencies, 0.50) * 1000, 3),
+        "ack_p99_ms": round(_percentile(latencies, 0.99) * 1000, 3),
+        "errors": errors,
+    }
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@bootstrap_option
+@click.option("--topic", "-t", required=True)
+@click.option("--group", "-g", required=True, help="Consumer group.")
+@click.option("--count", "-n", type=click.IntRange(min=1), default=10_000, show_default=True)
+@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Stop after this many seconds without a message.")
+@click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Commit after this many messages (and at the end).")
+@click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
+def consume(
+    bootstrap: tuple[str, ...],
+    topic: str,
+    group: str,
+    count: int,
+    idle_timeout: float,
+    commit_every: int,
+    as_json: bool,
+) -> None:
+    """Consume COUNT messages as GROUP, committing as it goes (at-least-once)."""
+    addrs = _bootstrap(bootstrap)
+    summary = asyncio.run(
+        _consume(addrs, topic=topic, group=group, count=count, idle_timeout=idle_timeout,
+                 commit_every=commit_every)
+    )
+    _report(summary, as_json=as_json, title="consume")
+    if summary["consumed"] < count:
+        sys.exit(1)
+
+
+async def _consume(
+    bootstrap: list[str],
+    *,
+    topic: str,
+    group: str,
+    count: int,
+    idle_timeout: float,
+    commit_every: int,
+) -> dict[str, Any]:
+    consumer = Consumer(bootstrap, group=group, topic=topic)
+    consumed = 0
+    since_commit = 0
+    errors: list[str] = []
+    with _progress() as progress:
+        task = progress.add_task(f"consume {topic}", total=count, rate="")
+        started = time.perf_counter()
+        last_seen = started
+        try:
+            while consumed < count:
+                records = await consumer.getmany(timeout_s=0.25)
+                now = time.perf_counter()
+                if not records:
+                    if now - last_seen > idle_timeout:
+                        errors.append(f"no message for {idle_timeout:g}s")
+                        break
+                    continue
+                last_seen = now
+                consumed += len(records)
+                since_commit += len(records)
+                if since_commit >= commit_every:
+                    await consumer.commit()
+                    since_commit = 0
+                progress.update(task, completed=min(consumed, count),
+                                rate=f"{consumed / (now - started):,.0f} msg/s")
+            await consumer.commit()
+        except (BrokerError, ConnectionError) as exc:
+            errors.append(str(exc))
+        finally:
+            await consumer.close()
+        elapsed = time.perf_counter() - started
+    return {
+        "consumed": consumed,
+        "seconds": round(elapsed, 3),
+        "msgs_per_s": round(consumed / elapsed, 1) if elapsed > 0 else 0.0,
+        "positions": {str(q): o for q, o in sorted(consumer.positions.items())},
+        "errors": errors,
+    }
+
+
+def _report(summary: dict[str, Any], *, as_json: bool, title: str) -> None:
+    for err in summary.get("errors", []):
+        _stderr.print(f"[red]{title}: {err}")
+    if as_json:
+        click.echo(json.dumps(summary, sort_keys=True))
+        return
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for k, v in summary.items():
+        if k != "errors":
+            table.add_row(k, str(v))
+    Console().print(table)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def topic() -> None:
+    """Create and inspect topics."""
+
+
+@topic.command("create")
+@bootstrap_option
+@click.option("--topic", "-t", "name", required=True)
+@click.option("--queues", "-q", type=click.IntRange(1, 65535), default=4, show_default=True)
+def topic_create(bootstrap: tuple[str, ...], name: str, queues: int) -> None:
+    """Create TOPIC with QUEUES queues (grows an existing topic; never shrinks)."""
+    try:
+        resp = asyncio.run(create_topic(_bootstrap(bootstrap), topic=name, queues=queues))
+    except (BrokerError, ConnectionError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    verb = "created" if resp.created else "exists"
+    click.echo(f"topic {resp.topic}: {verb}, {resp.queues} queues")
+
+
+@topic.command("list")
+@bootstrap_option
+@click.option("--json", "as_json", is_flag=True)
+def topic_list(bootstrap: tuple[str, ...], as_json: bool) -> None:
+    """Show topics and the group's brokers with their effective permission."""
+
+    async def fetch() -> Any:
+        router = Router(_bootstrap(bootstrap))
+        try:
+            return await router.refresh()
+        finally:
+            await router.close()
+
+    try:
+        route = asyncio.run(fetch())
+    except ConnectionError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(route.encode().decode())
+        return
+    table = Table(title="brokers")
+    for col in ("group", "broker", "address", "role", "permission", "epoch"):
+        table.add_column(col)
+    labels = {0: "NONE", 1: "READ", 2: "WRITE", 3: "FULL"}
+    for g in route.groups:
+        for b in g.brokers:
+            perm = labels[b.permission] if b.reachable else "unreachable"
+            table.add_row(g.group, b.name, b.address, b.role, perm, str(b.epoch))
+    Console().print(table)
+    for name, queues in sorted(route.topics.items()):
+        click.echo(f"topic {name}: {queues} queues")
