@@ -1,0 +1,416 @@
+"""Replication over real loopback sockets: byte-identical slaves, catch-up, gaps, sync acks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from understudy_broker.commitlog import (
+    CommitLog,
+    FlushPolicy,
+    Message,
+    ReplicationCorruptError,
+    ReplicationGapError,
+)
+from understudy_broker.replication import (
+    HEARTBEAT,
+    METADATA_OFFSET,
+    PUSH_HEADER,
+    NotEnoughReplicasError,
+    ReplicationClient,
+    ReplicationServer,
+    ReplicationTimeoutError,
+    encode_hello,
+)
+
+SEG = 8 << 10
+
+
+async def eventually(cond: Callable[[], bool], what: str, limit_s: float = 15.0) -> None:
+    """Wait for ``cond`` (not a timing assertion: the timeout only bounds a hang)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and (p.parts[-2] == "commitlog" or "index" in p.relative_to(root).parts)
+    }
+
+
+def batch(rng: random.Random, n: int) -> list[Message]:
+    return [
+        Message(
+            rng.choice(["a", "b"]),
+            rng.randrange(3),
+            rng.choice([None, b"key"]),
+            rng.randbytes(rng.randrange(1, 1500)),
+            rng.randrange(1 << 40),
+        )
+        for _ in range(n)
+    ]
+
+
+@dataclass
+class Slave:
+    root: Path
+    name: str
+    log: CommitLog
+    client: ReplicationClient
+    task: asyncio.Task[None]
+    metadata: list[dict[str, Any]] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        await self.client.stop()
+        try:
+            await asyncio.wait_for(self.task, 10)
+        finally:
+            self.log.close()
+
+
+class Cluster:
+    """One master log + ReplicationServer and any number of slaves; stops all on exit."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.log = CommitLog.open(root / "master", segment_bytes=SEG)
+        self.server: ReplicationServer | None = None
+        self.slaves: list[Slave] = []
+
+    async def start_master(self, **kw: Any) -> ReplicationServer:
+        kw.setdefault("sync", True)
+        self.server = ReplicationServer(
+            self.log,
+            host="127.0.0.1",
+            port=0,
+            metadata=lambda: {"topics": self.log.topics(), "next_seq": self.log.next_seq},
+            metadata_interval_s=0.2,
+            **kw,
+        )
+        await self.server.start()
+        return self.server
+
+    async def start_slave(self, name: str, *, flush: FlushPolicy | None = None) -> Slave:
+        assert self.server is not None
+        root = self.root / name
+        log = CommitLog.open(root, segment_bytes=SEG, flush=flush or FlushPolicy())
+        seen: list[dict[str, Any]] = []
+        client = ReplicationClient(
+            log,
+            master_host="127.0.0.1",
+            master_port=self.server.port,
+            name=name,
+            on_metadata=seen.append,
+            on_append=lambda: None,
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+        )
+        slave = Slave(root, name, log, client, asyncio.create_task(client.run()), seen)
+        self.slaves.append(slave)
+        return slave
+
+    async def produce(self, messages: list[Message]) -> int:
+        assert self.server is not None
+        result = self.log.append(messages)
+        self.server.notify_appended()
+        await self.server.wait_replicated(result.end_phys)
+        return result.end_phys
+
+    async def close(self) -> None:
+        for slave in self.slaves:
+            with contextlib.suppress(Exception):
+                await slave.stop()
+        if self.server is not None:
+            await self.server.stop()
+        self.log.close()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_two_slaves_end_byte_identical_over_several_rolls(cluster: Cluster) -> None:
+    server = await cluster.start_master(min_insync=2, auto_degrade=False)
+    s1 = await cluster.start_slave("s1")
+    s2 = await cluster.start_slave("s2")
+    await eventually(lambda: sum(lk.in_sync for lk in server.links()) == 2, "two in-sync slaves")
+    rng = random.Random(7)
+    for _ in range(40):
+        end = await cluster.produce(batch(rng, rng.randrange(1, 6)))
+        # Synchronous with min_insync=2: both slaves hold the bytes when the wait returns.
+        assert s1.log.max_phys >= end
+        assert s2.log.max_phys >= end
+    assert len(list((cluster.root / "master" / "commitlog").iterdir())) >= 4
+    master_files = files_of(cluster.root / "master")
+    assert files_of(s1.root) == master_files
+    assert files_of(s2.root) == master_files
+    topics = cluster.log.topics()
+    await eventually(
+        lambda: all(s.metadata and s.metadata[-1]["topics"] == topics for s in (s1, s2)),
+        "metadata frames carrying the master's topics",
+    )
+    assert s1.client.lag_bytes == 0
+    assert server.degraded_acks == 0
+    assert {lk.name for lk in server.links()} == {"s1", "s2"}
+
+
+async def test_late_and_restarted_slaves_catch_up(cluster: Cluster) -> None:
+    await cluster.start_master(sync=False)
+    rng = random.Random(3)
+    for _ in range(15):
+        await cluster.produce(batch(rng, 3))
+    late = await cluster.start_slave("late")
+    await eventually(lambda: late.log.max_phys == cluster.log.max_phys, "late slave catch-up")
+
+    # Restart mid-stream: stop the slave while the master keeps producing.
+    async def keep_producing() -> None:
+        for _ in range(30):
+            await cluster.produce(batch(rng, 2))
+            await asyncio.sleep(0)
+
+    producer = asyncio.create_task(keep_producing())
+    await eventually(lambda: late.log.max_phys > 0, "some replication")
+    cluster.slaves.remove(late)
+    await late.stop()
+    await producer
+    again = await cluster.start_slave("late")
+    await eventually(lambda: again.log.max_phys == cluster.log.max_phys, "restarted slave catch-up")
+    assert files_of(again.root) == files_of(cluster.root / "master")
+    assert again.log.next_seq == cluster.log.next_seq
+
+
+async def test_a_slave_with_a_divergent_tail_is_dropped_with_a_clear_log_line(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await cluster.start_master(sync=False)
+    rng = random.Random(5)
+    await cluster.produce(batch(rng, 4))
+    # The slave holds more than the master: e.g. the master lost an unflushed tail.
+    diverged = CommitLog.open(cluster.root / "bad", segment_bytes=SEG)
+    diverged.append(batch(rng, 20))
+    diverged.close()
+    caplog.set_level(logging.INFO, logger="understudy_broker.replication")
+    bad = await cluster.start_slave("bad")
+    await eventually(
+        lambda: "divergent tail" in caplog.text and bad.client.sessions >= 2,
+        "divergent-tail rejection and a reconnect attempt",
+    )
+    assert "slave bad reports offset" in caplog.text
+    assert not any(lk.connected for lk in server.links())
+    assert bad.log.max_phys > cluster.log.max_phys  # nothing of the slave was destroyed
+
+
+async def test_wait_replicated_resolves_only_after_the_slave_acknowledges(
+    cluster: Cluster,
+) -> None:
+    """A hand-driven slave on a raw socket decides when to acknowledge."""
+    server = await cluster.start_master(min_insync=1, auto_degrade=False, ack_timeout_s=30)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(encode_hello("manual") + HEARTBEAT.pack(0))
+        await writer.drain()
+        await eventually(lambda: server.slave_connected, "manual slave link")
+        result = cluster.log.append([Message("t", 0, None, b"payload", 1)])
+        server.notify_appended()
+        waiter = asyncio.create_task(server.wait_replicated(result.end_phys))
+        pushed = b""
+        while len(pushed) < result.end_phys:
+            start, length = PUSH_HEADER.unpack(await reader.readexactly(PUSH_HEADER.size))
+            body = await reader.readexactly(length)
+            if start != METADATA_OFFSET:
+                assert start == len(pushed)
+                pushed += body
+        assert pushed == cluster.log.read_raw(0, 1 << 20)
+        assert not waiter.done()  # bytes were sent, but nobody acknowledged them
+        writer.write(HEARTBEAT.pack(result.end_phys))
+        await writer.drain()
+        await asyncio.wait_for(waiter, 10)
+        assert server.links()[0].acked_offset == result.end_phys
+    finally:
+        writer.close()
+
+
+async def test_wait_replicated_times_out_without_an_ack(cluster: Cluster) -> None:
+    server = await cluster.start_master(min_insync=1, auto_degrade=False, ack_timeout_s=0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(encode_hello("silent") + HEARTBEAT.pack(0))
+        await writer.drain()
+        await eventually(lambda: server.slave_connected, "silent slave link")
+        result = cluster.log.append([Message("t", 0, None, b"x", 1)])
+        server.notify_appended()
+        with pytest.raises(ReplicationTimeoutError, match="acknowledged offset"):
+            await server.wait_replicated(result.end_phys)
+    finally:
+        writer.close()
+        del reader
+
+
+async def test_sync_acks_imply_the_slave_log_holds_the_records(cluster: Cluster) -> None:
+    await cluster.start_master(min_insync=1, auto_degrade=False)
+    slave = await cluster.start_slave("s1", flush=FlushPolicy(mode="batch"))
+    await eventually(lambda: cluster.server is not None and cluster.server.slave_connected, "link")
+    for i in range(20):
+        await cluster.produce([Message("t", 0, None, f"m{i}".encode(), i)])
+        got = slave.log.read("t", 0, i, max_bytes=1 << 20, max_records=1)
+        assert [r.body for r in got] == [f"m{i}".encode()]
+
+
+async def test_min_insync_with_and_without_auto_degrade(cluster: Cluster) -> None:
+    server = await cluster.start_master(min_insync=1, auto_degrade=True)
+    result = cluster.log.append([Message("t", 0, None, b"x", 1)])
+    await server.wait_replicated(result.end_phys)  # no slave: degrade, return at once
+    assert server.degraded
+    assert server.degraded_acks == 1
+    server.auto_degrade = False
+    with pytest.raises(NotEnoughReplicasError, match="min_insync is 1"):
+        await server.wait_replicated(result.end_phys)
+
+    server.min_insync = 2
+    slave = await cluster.start_slave("only")
+    await eventually(lambda: server.slave_connected, "one slave")
+    result = cluster.log.append([Message("t", 0, None, b"y", 1)])
+    server.notify_appended()
+    with pytest.raises(NotEnoughReplicasError, match="1 slave"):
+        await server.wait_replicated(result.end_phys)
+    server.min_insync = 1
+    await server.wait_replicated(result.end_phys)
+    assert slave.log.max_phys >= result.end_phys
+
+
+async def test_waiters_fail_when_the_last_in_sync_slave_goes_away(cluster: Cluster) -> None:
+    server = await cluster.start_master(min_insync=1, auto_degrade=False, ack_timeout_s=30)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(encode_hello("leaver") + HEARTBEAT.pack(0))
+    await writer.drain()
+    await eventually(lambda: server.slave_connected, "link")
+    result = cluster.log.append([Message("t", 0, None, b"x", 1)])
+    server.notify_appended()
+    waiter = asyncio.create_task(server.wait_replicated(result.end_phys))
+    await reader.readexactly(PUSH_HEADER.size)
+    writer.close()
+    with pytest.raises(NotEnoughReplicasError, match="fell below"):
+        await asyncio.wait_for(waiter, 10)
+
+
+async def test_garbage_on_the_replication_port_does_not_hurt_real_slaves(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await cluster.start_master(sync=False)
+    caplog.set_level(logging.INFO, logger="understudy_broker.replication")
+    for junk in [b"GET / HTTP/1.1\r\n\r\n", encode_hello("x")[:-1] + b"\xff" + HEARTBEAT.pack(0)]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(junk)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # the master closed it
+        writer.close()
+    assert "not a replication hello" in caplog.text
+    slave = await cluster.start_slave("good")
+    await cluster.produce(batch(random.Random(1), 5))
+    await eventually(lambda: slave.log.max_phys == cluster.log.max_phys, "good slave")
+
+
+class FakeMaster:
+    """A master that sends exactly the frames a test gives it."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        self.frames = frames
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await reader.readexactly(len(encode_hello("slave")) + HEARTBEAT.size)
+            for frame in self.frames:
+                writer.write(frame)
+            await writer.drain()
+            await reader.read()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize(
+    ("frames", "error"),
+    [
+        ([PUSH_HEADER.pack(100, 4) + b"abcd"], "gap"),
+        ([PUSH_HEADER.pack(0, 64 << 20)], "exceeds"),
+        ([PUSH_HEADER.pack(METADATA_OFFSET, 5) + b"nope!"], "bad metadata"),
+        ([PUSH_HEADER.pack(0, 40) + b"\x00\x00\x00\x28\x12\x34\x56\x78" + bytes(32)], "bad magic"),
+    ],
+)
+async def test_bad_frames_from_the_master_drop_the_link_and_write_nothing(
+    tmp_path: Path, frames: list[bytes], error: str
+) -> None:
+    fake = FakeMaster(frames)
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    log = CommitLog.open(tmp_path / "slave", segment_bytes=SEG)
+    client = ReplicationClient(
+        log,
+        master_host="127.0.0.1",
+        master_port=server.sockets[0].getsockname()[1],
+        name="slave",
+        on_metadata=lambda _m: None,
+        on_append=lambda: None,
+        backoff_initial_s=0.05,
+    )
+    task = asyncio.create_task(client.run())
+    try:
+        await eventually(lambda: fake.connections >= 2, "a reconnect after the bad frame")
+        assert client.last_error is not None
+        assert error in client.last_error
+        assert log.max_phys == 0
+    finally:
+        await client.stop()
+        await asyncio.wait_for(task, 10)
+        server.close()
+        await server.wait_closed()
+        log.close()
+
+
+def test_append_replicated_takes_whole_records_and_rejects_bad_ones(tmp_path: Path) -> None:
+    master = CommitLog.open(tmp_path / "m", segment_bytes=SEG)
+    slave = CommitLog.open(tmp_path / "s", segment_bytes=SEG)
+    try:
+        for i in range(12):
+            master.append([Message("t", i % 2, None, bytes([i]) * 900, i)])
+        data = master.read_raw(0, 1 << 20)
+        with pytest.raises(ReplicationGapError, match="ends at 0"):
+            slave.append_replicated(10, data)
+        # A push that ends mid-record: only whole records are taken.
+        first = slave.append_replicated(0, data[:2500])
+        assert 0 < first < 2500
+        assert slave.read("t", 0, 0, max_bytes=1 << 20, max_records=10)[0].body == bytes(900)
+        # A corrupt record after a good one: the good one is kept, the bad one is not.
+        rest = bytearray(data[first:])
+        size = master.read("t", 1, 0, max_bytes=1, max_records=1)[0].size
+        rest[size + 50] ^= 0xFF  # inside the record after the next one
+        with pytest.raises(ReplicationCorruptError, match="CRC"):
+            slave.append_replicated(first, bytes(rest))
+        assert slave.max_phys == first + size
+        seg = sorted((tmp_path / "s" / "commitlog").iterdir())[0]
+        assert seg.stat().st_size == slave.max_phys
+    finally:
+        master.close()
+        slave.close()
