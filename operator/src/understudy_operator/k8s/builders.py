@@ -33,7 +33,6 @@ from understudy_operator.k8s.zkconfig import (
     REPLICATION_PORT,
     broker_host,
     broker_name,
-    build_zk_config,
     encode_zk_config,
 )
 
@@ -370,7 +369,6 @@ def build_configmap(
 ) -> dict[str, Any]:
     """The group's ConfigMap: the ZooKeeper config document, mounted read-only into the
     brokers at ``/etc/understudy/config.json`` for inspection and static fallback."""
-    config = build_zk_config(spec=spec, group=group, namespace=namespace)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -379,7 +377,7 @@ def build_configmap(
             "namespace": namespace,
             "labels": object_labels(group, labels),
         },
-        "data": {"config.json": encode_zk_config(config).decode()},
+        "data": {"config.json": encode_zk_config(spec=spec, group=group, namespace=namespace).decode()},
     }
 
 
