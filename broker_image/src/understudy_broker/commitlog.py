@@ -806,7 +806,7 @@ class CommitLog:
                     )
                     break
                 try:
-                    validate_topic(item.topic)
+                    self._topic_bytes(item.topic)
                 except InvalidMessageError as exc:
                     problem = f"record at {item.phys}: {exc}"
                     break
