@@ -1,0 +1,177 @@
+"""``understudy local``: a whole Understudy cluster on this machine, without Kubernetes.
+
+Why this module exists: the embedded default. A person (or the drill, or a test) gets a
+private ZooKeeper, broker groups and the failover controller with one command, can look
+at them, wound them and stop them. The work is done by
+:mod:`understudy_operator.local.cluster`; this module only parses flags and prints.
+Bad input (unknown broker, no cluster in the directory, a directory in use) is a clear
+message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from understudy_operator.local import cluster as lc
+from understudy_operator.local.plan import DEFAULT_DIR, PlanError
+
+_out = Console()
+_err = Console(stderr=True)
+
+dir_option = click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DIR,
+    show_default=True,
+    help="State directory of the local cluster (cluster.json, pids/, logs/, data/).",
+)
+
+
+class LocalUsageError(click.ClickException):
+    """Printed as 'Error: ...' with exit status 2 (bad input, not a crash)."""
+
+    exit_code = 2
+
+
+def _fail(exc: Exception) -> LocalUsageError:
+    return LocalUsageError(str(exc))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def local() -> None:
+    """Run a cluster on this machine: a private ZooKeeper, broker groups (g1-0 is the
+    master of g1, g1-1.. its slaves) and the failover controller, as detached processes
+    with pid files and logs under --dir."""
+    # kazoo logs every dropped connection at WARNING; a CLI user only needs our messages
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+
+
+@local.command()
+@dir_option
+@click.option("--groups", type=click.IntRange(1, 50), default=1, show_default=True, help="Broker groups.")
+@click.option("--slaves", type=click.IntRange(0, 8), default=1, show_default=True, help="Slaves per group.")
+@click.option("--sync/--async", default=True, show_default=True, help="Replication mode.")
+@click.option(
+    "--session-timeout-ms",
+    type=click.IntRange(1000, 10000),
+    default=2000,
+    show_default=True,
+    help="ZooKeeper session timeout for brokers (how long a hung master keeps its session).",
+)
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for NORMAL.")
+def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms: int, timeout: float) -> None:
+    """Start the cluster; return once every group is NORMAL."""
+    features = lc.probe_features()
+    try:
+        with _err.status("starting") as live:
+            plan = lc.up(
+                directory,
+                groups=groups,
+                slaves=slaves,
+                sync=sync,
+                session_timeout_ms=session_timeout_ms,
+                features=features,
+                timeout=timeout,
+                progress=lambda msg: live.update(msg),
+            )
+    except (lc.LocalError, PlanError) as exc:
+        raise _fail(exc) from None
+    if not features.controller:
+        _err.print(
+            "[yellow]note:[/] 'understudy controller' is not in this build: brokers run "
+            "without failover (no group state, no slave-consume)."
+        )
+    if not features.broker_zk:
+        _err.print(
+            "[yellow]note:[/] 'understudy broker' has no --zk flag in this build: brokers run "
+            "with static permissions and do not register in ZooKeeper."
+        )
+    _out.print(lc.describe(plan))
+    _out.print(f"stop it with: understudy local down --dir {plan.dir}")
+
+
+@local.command()
+@dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def status(directory: Path, as_json: bool) -> None:
+    """Groups (mode, epoch, acting slave) and brokers (role, effective permission, pid,
+    alive, replication lag), from ZooKeeper and the pid table."""
+    try:
+        st = lc.status(directory)
+    except (lc.LocalError, PlanError) as exc:
+        raise _fail(exc) from None
+    if as_json:
+        click.echo(json.dumps(st.to_json(), indent=2))
+        return
+    zk = "[green]up[/]" if st.zk_alive else "[red]down[/]"
+    ctl = {None: "not in this build", True: "[green]up[/]", False: "[red]down[/]"}[st.controller_alive]
+    _out.print(f"state {st.dir}   zookeeper {st.zk} {zk}   controller {ctl}")
+    table = Table("group", "mode", "epoch", "acting", "broker", "role", "effective", "pid", "alive", "lag (bytes)")
+    for g in st.groups:
+        for i, b in enumerate(g.brokers):
+            alive = "[green]yes[/]" if b.alive and not b.stopped else ("[yellow]stopped[/]" if b.alive else "[red]no[/]")
+            table.add_row(
+                g.name if i == 0 else "",
+                (g.mode or "-") if i == 0 else "",
+                ("-" if g.epoch is None else str(g.epoch)) if i == 0 else "",
+                (g.acting or "-") if i == 0 else "",
+                b.name,
+                b.role,
+                b.effective.label if b.source != "-" else "-",
+                "-" if b.pid is None else str(b.pid),
+                alive,
+                "-" if b.lag_bytes is None else str(b.lag_bytes),
+            )
+    _out.print(table)
+
+
+@local.command()
+@dir_option
+@click.argument("broker")
+@click.option(
+    "--signal",
+    "sig",
+    type=click.Choice(["KILL", "STOP", "TERM", "CONT"], case_sensitive=False),
+    default="KILL",
+    show_default=True,
+    help="KILL: crash it; STOP: freeze it (resume with 'local start' or --signal CONT); TERM: stop it cleanly.",
+)
+def kill(directory: Path, broker: str, sig: str) -> None:
+    """Send a signal to one broker (names as 'local status' shows them)."""
+    try:
+        pid = lc.kill(directory, broker, sig=sig)
+    except (lc.LocalError, PlanError) as exc:
+        raise _fail(exc) from None
+    _out.print(f"sent SIG{sig.upper()} to {broker} (pid {pid})")
+
+
+@local.command()
+@dir_option
+@click.argument("broker")
+def start(directory: Path, broker: str) -> None:
+    """Start a broker that is down, exactly as 'up' did (a frozen one is resumed)."""
+    try:
+        pid = lc.start(directory, broker)
+    except (lc.LocalError, PlanError) as exc:
+        raise _fail(exc) from None
+    _out.print(f"{broker} running (pid {pid})")
+
+
+@local.command()
+@dir_option
+def down(directory: Path) -> None:
+    """Stop everything 'up' started (controller, brokers, ZooKeeper), each by its PID."""
+    try:
+        stopped = lc.down(directory, progress=lambda msg: _out.print(msg))
+    except (lc.LocalError, PlanError) as exc:
+        raise _fail(exc) from None
+    if not stopped:
+        _out.print("nothing was running")
+    _out.print(f"logs and data kept in {directory.resolve()}")

@@ -1,0 +1,518 @@
+"""The local-cluster supervisor: carry out a :class:`~.plan.ClusterPlan` on this machine.
+
+Why this module exists: ``understudy local ...`` and the drill need a real cluster —
+a private ZooKeeper, broker processes, the failover controller — that they can start,
+inspect, wound and stop without Kubernetes. Each subcommand is a separate process, so
+everything this module knows lives in the state directory (``cluster.json`` and the pid
+files) and in ZooKeeper; nothing is kept in memory between commands.
+
+Status comes from ZooKeeper (``/groups/<g>/state`` and each broker's ``status`` node) and
+the pid table; a broker that publishes no ZooKeeper status (the static build, before the
+HA integration) is asked for its ``/metrics`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import shutil
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NoNodeError
+
+from understudy_broker.model import Permission
+from understudy_broker.zklayout import (
+    BrokerStatus,
+    FailoverPolicy,
+    LayoutError,
+    config_path,
+    decode_state,
+    live_path,
+    state_path,
+    status_path,
+)
+from understudy_operator.local import procs
+from understudy_operator.local.plan import (
+    CONTROLLER,
+    STATE_FILE,
+    ZOOKEEPER,
+    ClusterPlan,
+    Features,
+    PlanError,
+    ProcessPlan,
+    plan_cluster,
+)
+from understudy_operator.zkserver import ZooKeeperServer, ZooKeeperUnavailable, free_port
+
+Progress = Callable[[str], None]
+
+
+class LocalError(Exception):
+    """A local-cluster request that cannot be carried out; the message says why and what
+    to do. The CLI prints it and exits 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRow:
+    name: str
+    role: str
+    effective: Permission
+    pid: int | None
+    alive: bool
+    stopped: bool
+    lag_bytes: int | None
+    source: str  # where `effective` came from: "zk", "metrics" or "-" (not reachable)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    name: str
+    mode: str | None
+    epoch: int | None
+    acting: str | None
+    brokers: tuple[BrokerRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    dir: Path
+    zk: str
+    zk_alive: bool
+    controller_pid: int | None
+    controller_alive: bool | None  # None: this build has no controller
+    groups: tuple[GroupRow, ...]
+
+    def to_json(self) -> dict[str, object]:
+        """The ``local status --json`` document (contract: groups -> name, mode, epoch,
+        acting, brokers -> name, role, effective, pid, alive)."""
+        return {
+            "dir": str(self.dir),
+            "zookeeper": {"connect": self.zk, "alive": self.zk_alive},
+            "controller": {"pid": self.controller_pid, "alive": self.controller_alive},
+            "groups": [
+                {
+                    "name": g.name,
+                    "mode": g.mode,
+                    "epoch": g.epoch,
+                    "acting": g.acting,
+                    "brokers": [
+                        {
+                            "name": b.name,
+                            "role": b.role,
+                            "effective": b.effective.label,
+                            "pid": b.pid,
+                            "alive": b.alive,
+                            "stopped": b.stopped,
+                            "lag_bytes": b.lag_bytes,
+                        }
+                        for b in g.brokers
+                    ],
+                }
+                for g in self.groups
+            ],
+        }
+
+
+def probe_features() -> Features:
+    """What this build can run: the broker's ``--zk`` flag and the controller command."""
+    broker_zk = False
+    with contextlib.suppress(ImportError):
+        from understudy_broker.cli_broker import broker
+
+        broker_zk = any("--zk" in p.opts for p in broker.params)
+    controller = importlib.util.find_spec("understudy_operator.cli_controller") is not None
+    return Features(broker_zk=broker_zk, controller=controller)
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+# ------------------------------------------------------------------------------ up
+
+
+def up(
+    directory: Path,
+    *,
+    groups: int = 1,
+    slaves: int = 1,
+    sync: bool = True,
+    session_timeout_ms: int = 2000,
+    failover: FailoverPolicy | None = None,
+    features: Features | None = None,
+    timeout: float = 60.0,
+    progress: Progress = _quiet,
+) -> ClusterPlan:
+    """Start ZooKeeper, the brokers and the controller; return once every group is
+    NORMAL (or, without a controller, once every broker answers ``/healthz``). On any
+    failure everything started so far is stopped again."""
+    directory = directory.resolve()
+    _claim(directory)
+    feats = features or probe_features()
+    zk = ZooKeeperServer(directory / ZOOKEEPER)
+    progress("starting ZooKeeper")
+    try:
+        zk.start()
+    except ZooKeeperUnavailable as exc:
+        raise LocalError(str(exc)) from None
+    zk_pid = zk.pid
+    if zk.process is not None:
+        procs.detach(zk.process)
+    try:
+        procs.write_pid(directory / "pids", ZOOKEEPER, zk_pid or 0)
+        plan = plan_cluster(
+            directory=directory,
+            groups=groups,
+            slaves=slaves,
+            sync=sync,
+            features=feats,
+            port=free_port,
+            zk_port=zk.port,
+            session_timeout_ms=session_timeout_ms,
+            failover=failover,
+        )
+        plan = dataclasses.replace(
+            plan, extra={"zkMarker": str(directory / ZOOKEEPER / "conf" / "zoo.cfg")}
+        )
+        (directory / STATE_FILE).write_text(plan.to_json())
+        _write_configs(plan)
+        deadline = time.monotonic() + timeout
+        for p in plan.brokers:
+            progress(f"starting broker {p.name}")
+            _spawn(plan, p)
+        for p in plan.brokers:
+            progress(f"waiting for broker {p.name}")
+            _wait_healthy(plan, p, deadline=deadline)
+        controller = next((p for p in plan.processes if p.name == CONTROLLER), None)
+        if controller is None:
+            progress("no controller in this build: groups run without failover")
+            return plan
+        progress("starting the controller")
+        _spawn(plan, controller)
+        for g in plan.groups:
+            progress(f"waiting for group {g.group} to be NORMAL")
+            wait_mode(plan, g.group, "NORMAL", deadline=deadline, watch=controller)
+        return plan
+    except BaseException:
+        with contextlib.suppress(Exception):
+            down(directory)
+        if zk_pid is not None:
+            procs.stop(zk_pid, marker=str(directory / ZOOKEEPER / "conf" / "zoo.cfg"))
+        raise
+
+
+def _claim(directory: Path) -> None:
+    """Make ``directory`` ours for a fresh cluster, or refuse with a clear reason."""
+    if directory.exists() and not directory.is_dir():
+        raise LocalError(f"{directory} exists and is not a directory")
+    if directory.is_dir() and any(directory.iterdir()):
+        if not (directory / STATE_FILE).exists():
+            raise LocalError(
+                f"{directory} is not empty and holds no local cluster ({STATE_FILE}); "
+                "choose another --dir"
+            )
+        running = _running(directory)
+        if running:
+            names = ", ".join(f"{n} (pid {pid})" for n, pid in running)
+            raise LocalError(
+                f"{directory} is in use: {names} still running; "
+                f"run 'understudy local down --dir {directory}' first"
+            )
+        for sub in ("data", "logs", "pids", ZOOKEEPER):
+            shutil.rmtree(directory / sub, ignore_errors=True)
+        (directory / STATE_FILE).unlink()
+    directory.mkdir(parents=True, exist_ok=True)
+
+
+def _running(directory: Path) -> list[tuple[str, int]]:
+    try:
+        plan = ClusterPlan.load(directory)
+    except PlanError:
+        return []
+    out = []
+    for name, marker in _markers(plan):
+        pid = procs.read_pid(plan.pid_dir, name)
+        info = procs.inspect(pid, marker=marker)
+        if info is not None and info.alive:
+            out.append((name, info.pid))
+    return out
+
+
+def _markers(plan: ClusterPlan) -> list[tuple[str, str]]:
+    zk_marker = str(plan.extra.get("zkMarker", plan.dir / ZOOKEEPER / "conf" / "zoo.cfg"))
+    return [(p.name, p.marker) for p in plan.processes] + [(ZOOKEEPER, zk_marker)]
+
+
+@contextlib.contextmanager
+def zk_client(plan: ClusterPlan, *, chroot: bool = True, timeout: float = 5.0) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=plan.zk_connect if chroot else plan.zk_hosts, timeout=timeout)
+    try:
+        client.start(timeout=timeout)
+    except Exception as exc:
+        client.close()
+        raise LocalError(
+            f"cannot reach this cluster's ZooKeeper at {plan.zk_hosts} ({exc}); "
+            f"is it up? ('understudy local status --dir {plan.dir}')"
+        ) from None
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def _write_configs(plan: ClusterPlan) -> None:
+    with zk_client(plan, chroot=False) as root:
+        root.ensure_path(plan.chroot)
+    with zk_client(plan) as zk:
+        for g in plan.groups:
+            path = config_path(g.group)
+            zk.ensure_path(path)
+            zk.set(path, g.to_json())
+
+
+def _spawn(plan: ClusterPlan, p: ProcessPlan) -> int:
+    pid = procs.spawn(list(p.argv), log=plan.log_dir / f"{p.name}.log", cwd=plan.dir)
+    procs.write_pid(plan.pid_dir, p.name, pid)
+    return pid
+
+
+def _log_tail(plan: ClusterPlan, name: str, lines: int = 15) -> str:
+    try:
+        text = (plan.log_dir / f"{name}.log").read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_healthy(plan: ClusterPlan, p: ProcessPlan, *, deadline: float) -> None:
+    while True:
+        info = procs.inspect(procs.read_pid(plan.pid_dir, p.name), marker=p.marker)
+        if info is None or not info.alive:
+            raise LocalError(
+                f"{p.name} exited during start; last lines of {plan.log_dir / (p.name + '.log')}:\n"
+                + _log_tail(plan, p.name)
+            )
+        if p.http_port is not None and http_get(p.http_port, "/healthz") is not None:
+            return
+        if time.monotonic() > deadline:
+            raise LocalError(f"{p.name} did not answer /healthz on port {p.http_port} in time")
+        time.sleep(0.05)
+
+
+def http_get(port: int, path: str, *, timeout: float = 0.5) -> str | None:
+    """GET ``http://127.0.0.1:port/path``; the body on 200, else ``None``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+            if resp.status != 200:
+                return None
+            body: bytes = resp.read()
+            return body.decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def wait_mode(
+    plan: ClusterPlan, group: str, mode: str, *, deadline: float, watch: ProcessPlan | None = None
+) -> None:
+    """Wait until ``/groups/<group>/state`` says ``mode``; fail early if ``watch`` dies."""
+    with zk_client(plan) as zk:
+        while True:
+            with contextlib.suppress(NoNodeError, LayoutError):
+                data, _ = zk.get(state_path(group))
+                if decode_state(data).mode.name == mode:
+                    return
+            if watch is not None:
+                info = procs.inspect(procs.read_pid(plan.pid_dir, watch.name), marker=watch.marker)
+                if info is None or not info.alive:
+                    raise LocalError(
+                        f"{watch.name} exited; last lines of its log:\n" + _log_tail(plan, watch.name)
+                    )
+            if time.monotonic() > deadline:
+                raise LocalError(f"group {group} did not reach {mode} in time")
+            time.sleep(0.05)
+
+
+# -------------------------------------------------------------------------- status
+
+
+def status(directory: Path) -> ClusterStatus:
+    plan = ClusterPlan.load(directory.resolve())
+    zk_marker = dict(_markers(plan))[ZOOKEEPER]
+    zk_info = procs.inspect(procs.read_pid(plan.pid_dir, ZOOKEEPER), marker=zk_marker)
+    zk_alive = zk_info is not None and zk_info.alive
+    ctl_pid = procs.read_pid(plan.pid_dir, CONTROLLER)
+    ctl_alive: bool | None = None
+    if plan.features.controller:
+        info = procs.inspect(ctl_pid, marker="controller")
+        ctl_alive = info is not None and info.alive
+    rows = []
+    if zk_alive:
+        with zk_client(plan) as zk:
+            rows = [_group_row(plan, g.group, zk) for g in plan.groups]
+    else:
+        rows = [_group_row(plan, g.group, None) for g in plan.groups]
+    return ClusterStatus(
+        dir=plan.dir,
+        zk=plan.zk_connect,
+        zk_alive=zk_alive,
+        controller_pid=ctl_pid,
+        controller_alive=ctl_alive,
+        groups=tuple(rows),
+    )
+
+
+def _group_row(plan: ClusterPlan, group: str, zk: KazooClient | None) -> GroupRow:
+    cfg = next(g for g in plan.groups if g.group == group)
+    mode = epoch = acting = None
+    statuses: dict[str, BrokerStatus] = {}
+    if zk is not None:
+        with contextlib.suppress(NoNodeError, LayoutError, KazooException):
+            state = decode_state(zk.get(state_path(group))[0])
+            mode, epoch, acting = state.mode.name, state.epoch, state.acting
+        for b in cfg.brokers:
+            with contextlib.suppress(NoNodeError, LayoutError, KazooException):
+                if zk.exists(live_path(group, b.name)) is not None:
+                    statuses[b.name] = BrokerStatus.from_json(zk.get(status_path(group, b.name))[0])
+    master_offset = statuses[cfg.master.name].max_offset if cfg.master.name in statuses else None
+    brokers = []
+    for b in cfg.brokers:
+        p = plan.process(b.name)
+        info = procs.inspect(procs.read_pid(plan.pid_dir, b.name), marker=p.marker)
+        alive = info is not None and info.alive
+        stopped = info is not None and info.stopped
+        effective, lag, source = Permission.NONE, None, "-"
+        st = statuses.get(b.name)
+        if alive and st is not None:
+            effective, source = st.effective, "zk"
+            if b.ordinal != 0 and master_offset is not None:
+                lag = max(0, master_offset - st.max_offset)
+        elif alive and not stopped:
+            metrics = http_get(b.http_port, "/metrics")
+            if metrics is not None:
+                effective = permission_from_metrics(metrics) or Permission.NONE
+                lag = lag_from_metrics(metrics)
+                source = "metrics"
+        brokers.append(
+            BrokerRow(
+                name=b.name,
+                role=b.role.value,
+                effective=effective,
+                pid=None if info is None else info.pid,
+                alive=alive,
+                stopped=stopped,
+                lag_bytes=lag,
+                source=source,
+            )
+        )
+    return GroupRow(name=group, mode=mode, epoch=epoch, acting=acting, brokers=tuple(brokers))
+
+
+def _metric_values(text: str, name: str) -> list[float]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            with contextlib.suppress(ValueError, IndexError):
+                out.append(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def permission_from_metrics(text: str) -> Permission | None:
+    """``understudy_broker_permission`` from a Prometheus exposition (0-3)."""
+    values = _metric_values(text, "understudy_broker_permission")
+    if not values or not 0 <= int(values[0]) <= 3:
+        return None
+    return Permission(int(values[0]))
+
+
+def lag_from_metrics(text: str) -> int | None:
+    values = _metric_values(text, "understudy_replication_lag_bytes")
+    return int(max(values)) if values else None
+
+
+# ------------------------------------------------------------------ kill/start/down
+
+
+def kill(directory: Path, broker: str, *, sig: str = "KILL") -> int:
+    """Send ``sig`` (KILL, STOP, TERM, CONT) to one broker; returns its PID."""
+    plan = ClusterPlan.load(directory.resolve())
+    p = _broker(plan, broker)
+    name = sig.upper().removeprefix("SIG")
+    if name not in procs.SIGNALS:
+        raise LocalError(f"unknown signal {sig!r}: expected one of {', '.join(procs.SIGNALS)}")
+    info = procs.inspect(procs.read_pid(plan.pid_dir, p.name), marker=p.marker)
+    if info is None or not info.alive:
+        raise LocalError(f"{broker} is not running; start it with 'understudy local start {broker}'")
+    procs.send(info.pid, procs.SIGNALS[name])
+    if name == "KILL":
+        procs.wait_gone(info.pid, marker=p.marker, timeout=5.0)
+    return info.pid
+
+
+def start(directory: Path, broker: str, *, wait: bool = True, timeout: float = 30.0) -> int:
+    """Start a broker that is down, exactly as ``up`` started it; a frozen (SIGSTOPped)
+    broker is resumed instead. Returns its PID."""
+    plan = ClusterPlan.load(directory.resolve())
+    p = _broker(plan, broker)
+    info = procs.inspect(procs.read_pid(plan.pid_dir, p.name), marker=p.marker)
+    if info is not None and info.alive:
+        if info.stopped:
+            procs.send(info.pid, signal.SIGCONT)
+            return info.pid
+        raise LocalError(f"{broker} is already running (pid {info.pid})")
+    pid = _spawn(plan, p)
+    if wait:
+        _wait_healthy(plan, p, deadline=time.monotonic() + timeout)
+    return pid
+
+
+def _broker(plan: ClusterPlan, name: str) -> ProcessPlan:
+    try:
+        p = plan.process(name)
+    except PlanError as exc:
+        raise LocalError(str(exc)) from None
+    if p.group is None:
+        raise LocalError(f"{name!r} is not a broker; this cluster has: {', '.join(b.name for b in plan.brokers)}")
+    return p
+
+
+def down(directory: Path, *, progress: Progress = _quiet) -> list[tuple[str, int]]:
+    """Stop everything this cluster started — controller first (so it does not react to
+    the brokers going away), then brokers, then ZooKeeper — each by its recorded PID.
+    Returns ``(name, pid)`` of what was running."""
+    plan = ClusterPlan.load(directory.resolve())
+    order = sorted(_markers(plan), key=lambda nm: {CONTROLLER: 0, ZOOKEEPER: 2}.get(nm[0], 1))
+    stopped = []
+    for name, marker in order:
+        pid = procs.read_pid(plan.pid_dir, name)
+        if pid is not None and procs.stop(pid, marker=marker):
+            progress(f"stopped {name} (pid {pid})")
+            stopped.append((name, pid))
+        procs.remove_pid(plan.pid_dir, name)
+    return stopped
+
+
+def describe(plan: ClusterPlan) -> str:
+    """Where the cluster's state lives, for ``local up`` to print."""
+    lines = [
+        f"state:     {plan.dir}  ({STATE_FILE}, pids/, logs/, data/)",
+        f"zookeeper: {plan.zk_connect}",
+    ]
+    for g in plan.groups:
+        lines.append(f"group {g.group}: bootstrap {','.join(b.address for b in g.brokers)}")
+    if plan.controller_http_port:
+        lines.append(f"controller: http://127.0.0.1:{plan.controller_http_port}/metrics")
+    return "\n".join(lines)
+
+
+def status_json(st: ClusterStatus) -> str:
+    return json.dumps(st.to_json(), indent=2)

@@ -1,0 +1,300 @@
+"""The local cluster as data: its state directory, its groups and each process's command.
+
+Why this module exists: ``local up`` decides everything (names, ports, flags, file paths)
+before it starts anything, and ``local start BROKER`` must start a broker exactly as
+``up`` did. So the decisions are pure functions over plain data, recorded once in
+``<dir>/cluster.json``, and the supervisor (:mod:`.cluster`) only executes them.
+
+State directory layout (``--dir``, default ``.understudy/local``)::
+
+    cluster.json            this plan: ZooKeeper address, groups, every process's argv
+    pids/<name>.pid         one PID per process (brokers, "controller", "zookeeper")
+    logs/<name>.log         stdout+stderr of each process
+    data/<broker>/          each broker's log, indexes and offsets
+    zookeeper/              the private ZooKeeper's data and config
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from understudy_broker.model import Permission
+from understudy_broker.zklayout import (
+    DEFAULT_CHROOT,
+    BrokerSpec,
+    FailoverPolicy,
+    GroupConfig,
+    LayoutError,
+    ReplicationPolicy,
+)
+
+DEFAULT_DIR = Path(".understudy/local")
+STATE_FILE = "cluster.json"
+ZOOKEEPER = "zookeeper"
+CONTROLLER = "controller"
+HOST = "127.0.0.1"
+
+
+class PlanError(ValueError):
+    """The request cannot be planned or the recorded plan is unreadable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """What the installed build can do; decided once by probing, passed in as data."""
+
+    broker_zk: bool  # `understudy broker` has --zk (the HA integration has landed)
+    controller: bool  # `understudy controller` exists
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessPlan:
+    """One process of the cluster: its name (pid/log file stem), argv and the marker
+    (an argv element) that identifies it in ``/proc``."""
+
+    name: str
+    argv: tuple[str, ...]
+    marker: str
+    http_port: int | None = None
+    group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPlan:
+    dir: Path
+    zk_port: int
+    groups: tuple[GroupConfig, ...]
+    processes: tuple[ProcessPlan, ...]
+    features: Features
+    chroot: str = DEFAULT_CHROOT
+    session_timeout_ms: int = 2000
+    controller_http_port: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def zk_hosts(self) -> str:
+        return f"{HOST}:{self.zk_port}"
+
+    @property
+    def zk_connect(self) -> str:
+        """Connect string with the chroot, as brokers and the controller take it."""
+        return f"{self.zk_hosts}{self.chroot}"
+
+    @property
+    def pid_dir(self) -> Path:
+        return self.dir / "pids"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def brokers(self) -> tuple[ProcessPlan, ...]:
+        return tuple(p for p in self.processes if p.group is not None)
+
+    def process(self, name: str) -> ProcessPlan:
+        for p in self.processes:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.brokers)
+        raise PlanError(f"unknown broker {name!r}; this cluster has: {known}")
+
+    def group_of(self, broker: str) -> GroupConfig:
+        for g in self.groups:
+            if any(b.name == broker for b in g.brokers):
+                return g
+        raise PlanError(f"unknown broker {broker!r}")
+
+    def bootstrap(self, group: str) -> list[str]:
+        for g in self.groups:
+            if g.group == group:
+                return [b.address for b in g.brokers]
+        raise PlanError(f"unknown group {group!r}")
+
+    # ------------------------------------------------------------------ persistence
+
+    def to_json(self) -> str:
+        doc = {
+            "version": 1,
+            "zkPort": self.zk_port,
+            "chroot": self.chroot,
+            "sessionTimeoutMs": self.session_timeout_ms,
+            "controllerHttpPort": self.controller_http_port,
+            "features": {"brokerZk": self.features.broker_zk, "controller": self.features.controller},
+            "groups": [json.loads(g.to_json()) for g in self.groups],
+            "processes": [
+                {
+                    "name": p.name,
+                    "argv": list(p.argv),
+                    "marker": p.marker,
+                    "httpPort": p.http_port,
+                    "group": p.group,
+                }
+                for p in self.processes
+            ],
+            "extra": self.extra,
+        }
+        return json.dumps(doc, indent=2) + "\n"
+
+    @classmethod
+    def load(cls, directory: Path) -> ClusterPlan:
+        path = directory / STATE_FILE
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PlanError(
+                f"no local cluster in {directory} (no {STATE_FILE}); start one with "
+                f"'understudy local up --dir {directory}'"
+            ) from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PlanError(f"{path} is unreadable ({exc}); run 'understudy local down' and 'up' again") from None
+        try:
+            return cls(
+                dir=directory,
+                zk_port=int(doc["zkPort"]),
+                chroot=str(doc["chroot"]),
+                session_timeout_ms=int(doc["sessionTimeoutMs"]),
+                controller_http_port=doc.get("controllerHttpPort"),
+                features=Features(
+                    broker_zk=bool(doc["features"]["brokerZk"]),
+                    controller=bool(doc["features"]["controller"]),
+                ),
+                groups=tuple(GroupConfig.from_json(json.dumps(g).encode()) for g in doc["groups"]),
+                processes=tuple(
+                    ProcessPlan(
+                        name=str(p["name"]),
+                        argv=tuple(str(a) for a in p["argv"]),
+                        marker=str(p["marker"]),
+                        http_port=p.get("httpPort"),
+                        group=p.get("group"),
+                    )
+                    for p in doc["processes"]
+                ),
+                extra=dict(doc.get("extra", {})),
+            )
+        except (KeyError, TypeError, ValueError, LayoutError) as exc:
+            raise PlanError(f"{path} is malformed ({exc!r}); run 'understudy local down' and 'up' again") from None
+
+
+def understudy_argv() -> list[str]:
+    """How to run the ``understudy`` CLI with this interpreter (no PATH lookup)."""
+    return [sys.executable, "-c", "from understudy_broker.cli import main; main()"]
+
+
+def plan_cluster(
+    *,
+    directory: Path,
+    groups: int,
+    slaves: int,
+    sync: bool,
+    features: Features,
+    port: Callable[[], int],
+    zk_port: int,
+    session_timeout_ms: int = 2000,
+    failover: FailoverPolicy | None = None,
+    chroot: str = DEFAULT_CHROOT,
+) -> ClusterPlan:
+    """Name and wire the cluster: groups ``g1..gN``, brokers ``gK-0`` (master) and
+    ``gK-1..gK-M`` (slaves, configured READ so they may act for reads). ``port`` hands
+    out free ports."""
+    if not 1 <= groups <= 50:
+        raise PlanError(f"--groups must be 1-50, got {groups}")
+    if not 0 <= slaves <= 8:
+        raise PlanError(f"--slaves must be 0-8, got {slaves}")
+    configs = []
+    for k in range(1, groups + 1):
+        brokers = tuple(
+            BrokerSpec(
+                name=f"g{k}-{i}",
+                ordinal=i,
+                host=HOST,
+                port=port(),
+                replication_port=port(),
+                http_port=port(),
+                permission=Permission.FULL if i == 0 else Permission.READ,
+            )
+            for i in range(slaves + 1)
+        )
+        configs.append(
+            GroupConfig(
+                group=f"g{k}",
+                brokers=brokers,
+                failover=failover or FailoverPolicy(),
+                replication=ReplicationPolicy(sync=sync, min_insync=min(1, slaves), auto_degrade=False),
+                session_timeout_ms=session_timeout_ms,
+            ).validate()
+        )
+    zk_connect = f"{HOST}:{zk_port}{chroot}"
+    procs = [
+        broker_process(g, b, directory=directory, zk_connect=zk_connect, features=features)
+        for g in configs
+        for b in g.brokers
+    ]
+    controller_port = None
+    if features.controller:
+        controller_port = port()
+        procs.append(
+            controller_process(
+                groups=[g.group for g in configs],
+                zk_connect=zk_connect,
+                pid_dir=directory / "pids",
+                http_port=controller_port,
+            )
+        )
+    return ClusterPlan(
+        dir=directory,
+        zk_port=zk_port,
+        groups=tuple(configs),
+        processes=tuple(procs),
+        features=features,
+        chroot=chroot,
+        session_timeout_ms=session_timeout_ms,
+        controller_http_port=controller_port,
+    )
+
+
+def broker_process(
+    group: GroupConfig, b: BrokerSpec, *, directory: Path, zk_connect: str, features: Features
+) -> ProcessPlan:
+    """The ``understudy broker`` command for one broker of ``group``."""
+    argv = [
+        *understudy_argv(),
+        "broker",
+        "--data-dir", str((directory / "data" / b.name).resolve()),
+        "--host", b.host,
+        "--port", str(b.port),
+        "--http-port", str(b.http_port),
+        "--replication-port", str(b.replication_port),
+        "--name", b.name,
+        "--group", group.group,
+        "--role", b.role.value,
+        "--permission", b.permission.label.lower(),
+        # a group without slaves has nobody to replicate to: it acknowledges on its own
+        "--sync" if group.replication.sync and group.slaves else "--async",
+    ]  # fmt: skip
+    if b.ordinal != 0:
+        m = group.master
+        argv += ["--master", f"{m.host}:{m.replication_port}"]
+    if group.replication.sync and group.slaves:
+        argv += ["--min-insync-replicas", str(group.replication.min_insync)]
+    for peer in group.brokers:
+        if peer.name != b.name:
+            argv += ["--peer", f"{peer.name}={peer.address}"]
+    if features.broker_zk:
+        argv += ["--zk", zk_connect, "--zk-session-timeout-ms", str(group.session_timeout_ms)]
+    return ProcessPlan(name=b.name, argv=tuple(argv), marker=b.name, http_port=b.http_port, group=group.group)
+
+
+def controller_process(
+    *, groups: Sequence[str], zk_connect: str, pid_dir: Path, http_port: int
+) -> ProcessPlan:
+    argv = [*understudy_argv(), "controller", "--zk", zk_connect]
+    for g in groups:
+        argv += ["--group", g]
+    argv += ["--pid-dir", str(pid_dir.resolve()), "--http-port", str(http_port)]
+    return ProcessPlan(name=CONTROLLER, argv=tuple(argv), marker="controller", http_port=http_port)

@@ -1,0 +1,164 @@
+"""Detached processes with pid files: start, signal, check, stop — always by PID.
+
+Why this module exists: ``understudy local up`` returns while the ZooKeeper server, the
+brokers and the controller keep running, and a later ``local status``/``kill``/``down``
+(another process) must find them again. So every process gets its own session (a
+terminal's Ctrl-C never reaches it), its output goes to a log file, and its PID goes to
+``<dir>/pids/<name>.pid`` — the same files the local controller reads as its process
+table. Liveness is judged from ``/proc``: a PID that now belongs to some other program
+(PID reuse) or a zombie does not count as alive.
+
+Nothing here kills by name: every signal goes to one PID this cluster recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Signals ``local kill`` accepts, by the names people type.
+SIGNALS: dict[str, signal.Signals] = {
+    "KILL": signal.SIGKILL,
+    "STOP": signal.SIGSTOP,
+    "TERM": signal.SIGTERM,
+    "CONT": signal.SIGCONT,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """What ``/proc`` says about a recorded PID."""
+
+    pid: int
+    alive: bool
+    stopped: bool = False
+
+
+def pid_file(pid_dir: Path, name: str) -> Path:
+    return pid_dir / f"{name}.pid"
+
+
+def read_pid(pid_dir: Path, name: str) -> int | None:
+    """The recorded PID, or ``None`` if there is no (readable) pid file."""
+    try:
+        text = pid_file(pid_dir, name).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def write_pid(pid_dir: Path, name: str, pid: int) -> None:
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    path = pid_file(pid_dir, name)
+    tmp = path.with_suffix(".pid.tmp")
+    tmp.write_text(f"{pid}\n")
+    tmp.replace(path)  # readers never see a half-written file
+
+
+def remove_pid(pid_dir: Path, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        pid_file(pid_dir, name).unlink()
+
+
+def _proc_state(pid: int) -> str | None:
+    """The one-letter state from ``/proc/<pid>/stat`` (R, S, T, Z, ...), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) S ..." — comm may contain spaces and parentheses: split at the last ')'
+    rest = stat.rsplit(")", 1)[-1].split()
+    return rest[0] if rest else None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid`` if it is our exited child (so it does not linger as a zombie)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def inspect(pid: int | None, *, marker: str) -> ProcInfo | None:
+    """Is ``pid`` still the process we started? ``marker`` is an argument its command
+    line must contain (the broker name, the ZooKeeper config path), which guards against
+    PID reuse."""
+    if pid is None:
+        return None
+    reap(pid)
+    state = _proc_state(pid)
+    if state is None or state in ("Z", "X"):
+        return ProcInfo(pid, alive=False)
+    if marker not in _cmdline(pid):
+        return ProcInfo(pid, alive=False)
+    return ProcInfo(pid, alive=True, stopped=state in ("T", "t"))
+
+
+def spawn(argv: list[str], *, log: Path, cwd: Path, env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` detached (own session, stdin closed, output appended to ``log``)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    detach(proc)
+    return proc.pid
+
+
+def detach(proc: subprocess.Popen[bytes]) -> None:
+    """Let go of a child that must outlive this command.
+
+    The PID is recorded in a pid file and the exit status is collected by :func:`reap`
+    while this process is still its parent; marking the ``Popen`` as finished keeps its
+    destructor from warning that the process is "still running" — which is the point.
+    """
+    proc.returncode = 0
+
+
+def send(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to one PID; a process that is already gone is not an error."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def stop(pid: int, *, marker: str, timeout: float = 5.0) -> bool:
+    """Stop one process: SIGTERM (plus SIGCONT if it is frozen), then SIGKILL after
+    ``timeout``. Returns True if it was running."""
+    info = inspect(pid, marker=marker)
+    if info is None or not info.alive:
+        return False
+    send(pid, signal.SIGTERM)
+    if info.stopped:
+        send(pid, signal.SIGCONT)
+    if wait_gone(pid, marker=marker, timeout=timeout):
+        return True
+    send(pid, signal.SIGKILL)
+    wait_gone(pid, marker=marker, timeout=timeout)
+    return True
+
+
+def wait_gone(pid: int, *, marker: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = inspect(pid, marker=marker)
+        if info is None or not info.alive:
+            return True
+        time.sleep(0.02)
+    return False
