@@ -296,6 +296,11 @@ class Router:
                 return conn
             raise ConnectionError("no broker reachable: " + "; ".join(errors))
 
+    def address_for(self, need: Permission) -> str | None:
+        """The broker currently used for ``need`` (None when not connected)."""
+        conn = self._conns.get(need)
+        return None if conn is None or conn.closed else conn.address
+
     async def failed(self, need: Permission) -> None:
         """The connection for ``need`` was refused or lost: drop it and re-learn the route."""
         conn = self._conns.pop(need, None)
