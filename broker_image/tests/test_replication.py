@@ -329,6 +329,24 @@ async def test_garbage_on_the_replication_port_does_not_hurt_real_slaves(
     await eventually(lambda: slave.log.max_phys == cluster.log.max_phys, "good slave")
 
 
+async def test_a_failing_metadata_callback_does_not_stop_replication(tmp_path: Path) -> None:
+    c = Cluster(tmp_path)
+    try:
+        server = await c.start_master(sync=True, auto_degrade=False)
+
+        def broken() -> dict[str, Any]:
+            raise RuntimeError("metadata source broke")
+
+        server.metadata = broken
+        slave = await c.start_slave("s1")
+        await eventually(lambda: server.slave_connected, "link")
+        await c.produce(batch(random.Random(2), 5))
+        assert slave.log.max_phys == c.log.max_phys
+        assert slave.metadata == []
+    finally:
+        await c.close()
+
+
 class FakeMaster:
     """A master that sends exactly the frames a test gives it."""
 

@@ -366,13 +366,9 @@ class ReplicationServer:
         while True:
             now = loop.time()
             if now >= next_meta:
-                body = json.dumps(
-                    {"max_phys": self.log.max_phys, "data": self.metadata()},
-                    separators=(",", ":"),
-                ).encode("utf-8")
-                if len(body) > MAX_METADATA_BYTES:
-                    raise ReplicationProtocolError(f"metadata of {len(body)} bytes is too large")
-                writer.write(PUSH_HEADER.pack(METADATA_OFFSET, len(body)) + body)
+                body = self._metadata_frame()
+                if body is not None:
+                    writer.write(PUSH_HEADER.pack(METADATA_OFFSET, len(body)) + body)
                 next_meta = now + self.metadata_interval_s
             if link.push_pos < self.log.max_phys:
                 data = self.log.read_raw(link.push_pos, self.chunk_bytes)
@@ -385,6 +381,22 @@ class ReplicationServer:
             link.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(link.wake.wait(), max(0.0, next_meta - loop.time()))
+
+    def _metadata_frame(self) -> bytes | None:
+        """The metadata body, or None (logged) when the broker's callback fails: a bad
+        metadata snapshot must not stop the log bytes from flowing."""
+        try:
+            body = json.dumps(
+                {"max_phys": self.log.max_phys, "data": self.metadata()},
+                separators=(",", ":"),
+            ).encode("utf-8")
+        except Exception:
+            log.exception("metadata callback failed; skipping this metadata frame")
+            return None
+        if len(body) > MAX_METADATA_BYTES:
+            log.error("metadata of %d bytes exceeds %d; not sent", len(body), MAX_METADATA_BYTES)
+            return None
+        return body
 
 
 async def _read_hello(reader: asyncio.StreamReader) -> str:
