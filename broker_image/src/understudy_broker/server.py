@@ -60,6 +60,7 @@ log = logging.getLogger("understudy.broker")
 READ_CHUNK = 256 * 1024
 PULL_MAX_RECORDS = 4096
 RETENTION_EVERY_S = 10.0
+METADATA_INTERVAL_S = 0.25
 
 
 class RequestError(Exception):
@@ -336,6 +337,9 @@ class Broker:
                 auto_degrade=cfg.auto_degrade,
                 metadata=self._metadata,
                 ack_timeout_s=cfg.ack_timeout_s,
+                # Topics and consumer offsets reach slaves within this interval; a
+                # topic just created is readable on a slave this much later.
+                metadata_interval_s=METADATA_INTERVAL_S,
             )
             await self._repl_server.start()
         else:
