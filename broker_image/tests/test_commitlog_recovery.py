@@ -214,3 +214,23 @@ def test_appends_continue_correctly_after_recovery(tmp_path: Path) -> None:
         assert read_all(log, "t", lost.queue)[-1].seq == lost.seq
     finally:
         log.close()
+
+
+def test_crash_after_the_marker_before_the_next_segment_file(tmp_path: Path) -> None:
+    """A batch that rolls writes the marker, then the next file: a crash in between
+    leaves a full last segment and no next file. Sequence and queue offsets continue."""
+    records = build_log(tmp_path)
+    last = last_segment(tmp_path)
+    base = int(last.name)
+    last.unlink()
+    survivors = [r for r in records if r.phys_offset < base]
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        assert log.max_phys == base
+        assert log.next_seq == len(survivors)
+        r = log.append([Message("t", 0, None, b"next", 1)])
+        assert r.start_phys == base
+        assert read_all(log, "t", 0)[-1].seq == len(survivors)
+    finally:
+        log.close()
+    assert last.exists()
