@@ -406,19 +406,26 @@ class BrokerCoordinator:
     # ------------------------------------------------------------------ kazoo async bridge
 
     def _wrap(self, async_result: Any) -> asyncio.Future[Any]:
-        """An asyncio future completed (on the loop) when a kazoo async result is."""
-        fut: asyncio.Future[Any] = self._loop.create_future()
+        return kazoo_future(self._loop, async_result)
 
-        def settle(result: Any) -> None:
-            try:
-                value = result.get_nowait()
-            except BaseException as exc:  # delivered to the awaiting coroutine
-                self._loop.call_soon_threadsafe(_set_exception, fut, exc)
-            else:
-                self._loop.call_soon_threadsafe(_set_result, fut, value)
 
-        async_result.rawlink(settle)
-        return fut
+def kazoo_future(loop: asyncio.AbstractEventLoop, async_result: Any) -> asyncio.Future[Any]:
+    """An asyncio future completed on ``loop`` when a kazoo ``IAsyncResult`` is (its value,
+    or its exception). The kazoo thread only calls ``loop.call_soon_threadsafe``."""
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any) -> None:
+        try:
+            value = result.get_nowait()
+        except BaseException as exc:  # delivered to the awaiting coroutine
+            with contextlib.suppress(RuntimeError):  # loop closed
+                loop.call_soon_threadsafe(_set_exception, fut, exc)
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_set_result, fut, value)
+
+    async_result.rawlink(settle)
+    return fut
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

@@ -1,0 +1,96 @@
+"""ProcessTableLiveness: pid files, pidfd exit events, stopped processes, bad pid files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from understudy_operator.controller.liveness import (
+    NullLiveness,
+    ProcessTableLiveness,
+    classify,
+    proc_state_letter,
+)
+from understudy_operator.controller.observe import ProcessState
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+async def test_exit_is_an_event(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    loop = asyncio.get_running_loop()
+    (tmp_path / "b0.pid").write_text(f"{sleeper.pid}\n")
+    src = ProcessTableLiveness(tmp_path, loop)
+    exited: asyncio.Queue[str] = asyncio.Queue()
+    src.subscribe(exited.put_nowait)
+    try:
+        src.track(["b0", "b1"])
+        assert src.process_state("b0") is ProcessState.RUNNING
+        assert src.process_state("b1") is ProcessState.UNKNOWN  # no pid file
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        await asyncio.sleep(0.05)
+        assert src.process_state("b0") is ProcessState.STOPPED
+        os.kill(sleeper.pid, signal.SIGKILL)
+        # Not reaped yet (a zombie): the pidfd still reports the exit as an event.
+        assert await asyncio.wait_for(exited.get(), 10) == "b0"
+        assert src.process_state("b0") is ProcessState.EXITED
+        sleeper.wait(timeout=10)
+        assert src.process_state("b0") is ProcessState.EXITED
+    finally:
+        src.close()
+
+
+@pytest.fixture
+def dead() -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.DEVNULL)
+    proc.wait(timeout=10)
+    return proc
+
+
+async def test_new_pid_file_is_followed(tmp_path: Path, sleeper: subprocess.Popen[bytes],
+                                        dead: subprocess.Popen[bytes]) -> None:
+    loop = asyncio.get_running_loop()
+    src = ProcessTableLiveness(tmp_path, loop)
+    try:
+        (tmp_path / "b0.pid").write_text(str(dead.pid))
+        assert src.process_state("b0") is ProcessState.EXITED
+        (tmp_path / "b0.pid").write_text(str(sleeper.pid))  # restarted
+        assert src.process_state("b0") is ProcessState.RUNNING
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize("content", ["", "not-a-pid", "-5", "0"])
+async def test_malformed_pid_file_is_unknown(tmp_path: Path, content: str) -> None:
+    (tmp_path / "b0.pid").write_text(content)
+    src = ProcessTableLiveness(tmp_path, asyncio.get_running_loop())
+    try:
+        assert src.process_state("b0") is ProcessState.UNKNOWN
+    finally:
+        src.close()
+
+
+def test_proc_stat_parsing_and_classification() -> None:
+    assert proc_state_letter(os.getpid()) in ("R", "S")
+    assert classify(None) is ProcessState.EXITED
+    assert classify("Z") is ProcessState.EXITED
+    assert classify("T") is ProcessState.STOPPED
+    assert classify("t") is ProcessState.STOPPED
+    assert classify("D") is ProcessState.RUNNING
+    assert NullLiveness().process_state("x") is ProcessState.UNKNOWN
