@@ -391,7 +391,7 @@ def broker_performance() -> dict[str, Any]:
     lay.add(
         panel(
             "timeseries",
-            "Produce rate by latency (acknowledged /s)",
+            "Acknowledged produce requests /s",
             [
                 target(
                     f"sum by (group) (rate(understudy_produce_latency_seconds_count{{{sel}}}"
