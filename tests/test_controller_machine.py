@@ -157,6 +157,12 @@ FENCING2 = GroupState(Mode.FENCING, 2)
 def test_fencing_moves_on_proof_and_picks_highest_offset(master: BrokerView, proof: str) -> None:
     c = cfg()
     d = decide(c, FENCING2, obs(0, master, *slaves_link_down(2, (7, 9))), Memory(epoch=2, entered_at=0))
+    if d.target is None:
+        # Ambiguous proofs: offsets must come from statuses published after the proof.
+        assert "waiting for fresh offsets" in d.reason
+        fresh = tuple(replace(v, status_version=v.status_version + 1)
+                      for v in slaves_link_down(2, (7, 9)))
+        d = decide(c, FENCING2, obs(0.1, master, *fresh), d.memory)
     assert d.target is not None
     assert (d.target.mode, d.target.epoch, d.target.acting) == (Mode.SLAVE_CONSUME, 3, "b2")
     assert proof in d.reason
@@ -173,6 +179,34 @@ def test_fencing_waits_for_proof() -> None:
     # An ack at this epoch that still has READ is not proof either.
     master = up("b0", st("b0", epoch=2, eff=Permission.READ))
     assert decide(c, FENCING2, obs(0, master, *slaves_link_down(2)), Memory()).target is None
+
+
+def test_stale_offsets_are_not_trusted_after_an_ambiguous_proof() -> None:
+    c = cfg()
+    master = gone("b0", S)  # session gone, process stopped: ambiguous, no certain death
+    before = (up("b1", st("b1", epoch=2, offset=9)), up("b2", st("b2", epoch=2, offset=5)))
+    d = decide(c, FENCING2, obs(0, master, *before), Memory())
+    assert d.target is None
+    # b1 has not republished; b2 has, and now shows the commits it received late.
+    after = (before[0], replace(up("b2", st("b2", epoch=2, offset=12)), status_version=0))
+    d2 = decide(c, FENCING2, obs(0.1, master, *after), d.memory)
+    assert d2.target is None
+    assert "waiting for fresh offsets from b1" in d2.reason
+    # b1 never republishes: after a session timeout the fresh ones decide.
+    d3 = decide(c, FENCING2, obs(2.5, master, *after), d2.memory)
+    assert d3.target is not None
+    assert d3.target.acting == "b2"
+
+
+def test_after_certain_death_offsets_count_from_statuses_at_this_epoch() -> None:
+    c = cfg()
+    d = decide(c, FENCING2, obs(0, gone("b0"), up("b1", st("b1", epoch=1, offset=9)),
+                                up("b2", st("b2", epoch=2, offset=5))), Memory())
+    assert d.target is None
+    d = decide(c, FENCING2, obs(0.05, gone("b0"), up("b1", st("b1", epoch=2, offset=9)),
+                                up("b2", st("b2", epoch=2, offset=5))), d.memory)
+    assert d.target is not None
+    assert d.target.acting == "b1"
 
 
 def test_acting_tie_goes_to_lowest_ordinal() -> None:
@@ -239,7 +273,7 @@ def test_master_not_ready_keeps_slave_consume(master_status: BrokerStatus) -> No
 
 def test_acting_death_fences_it_before_another_slave() -> None:
     c = cfg()
-    views = (gone("b0"), gone("b1", X), up("b2", st("b2", epoch=3, offset=4)))
+    views = (gone("b0"), gone("b1", X), up("b2", st("b2", epoch=4, offset=4)))
     d = decide(c, SC3, obs(0, *views), Memory())
     assert d.target is not None
     assert (d.target.mode, d.target.epoch, d.target.acting) == (Mode.FENCING, 4, "b1")
@@ -263,6 +297,10 @@ def test_stopped_acting_is_fenced_but_not_replaced_until_proven() -> None:
     assert d2.target is None  # b1 still has a session and never acked: no second reader
     views2 = (gone("b0"), replace(stopped, zk_live=False), up("b2", st("b2", epoch=4)))
     d3 = decide(c, d.target, obs(2.5, *views2), d2.memory)
+    assert d3.target is None  # proof seen; b2's offset must be republished after it
+    views3 = (gone("b0"), replace(stopped, zk_live=False),
+              replace(up("b2", st("b2", epoch=4)), status_version=3))
+    d3 = decide(c, d.target, obs(2.6, *views3), d3.memory)
     assert d3.target is not None
     assert d3.target.acting == "b2"
 

@@ -386,8 +386,10 @@ class GroupDriver:
         views: dict[str, BrokerView] = {}
         for spec in config.brokers:
             status: BrokerStatus | None = None
+            version = -1
             try:
-                raw, _ = await self.c.zk(client.get_async(status_path(self.group, spec.name)))
+                raw, zstat = await self.c.zk(client.get_async(status_path(self.group, spec.name)))
+                version = zstat.version
                 status = BrokerStatus.from_json(raw)
             except NoNodeError:
                 pass
@@ -399,5 +401,6 @@ class GroupDriver:
                 zk_live=spec.name in live,
                 process=self.c.liveness.process_state(spec.name),
                 status=status,
+                status_version=version,
             )
         return Observation(now=time.monotonic(), wall=time.time(), brokers=views)

@@ -59,7 +59,10 @@ class Memory:
     current run of ambiguous down-signals. ``outage_since``: first sign of the master
     outage being handled (start of the *detect* phase). ``switch_pending_since``: when
     ``SLAVE_CONSUME`` was written and the acting slave has not yet reported READ.
-    ``retry_after``: no new back-sync attempt before this time.
+    ``retry_after``: no new back-sync attempt before this time. ``proof_at`` and
+    ``proof_versions``: when the broker being fenced was first seen proven unable to read
+    in this FENCING epoch, and every slave's status version at that moment (offsets
+    compared for the acting choice must come from statuses published after it).
     """
 
     epoch: int = 0
@@ -69,6 +72,8 @@ class Memory:
     outage_since: float | None = None
     switch_pending_since: float | None = None
     retry_after: float | None = None
+    proof_at: float | None = None
+    proof_versions: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +214,8 @@ def decide(
             entered_at=now,
             acting_suspect_since=None,
             switch_pending_since=None,
+            proof_at=None,
+            proof_versions=(),
         )
     master_view = obs.view(config.master.name)
     mem = replace(mem, master_suspect_since=_since(mem.master_suspect_since, suspect(master_view), now))
@@ -270,7 +277,8 @@ class _Ctx:
         target = GroupState(
             mode=mode, epoch=self.state.epoch + 1, acting=acting, since=self.obs.wall, reason=reason
         )
-        mem = replace(mem, epoch=target.epoch, entered_at=self.obs.now, acting_suspect_since=None)
+        mem = replace(mem, epoch=target.epoch, entered_at=self.obs.now, acting_suspect_since=None,
+                      proof_at=None, proof_versions=())
         return Decision(target, reason, mem, self.degraded, phases)
 
     def _down_words(self, name: str) -> str:
@@ -316,26 +324,52 @@ class _Ctx:
     def fencing(self) -> Decision:
         master = self.config.master.name
         target = self.state.acting or master
-        proof = cannot_read(self.obs.view(target), self.state.epoch)
+        target_view = self.obs.view(target)
+        proof = cannot_read(target_view, self.state.epoch)
         if proof is None:
-            return self.stay(f"waiting for proof that {target} cannot read at epoch {self.state.epoch}")
+            return self.stay(f"waiting for proof that {target} cannot read at epoch {self.state.epoch}",
+                             mem=replace(self.mem, proof_at=None, proof_versions=()))
+        mem = self.mem
+        if mem.proof_at is None:
+            versions = tuple((s.name, self.obs.view(s.name).status_version) for s in self.config.slaves)
+            mem = replace(mem, proof_at=self.obs.now, proof_versions=versions)
         candidates = eligible_slaves(
             self.config, self.obs, need_link_down=target == master, exclude=frozenset({target})
         )
-        best = pick_acting(candidates, self.obs)
+        # Offsets are compared only from statuses published after the fenced broker stopped
+        # committing: after its certain death, any status at this epoch; otherwise a status
+        # published after the proof was first seen. A slave that does not publish within a
+        # session timeout is left out rather than stalling the failover.
+        fresh = [c for c in candidates if self._fresh(c, mem, certain=certainly_dead(target_view))]
+        proof_at = mem.proof_at if mem.proof_at is not None else self.obs.now
+        grace = self.config.session_timeout_ms / 1000.0
+        waited = self.obs.now - proof_at
+        if len(fresh) < len(candidates) and not (fresh and waited >= grace):
+            stale = ", ".join(c.name for c in candidates if c not in fresh)
+            return self.stay(f"{target} fenced ({proof}); waiting for fresh offsets from {stale}",
+                             recheck_in=max(0.0, grace - waited) if fresh else None, mem=mem)
+        best = pick_acting(fresh, self.obs)
         fence = self._phase("fence")
         if best is not None:
             st = self.obs.view(best.name).status
             offset = st.max_offset if st is not None else 0
             reason = f"{target} fenced ({proof}); {best.name} acts for reads (offset {offset})"
-            mem = replace(self.mem, switch_pending_since=self.obs.now)
+            mem = replace(mem, switch_pending_since=self.obs.now)
             return self.move(Mode.SLAVE_CONSUME, acting=best.name, reason=reason, mem=mem, phases=fence)
         master_view = self.obs.view(master)
         if target == master and is_up(master_view) and not suspect(master_view):
             reason = f"master {master} back ({proof}) before any slave took reads"
-            mem = replace(self.mem, outage_since=None)
+            mem = replace(mem, outage_since=None)
             return self.move(Mode.NORMAL, acting=None, reason=reason, mem=mem)
-        return self.stay(f"{target} fenced ({proof}) but no eligible slave to act for reads")
+        return self.stay(f"{target} fenced ({proof}) but no eligible slave to act for reads", mem=mem)
+
+    def _fresh(self, spec: BrokerSpec, mem: Memory, *, certain: bool) -> bool:
+        view = self.obs.view(spec.name)
+        if view.status is None:
+            return False
+        if certain:
+            return view.status.epoch_applied >= self.state.epoch
+        return view.status_version > dict(mem.proof_versions).get(spec.name, -1)
 
     # -- SLAVE_CONSUME
     def slave_consume(self) -> Decision:

@@ -38,12 +38,16 @@ class BrokerView:
 
     ``zk_live``: its ephemeral ``live/<broker>`` node exists (a ZooKeeper session holds it).
     ``status``: its last published ``status/<broker>`` document, or ``None``.
+    ``status_version``: the znode version of that document (-1 when absent); it grows with
+    every publish, so the controller can tell a status published *after* a moment it
+    remembers from one published before.
     """
 
     name: str
     zk_live: bool = False
     process: ProcessState = ProcessState.UNKNOWN
     status: BrokerStatus | None = None
+    status_version: int = -1
 
 
 @dataclass(frozen=True, slots=True)
