@@ -1,0 +1,254 @@
+"""The SLA job: read exports, call the transforms, write the tables and the report.
+
+Why this module exists: it is the only place with I/O. It runs unchanged in ``local[*]``
+(``understudy sla report``) and under ``spark-submit`` on a cluster (``spark-submit
+.../understudy_spark/job.py --input hdfs://... --out hdfs://...`` or ``python -m
+understudy_spark.job``): it never sets a master when spark-submit already did, and writes
+every output through Spark or the Hadoop FileSystem API, so ``--out`` may be any Hadoop
+path.
+
+Input is read once: rejected lines are counted by a Spark ``Observation`` riding on the
+same pass that builds the per-group states.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from understudy_spark import readers, report, transforms
+from understudy_spark.readers import InputError
+from understudy_spark.transforms import Targets
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """What ``understudy sla report`` was asked to do."""
+
+    inputs: tuple[str, ...]
+    out: str
+    step_s: float = 15.0
+    targets: Targets = field(default_factory=Targets)
+    skip_bad: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What the job found and wrote."""
+
+    files: int
+    samples: int
+    rejected_lines: int
+    rejected_by_file: dict[str, int]
+    groups: int
+    incidents: int
+    open_incidents: int
+    outputs: tuple[str, ...]
+    seconds: float
+
+
+def build_session(*, master: str | None = None, shuffle_partitions: int = 8, app: str = "understudy-sla") -> SparkSession:
+    """A SparkSession configured for this job.
+
+    Under spark-submit (``PYSPARK_GATEWAY_PORT`` is set) the master and resources come
+    from spark-submit. Otherwise it runs in ``local[*]`` bound to 127.0.0.1 with the UI
+    off, as on a developer machine or in CI.
+    """
+    builder = SparkSession.builder.appName(app)
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is not None or not under_submit:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (
+            builder.master(master or "local[*]")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.memory", os.environ.get("UNDERSTUDY_SPARK_DRIVER_MEMORY", "2g"))
+        )
+    spark = (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def quiet_pandas_warning() -> None:
+    """PySpark 4.x warns on every pandas conversion with pandas 3; the conversions used
+    here (flat tables of numbers, strings, timestamps) are covered by the tests."""
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+
+
+def stderr_progress() -> Progress:
+    """Stage lines on stderr with the elapsed time."""
+    t0 = time.monotonic()
+
+    def emit(message: str) -> None:
+        print(f"[sla {time.monotonic() - t0:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return emit
+
+
+def write_text(spark: SparkSession, path: str, text: str) -> None:
+    """Write one small file to any Hadoop path from the driver."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    hpath = jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[union-attr]
+    stream = hpath.getFileSystem(conf).create(hpath, True)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+
+
+def _join(out: str, name: str) -> str:
+    return out.rstrip("/") + "/" + name
+
+
+def _rejected_by_file(spark: SparkSession, files: Sequence[readers.InputFile]) -> dict[str, int]:
+    bad = readers.read_parsed(spark, files).where(~F.col("ok"))
+    rows = bad.groupBy("source_file").agg(F.sum("weight").alias("n")).collect()
+    return {str(r["source_file"]): int(r["n"]) for r in rows}
+
+
+def _first_bad(spark: SparkSession, files: Sequence[readers.InputFile], bad_path: str) -> readers.BadLine:
+    form = next((f.form for f in files if f.path == bad_path), None)
+    if form is None:  # Spark may report the path in another spelling (file:/ vs file:///)
+        form = next(f.form for f in files if f.path.split(":", 1)[-1].lstrip("/") == bad_path.split(":", 1)[-1].lstrip("/"))
+    return readers.locate_first_bad(spark, path=bad_path, form=form)
+
+
+def ordered_by(table: str) -> list[str]:
+    """The row order of each output table."""
+    second = {"incidents": "master_lost_at", "daily": "day", "monthly": "month"}
+    return ["group", second.get(table, "start")]
+
+
+def _pandas(df: DataFrame) -> pd.DataFrame:
+    frame: pd.DataFrame = df.toPandas()
+    return frame
+
+
+def _csv(frame: pd.DataFrame) -> str:
+    out = frame.copy()
+    for column in out.columns:
+        if pd.api.types.is_datetime64_any_dtype(out[column]):
+            out[column] = out[column].map(report.iso)
+    text: str = out.to_csv(index=False, float_format="%.6g")
+    return text
+
+
+def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobResult:
+    """Read, compute, write. Raises :class:`InputError` for input it cannot use."""
+    t0 = time.monotonic()
+    files = readers.list_inputs(spark, config.inputs)
+    counts = {form.value: sum(1 for f in files if f.form is form) for form in readers.ExportFormat}
+    progress(f"{len(files)} input file(s): " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+
+    parsed = readers.read_parsed(spark, files)
+    observation = Observation("understudy_sla_input")
+    parsed = parsed.observe(
+        observation,
+        F.coalesce(F.sum(F.when(~F.col("ok"), F.col("weight"))), F.lit(0)).alias("rejected"),
+        F.count(F.when(F.col("ok"), 1)).alias("samples"),
+        F.min(F.when(~F.col("ok"), F.col("source_file"))).alias("first_bad"),
+    )
+    clean = transforms.clean_samples(readers.samples_of(parsed), step_s=config.step_s)
+    states = transforms.group_states(clean).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        progress("parsing exports and building per-group states (one pass over the input)")
+        bounds = states.agg(
+            F.count(F.lit(1)).alias("n"), F.min("bucket").alias("lo"), F.max("bucket").alias("hi")
+        ).first()
+        stats = observation.get
+        n_states = 0 if bounds is None else int(bounds["n"])
+        rejected, samples = int(stats["rejected"]), int(stats["samples"])
+        progress(f"{samples} samples accepted, {rejected} line(s) rejected, {n_states} group-steps")
+        rejected_by_file: dict[str, int] = {}
+        if rejected:
+            if not config.skip_bad:
+                bad = _first_bad(spark, files, str(stats["first_bad"]))
+                raise InputError(
+                    f"{bad}\n{rejected} input line(s) rejected in total; fix the input or "
+                    "rerun with --skip-bad to report without them"
+                )
+            rejected_by_file = _rejected_by_file(spark, files)
+            for path, n in sorted(rejected_by_file.items()):
+                progress(f"--skip-bad: rejected {n} line(s) of {path}")
+        if bounds is None or n_states == 0:
+            raise InputError(
+                "no usable samples of " + ", ".join(transforms.CONTRACT_METRICS)
+                + " with a 'group' label in the input"
+            )
+        first_bucket, last_bucket = int(bounds["lo"]), int(bounds["hi"])
+
+        progress("deriving incidents, timelines and daily/monthly SLA")
+        incidents = transforms.incidents(states, step_s=config.step_s).persist(StorageLevel.MEMORY_AND_DISK)
+        timeline = transforms.timeline(states, step_s=config.step_s)
+        daily = transforms.daily_sla(
+            states, incidents, step_s=config.step_s, first_bucket=first_bucket,
+            last_bucket=last_bucket, targets=config.targets,
+        )
+        monthly = transforms.monthly_sla(daily, targets=config.targets)
+        outputs: list[str] = []
+        tables = {"incidents": incidents, "daily": daily, "monthly": monthly, "timeline": timeline}
+        frames: dict[str, pd.DataFrame] = {}
+        for name, df in tables.items():
+            progress(f"writing {name}")
+            ordered = df.orderBy(*ordered_by(name))
+            target = _join(config.out, f"parquet/{name}")
+            ordered.coalesce(1).write.mode("overwrite").parquet(target)
+            # Read the small result back rather than computing it a second time.
+            frames[name] = _pandas(spark.read.schema(df.schema).parquet(target).orderBy(*ordered_by(name)))
+            write_text(spark, _join(config.out, f"{name}.csv"), _csv(frames[name]))
+            outputs += [target, _join(config.out, f"{name}.csv")]
+        step = pd.Timedelta(seconds=config.step_s)
+        meta = report.ReportMeta(
+            inputs=config.inputs, step_s=config.step_s, targets=config.targets,
+            samples=samples, rejected_lines=rejected,
+            start=pd.Timestamp(first_bucket * config.step_s, unit="s"),
+            end=pd.Timestamp(last_bucket * config.step_s, unit="s") + step,
+        )
+        progress("rendering report.html and summary.md")
+        write_text(spark, _join(config.out, "report.html"), report.render_html(
+            incidents=frames["incidents"], daily=frames["daily"], monthly=frames["monthly"],
+            timeline=frames["timeline"], meta=meta,
+        ))
+        write_text(spark, _join(config.out, "summary.md"), report.render_summary(
+            incidents=frames["incidents"], monthly=frames["monthly"], meta=meta,
+        ))
+        outputs += [_join(config.out, "report.html"), _join(config.out, "summary.md")]
+        inc = frames["incidents"]
+        return JobResult(
+            files=len(files), samples=samples, rejected_lines=rejected,
+            rejected_by_file=rejected_by_file, groups=int(frames["daily"]["group"].nunique()),
+            incidents=len(inc), open_incidents=int(inc["open"].sum()) if len(inc) else 0,
+            outputs=tuple(outputs), seconds=time.monotonic() - t0,
+        )
+    finally:
+        states.unpersist()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m understudy_spark.job`` / ``spark-submit job.py``: the ``report`` CLI."""
+    from understudy_spark.cli import report as report_cmd
+
+    report_cmd.main(args=list(argv) if argv is not None else sys.argv[1:], prog_name="understudy_spark.job")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,411 @@
+"""Read Prometheus exports into one normalised long table, with Spark.
+
+Why this module exists: platform teams keep months of Prometheus data in whatever form
+they could get out of it — HTTP API ``query_range`` JSON, ``promtool tsdb dump`` text, or
+text/OpenMetrics exposition files with timestamps — on local disks or HDFS/S3. The SLA
+transforms must not care which. This module detects each file's form from its first bytes
+(never from its name), parses every form with Spark column expressions over the text
+source (no Python loop over rows, so a month of 200 groups parses on the executors), and
+returns one table::
+
+    timestamp: timestamp (UTC)   metric: string   labels: map<string,string>   value: double
+
+Rejected input is never dropped silently: every parsed row carries ``ok``; the caller
+counts the rejects in the same pass (a Spark ``Observation``) and, on error, asks
+:func:`locate_first_bad` for the file and line number to show the user.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+# The normalised long table: the contract between the readers and the transforms.
+SAMPLES_SCHEMA = StructType(
+    [
+        StructField("timestamp", TimestampType(), nullable=False),
+        StructField("metric", StringType(), nullable=False),
+        StructField("labels", MapType(StringType(), StringType()), nullable=False),
+        StructField("value", DoubleType(), nullable=True),
+    ]
+)
+
+# Every reader returns this: the sample columns plus provenance and a verdict.
+# ``weight`` is how many input lines the row stands for (a rejected JSON document counts
+# all of its lines; a text line counts one).
+PARSED_COLUMNS = ["timestamp", "metric", "labels", "value", "source_file", "raw", "weight", "ok"]
+
+# query_range JSON: {"status": "success", "data": {"resultType": "matrix", "result": [...]}}.
+# Sample pairs are [<unix seconds as a number>, "<value as a string>"]; reading both as
+# strings keeps the number's exact text (Spark's JSON reader renders a number token as its
+# literal text when the schema says string).
+_RESULT_SCHEMA = ArrayType(
+    StructType(
+        [
+            StructField("metric", MapType(StringType(), StringType())),
+            StructField("values", ArrayType(ArrayType(StringType()))),
+        ]
+    )
+)
+QUERY_RANGE_SCHEMA = StructType(
+    [
+        StructField("status", StringType()),
+        StructField("error", StringType()),
+        StructField(
+            "data",
+            StructType(
+                [
+                    StructField("resultType", StringType()),
+                    StructField("result", _RESULT_SCHEMA),
+                ]
+            ),
+        ),
+        # Some tools save only the ``data`` object; accept it too.
+        StructField("resultType", StringType()),
+        StructField("result", _RESULT_SCHEMA),
+    ]
+)
+
+_LABEL_PAIR = r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"'
+_LABEL_SET = r'\{\s*(?:[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\}'
+_NUMBER = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[Nn]a[Nn]|[Ii]nf(?:inity)?)"
+# promtool tsdb dump: {__name__="x", a="b"} 91 1795211698960   (timestamp in ms)
+DUMP_LINE = rf"^({_LABEL_SET})\s+({_NUMBER})\s+(-?[0-9]+)\s*$"
+# exposition: name{a="b"} 91 1795211698960   (text format: ms; OpenMetrics: seconds)
+EXPOSITION_LINE = rf"^([a-zA-Z_:][a-zA-Z0-9_:]*)({_LABEL_SET})?\s+({_NUMBER})\s+(-?[0-9]+(?:\.[0-9]+)?)\s*$"
+# Lines of an exposition that carry no sample and are not errors.
+EXPOSITION_SKIP = r"^\s*(#.*)?$"
+
+# A timestamp below this is in seconds (OpenMetrics), above it in milliseconds (text
+# format 0.0.4): 1e11 s is the year 5138, 1e11 ms is 1973.
+_SECONDS_BELOW = 1e11
+
+
+class ExportFormat(StrEnum):
+    """The three export forms the job understands."""
+
+    QUERY_RANGE = "query_range"
+    DUMP = "dump"
+    EXPOSITION = "openmetrics"
+
+
+class InputError(ValueError):
+    """Input that cannot be read: names the file and, where it can, the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """One file to read and the form its content says it is in."""
+
+    path: str
+    form: ExportFormat
+
+
+@dataclass(frozen=True, slots=True)
+class BadLine:
+    """Where the first rejected input is, for the error message."""
+
+    path: str
+    line: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line is not None else self.path
+        return f"{where}: {self.reason}"
+
+
+def detect_format(head: bytes, *, path: str) -> ExportFormat:
+    """Decide a file's form from its first bytes.
+
+    ``{"`` opens a JSON document; ``{name=`` opens a dump line; ``#`` or a metric name
+    opens an exposition. Anything else is an error naming the file and line 1.
+    """
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+    stripped = text.lstrip()
+    line_no = 1 + text[: len(text) - len(stripped)].count("\n")
+    if not stripped:
+        raise InputError(f"{path}:{line_no}: empty file: expected a Prometheus export")
+    if stripped.startswith("{"):
+        rest = stripped[1:].lstrip()
+        if rest.startswith('"'):
+            return ExportFormat.QUERY_RANGE
+        if re.match(r"[a-zA-Z_][a-zA-Z0-9_]*\s*=", rest):
+            return ExportFormat.DUMP
+    elif stripped.startswith("#") or re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*[\s{]", stripped):
+        return ExportFormat.EXPOSITION
+    first = stripped.splitlines()[0][:60]
+    raise InputError(
+        f"{path}:{line_no}: unknown format: {first!r} is not query_range JSON, "
+        "promtool tsdb dump text or a text/OpenMetrics exposition"
+    )
+
+
+def _hadoop(spark: SparkSession) -> tuple[Any, Any]:
+    jvm: Any = spark.sparkContext._jvm
+    conf: Any = spark.sparkContext._jsc.hadoopConfiguration()
+    return jvm, conf
+
+
+def list_inputs(spark: SparkSession, patterns: Sequence[str]) -> list[InputFile]:
+    """Expand files, directories and globs (any Hadoop path) and detect each file's form.
+
+    Uses the Hadoop FileSystem API on the driver, so ``hdfs://`` and ``s3a://`` work the
+    same as local paths, and reads only the first 4 KiB of each file.
+    """
+    jvm, conf = _hadoop(spark)
+    found: list[InputFile] = []
+    for pattern in patterns:
+        hpath = jvm.org.apache.hadoop.fs.Path(pattern)
+        fs = hpath.getFileSystem(conf)
+        statuses = fs.globStatus(hpath)
+        if not statuses:
+            raise InputError(f"{pattern}: no such file or no file matches")
+        for status in _expand(fs, statuses):
+            path = str(status.getPath().toString())
+            stream = fs.open(status.getPath())
+            try:
+                head = bytes(stream.readNBytes(4096))
+            finally:
+                stream.close()
+            found.append(InputFile(path=path, form=detect_format(head, path=path)))
+    if not found:
+        raise InputError(f"no input files in {', '.join(patterns)}")
+    return sorted(set(found), key=lambda f: f.path)
+
+
+def _expand(fs: Any, statuses: Iterable[Any]) -> Iterable[Any]:
+    for status in statuses:
+        name = str(status.getPath().getName())
+        if name.startswith((".", "_")):
+            continue  # Hadoop's hidden files: _SUCCESS, .crc
+        if status.isDirectory():
+            yield from _expand(fs, fs.listStatus(status.getPath()))
+        else:
+            yield status
+
+
+def _labels_map(label_set: Column) -> Column:
+    """``{a="b", c="d"}`` -> map(a -> b, c -> d), unescaping ``\\"`` and ``\\\\``."""
+    keys = F.regexp_extract_all(label_set, F.lit(_LABEL_PAIR), 1)
+    raw_values = F.regexp_extract_all(label_set, F.lit(_LABEL_PAIR), 2)
+    values = F.transform(
+        raw_values,
+        lambda v: F.regexp_replace(
+            F.regexp_replace(F.regexp_replace(v, r"\\n", "\n"), r'\\"', '"'), r"\\\\", r"\\"
+        ),
+    )
+    return F.map_from_arrays(keys, values)
+
+
+def _finish(df: DataFrame) -> DataFrame:
+    return df.select(*PARSED_COLUMNS)
+
+
+def read_dump(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """``promtool tsdb dump`` text: one sample per line, timestamp in milliseconds."""
+    lines = spark.read.text(list(paths)).select(
+        F.col("value").alias("raw"), F.col("_metadata.file_path").alias("source_file")
+    )
+    label_set = F.regexp_extract("raw", DUMP_LINE, 1)
+    value = F.regexp_extract("raw", DUMP_LINE, 2).try_cast(DoubleType())
+    ts_ms = F.regexp_extract("raw", DUMP_LINE, 3).try_cast(LongType())
+    labels = _labels_map(label_set)
+    parsed = lines.select(
+        "raw",
+        "source_file",
+        F.timestamp_millis(ts_ms).alias("timestamp"),
+        labels["__name__"].alias("metric"),
+        F.map_filter(labels, lambda k, _v: k != "__name__").alias("labels"),
+        value.alias("value"),
+        F.lit(1).alias("weight"),
+    )
+    ok = (
+        F.col("raw").rlike(DUMP_LINE)
+        & F.col("metric").isNotNull()
+        & F.col("timestamp").isNotNull()
+        & F.col("value").isNotNull()
+    )
+    return _finish(parsed.withColumn("ok", ok))
+
+
+def read_exposition(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """Text (timestamps in ms) or OpenMetrics (timestamps in s) exposition with timestamps.
+
+    Comment lines (``# HELP``, ``# TYPE``, ``# EOF``) and blank lines carry no sample and
+    are skipped; a sample line without a timestamp cannot be placed in time and is
+    rejected like any malformed line.
+    """
+    lines = spark.read.text(list(paths)).select(
+        F.col("value").alias("raw"), F.col("_metadata.file_path").alias("source_file")
+    )
+    lines = lines.where(~F.col("raw").rlike(EXPOSITION_SKIP))
+    ts_text = F.regexp_extract("raw", EXPOSITION_LINE, 4).try_cast(DoubleType())
+    ts_ms = F.when(F.abs(ts_text) < _SECONDS_BELOW, ts_text * 1000.0).otherwise(ts_text)
+    parsed = lines.select(
+        "raw",
+        "source_file",
+        F.timestamp_millis(F.round(ts_ms).cast(LongType())).alias("timestamp"),
+        F.regexp_extract("raw", EXPOSITION_LINE, 1).alias("metric"),
+        _labels_map(F.regexp_extract("raw", EXPOSITION_LINE, 2)).alias("labels"),
+        F.regexp_extract("raw", EXPOSITION_LINE, 3).try_cast(DoubleType()).alias("value"),
+        F.lit(1).alias("weight"),
+    )
+    ok = (
+        F.col("raw").rlike(EXPOSITION_LINE)
+        & F.col("timestamp").isNotNull()
+        & F.col("value").isNotNull()
+    )
+    return _finish(parsed.withColumn("ok", ok))
+
+
+def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """HTTP API ``query_range`` JSON (matrix), one document per file.
+
+    A document that does not parse, is not ``status: success`` or is not a matrix is one
+    rejected row standing for all its lines; a sample whose value is not a number is one
+    rejected row.
+    """
+    docs = spark.read.text(list(paths), wholetext=True).select(
+        F.col("value").alias("text"), F.col("_metadata.file_path").alias("source_file")
+    )
+    docs = docs.select(
+        "source_file",
+        F.size(F.split("text", "\n")).alias("n_lines"),
+        F.from_json("text", QUERY_RANGE_SCHEMA).alias("doc"),
+    )
+    doc = F.col("doc")
+    docs = docs.select(
+        "source_file",
+        "n_lines",
+        F.coalesce(doc["data"]["result"], doc["result"]).alias("result"),
+        F.coalesce(doc["data"]["resultType"], doc["resultType"]).alias("result_type"),
+        doc["status"].alias("status"),
+    )
+    doc_ok = (
+        (F.col("status").isNull() | (F.col("status") == "success"))
+        & (F.col("result_type") == "matrix")
+        & F.col("result").isNotNull()
+    )
+    bad_docs = docs.where(~doc_ok | doc_ok.isNull()).select(
+        F.lit(None).cast(TimestampType()).alias("timestamp"),
+        F.lit(None).cast(StringType()).alias("metric"),
+        F.create_map().cast(MapType(StringType(), StringType())).alias("labels"),
+        F.lit(None).cast(DoubleType()).alias("value"),
+        "source_file",
+        F.lit("document is not query_range matrix JSON").alias("raw"),
+        F.col("n_lines").alias("weight"),
+        F.lit(False).alias("ok"),
+    )
+    # Project the series' fields before exploding its values: exploding ``s.values`` while
+    # keeping ``s`` would copy the whole series into every sample row.
+    series = (
+        docs.where(doc_ok)
+        .select("source_file", F.explode("result").alias("s"))
+        .select("source_file", F.col("s.metric").alias("m"), F.col("s.values").alias("vals"))
+    )
+    samples = series.select("source_file", "m", F.explode("vals").alias("pair"))
+    ts_s = F.col("pair")[0].try_cast(DoubleType())
+    parsed = samples.select(
+        F.timestamp_millis(F.round(ts_s * 1000.0).cast(LongType())).alias("timestamp"),
+        F.col("m")["__name__"].alias("metric"),
+        F.map_filter("m", lambda k, _v: k != "__name__").alias("labels"),
+        F.col("pair")[1].try_cast(DoubleType()).alias("value"),
+        "source_file",
+        F.concat_ws(" ", F.to_json("m"), F.to_json("pair")).alias("raw"),
+        F.lit(1).alias("weight"),
+        (F.size("pair") == 2).alias("pair_ok"),
+    )
+    ok = (
+        F.col("timestamp").isNotNull()
+        & F.col("metric").isNotNull()
+        & F.col("value").isNotNull()
+        & F.col("pair_ok")
+    )
+    return _finish(parsed.withColumn("ok", ok)).unionByName(_finish(bad_docs))
+
+
+_READERS = {
+    ExportFormat.QUERY_RANGE: read_query_range,
+    ExportFormat.DUMP: read_dump,
+    ExportFormat.EXPOSITION: read_exposition,
+}
+
+
+def read_parsed(spark: SparkSession, files: Sequence[InputFile]) -> DataFrame:
+    """Every input row with its verdict (``PARSED_COLUMNS``), all forms in one table."""
+    frames = []
+    for form, reader in _READERS.items():
+        paths = [f.path for f in files if f.form is form]
+        if paths:
+            frames.append(reader(spark, paths))
+    if not frames:
+        raise InputError("no input files")
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+def samples_of(parsed: DataFrame) -> DataFrame:
+    """The accepted rows as the normalised long table (``SAMPLES_SCHEMA``)."""
+    return parsed.where(F.col("ok")).select("timestamp", "metric", "labels", "value")
+
+
+def locate_first_bad(spark: SparkSession, *, path: str, form: ExportFormat) -> BadLine:
+    """Find the first rejected line of one file, with its 1-based line number.
+
+    Runs only on the error path, so it may use the driver and Python's ``json``/``re``.
+    """
+    if form is ExportFormat.QUERY_RANGE:
+        text = spark.read.text(path, wholetext=True).first()
+        body = "" if text is None else str(text[0])
+        try:
+            document = json.loads(body)
+        except json.JSONDecodeError as exc:
+            return BadLine(path, exc.lineno, f"malformed JSON: {exc.msg}")
+        return BadLine(path, 1, _describe_json(document))
+    line_rx = re.compile(DUMP_LINE if form is ExportFormat.DUMP else EXPOSITION_LINE)
+    skip_rx = None if form is ExportFormat.DUMP else re.compile(EXPOSITION_SKIP)
+    rdd = spark.sparkContext.textFile(path).zipWithIndex()
+
+    def rejected(item: tuple[str, int]) -> bool:
+        line = item[0]
+        if skip_rx is not None and skip_rx.match(line):
+            return False
+        return line_rx.match(line) is None
+
+    hits = rdd.filter(rejected).take(1)
+    if not hits:
+        return BadLine(path, None, "a value or timestamp is out of range")
+    line, index = hits[0]
+    what = "dump" if form is ExportFormat.DUMP else "exposition (with timestamp)"
+    return BadLine(path, index + 1, f"malformed {what} line: {line[:120]!r}")
+
+
+def _describe_json(document: object) -> str:
+    if not isinstance(document, dict):
+        return "not a query_range JSON object"
+    if document.get("status") not in (None, "success"):
+        return f"query failed: status={document.get('status')!r} error={document.get('error')!r}"
+    data = document.get("data", document)
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        kind = data.get("resultType") if isinstance(data, dict) else None
+        return f"resultType {kind!r} is not 'matrix' (export with /api/v1/query_range)"
+    return "a sample is not [<unix seconds>, \"<number>\"]"

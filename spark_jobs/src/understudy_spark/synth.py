@@ -1,0 +1,437 @@
+"""Synthetic Prometheus exports with a ground truth, for tests and benchmarks.
+
+Why this module exists: an SLA job can only be trusted if it finds incidents we put
+there ourselves, in every export form, through everything real exports contain: scrape
+gaps, pods restarting under new ``instance``/``pod`` labels, controller restarts that
+reset counters, duplicate and out-of-order samples, staleness markers. This module plans
+those events (pure, seeded), renders the per-bucket series with numpy, and streams them
+out one UTC day per file, so a month of 200 groups is written without holding it in
+memory or formatting samples one Python call at a time.
+
+Each group has a controller (``understudy_group_mode``, ``understudy_failover_total``) and
+a master plus ``slaves`` slaves (``understudy_broker_permission``, ``up``). An injected
+incident, in buckets of one step::
+
+    b0        master dies: FENCING, nobody reads                (master_lost_at)
+    b1        SLAVE_CONSUME: the acting slave reads              (reads_restored_at)
+    b2        master back under a new pod (label churn), NONE    (master_back_at)
+              [optionally READ for v buckets: a one-reader violation]
+    b3        RECOVERING: the slave drops READ, back-sync runs
+    b4        NORMAL, master FULL                                 (normal_at)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import pathlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FORMATS = ("query_range", "dump", "openmetrics")
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class SynthSpec:
+    """What to generate. ``incidents`` and ``gaps`` are totals over all groups."""
+
+    groups: int
+    days: int
+    step_s: int = 15
+    incidents: int = 10
+    seed: int = 1
+    slaves: int = 1
+    gaps: int = -1  # -1: half as many as incidents, at least one
+    controller_restarts: int = -1  # -1: a quarter as many as groups, at least one
+    duplicate_fraction: float = 0.001
+    violation_fraction: float = 0.2
+    start: str = "2026-11-01T00:00:00Z"
+
+    def __post_init__(self) -> None:
+        if self.groups < 1 or self.days < 1:
+            raise ValueError("groups and days must be at least 1")
+        if self.step_s < 1 or 86400 % self.step_s:
+            raise ValueError(f"step {self.step_s}s must divide a day")
+        if self.incidents < 0:
+            raise ValueError("incidents must not be negative")
+
+    @property
+    def buckets_per_day(self) -> int:
+        return 86400 // self.step_s
+
+    @property
+    def start_ms(self) -> int:
+        when = dt.datetime.fromisoformat(self.start.replace("Z", "+00:00"))
+        return int(when.timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One injected failover, in buckets (see the module docstring)."""
+
+    group: int
+    b0: int
+    b1: int
+    b2: int
+    violation: int
+    b3: int
+    b4: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Buckets ``[start, end)`` of a group with no scrape at all (unknown time)."""
+
+    group: int
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class Plan:
+    """Everything injected, in buckets."""
+
+    spec: SynthSpec
+    incidents: list[Incident] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)
+    resets: list[tuple[int, int]] = field(default_factory=list)  # (group, bucket)
+
+
+def plan(spec: SynthSpec) -> Plan:
+    """Place incidents, gaps and controller restarts; each in its own slot of its group's
+    timeline so none overlaps another (pure, seeded)."""
+    rng = np.random.default_rng(spec.seed)
+    total = spec.days * spec.buckets_per_day
+    n_gaps = spec.gaps if spec.gaps >= 0 else max(1, spec.incidents // 2)
+    n_resets = (
+        spec.controller_restarts if spec.controller_restarts >= 0 else max(1, spec.groups // 4)
+    )
+    kinds = ["incident"] * spec.incidents + ["gap"] * n_gaps + ["reset"] * n_resets
+    owners = rng.integers(0, spec.groups, size=len(kinds))
+    per_group: dict[int, list[str]] = {}
+    for kind, owner in zip(kinds, owners.tolist(), strict=True):
+        per_group.setdefault(int(owner), []).append(kind)
+    result = Plan(spec=spec)
+    for group, events in sorted(per_group.items()):
+        order = rng.permutation(len(events))
+        slot = total // (len(events) + 1)
+        if slot < 120:
+            raise ValueError(
+                f"too many events for group {group}: {len(events)} in {total} buckets; "
+                "use more days or fewer incidents"
+            )
+        for index, event_i in enumerate(order.tolist()):
+            kind = events[event_i]
+            base = (index + 1) * slot - slot // 2 + int(rng.integers(-slot // 4, slot // 4 + 1))
+            if kind == "incident":
+                b0 = base
+                b1 = b0 + int(rng.integers(1, 4))
+                b2 = b1 + int(rng.integers(4, 30))
+                violation = int(rng.integers(1, 3)) if rng.random() < spec.violation_fraction else 0
+                b3 = b2 + violation + int(rng.integers(2, 10))
+                b4 = b3 + int(rng.integers(1, 5))
+                result.incidents.append(Incident(group, b0, b1, b2, violation, b3, b4))
+            elif kind == "gap":
+                result.gaps.append(Gap(group, base, base + int(rng.integers(2, 40))))
+            else:
+                result.resets.append((group, base))
+    return result
+
+
+@dataclass(slots=True)
+class Series:
+    """One Prometheus series: constant labels, sorted buckets, finite values, and the
+    buckets where a staleness marker follows its end."""
+
+    labels: dict[str, str]
+    buckets: IntArray
+    values: FloatArray
+    stale: IntArray
+    offset_ms: int
+
+
+def group_name(group: int) -> str:
+    return f"g{group:04d}"
+
+
+def _segments(gen: IntArray, keep: npt.NDArray[np.bool_]) -> Iterator[tuple[int, IntArray]]:
+    for g in np.unique(gen).tolist():
+        idx = np.flatnonzero((gen == g) & keep).astype(np.int64)
+        if idx.size:
+            yield int(g), idx
+
+
+def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
+    """The series of one group over the whole period, from the plan."""
+    spec = p.spec
+    total = spec.days * spec.buckets_per_day
+    step_ms = spec.step_s * 1000
+    name = group_name(group)
+    mode = np.zeros(total, dtype=np.int64)
+    master_perm = np.full(total, 3.0)
+    master_alive = np.ones(total, dtype=bool)
+    slave_perm = np.zeros(total)
+    master_gen = np.zeros(total, dtype=np.int64)
+    ctl_gen = np.zeros(total, dtype=np.int64)
+    inc = np.zeros(total, dtype=np.int64)
+    scraped = np.ones(total, dtype=bool)
+    for i in (x for x in p.incidents if x.group == group):
+        mode[i.b0 : i.b1] = 1
+        mode[i.b1 : i.b3] = 2
+        mode[i.b3 : i.b4] = 3
+        master_alive[i.b0 : i.b2] = False
+        master_perm[i.b0 : i.b2] = np.nan
+        master_perm[i.b2 : i.b2 + i.violation] = 3.0
+        master_perm[i.b2 + i.violation : i.b4] = 0.0
+        slave_perm[i.b1 : i.b3] = 1.0
+        master_gen[i.b2 :] += 1
+        inc[i.b1] += 1
+    for gap in (x for x in p.gaps if x.group == group):
+        scraped[gap.start : gap.end] = False
+    counter = np.cumsum(inc).astype(np.float64)
+    for g, at in p.resets:
+        if g == group:
+            ctl_gen[at:] += 1
+            counter[at:] -= counter[at - 1]
+
+    def offset() -> int:
+        return int(rng.integers(0, int(step_ms * 0.7)))
+
+    out: list[Series] = []
+    for gen, idx in _segments(ctl_gen, scraped):
+        instance = f"ctl-{group}-{gen}:9300"
+        labels = {"group": name, "instance": instance, "job": "understudy-controller"}
+        stale = np.array([idx[-1] + 1] if idx[-1] + 1 < total else [], dtype=np.int64)
+        off = offset()
+        out.append(Series({"__name__": "understudy_group_mode", **labels}, idx, mode[idx].astype(np.float64), stale, off))
+        out.append(Series({"__name__": "understudy_failover_total", **labels}, idx, counter[idx], stale, off))
+    brokers = [(0, "master", master_gen, master_perm, master_alive)]
+    for s in range(1, spec.slaves + 1):
+        brokers.append((s, "slave", np.zeros(total, dtype=np.int64), slave_perm if s == 1 else np.zeros(total), np.ones(total, dtype=bool)))
+    for ordinal, role, gens, perm, alive in brokers:
+        broker = f"{name}-{ordinal}"
+        for gen, idx in _segments(gens, scraped):
+            labels = {
+                "group": name,
+                "broker": broker,
+                "role": role,
+                "instance": f"10.{group // 250}.{group % 250}.{ordinal * 16 + gen % 16}:9400",
+                "pod": f"{broker}-{gen}",
+                "job": "understudy-broker",
+            }
+            off = offset()
+            up = alive[idx].astype(np.float64)
+            out.append(Series({"__name__": "up", **labels}, idx, up, np.zeros(0, dtype=np.int64), off))
+            present = idx[~np.isnan(perm[idx])]
+            ends = present[np.flatnonzero(np.diff(present) > 1)] + 1
+            if present.size and present[-1] + 1 < total:
+                ends = np.append(ends, present[-1] + 1)
+            out.append(Series({"__name__": "understudy_broker_permission", **labels}, present, perm[present], ends.astype(np.int64), off))
+    return out
+
+
+def _ts_ms(spec: SynthSpec, s: Series, buckets: IntArray) -> IntArray:
+    jitter = (buckets * 7919 + s.offset_ms) % max(1, spec.step_s * 200)  # < 0.2 step
+    return np.asarray(spec.start_ms + buckets * spec.step_s * 1000 + s.offset_ms + jitter, dtype=np.int64)
+
+
+def _label_text(labels: dict[str, str], *, with_name: bool) -> str:
+    items = [(k, v) for k, v in labels.items() if with_name or k != "__name__"]
+    return ", ".join(f'{k}="{v}"' for k, v in items)
+
+
+def _values_text(values: FloatArray) -> npt.NDArray[np.str_]:
+    return np.asarray(np.round(values).astype(np.int64).astype(str))
+
+
+def _seconds_text(ts_ms: IntArray) -> npt.NDArray[np.str_]:
+    if not ts_ms.size:
+        return np.zeros(0, dtype="<U1")
+    whole = (ts_ms // 1000).astype(str)
+    frac = np.strings.zfill((ts_ms % 1000).astype(str), 3)
+    return np.asarray(np.strings.add(np.strings.add(whole, "."), frac))
+
+
+def _day_slice(s: Series, lo: int, hi: int) -> tuple[IntArray, FloatArray, IntArray]:
+    a, b = np.searchsorted(s.buckets, [lo, hi])
+    c, d = np.searchsorted(s.stale, [lo, hi])
+    return s.buckets[a:b], s.values[a:b], s.stale[c:d]
+
+
+def write_query_range(path: pathlib.Path, spec: SynthSpec, series: list[Series], lo: int, hi: int) -> int:
+    """One ``query_range`` matrix document (staleness is invisible through the API)."""
+    parts: list[str] = []
+    n = 0
+    for s in series:
+        buckets, values, _stale = _day_slice(s, lo, hi)
+        if not buckets.size:
+            continue
+        pairs = np.strings.add(
+            np.strings.add(np.strings.add("[", _seconds_text(_ts_ms(spec, s, buckets))), ',"'),
+            np.strings.add(_values_text(values), '"]'),
+        )
+        parts.append('{"metric":' + json.dumps(s.labels, separators=(",", ":")) + ',"values":[' + ",".join(pairs.tolist()) + "]}")
+        n += int(buckets.size)
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write('{"status":"success","data":{"resultType":"matrix","result":[\n')
+        fh.write(",\n".join(parts))
+        fh.write("\n]}}\n")
+    return n
+
+
+def _sample_lines(spec: SynthSpec, s: Series, lo: int, hi: int, *, dump: bool) -> tuple[npt.NDArray[np.str_], IntArray]:
+    buckets, values, stale = _day_slice(s, lo, hi)
+    all_b = np.concatenate([buckets, stale])
+    texts = np.concatenate([_values_text(values), np.full(stale.size, "NaN")])
+    ts = _ts_ms(spec, s, all_b)
+    if dump:
+        prefix = "{" + _label_text(s.labels, with_name=True) + "} "
+        stamp = ts.astype(str)
+    else:
+        prefix = s.labels["__name__"] + "{" + _label_text(s.labels, with_name=False) + "} "
+        stamp = _seconds_text(ts)
+    lines = np.strings.add(np.strings.add(np.strings.add(prefix, texts), " "), stamp)
+    return np.asarray(lines), ts
+
+
+def write_text(path: pathlib.Path, spec: SynthSpec, series: list[Series], lo: int, hi: int, *, dump: bool, rng: np.random.Generator) -> tuple[int, int, int]:
+    """A dump (series after series, as promtool prints) or an OpenMetrics file (scrape
+    after scrape); some lines are repeated at the end: duplicates, out of order."""
+    chunks: list[npt.NDArray[np.str_]] = []
+    stamps: list[IntArray] = []
+    stale_n = 0
+    for s in series:
+        lines, ts = _sample_lines(spec, s, lo, hi, dump=dump)
+        if lines.size:
+            chunks.append(lines)
+            stamps.append(ts)
+            stale_n += int(np.searchsorted(s.stale, hi) - np.searchsorted(s.stale, lo))
+    if not chunks:
+        path.write_text("# EOF\n" if not dump else "", encoding="utf-8")
+        return 0, 0, 0
+    lines = np.concatenate(chunks)
+    if not dump:
+        lines = lines[np.argsort(np.concatenate(stamps), kind="stable")]
+    n_dup = int(lines.size * spec.duplicate_fraction)
+    dups = lines[rng.choice(lines.size, size=n_dup, replace=False)] if n_dup else lines[:0]
+    with path.open("w", encoding="utf-8") as fh:
+        if not dump:
+            for name, kind in (("understudy_group_mode", "gauge"), ("understudy_failover", "counter"),
+                               ("understudy_broker_permission", "gauge"), ("up", "gauge")):
+                fh.write(f"# TYPE {name} {kind}\n")
+        fh.write("\n".join(lines.tolist()))
+        fh.write("\n")
+        if dups.size:
+            fh.write("\n".join(dups.tolist()))
+            fh.write("\n")
+        if not dump:
+            fh.write("# EOF\n")
+    return int(lines.size), n_dup, stale_n
+
+
+def _iso(spec: SynthSpec, bucket: int) -> str:
+    ms = spec.start_ms + bucket * spec.step_s * 1000
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ground_truth(p: Plan) -> dict[str, Any]:
+    """The injected events in the job's own terms (times are bucket starts, UTC)."""
+    spec = p.spec
+    step = spec.step_s
+    incidents = [
+        {
+            "group": group_name(i.group),
+            "master_lost_at": _iso(spec, i.b0),
+            "reads_restored_at": _iso(spec, i.b1),
+            "master_back_at": _iso(spec, i.b2),
+            "normal_at": _iso(spec, i.b4),
+            "read_unavailable_s": ((i.b1 - i.b0) + (i.b4 - i.b3)) * step,
+            "failback_gap_s": (i.b4 - i.b3) * step,
+            "one_reader_violation_s": i.violation * step,
+            "backsync_s": (i.b4 - i.b3) * step,
+        }
+        for i in sorted(p.incidents, key=lambda x: (x.group, x.b0))
+    ]
+    failovers: dict[str, int] = {}
+    for i in p.incidents:
+        failovers[group_name(i.group)] = failovers.get(group_name(i.group), 0) + 1
+    return {
+        "spec": asdict(spec),
+        "start": _iso(spec, 0),
+        "end": _iso(spec, spec.days * spec.buckets_per_day),
+        "groups": [group_name(g) for g in range(spec.groups)],
+        "incidents": incidents,
+        "gaps": [
+            {"group": group_name(g.group), "start": _iso(spec, g.start), "end": _iso(spec, g.end),
+             "unknown_s": (g.end - g.start) * step}
+            for g in sorted(p.gaps, key=lambda x: (x.group, x.start))
+        ],
+        "controller_restarts": [
+            {"group": group_name(g), "at": _iso(spec, b)} for g, b in sorted(p.resets)
+        ],
+        "pod_restarts": [
+            {"group": group_name(i.group), "broker": f"{group_name(i.group)}-0", "at": _iso(spec, i.b2)}
+            for i in sorted(p.incidents, key=lambda x: (x.group, x.b0))
+        ],
+        "failovers_per_group": failovers,
+    }
+
+
+@dataclass(slots=True)
+class SynthResult:
+    """What was written."""
+
+    files: list[pathlib.Path] = field(default_factory=list)
+    samples: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    staleness_markers: int = 0
+
+
+def synthesize(
+    spec: SynthSpec,
+    *,
+    out: pathlib.Path,
+    formats: tuple[str, ...] = FORMATS,
+    on_day: Any = None,
+) -> SynthResult:
+    """Write ``out/<format>/<YYYY-MM-DD>.<ext>`` for each format and day, and
+    ``out/ground_truth.json``. ``on_day(day_index)`` is called after each day (progress)."""
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise ValueError(f"unknown format(s) {sorted(unknown)}: choose from {', '.join(FORMATS)}")
+    p = plan(spec)
+    rng = np.random.default_rng(spec.seed + 1)
+    series = [s for g in range(spec.groups) for s in render_group(p, g, rng)]
+    result = SynthResult(samples=dict.fromkeys(formats, 0))
+    ext = {"query_range": "json", "dump": "txt", "openmetrics": "om"}
+    for form in formats:
+        (out / form).mkdir(parents=True, exist_ok=True)
+    bpd = spec.buckets_per_day
+    for day in range(spec.days):
+        lo, hi = day * bpd, (day + 1) * bpd
+        stamp = _iso(spec, lo)[:10]
+        for form in formats:
+            path = out / form / f"{stamp}.{ext[form]}"
+            if form == "query_range":
+                n = write_query_range(path, spec, series, lo, hi)
+            else:
+                n, dup, stale = write_text(path, spec, series, lo, hi, dump=form == "dump", rng=rng)
+                result.duplicates += dup
+                result.staleness_markers += stale
+            result.samples[form] += n
+            result.files.append(path)
+        if on_day is not None:
+            on_day(day)
+    truth = ground_truth(p)
+    truth["samples"] = result.samples
+    truth["duplicates"] = result.duplicates
+    truth["staleness_markers"] = result.staleness_markers
+    (out / "ground_truth.json").write_text(json.dumps(truth, indent=2) + "\n", encoding="utf-8")
+    return result
