@@ -318,6 +318,10 @@ class _Reader:
         self._view = memoryview(data)
         self._pos = 0
 
+    @property
+    def pos(self) -> int:
+        return self._pos
+
     def unpack(self, st: struct.Struct) -> tuple[Any, ...]:
         if self._pos + st.size > len(self._data):
             raise _bad("body truncated")
@@ -461,18 +465,44 @@ class ProduceRequest:
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
-        r = _Reader(body)
-        topic = r.string()
-        (count,) = r.unpack(_PRODUCE_HEAD)
-        if count > len(body):  # each message needs at least one header byte
-            raise _bad(f"message count {count} exceeds the body size")
-        messages = []
-        for _ in range(count):
-            queue, key_len, body_len = r.unpack(_PRODUCE_MSG)
-            key = None if key_len == -1 else r.take(key_len)
-            messages.append(ProduceMessage(queue, key, r.take(body_len)))
-        r.end()
-        return cls(topic, messages)
+        topic, raw = decode_produce(body)
+        return cls(topic, [ProduceMessage(q, k, b) for q, k, b in raw])
+
+
+def decode_produce(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]]]:
+    """The PRODUCE body as ``(topic, [(queue, key, body), ...])``: the broker's hot path,
+    so plain tuples and one bounds check per field instead of typed objects."""
+    r = _Reader(body)
+    topic = r.string()
+    (count,) = r.unpack(_PRODUCE_HEAD)
+    if count * _PRODUCE_MSG.size > len(body):
+        raise _bad(f"message count {count} exceeds the body size")
+    pos = r.pos
+    size = len(body)
+    unpack_from = _PRODUCE_MSG.unpack_from
+    head = _PRODUCE_MSG.size
+    out: list[tuple[int, bytes | None, bytes]] = []
+    append = out.append
+    for _ in range(count):
+        if pos + head > size:
+            raise _bad("body truncated")
+        queue, key_len, body_len = unpack_from(body, pos)
+        pos += head
+        if key_len == -1:
+            key = None
+        elif key_len < 0 or pos + key_len > size:
+            raise _bad("body truncated")
+        else:
+            key = body[pos : pos + key_len]
+            pos += key_len
+        end = pos + body_len
+        if end > size:
+            raise _bad("body truncated")
+        append((queue, key, body[pos:end]))
+        pos = end
+    if pos != size:
+        raise _bad(f"{size - pos} unexpected trailing bytes")
+    return topic, out
 
 
 @dataclass(frozen=True, slots=True)

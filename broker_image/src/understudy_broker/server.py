@@ -626,19 +626,18 @@ class Broker:
     async def _produce(self, frame: p.Frame) -> bytes:
         started = time.perf_counter()
         self._require_write(frame)
-        req = p.ProduceRequest.decode(frame.body)
-        queues = self._queues(req.topic)
-        if not req.messages:
+        topic, raw = p.decode_produce(frame.body)
+        queues = self._queues(topic)
+        if not raw:
             return p.ProduceResponse([]).encode()
         now_ms = int(time.time() * 1000)
-        messages = []
-        for m in req.messages:
-            if m.queue >= queues:
-                raise RequestError(
-                    p.Status.BAD_REQUEST,
-                    f"queue {m.queue} does not exist: topic {req.topic!r} has {queues} queues",
-                )
-            messages.append(Message(req.topic, m.queue, m.key, m.body, now_ms))
+        bad = [q for q, _k, _b in raw if q >= queues]
+        if bad:
+            raise RequestError(
+                p.Status.BAD_REQUEST,
+                f"queue {bad[0]} does not exist: topic {topic!r} has {queues} queues",
+            )
+        messages = [Message(topic, q, k, b, now_ms) for q, k, b in raw]
         # No await before the append: batches of one connection keep their order.
         try:
             result = self.log.append(messages)

@@ -1,0 +1,351 @@
+"""Broker benchmark: Understudy (master + slave, synchronous replication) against NATS
+JetStream (3-node cluster, file storage, replicas 3 and 2), on loopback, 1 KiB messages,
+the same Python asyncio client style and a 256-message in-flight window on both sides.
+
+Prints figures and ratios, writes ``bench-results/broker.json``. No assertions: this is a
+measurement, not a test. Every server it starts is stopped by PID before it exits.
+
+Durability classes, stated so the ratios are read correctly:
+
+* ``understudy`` (headline): ``--sync --flush interval`` — a produce is acknowledged once
+  the master wrote it and a slave wrote it (page cache on two processes), fsync every
+  100 ms. JetStream 2.9 file storage acknowledges after a quorum stored the message and
+  fsyncs on an interval too (``sync_interval``, default 2 min), so this is like for like.
+* ``understudy_fsync``: ``--sync --flush batch`` — also fsynced on master (group commit)
+  and slave before the acknowledgement. Stronger than JetStream's default.
+
+Usage: ``python bench/broker.py [--count N] [--skip-jetstream]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from understudy_broker.client import Consumer, Producer, Router, create_topic
+
+BODY = b"x" * 1024
+WINDOW = 256
+console = Console(stderr=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port} after {timeout_s}s")
+
+
+class Processes:
+    """Servers started by the benchmark, stopped by PID (process group) at the end."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        self.procs.clear()
+
+
+def pct(values: list[float], q: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 1000) - 1]
+
+
+def summarize(name: str, n: int, seconds: float, lat: list[float]) -> dict[str, float]:
+    return {
+        f"{name}_produce_msgs_per_s": round(n / seconds, 1),
+        f"{name}_produce_ack_p50_ms": round(pct(lat, 0.50) * 1000, 3),
+        f"{name}_produce_ack_p99_ms": round(pct(lat, 0.99) * 1000, 3),
+    }
+
+
+# --------------------------------------------------------------------------- understudy
+
+
+@contextlib.contextmanager
+def understudy_pair(root: Path, procs: Processes, *, flush: str) -> Iterator[str]:
+    exe = str(Path(sys.executable).with_name("understudy"))
+    mport, rport, sport = free_port(), free_port(), free_port()
+    common = ["--flush", flush, "--log-level", "WARNING"]
+    m = procs.start(f"us-master-{flush}", [
+        exe, "broker", "--data-dir", str(root / f"m-{flush}"), "--port", str(mport),
+        "--replication-port", str(rport), "--sync", "--name", "m", *common])
+    wait_port(mport, m)
+    s = procs.start(f"us-slave-{flush}", [
+        exe, "broker", "--data-dir", str(root / f"s-{flush}"), "--port", str(sport),
+        "--role", "slave", "--master", f"127.0.0.1:{rport}", "--name", "s", *common])
+    wait_port(sport, s)
+    try:
+        yield f"127.0.0.1:{mport}"
+    finally:
+        procs.stop_all()
+
+
+async def understudy_produce(address: str, topic: str, n: int) -> tuple[float, list[float]]:
+    # The slave must be connected before a synchronous produce can be acknowledged.
+    await create_topic([address], topic=topic, queues=4)
+    lat: list[float] = []
+    window = asyncio.Semaphore(WINDOW)
+    async with Producer([address], batch_size=WINDOW, linger_ms=1) as prod:
+        await (await prod.send(topic, b"warm-up"))
+        started = time.perf_counter()
+        for _ in range(n):
+            await window.acquire()
+            sent = time.perf_counter()
+            fut = await prod.send(topic, BODY)
+
+            def done(f: asyncio.Future[tuple[int, int]], sent: float = sent) -> None:
+                window.release()
+                if not f.cancelled() and f.exception() is None:
+                    lat.append(time.perf_counter() - sent)
+
+            fut.add_done_callback(done)
+        await prod.flush()
+        seconds = time.perf_counter() - started
+    if len(lat) != n:
+        raise RuntimeError(f"understudy acknowledged {len(lat)} of {n}")
+    return seconds, lat
+
+
+async def understudy_consume(address: str, topic: str, n: int) -> float:
+    c = Consumer([address], group="bench", topic=topic, max_wait_ms=200)
+    got = 0
+    started = time.perf_counter()
+    try:
+        while got < n:
+            recs = await c.getmany(timeout_s=10)
+            if not recs:
+                raise RuntimeError(f"consumer stalled at {got}")
+            got += len(recs)
+        await c.commit()
+    finally:
+        await c.close()
+    return got / (time.perf_counter() - started)
+
+
+async def wait_slave(address: str) -> None:
+    """Until the master answers a synchronous produce (the slave is in sync)."""
+    for _ in range(100):
+        try:
+            await create_topic([address], topic="ready", queues=1)
+            async with Producer([address], retries=0) as prod:
+                await (await prod.send("ready", b"ping"))
+            return
+        except Exception:
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the slave never came in sync")
+
+
+def run_understudy(root: Path, procs: Processes, n: int, *, flush: str, name: str) -> dict[str, float]:
+    with understudy_pair(root, procs, flush=flush) as address:
+        asyncio.run(wait_slave(address))
+        console.print(f"[bold]understudy[/] sync replication, flush={flush}: producing {n:,} x 1 KiB ...")
+        seconds, lat = asyncio.run(understudy_produce(address, "bench", n))
+        out = summarize(name, n, seconds, lat)
+        console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms; consuming ...")
+        out[f"{name}_consume_msgs_per_s"] = round(asyncio.run(understudy_consume(address, "bench", n + 1)), 1)
+        route = asyncio.run(_route(address))
+        out[f"{name}_brokers"] = len(route)
+    return out
+
+
+async def _route(address: str) -> list[Any]:
+    r = Router([address])
+    try:
+        return [b for g in (await r.refresh()).groups for b in g.brokers]
+    finally:
+        await r.close()
+
+
+# --------------------------------------------------------------------------- jetstream
+
+
+def start_jetstream(root: Path, procs: Processes) -> list[str]:
+    exe = shutil.which("nats-server")
+    if exe is None:
+        raise RuntimeError("nats-server is not installed (Debian package nats-server; make setup installs it)")
+    ports = [(free_port(), free_port()) for _ in range(3)]
+    routes = ", ".join(f"nats-route://127.0.0.1:{c}" for _, c in ports)
+    urls = []
+    for i, (cport, rport) in enumerate(ports):
+        conf = root / f"n{i}.conf"
+        conf.write_text(
+            f"server_name: n{i}\nlisten: 127.0.0.1:{cport}\n"
+            f"jetstream {{ store_dir: \"{root / f'js{i}'}\", max_memory_store: 268435456, max_file_store: 4294967296 }}\n"
+            f"cluster {{ name: bench, listen: 127.0.0.1:{rport}, routes: [{routes}] }}\n"
+        )
+        proc = procs.start(f"nats-{i}", [exe, "-c", str(conf)])
+        wait_port(cport, proc)
+        urls.append(f"nats://127.0.0.1:{cport}")
+    return urls
+
+
+async def jetstream_run(urls: list[str], replicas: int, n: int) -> dict[str, float]:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+
+    nc = await nats.connect(servers=urls)
+    try:
+        js = nc.jetstream(publish_async_max_pending=WINDOW)
+        stream = f"R{replicas}"
+        deadline = time.monotonic() + 30
+        while True:  # the meta leader needs a moment after the cluster forms
+            try:
+                await js.add_stream(StreamConfig(name=stream, subjects=[f"r{replicas}.>"],
+                                                 num_replicas=replicas, storage=StorageType.FILE))
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        subject = f"r{replicas}.bench"
+        await js.publish(subject, b"warm-up")
+        lat: list[float] = []
+        futs = []
+        started = time.perf_counter()
+        for _ in range(n):
+            sent = time.perf_counter()
+            fut = await js.publish_async(subject, BODY)
+
+            def done(f: asyncio.Future[Any], sent: float = sent) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    lat.append(time.perf_counter() - sent)
+
+            fut.add_done_callback(done)
+            futs.append(fut)
+        await asyncio.gather(*futs)
+        seconds = time.perf_counter() - started
+        name = f"jetstream_r{replicas}"
+        out = summarize(name, n, seconds, lat)
+        psub = await js.pull_subscribe(subject, durable=f"bench{replicas}",
+                                       config=ConsumerConfig(ack_policy=AckPolicy.NONE))
+        got = 0
+        started = time.perf_counter()
+        while got < n + 1:
+            got += len(await psub.fetch(WINDOW, timeout=10))
+        out[f"{name}_consume_msgs_per_s"] = round(got / (time.perf_counter() - started), 1)
+        return out
+    finally:
+        await nc.close()
+
+
+def run_jetstream(root: Path, procs: Processes, n: int, replicas: int) -> dict[str, float]:
+    js_root = root / f"js-r{replicas}"
+    js_root.mkdir()
+    try:
+        urls = start_jetstream(js_root, procs)
+        console.print(f"[bold]jetstream[/] 3 nodes, file storage, replicas {replicas}: producing {n:,} x 1 KiB ...")
+        out = asyncio.run(jetstream_run(urls, replicas, n))
+        name = f"jetstream_r{replicas}"
+        console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms")
+        return out
+    finally:
+        procs.stop_all()
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=30_000, help="messages per run (default 30000)")
+    ap.add_argument("--skip-jetstream", action="store_true")
+    ap.add_argument("--out", default="bench-results/broker.json")
+    args = ap.parse_args(argv)
+    results: dict[str, Any] = {"count": args.count, "body_bytes": len(BODY), "window": WINDOW,
+                               "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]}
+    root = Path(tempfile.mkdtemp(prefix="understudy-bench-"))
+    procs = Processes(root)
+    try:
+        results.update(run_understudy(root, procs, args.count, flush="interval", name="understudy"))
+        results.update(run_understudy(root, procs, args.count, flush="batch", name="understudy_fsync"))
+        if not args.skip_jetstream:
+            results.update(run_jetstream(root, procs, args.count, replicas=2))
+            results.update(run_jetstream(root, procs, args.count, replicas=3))
+    finally:
+        procs.stop_all()
+        shutil.rmtree(root, ignore_errors=True)
+    results["loadavg_end"] = os.getloadavg()[0]
+    if "jetstream_r2_produce_msgs_per_s" in results:
+        for key, js in (("r2", "jetstream_r2"), ("r3", "jetstream_r3")):
+            results[f"ratio_produce_vs_{key}"] = round(
+                results["understudy_produce_msgs_per_s"] / results[f"{js}_produce_msgs_per_s"], 2)
+            results[f"ratio_fsync_produce_vs_{key}"] = round(
+                results["understudy_fsync_produce_msgs_per_s"] / results[f"{js}_produce_msgs_per_s"], 2)
+            results[f"ratio_p99_vs_{key}"] = round(
+                results["understudy_produce_ack_p99_ms"] / results[f"{js}_produce_ack_p99_ms"], 2)
+            results[f"ratio_consume_vs_{key}"] = round(
+                results["understudy_consume_msgs_per_s"] / results[f"{js}_consume_msgs_per_s"], 2)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+    table = Table(title=f"broker benchmark: {args.count:,} x 1 KiB, window {WINDOW}, loopback")
+    for col in ("system", "produce msg/s", "ack p50 ms", "ack p99 ms", "consume msg/s"):
+        table.add_column(col, justify="right")
+    for name, label in (("understudy", "understudy sync, flush interval"),
+                        ("understudy_fsync", "understudy sync, flush batch (fsync)"),
+                        ("jetstream_r2", "jetstream R2"), ("jetstream_r3", "jetstream R3")):
+        if f"{name}_produce_msgs_per_s" in results:
+            table.add_row(label, f"{results[f'{name}_produce_msgs_per_s']:,.0f}",
+                          str(results[f"{name}_produce_ack_p50_ms"]), str(results[f"{name}_produce_ack_p99_ms"]),
+                          f"{results[f'{name}_consume_msgs_per_s']:,.0f}")
+    Console().print(table)
+    for k in sorted(results):
+        if k.startswith("ratio_"):
+            print(f"{k}: {results[k]}")
+    print(f"load average {results['loadavg_start']:.1f} -> {results['loadavg_end']:.1f} on {results['cpus']} cpus; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
