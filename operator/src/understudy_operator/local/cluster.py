@@ -298,9 +298,10 @@ def _wait_healthy(plan: ClusterPlan, p: ProcessPlan, *, deadline: float) -> None
     while True:
         info = procs.inspect(procs.read_pid(plan.pid_dir, p.name), marker=p.marker)
         if info is None or not info.alive:
+            how = "" if info is None or info.exit_status is None else f" (status {info.exit_status})"
             raise LocalError(
-                f"{p.name} exited during start; last lines of {plan.log_dir / (p.name + '.log')}:\n"
-                + _log_tail(plan, p.name)
+                f"{p.name} (pid {None if info is None else info.pid}) exited during start{how}; "
+                f"last lines of {plan.log_dir / (p.name + '.log')}:\n" + _log_tail(plan, p.name)
             )
         if p.http_port is not None and http_get(p.http_port, "/healthz") is not None:
             return
@@ -455,6 +456,8 @@ def kill(directory: Path, broker: str, *, sig: str = "KILL") -> int:
     procs.send(info.pid, procs.SIGNALS[name])
     if name == "KILL":
         procs.wait_gone(info.pid, marker=p.marker, timeout=5.0)
+    elif name == "STOP":
+        procs.wait_stopped(info.pid, marker=p.marker)
     return info.pid
 
 

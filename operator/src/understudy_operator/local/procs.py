@@ -37,6 +37,7 @@ class ProcInfo:
     pid: int
     alive: bool
     stopped: bool = False
+    exit_status: int | None = None  # known when this process reaped it
 
 
 def pid_file(pid_dir: Path, name: str) -> Path:
@@ -84,10 +85,14 @@ def _cmdline(pid: int) -> list[str]:
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
-def reap(pid: int) -> None:
-    """Collect ``pid`` if it is our exited child (so it does not linger as a zombie)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+def reap(pid: int) -> int | None:
+    """Collect ``pid`` if it is our exited child (so it does not linger as a zombie);
+    returns its exit status (negative: killed by that signal) when it was collected."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return None
+    return os.waitstatus_to_exitcode(status) if got == pid else None
 
 
 def inspect(pid: int | None, *, marker: str) -> ProcInfo | None:
@@ -96,13 +101,34 @@ def inspect(pid: int | None, *, marker: str) -> ProcInfo | None:
     PID reuse."""
     if pid is None:
         return None
-    reap(pid)
+    status = reap(pid)
     state = _proc_state(pid)
-    if state is None or state in ("Z", "X"):
-        return ProcInfo(pid, alive=False)
-    if marker not in _cmdline(pid):
+    if state in ("Z", "X"):  # it died between the two looks: collect it now
+        status = reap(pid) if status is None else status
+        return ProcInfo(pid, alive=False, exit_status=status)
+    if state is None:
+        return ProcInfo(pid, alive=False, exit_status=status)
+    cmdline = _cmdline(pid)
+    # An empty command line means the process is between states (exec'ing, or exiting
+    # and already without memory): it is still there, so it counts as alive until
+    # /proc says otherwise. A non-empty one without the marker is another program.
+    if cmdline and marker not in cmdline:
         return ProcInfo(pid, alive=False)
     return ProcInfo(pid, alive=True, stopped=state in ("T", "t"))
+
+
+def wait_stopped(pid: int, *, marker: str, timeout: float = 2.0) -> bool:
+    """After SIGSTOP: wait until the kernel shows the process frozen (signals are
+    delivered asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = inspect(pid, marker=marker)
+        if info is None or not info.alive:
+            return False
+        if info.stopped:
+            return True
+        time.sleep(0.005)
+    return False
 
 
 def spawn(argv: list[str], *, log: Path, cwd: Path, env: dict[str, str] | None = None) -> int:

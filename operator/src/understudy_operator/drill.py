@@ -1,0 +1,484 @@
+"""The failover drill: real traffic through real faults, recorded, then judged.
+
+Why this module exists: the invariants (no lost acknowledged message, no rewind, one
+reader) and the failover figures (reads restored, failback gap, back-sync) are only
+believable when measured on a running cluster under the faults that matter. The drill
+brings up a local cluster, runs a producer and consumer groups per broker group while it
+kills (``kill -9``) or freezes (SIGSTOP past the session timeout, then SIGCONT) a master,
+waits for slave-consume, brings the master back, waits for NORMAL, and repeats. Everything
+observed goes into a history file (:mod:`.history`); the verdict comes from the one
+shared checker (:mod:`.checker`). The cluster is torn down whatever happens.
+
+How permissions are observed: every broker's ``/metrics`` (``understudy_broker_permission``)
+is scraped every ``sample_ms`` (default 20 ms) and a ``perm`` event is recorded when the
+value changes, stamped when the answer arrived; a broker that does not answer (killed or
+frozen) cannot serve reads and is recorded as NONE. A transition is therefore placed up to
+one sampling period plus one scrape latency late; the report states both figures
+(``perm_sampling``), which bound the error of every overlap and gap it reports. Group
+modes come from a ZooKeeper watch on ``/groups/<g>/state`` (milliseconds of latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from understudy_broker.model import Mode, Permission
+from understudy_broker.zklayout import LayoutError, decode_state, state_path
+from understudy_operator.checker import Report, check
+from understudy_operator.history import HistoryWriter, read_history
+from understudy_operator.local import cluster as lc
+from understudy_operator.local import procs
+from understudy_operator.local.plan import ClusterPlan, Features
+
+log = logging.getLogger(__name__)
+
+FAULTS = ("kill", "hang")
+CONSUMER_GROUPS = ("cg1", "cg2")
+
+
+class DrillError(RuntimeError):
+    """The drill could not run (missing parts, a cycle that never completed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrillOptions:
+    cycles: int = 3
+    fault: str = "kill"
+    groups: int = 1
+    slaves: int = 1
+    directory: Path | None = None
+    sample_ms: float = 20.0
+    rate: float = 200.0  # messages per second per broker group
+    queues: int = 4
+    warmup_s: float = 1.0
+    dwell_s: float = 1.0  # slave-consume time before the master comes back
+    cycle_timeout_s: float = 30.0
+    drain_timeout_s: float = 20.0
+    session_timeout_ms: int = 2000
+
+
+@dataclass(slots=True)
+class DrillResult:
+    report: Report
+    history: Path
+    directory: Path
+    cycles_completed: int
+    sampling: dict[str, float]
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and not self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.report.to_json()
+        doc.update(
+            ok=self.ok,
+            errors=self.errors,
+            cycles_completed=self.cycles_completed,
+            history=str(self.history),
+            directory=str(self.directory),
+            perm_sampling=self.sampling,
+        )
+        return doc
+
+
+def missing_prerequisites(features: Features, *, cycles: int) -> list[str]:
+    """What this build lacks for a drill with ``cycles`` fault cycles (none needed for 0)."""
+    if cycles == 0:
+        return []
+    missing = []
+    if not features.broker_zk:
+        missing.append("'understudy broker --zk' (the broker's ZooKeeper integration)")
+    if not features.controller:
+        missing.append("'understudy controller' (the failover controller)")
+    return missing
+
+
+class Status:
+    """Live progress, fed by the drill and read by the CLI's status line."""
+
+    def __init__(self) -> None:
+        self.phase = "starting"
+        self.cycle = 0
+        self.acked = 0
+        self.delivered = 0
+        self.failed_sends = 0
+
+    def line(self) -> str:
+        return (
+            f"{self.phase}  acked {self.acked}  delivered {self.delivered}  "
+            f"unacked sends {self.failed_sends}"
+        )
+
+
+# ----------------------------------------------------------------------- observation
+
+
+class ModeWatch:
+    """Records every group mode change (ZooKeeper DataWatch) and keeps the latest."""
+
+    def __init__(self, plan: ClusterPlan, writer: HistoryWriter) -> None:
+        self._writer = writer
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[Mode, int]] = {}
+        self._client = KazooClient(hosts=plan.zk_connect, timeout=5.0)
+        self._client.start(timeout=10)
+        for g in plan.groups:
+            self._client.DataWatch(state_path(g.group), self._callback(g.group))
+
+    def _callback(self, group: str) -> Callable[[bytes | None, Any], None]:
+        def on_change(data: bytes | None, _stat: Any) -> None:
+            if data is None:
+                return
+            try:
+                st = decode_state(data)
+            except LayoutError as exc:
+                log.warning("group %s: unreadable state: %s", group, exc)
+                return
+            with self._lock:
+                if self._latest.get(group) == (st.mode, st.epoch):
+                    return
+                self._latest[group] = (st.mode, st.epoch)
+            self._writer.mode(group=group, mode=st.mode, epoch=st.epoch)
+
+        return on_change
+
+    def mode(self, group: str) -> Mode | None:
+        with self._lock:
+            got = self._latest.get(group)
+        return None if got is None else got[0]
+
+    async def wait(self, group: str, mode: Mode, *, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while self.mode(group) is not mode:
+            if time.monotonic() > deadline:
+                raise DrillError(f"group {group} did not reach {mode.name} within {within_s:.0f}s")
+            await asyncio.sleep(0.01)
+
+    def close(self) -> None:
+        self._client.stop()
+        self._client.close()
+
+
+async def scrape_permission(port: int, *, within_s: float) -> Permission | None:
+    """One ``/metrics`` scrape; ``None`` when the broker does not answer in time."""
+    writer = None
+    try:
+        async with asyncio.timeout(within_s):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            await writer.drain()
+            raw = await reader.read(-1)
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
+        return None
+    return lc.permission_from_metrics(body.decode("utf-8", "replace"))
+
+
+async def sample_permissions(
+    plan: ClusterPlan, writer: HistoryWriter, stop: asyncio.Event, *, sample_ms: float
+) -> dict[str, float]:
+    """Scrape every broker every ``sample_ms``; record changes. Returns the sampling
+    figures (period, worst scrape latency) that bound the timing error."""
+    last: dict[str, Permission] = {}
+    worst = 0.0
+    periods: list[float] = []
+    interval = sample_ms / 1000
+    brokers = [(p.name, p.group or "", p.http_port or 0) for p in plan.brokers]
+    roles = {b.name: b.role.value for g in plan.groups for b in g.brokers}
+    previous = time.monotonic()
+    while not stop.is_set():
+        started = time.monotonic()
+        periods.append(started - previous)
+        previous = started
+        results = await asyncio.gather(
+            *(scrape_permission(port, within_s=max(0.1, 5 * interval)) for _, _, port in brokers)
+        )
+        stamp = writer.now()
+        worst = max(worst, time.monotonic() - started)
+        for (name, group, _), perm in zip(brokers, results, strict=True):
+            eff = Permission.NONE if perm is None else perm
+            if last.get(name) != eff:
+                last[name] = eff
+                writer.perm(group=group, broker=name, effective=eff, role=roles.get(name), t=stamp)
+        await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+    periods.sort()
+    return {
+        "sample_ms": sample_ms,
+        "period_ms_p50": round(1000 * periods[len(periods) // 2], 3) if periods else 0.0,
+        "period_ms_max": round(1000 * periods[-1], 3) if periods else 0.0,
+        "scrape_ms_max": round(1000 * worst, 3),
+    }
+
+
+# ---------------------------------------------------------------------------- traffic
+
+
+class Traffic:
+    """Producers and consumer groups for every broker group, recording into the history."""
+
+    def __init__(self, plan: ClusterPlan, writer: HistoryWriter, status: Status, opts: DrillOptions) -> None:
+        self.plan = plan
+        self.writer = writer
+        self.status = status
+        self.opts = opts
+        self.producing = asyncio.Event()
+        self.producing.set()
+        self.stop = asyncio.Event()
+        self.generation = 0  # bumped to make consumers restart from the committed offsets
+        self.acked: dict[str, set[str]] = defaultdict(set)
+        self.received: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.tasks: list[asyncio.Task[None]] = []
+        self.delivered = asyncio.Event()  # set on every delivery: wakes the drain
+
+    @staticmethod
+    def topic(group: str) -> str:
+        return f"drill-{group}"
+
+    async def start(self) -> None:
+        from understudy_broker.client import create_topic
+
+        for g in self.plan.groups:
+            bootstrap = self.plan.bootstrap(g.group)
+            await create_topic(bootstrap, topic=self.topic(g.group), queues=self.opts.queues)
+            self.tasks.append(asyncio.create_task(self._produce(g.group, bootstrap)))
+            for cg in CONSUMER_GROUPS:
+                self.tasks.append(asyncio.create_task(self._consume(g.group, cg, bootstrap)))
+
+    async def _produce(self, group: str, bootstrap: list[str]) -> None:
+        from understudy_broker.client import Producer
+
+        topic = self.topic(group)
+        producer = Producer(bootstrap, batch_size=16, linger_ms=2, retries=3, max_in_flight=4)
+        outstanding: set[asyncio.Future[tuple[int, int]]] = set()
+        period = 1 / self.opts.rate
+        seq = 0
+        try:
+            while self.producing.is_set():
+                if len(outstanding) > 2000:  # the group cannot take writes now: don't pile up
+                    await asyncio.sleep(0.01)
+                    continue
+                mid = f"{group}-{seq}"
+                seq += 1
+                try:
+                    fut = await producer.send(topic, mid.encode(), key=mid.encode())
+                except Exception as exc:
+                    log.debug("send %s: %s", mid, exc)
+                    self.status.failed_sends += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                outstanding.add(fut)
+                fut.add_done_callback(self._on_ack(group, topic, mid, outstanding))
+                await asyncio.sleep(period)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.flush(), 10)
+        finally:
+            with contextlib.suppress(Exception):
+                await producer.close()
+
+    def _on_ack(
+        self, group: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]]
+    ) -> Callable[[asyncio.Future[tuple[int, int]]], None]:
+        def done(fut: asyncio.Future[tuple[int, int]]) -> None:
+            outstanding.discard(fut)
+            if fut.cancelled() or fut.exception() is not None:
+                self.status.failed_sends += 1
+                return
+            queue, offset = fut.result()
+            self.writer.produce_ack(id=mid, topic=topic, queue=queue, offset=offset)
+            self.acked[group].add(mid)
+            self.status.acked += 1
+
+        return done
+
+    async def _consume(self, group: str, cgroup: str, bootstrap: list[str]) -> None:
+        from understudy_broker.client import Consumer
+
+        topic = self.topic(group)
+        recorded: dict[int, int] = {}
+        while not self.stop.is_set():
+            generation = self.generation
+            consumer = Consumer(bootstrap, group=cgroup, topic=topic, max_wait_ms=200)
+            try:
+                last_commit = time.monotonic()
+                while not self.stop.is_set() and generation == self.generation:
+                    for r in await consumer.getmany(timeout_s=0.2):
+                        mid = r.body.decode("utf-8", "replace")
+                        self.writer.deliver(cgroup=cgroup, topic=topic, queue=r.queue, offset=r.offset, id=mid)
+                        self.received[(group, cgroup)].add(mid)
+                        self.status.delivered += 1
+                        self.delivered.set()
+                    if time.monotonic() - last_commit > 0.1:
+                        await self._commit(consumer, cgroup, topic, recorded)
+                        last_commit = time.monotonic()
+                await self._commit(consumer, cgroup, topic, recorded)
+            except Exception as exc:
+                log.info("consumer %s/%s: %s; starting a new one", topic, cgroup, exc)
+                await asyncio.sleep(0.1)
+            finally:
+                with contextlib.suppress(Exception):
+                    await consumer.close()
+
+    async def _commit(self, consumer: Any, cgroup: str, topic: str, recorded: dict[int, int]) -> None:
+        try:
+            stored = await asyncio.wait_for(consumer.commit(), 5)
+        except Exception as exc:
+            log.info("commit %s/%s: %s", topic, cgroup, exc)
+            return
+        for q, off in stored.items():
+            if off is not None and recorded.get(q) != off:
+                recorded[q] = off
+                self.writer.commit(cgroup=cgroup, topic=topic, queue=q, offset=off)
+
+    def drained(self) -> bool:
+        return all(
+            self.acked[g.group] <= self.received[(g.group, cg)]
+            for g in self.plan.groups
+            for cg in CONSUMER_GROUPS
+        )
+
+    async def finish(self, *, drain_timeout: float) -> bool:
+        """Stop producing, wait until every consumer group has every acked message (or the
+        timeout), stop consuming. Returns whether the drain completed."""
+        self.producing.clear()
+        await asyncio.sleep(0.5)  # let in-flight acks land
+        deadline = time.monotonic() + drain_timeout
+        while not self.drained():
+            self.delivered.clear()
+            try:
+                await asyncio.wait_for(self.delivered.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                break
+        complete = self.drained()
+        self.stop.set()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        return complete
+
+
+# ------------------------------------------------------------------------------ cycles
+
+
+async def _cycle(
+    n: int, plan: ClusterPlan, watch: ModeWatch, writer: HistoryWriter, status: Status, opts: DrillOptions
+) -> None:
+    group = plan.groups[(n - 1) % len(plan.groups)]
+    master = group.master.name
+    proc = plan.process(master)
+    timeout = opts.cycle_timeout_s
+    status.phase = f"cycle {n}: steady"
+    await asyncio.sleep(opts.warmup_s)
+    pid = procs.read_pid(plan.pid_dir, master)
+    info = procs.inspect(pid, marker=proc.marker)
+    if info is None or not info.alive:
+        raise DrillError(f"cycle {n}: master {master} is not running before the fault")
+    status.phase = f"cycle {n}: {opts.fault} {master}"
+    writer.fault(cycle=n, kind=opts.fault, broker=master, group=group.group)
+    frozen_at = time.monotonic()
+    procs.send(info.pid, procs.SIGNALS["STOP" if opts.fault == "hang" else "KILL"])
+    status.phase = f"cycle {n}: waiting for slave-consume"
+    await watch.wait(group.group, Mode.SLAVE_CONSUME, within_s=timeout)
+    status.phase = f"cycle {n}: slave-consume"
+    await asyncio.sleep(opts.dwell_s)
+    if opts.fault == "hang":
+        # keep it frozen past its session timeout, then let it wake up believing it is master
+        hold = opts.session_timeout_ms / 1000 + 0.5 - (time.monotonic() - frozen_at)
+        await asyncio.sleep(max(0.0, hold))
+        procs.send(info.pid, procs.SIGNALS["CONT"])
+    else:
+        procs.wait_gone(info.pid, marker=proc.marker, timeout=5.0)
+        await asyncio.to_thread(lc.start, plan.dir, master, wait=False)
+    writer.restart(cycle=n, broker=master, group=group.group)
+    status.phase = f"cycle {n}: waiting for NORMAL"
+    await watch.wait(group.group, Mode.NORMAL, within_s=timeout)
+
+
+async def run_drill(opts: DrillOptions, *, status: Status | None = None, features: Features | None = None) -> DrillResult:
+    """Run the drill end to end; the cluster is always torn down."""
+    if opts.fault not in FAULTS:
+        raise DrillError(f"unknown fault {opts.fault!r}: expected one of {', '.join(FAULTS)}")
+    feats = features or lc.probe_features()
+    missing = missing_prerequisites(feats, cycles=opts.cycles)
+    if missing:
+        raise DrillError("this build cannot run failover cycles yet; missing: " + "; ".join(missing))
+    status = status or Status()
+    directory = opts.directory or Path(tempfile.mkdtemp(prefix="understudy-drill-"))
+    status.phase = "bringing up the cluster"
+    plan = await asyncio.to_thread(
+        lc.up,
+        directory,
+        groups=opts.groups,
+        slaves=opts.slaves,
+        session_timeout_ms=opts.session_timeout_ms,
+        features=feats,
+        progress=lambda msg: setattr(status, "phase", msg),
+    )
+    history = plan.dir / "history.jsonl"
+    errors: list[str] = []
+    completed = 0
+    sampling: dict[str, float] = {}
+    try:
+        with HistoryWriter(history) as writer:
+            watch = ModeWatch(plan, writer) if feats.controller else None
+            stop_sampling = asyncio.Event()
+            sampler = asyncio.create_task(
+                sample_permissions(plan, writer, stop_sampling, sample_ms=opts.sample_ms)
+            )
+            traffic = Traffic(plan, writer, status, opts)
+            try:
+                await traffic.start()
+                status.phase = "warming up"
+                await asyncio.sleep(opts.warmup_s)
+                for n in range(1, opts.cycles + 1):
+                    status.cycle = n
+                    if watch is None:  # unreachable: prerequisites were checked
+                        raise DrillError("no controller")
+                    try:
+                        await _cycle(n, plan, watch, writer, status, opts)
+                    except DrillError as exc:
+                        errors.append(str(exc))
+                        break
+                    completed = n
+                    traffic.generation += 1  # consumers resume from committed offsets
+                status.phase = "draining"
+                if not await traffic.finish(drain_timeout=opts.drain_timeout_s):
+                    errors.append(f"drain did not complete within {opts.drain_timeout_s:.0f}s")
+            finally:
+                traffic.producing.clear()
+                traffic.stop.set()
+                await asyncio.gather(*traffic.tasks, return_exceptions=True)
+                stop_sampling.set()
+                sampling = await sampler
+                if watch is not None:
+                    watch.close()
+    finally:
+        status.phase = "stopping the cluster"
+        await asyncio.to_thread(lc.down, plan.dir)
+    status.phase = "checking"
+    loaded = read_history(history)
+    report = check(loaded.events)
+    return DrillResult(
+        report=report,
+        history=history,
+        directory=plan.dir,
+        cycles_completed=completed,
+        sampling=sampling,
+        errors=errors,
+    )
