@@ -66,7 +66,8 @@ class StaticAuthority:
     """Permission from configuration: ``model.effective_permission`` with ``state=None``,
     so a master enforces its configured permission and a slave at most READ. The route is
     this broker plus its ``--peer`` list, each peer's permission learned by a HEARTBEAT
-    (``probe``) and cached for ``cache_s``."""
+    (``probe``) and cached for ``cache_s``. ``address`` may be a callable so a broker
+    bound to port 0 advertises the port it actually got."""
 
     def __init__(
         self,
@@ -75,7 +76,7 @@ class StaticAuthority:
         group: str,
         role: Role,
         configured: Permission,
-        address: str,
+        address: str | Callable[[], str],
         peers: Sequence[Peer] = (),
         probe: PeerProbe | None = None,
         cache_s: float = 1.0,
@@ -132,9 +133,9 @@ class StaticAuthority:
                 listener()
 
     async def route(self) -> list[GroupRoute]:
-        me = BrokerRoute(
-            self._name, self._address, self._role.value, int(self._effective), self.epoch()
-        )
+        address = self._address() if callable(self._address) else self._address
+        me = BrokerRoute(address=address, name=self._name, role=self._role.value,
+                         permission=int(self._effective), epoch=self.epoch())
         now = time.monotonic()
         if self._cache is None or now - self._cache[0] > self._cache_s:
             self._cache = (now, await self._probe_peers())

@@ -52,6 +52,16 @@ class BrokerMetrics:
             registry=self.registry,
         ).labels(group=group, broker=broker)
 
+        self._flushes = Counter(
+            "understudy_log_flushes",
+            "fdatasync calls made for acknowledgements (group commit: fewer than produce requests).",
+            ["group", "broker"],
+            registry=self.registry,
+        ).labels(group=group, broker=broker)
+
+    def log_flushed(self) -> None:
+        self._flushes.inc()
+
     def set_permission(self, perm: Permission) -> None:
         self._permission.set(int(perm))
 

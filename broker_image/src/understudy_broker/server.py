@@ -162,8 +162,16 @@ class GroupCommitter:
     ``interval_ms`` (a crash may lose the last interval of acknowledged writes).
     """
 
-    def __init__(self, log_: CommitLog, *, mode: str, interval_ms: int) -> None:
+    def __init__(
+        self,
+        log_: CommitLog,
+        *,
+        mode: str,
+        interval_ms: int,
+        on_flush: Callable[[], None] = lambda: None,
+    ) -> None:
         self._log = log_
+        self._on_flush = on_flush
         self._mode = mode
         self._interval_s = interval_ms / 1000
         self._flushed = log_.max_phys
@@ -202,6 +210,7 @@ class GroupCommitter:
                     fut.set_exception(RequestError(p.Status.INTERNAL, f"flush failed: {exc}"))
             return
         self.flushes += 1
+        self._on_flush()
         self._flushed = max(self._flushed, target)
         keep = []
         for end, fut in self._waiters:
@@ -247,7 +256,7 @@ class Broker:
             group=cfg.group,
             role=cfg.role,
             configured=cfg.permission,
-            address=cfg.address,
+            address=lambda: f"{self.cfg.host}:{self.listening.port}",
             peers=cfg.peers,
             probe=peer_probe,
         )
@@ -322,7 +331,10 @@ class Broker:
         # are re-registered so their data stays addressable.
         self._topics.merge(self._log.topics())
         self._committer = GroupCommitter(
-            self._log, mode=cfg.flush, interval_ms=cfg.flush_interval_ms
+            self._log,
+            mode=cfg.flush,
+            interval_ms=cfg.flush_interval_ms,
+            on_flush=self.metrics.log_flushed,
         )
         self._authority.subscribe(self._on_authority_change)
         await self._authority.start()
