@@ -78,7 +78,9 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_helm_lint_is_clean(values: str) -> None:
-    report = helm_python.lint(str(CHART), VALUE_SETS[values], namespace=NS)
+    report = helm_python.lint(
+        str(CHART), VALUE_SETS[values], namespace=NS, strict=True, kube_version="v1.29.0"
+    )
     assert report["errors"] == []
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert problems == []
