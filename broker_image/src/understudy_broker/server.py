@@ -61,6 +61,7 @@ READ_CHUNK = 256 * 1024
 PULL_MAX_RECORDS = 4096
 RETENTION_EVERY_S = 10.0
 METADATA_INTERVAL_S = 0.25
+MAX_INFLIGHT_PER_CONNECTION = 1024
 
 
 class RequestError(Exception):
@@ -512,24 +513,30 @@ class Broker:
             self._connections.add(task)
         decoder = p.FrameDecoder(self.cfg.max_frame_bytes)
         mine: set[asyncio.Task[Any]] = set()
+        polls: set[asyncio.Task[Any]] = set()
         peer = writer.get_extra_info("peername")
         try:
             while not self._stopping:
+                if len(mine) >= MAX_INFLIGHT_PER_CONNECTION:
+                    # Backpressure: stop reading until this client's requests drain.
+                    await asyncio.wait(set(mine), return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 data = await reader.read(READ_CHUNK)
                 if not data:
                     break
                 decoder.feed(data)
                 while True:
                     frame = decoder.next_frame()
-                    if frame is p.NEED_DATA:
-                        break
-                    if not isinstance(frame, p.Frame):  # pragma: no cover - typing aid
+                    if not isinstance(frame, p.Frame):
                         break
                     t = asyncio.create_task(self._respond(frame, writer))
                     mine.add(t)
                     self._inflight.add(t)
                     t.add_done_callback(mine.discard)
                     t.add_done_callback(self._inflight.discard)
+                    if frame.op == p.Op.PULL:
+                        polls.add(t)
+                        t.add_done_callback(polls.discard)
         except p.FrameError as exc:
             log.warning("closing connection from %s: %s", peer, exc)
             with contextlib.suppress(ConnectionError):
@@ -546,6 +553,10 @@ class Broker:
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            # Nobody will read a long-poll's answer any more; writes and other requests
+            # finish (a produce already appended still gets flushed and replicated).
+            for t in polls:
+                t.cancel()
             if mine:
                 await asyncio.wait(set(mine), timeout=5)
             writer.close()
