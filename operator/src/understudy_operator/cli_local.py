@@ -113,15 +113,20 @@ def status(directory: Path, as_json: bool) -> None:
     zk = "[green]up[/]" if st.zk_alive else "[red]down[/]"
     ctl = {None: "not in this build", True: "[green]up[/]", False: "[red]down[/]"}[st.controller_alive]
     _out.print(f"state {st.dir}   zookeeper {st.zk} {zk}   controller {ctl}")
-    table = Table("group", "mode", "epoch", "acting", "broker", "role", "effective", "pid", "alive", "lag (bytes)")
     for g in st.groups:
-        for i, b in enumerate(g.brokers):
-            alive = "[green]yes[/]" if b.alive and not b.stopped else ("[yellow]stopped[/]" if b.alive else "[red]no[/]")
+        mode = g.mode or "no state"
+        epoch = "-" if g.epoch is None else str(g.epoch)
+        table = Table(
+            "broker", "role", "effective", "pid", "alive", "lag (bytes)",
+            title=f"group {g.name}: {mode}, epoch {epoch}, acting {g.acting or '-'}",
+            title_justify="left",
+        )  # fmt: skip
+        for b in g.brokers:
+            if b.alive and not b.stopped:
+                alive = "[green]yes[/]"
+            else:
+                alive = "[yellow]stopped[/]" if b.alive else "[red]no[/]"
             table.add_row(
-                g.name if i == 0 else "",
-                (g.mode or "-") if i == 0 else "",
-                ("-" if g.epoch is None else str(g.epoch)) if i == 0 else "",
-                (g.acting or "-") if i == 0 else "",
                 b.name,
                 b.role,
                 b.effective.label if b.source != "-" else "-",
@@ -129,7 +134,7 @@ def status(directory: Path, as_json: bool) -> None:
                 alive,
                 "-" if b.lag_bytes is None else str(b.lag_bytes),
             )
-    _out.print(table)
+        _out.print(table)
 
 
 @local.command()

@@ -403,7 +403,7 @@ async def _cycle(
         await asyncio.sleep(max(0.0, hold))
         procs.send(info.pid, procs.SIGNALS["CONT"])
     else:
-        procs.wait_gone(info.pid, marker=proc.marker, timeout=5.0)
+        await asyncio.to_thread(procs.wait_gone, info.pid, marker=proc.marker, timeout=5.0)
         await asyncio.to_thread(lc.start, plan.dir, master, wait=False)
     writer.restart(cycle=n, broker=master, group=group.group)
     status.phase = f"cycle {n}: waiting for NORMAL"
