@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import BrokerError, Consumer, Producer, create_topic
+from understudy_broker.client import Consumer, Producer, create_topic
+from understudy_broker.model import Permission
 
 pytestmark = pytest.mark.integration
 
@@ -98,25 +99,41 @@ async def test_slave_restarted_mid_stream_catches_up_byte_identical(cluster: Any
 
 
 async def test_sync_master_killed_after_acks_loses_nothing(cluster: Any) -> None:
-    master = cluster.master(extra=["--sync", "--no-auto-degrade"])
-    # The slave holds READ (static mode) so the test can read what it persisted.
-    slave = cluster.slave(master, extra=["--permission", "READ"])
+    master = cluster.master(start=False)
+    # The slave holds READ (static mode) so clients can read what it persisted.
+    slave = cluster.slave(master, start=False)
+    master.extra += ["--sync", "--no-auto-degrade", "--peer", f"s={slave.address}"]
+    slave.extra += ["--permission", "READ", "--peer", f"m={master.address}"]
+    master.start()
+    slave.start()
     await create_topic([master.address], topic="ha", queues=4)
-    # Wait until the slave has the topic (metadata flows ~1 s).
-    for _ in range(100):
-        c = Consumer([slave.address], group="probe", topic="ha")
-        try:
-            await c.start()
-            break
-        except BrokerError:
-            await asyncio.sleep(0.1)
-        finally:
-            await c.close()
 
-    acked = await _produce(master.address, "ha", 3000, tag=b"h")
-    master.kill9()  # right after the last acknowledgement
-    assert len(acked) == 3000
+    # A consumer that starts on the master (FULL) before the crash; small pulls and a
+    # one-batch buffer, and nothing taken before the crash, so most records must come
+    # from the slave after it.
+    consumer = Consumer(
+        [master.address], group="live", topic="ha", max_wait_ms=200, max_bytes=4096,
+        prefetch_batches=1,
+    )
+    await consumer.start()
+    try:
+        assert consumer.router.address_for(Permission.READ) == master.address
+        acked = await _produce(master.address, "ha", 3000, tag=b"h")
+        master.kill9()  # right after the last acknowledgement
+        assert len(acked) == 3000
 
-    got = await _read_all(slave.address, "ha", len(acked))
-    missing = [k for k in acked if got.get(k) != acked[k]]
-    assert missing == []
+        # Every acknowledged record is on the slave...
+        got = await _read_all(slave.address, "ha", len(acked))
+        assert [k for k in acked if got.get(k) != acked[k]] == []
+
+        # ...and the running consumer loses its connection, re-reads the route and
+        # carries on from the slave without a gap.
+        seen: dict[tuple[int, int], bytes] = {}
+        while len(seen) < len(acked):
+            recs = await consumer.getmany(timeout_s=15)
+            assert recs, f"consumer stalled after {len(seen)} records"
+            seen.update({(r.queue, r.offset): r.body for r in recs})
+        assert seen == acked
+        assert consumer.router.address_for(Permission.READ) == slave.address
+    finally:
+        await consumer.close()

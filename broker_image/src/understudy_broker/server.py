@@ -706,7 +706,7 @@ class Broker:
                 req.topic, req.queue, offset, max_bytes=max_bytes, max_records=PULL_MAX_RECORDS
             )
             remaining = deadline - time.monotonic()
-            if records or remaining <= 0 or req.offset > end or self._stopping or signal is None:
+            if records or remaining <= 0 or self._stopping or signal is None:
                 break
             await signal.wait(remaining)
             self._require_read(frame)  # permission may have changed while waiting
