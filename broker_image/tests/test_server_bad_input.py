@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import Consumer, Producer, create_topic
+from understudy_broker.client import BrokerError, Consumer, Producer, create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -169,3 +169,16 @@ async def test_well_framed_but_invalid_requests_get_a_status_and_keep_the_connec
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
+
+
+async def test_message_over_the_frame_limit_fails_alone(broker: Any) -> None:
+    await create_topic([broker.address], topic="big", queues=1)
+    async with Producer([broker.address], retries=2, max_batch_bytes=16 * 1024) as prod:
+        too_big = await prod.send("big", b"z" * (MAX_FRAME + 1))
+        with pytest.raises(BrokerError) as info:
+            await too_big
+        assert info.value.status == p.Status.TOO_LARGE
+        # The producer reconnects and the next message goes through.
+        fine = await prod.send("big", b"small")
+        assert (await fine)[0] == 0
+    assert await _stored(broker.address, "big", 1) == [b"small"]

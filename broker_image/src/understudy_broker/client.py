@@ -362,11 +362,15 @@ class _Pending:
 @dataclass(slots=True)
 class _Batch:
     items: list[_Pending] = field(default_factory=list)
+    nbytes: int = 0
     timer: asyncio.TimerHandle | None = None
 
 
 class Producer:
     """Async producer. ``await send(...)`` returns a future of ``(queue, offset)``.
+
+    A batch is sent when it holds ``batch_size`` messages or ``max_batch_bytes`` (keep
+    this under the broker's ``--max-frame-bytes``), or ``linger_ms`` after its first.
 
     ``acks=1``: the future resolves when the broker acknowledged (after its fsync and, in
     synchronous replication, a slave's). ``acks=0``: it resolves once the batch is
@@ -384,6 +388,7 @@ class Producer:
         max_in_flight: int = 8,
         retry_backoff_ms: float = 50.0,
         max_buffered: int = 100_000,
+        max_batch_bytes: int = 1 << 20,
         request_timeout_s: float = 30.0,
     ) -> None:
         if acks not in (0, 1):
@@ -392,6 +397,7 @@ class Producer:
             raise ValueError("batch_size and max_in_flight must be positive, retries >= 0")
         self.router = Router(bootstrap, request_timeout_s=request_timeout_s)
         self.batch_size = batch_size
+        self.max_batch_bytes = max_batch_bytes
         self.linger_s = linger_ms / 1000
         self.acks = acks
         self.retries = retries
@@ -429,7 +435,8 @@ class Producer:
         if batch is None:
             batch = self._batches[topic] = _Batch()
         batch.items.append(_Pending(queue, key, body, fut))
-        if len(batch.items) >= self.batch_size:
+        batch.nbytes += len(body) + (len(key) if key else 0) + 10
+        if len(batch.items) >= self.batch_size or batch.nbytes >= self.max_batch_bytes:
             self._dispatch(topic)
         elif batch.timer is None:
             batch.timer = asyncio.get_running_loop().call_later(
