@@ -19,6 +19,8 @@ from understudy_broker.model import Health, Permission, Role
 from understudy_broker.protocol import BrokerRoute, GroupRoute
 from understudy_broker.server import Broker
 
+pytestmark = pytest.mark.integration
+
 
 class SettableAuthority:
     """A real Authority whose permission and epoch the test sets (the shape the HA

@@ -11,6 +11,7 @@ are flushed, exit 0).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -152,6 +153,9 @@ async def _run(cfg: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     where = await server.start()
+    # Everything allocated so far lives as long as the process: keep it out of the
+    # garbage collector's full scans (shorter pauses on the produce path).
+    gc.freeze()
     parts = [f"understudy broker {cfg.name} ({cfg.role.value}, group {cfg.group}, "
              f"permission {cfg.permission.label}, {'sync' if cfg.sync else 'async'}) "
              f"clients {where.host}:{where.port}"]
