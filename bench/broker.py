@@ -39,7 +39,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from understudy_broker.client import Consumer, Producer, Router, create_topic
+from understudy_broker.client import Consumer, Producer, create_topic
 
 BODY = b"x" * 1024
 WINDOW = 256
@@ -193,17 +193,7 @@ def run_understudy(root: Path, procs: Processes, n: int, *, flush: str, name: st
         out = summarize(name, n, seconds, lat)
         console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms; consuming ...")
         out[f"{name}_consume_msgs_per_s"] = round(asyncio.run(understudy_consume(address, "bench", n + 1)), 1)
-        route = asyncio.run(_route(address))
-        out[f"{name}_brokers"] = len(route)
     return out
-
-
-async def _route(address: str) -> list[Any]:
-    r = Router([address])
-    try:
-        return [b for g in (await r.refresh()).groups for b in g.brokers]
-    finally:
-        await r.close()
 
 
 # --------------------------------------------------------------------------- jetstream
