@@ -410,6 +410,13 @@ async def _cycle(
     await watch.wait(group.group, Mode.NORMAL, within_s=timeout)
 
 
+async def _revive_masters(plan: ClusterPlan) -> None:
+    """Best effort after a failed cycle: start (or resume) any master that is down."""
+    for g in plan.groups:
+        with contextlib.suppress(lc.LocalError):
+            await asyncio.to_thread(lc.start, plan.dir, g.master.name, wait=False)
+
+
 async def run_drill(opts: DrillOptions, *, status: Status | None = None, features: Features | None = None) -> DrillResult:
     """Run the drill end to end; the cluster is always torn down."""
     if opts.fault not in FAULTS:
@@ -454,6 +461,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
                         await _cycle(n, plan, watch, writer, status, opts)
                     except DrillError as exc:
                         errors.append(str(exc))
+                        await _revive_masters(plan)  # so the drain can still judge the run
                         break
                     completed = n
                     traffic.generation += 1  # consumers resume from committed offsets
