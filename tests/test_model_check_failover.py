@@ -1,0 +1,404 @@
+"""Model check: the failover controller + effective permission + read leases over random
+interleavings of faults, asserting one reader and no rewind in every reachable state.
+
+The world is a discrete-time model (1 tick = 1 s) of what the real parts do:
+
+- ZooKeeper: the ``state`` znode with a version, sessions that expire ``S`` ticks after the
+  last contact from their client, ephemeral ``live`` nodes owned by sessions, persistent
+  ``status`` nodes with versions (so statuses of dead brokers stay, stale).
+- Brokers: processes that run, stop (SIGSTOP) and die, get cut off from ZooKeeper, and
+  restart. Each keeps its own *applied* view of ``state`` — updated only when a watch is
+  delivered or a lease renewal reads it, so views are arbitrarily stale — and a read lease
+  of ``L < S`` ticks renewed only by a connected, registered session confirming the epoch.
+  A broker registers its live node before any lease renewal in a new session, and a
+  broker that has not yet learned the state enforces NONE. Each computes its effective
+  permission with the real ``model.effective_permission``.
+- Consumers: commits go to whoever has effective READ at that moment. A commit is
+  acknowledged only once a second broker holds it: a master replicates to its running
+  slaves (synchronous replication), an acting slave mirrors to the other running slaves.
+  The acting slave pushes its offsets to the master in RECOVERING (back-sync).
+- Controllers: two of them, each with its own memory, each taking *snapshots* (possibly
+  acted on later: delayed watches, stale views) and writing with the snapshot's version.
+
+Invariants checked after every step: at most one broker with effective READ; every broker
+with effective READ holds every acknowledged commit (no rewind); the state epoch only
+grows, by exactly one per write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from understudy_broker.model import GroupState, Health, Mode, Permission, effective_permission
+from understudy_broker.zklayout import BrokerSpec, BrokerStatus, FailoverPolicy, GroupConfig
+from understudy_operator.controller.machine import Memory, decide, initial_state
+from understudy_operator.controller.observe import BrokerView, Observation, ProcessState
+
+S = 4  # session timeout, ticks
+L = 3  # read lease, ticks (< S, as lease_duration_s guarantees)
+NAMES = ("m", "s1", "s2")
+
+CONFIG = GroupConfig(
+    group="g",
+    brokers=tuple(
+        BrokerSpec(n, i, "127.0.0.1", 1, 2, 3, Permission.FULL if i == 0 else Permission.READ)
+        for i, n in enumerate(NAMES)
+    ),
+    failover=FailoverPolicy(check_interval_ms=1000, detection_checks=2, backsync_timeout_s=3),
+    session_timeout_ms=S * 1000,
+).validate()
+
+
+@dataclass
+class Broker:
+    name: str
+    ordinal: int
+    proc: str = "run"  # run | stop | dead
+    session: int | None = None
+    registered: bool = False
+    cut: bool = False
+    view: GroupState | None = None
+    lease_at: int | None = None
+    commits: int = 0
+    backsync_epoch: int | None = None
+    status: BrokerStatus | None = None
+    status_version: int = -1
+
+
+@dataclass
+class World:
+    use_lease: bool = True
+    t: int = 0
+    state: GroupState = field(default_factory=lambda: initial_state(0.0))
+    version: int = 0
+    next_session: int = 1
+    sessions: dict[int, int] = field(default_factory=dict)  # live session -> last contact
+    ephemerals: dict[str, int] = field(default_factory=dict)
+    brokers: dict[str, Broker] = field(default_factory=dict)
+    counter: int = 0
+    acked: int = 0
+    memories: list[Memory] = field(default_factory=lambda: [Memory(), Memory()])
+    snapshots: list[tuple[GroupState, int, Observation] | None] = field(
+        default_factory=lambda: [None, None])
+    epochs_written: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for i, n in enumerate(NAMES):
+            self.brokers[n] = Broker(n, i)
+        self.tick()
+        for b in self.brokers.values():
+            self.renew(b)
+            self.publish(b)
+
+    # ---------------------------------------------------------------- ZooKeeper & time
+    def connected(self, b: Broker) -> bool:
+        return b.proc == "run" and not b.cut and b.session in self.sessions
+
+    def tick(self) -> None:
+        self.t += 1
+        for b in self.brokers.values():
+            if self.connected(b):
+                self.sessions[b.session] = self.t  # type: ignore[index]  # kazoo pings
+        for sid, last in list(self.sessions.items()):
+            if self.t - last >= S:  # the server expires the session and its ephemerals
+                del self.sessions[sid]
+                for name, owner in list(self.ephemerals.items()):
+                    if owner == sid:
+                        del self.ephemerals[name]
+        for b in self.brokers.values():
+            if b.proc == "run" and not b.cut:
+                if b.session not in self.sessions:
+                    b.session = self.next_session
+                    b.registered = False
+                    self.next_session += 1
+                    self.sessions[b.session] = self.t
+                if not b.registered and b.name not in self.ephemerals:
+                    assert b.session is not None
+                    self.ephemerals[b.name] = b.session
+                    b.registered = True
+
+    def deliver(self, b: Broker) -> None:
+        """A watch delivers the current state (applied only if newer)."""
+        if self.connected(b) and (b.view is None or self.state.epoch > b.view.epoch):
+            b.view = self.state
+
+    def renew(self, b: Broker) -> None:
+        if not (self.connected(b) and b.registered):
+            return
+        self.sessions[b.session] = self.t  # type: ignore[index]
+        self.deliver(b)
+        if b.view is not None and b.view.epoch == self.state.epoch:
+            b.lease_at = self.t
+
+    # ---------------------------------------------------------------- brokers
+    def lease_valid(self, b: Broker) -> bool:
+        if not self.use_lease:
+            return True
+        return b.lease_at is not None and 0 <= self.t - b.lease_at < L
+
+    def effective(self, b: Broker) -> Permission:
+        if b.proc != "run" or b.view is None:
+            return Permission.NONE
+        spec = CONFIG.broker(b.name)
+        master = self.brokers["m"]
+        slaves = [x for x in self.brokers.values() if x.ordinal > 0]
+        health = Health(
+            zk_live=self.connected(b), zk_lost_for=0.0 if self.connected(b) else 1e9,
+            fence_after=1e12,
+            slaves_assigned=True,
+            slave_connected=master.proc == "run" and any(s.proc == "run" for s in slaves),
+            slave_once_connected=True, lease_valid=self.lease_valid(b),
+        )
+        return effective_permission(role=spec.role, name=b.name, configured=spec.permission,
+                                    state=b.view, health=health)
+
+    def readers(self) -> list[Broker]:
+        return [b for b in self.brokers.values() if self.effective(b) & Permission.READ]
+
+    def publish(self, b: Broker) -> None:
+        if not self.connected(b) or b.view is None:
+            return
+        master = self.brokers["m"]
+        eff = self.effective(b)
+        running_slaves = tuple(
+            x.name for x in self.brokers.values() if x.ordinal > 0 and x.proc == "run")
+        is_master = b.ordinal == 0
+        b.status = BrokerStatus(
+            broker=b.name, effective=eff, epoch_applied=b.view.epoch,
+            master_link=not is_master and master.proc == "run",
+            slave_links=running_slaves if is_master else (),
+            max_offset=b.commits,
+            ready=is_master and b.view.mode is not Mode.NORMAL and not eff & Permission.READ,
+            backsync_epoch=b.backsync_epoch,
+        )
+        b.status_version += 1
+
+    def commit(self, b: Broker) -> None:
+        if not self.effective(b) & Permission.READ:
+            return
+        self.counter += 1
+        b.commits = self.counter
+        peers = [x for x in self.brokers.values()
+                 if x is not b and x.ordinal > 0 and x.proc == "run"]
+        for p in peers:
+            p.commits = max(p.commits, self.counter)
+        if peers:
+            self.acked = self.counter
+
+    def backsync(self, b: Broker) -> None:
+        master = self.brokers["m"]
+        v = b.view
+        if b.ordinal == 0 or b.proc != "run" or master.proc != "run" or v is None:
+            return
+        if v.mode is not Mode.RECOVERING or v.acting != b.name:
+            return
+        if master.view is not None and v.epoch < master.view.epoch:
+            return  # stale-epoch offsets are ignored
+        master.commits = max(master.commits, b.commits)
+        master.backsync_epoch = v.epoch
+
+    # ---------------------------------------------------------------- controllers
+    def observe(self) -> Observation:
+        proc = {"run": ProcessState.RUNNING, "stop": ProcessState.STOPPED,
+                "dead": ProcessState.EXITED}
+        views = {
+            b.name: BrokerView(b.name, zk_live=b.name in self.ephemerals, process=proc[b.proc],
+                               status=b.status, status_version=b.status_version)
+            for b in self.brokers.values()
+        }
+        return Observation(now=float(self.t), wall=float(self.t), brokers=views)
+
+    def snapshot(self, c: int) -> None:
+        self.snapshots[c] = (self.state, self.version, self.observe())
+
+    def act(self, c: int) -> None:
+        snap = self.snapshots[c]
+        if snap is None:
+            return
+        self.snapshots[c] = None
+        state, version, obs = snap
+        d = decide(CONFIG, state, obs, self.memories[c])
+        if d.target is None:
+            self.memories[c] = d.memory
+            return
+        if version != self.version:
+            return  # BadVersionError: someone else moved; the stale decision is dropped
+        assert d.target.epoch == self.state.epoch + 1
+        self.state = d.target
+        self.version += 1
+        self.memories[c] = d.memory
+        self.epochs_written.append(d.target.epoch)
+
+    # ---------------------------------------------------------------- invariants
+    def check(self) -> None:
+        readers = self.readers()
+        assert len(readers) <= 1, (
+            f"two readers at t={self.t}: {[(r.name, r.view) for r in readers]}; state {self.state}")
+        for r in readers:
+            assert r.commits >= self.acked, (
+                f"rewind: {r.name} reads with commits {r.commits} < acknowledged {self.acked}")
+        assert self.epochs_written == list(range(2, 2 + len(self.epochs_written)))
+
+
+names = st.sampled_from(NAMES)
+
+
+class FailoverModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = World()
+
+    @rule(n=st.integers(0, 2), who=st.sets(names), c=st.sampled_from((0, 1, None)))
+    def progress(self, n: int, who: set[str], c: int | None) -> None:
+        """Time passes; the brokers in ``who`` renew (reading the state), back-sync and
+        publish; the others keep their stale views. Optionally a controller checks."""
+        for _ in range(n):
+            self.w.tick()
+        for name in sorted(who):
+            b = self.w.brokers[name]
+            self.w.renew(b)
+            self.w.backsync(b)
+            self.w.publish(b)
+        if c is not None:
+            self.w.snapshot(c)
+            self.w.act(c)
+
+    @rule(n=st.integers(0, 2), who=st.sets(names), c=st.sampled_from((0, 1, None)))
+    def progress_again(self, n: int, who: set[str], c: int | None) -> None:
+        """The same as ``progress``: listed twice so that runs make progress between faults."""
+        self.progress(n, who, c)
+
+    @rule(name=names)
+    def deliver_watch(self, name: str) -> None:
+        self.w.deliver(self.w.brokers[name])
+
+    @rule(name=names)
+    def consumer_commits(self, name: str) -> None:
+        self.w.commit(self.w.brokers[name])
+
+    @rule(name=names)
+    def kill(self, name: str) -> None:
+        self.w.brokers[name].proc = "dead"
+
+    @rule(name=names)
+    def sigstop(self, name: str) -> None:
+        b = self.w.brokers[name]
+        if b.proc == "run":
+            b.proc = "stop"
+
+    @rule(name=names)
+    def sigcont(self, name: str) -> None:
+        b = self.w.brokers[name]
+        if b.proc == "stop":
+            b.proc = "run"
+
+    @rule(name=names)
+    def restart(self, name: str) -> None:
+        b = self.w.brokers[name]
+        if b.proc == "dead":
+            # A new process: new (future) session, no view, no lease; the disk survives.
+            self.w.brokers[name] = replace(
+                b, proc="run", session=None, registered=False, view=None, lease_at=None)
+
+    @rule(name=names)
+    def zk_partition_toggle(self, name: str) -> None:
+        b = self.w.brokers[name]
+        b.cut = not b.cut
+
+    @rule(c=st.sampled_from((0, 1)))
+    def controller_snapshot(self, c: int) -> None:
+        self.w.snapshot(c)
+
+    @precondition(lambda self: any(s is not None for s in self.w.snapshots))
+    @rule(c=st.sampled_from((0, 1)))
+    def controller_act(self, c: int) -> None:
+        self.w.act(c)
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        self.w.check()
+
+
+FailoverModel.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_failover_model = FailoverModel.TestCase
+
+
+def drive_to_slave_consume(w: World) -> None:
+    """Master frozen by SIGSTOP; the controller fails over after its session expires."""
+    for b in w.brokers.values():
+        w.publish(b)
+    w.brokers["m"].proc = "stop"
+    while w.state.mode is not Mode.SLAVE_CONSUME:
+        w.tick()
+        for b in w.brokers.values():
+            w.renew(b)
+            w.publish(b)
+        w.snapshot(0)
+        w.act(0)
+        assert w.t < 60, w.state
+    for b in w.brokers.values():
+        w.renew(b)
+
+
+def test_the_lease_is_what_keeps_a_resumed_master_from_reading() -> None:
+    # Without leases, the frozen master resumes believing it is NORMAL: two readers.
+    w = World(use_lease=False)
+    drive_to_slave_consume(w)
+    w.brokers["m"].proc = "run"  # SIGCONT; its watch has not fired yet
+    assert {b.name for b in w.readers()} == {"m", w.state.acting}
+    with pytest.raises(AssertionError, match="two readers"):
+        w.check()
+    # With leases, the same history leaves exactly one reader.
+    w = World()
+    drive_to_slave_consume(w)
+    w.brokers["m"].proc = "run"
+    assert [b.name for b in w.readers()] == [w.state.acting]
+    w.check()
+
+
+def test_full_cycle_returns_to_normal_without_rewind() -> None:
+    w = World()
+    for b in w.brokers.values():
+        w.publish(b)
+    w.commit(w.brokers["m"])
+    w.brokers["m"].proc = "dead"
+    for _ in range(30):
+        if w.state.mode is Mode.SLAVE_CONSUME:
+            break
+        w.tick()
+        for b in w.brokers.values():
+            w.renew(b)
+            w.publish(b)
+        w.snapshot(1)
+        w.act(1)
+    assert w.state.mode is Mode.SLAVE_CONSUME
+    acting = w.brokers[w.state.acting or ""]
+    w.renew(acting)
+    w.commit(acting)
+    assert w.acked == 2
+    w.brokers["m"] = replace(w.brokers["m"], proc="run", view=None, lease_at=None,
+                             session=None, registered=False)
+    for _ in range(30):
+        if w.state.mode is Mode.NORMAL:
+            break
+        w.tick()
+        for b in w.brokers.values():
+            w.renew(b)
+            w.backsync(b)
+            w.publish(b)
+        w.snapshot(0)
+        w.act(0)
+        w.check()
+    assert w.state.mode is Mode.NORMAL
+    w.renew(w.brokers["m"])
+    assert [b.name for b in w.readers()] == ["m"]
+    assert w.brokers["m"].commits == 2
+    w.check()
