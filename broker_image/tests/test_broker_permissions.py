@@ -170,3 +170,35 @@ def test_http_side_port(group: dict[str, Any]) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"http://127.0.0.1:{m.http_port}/nope", timeout=5)
     assert info.value.code == 404
+
+
+async def test_consumer_resumes_from_its_committed_offsets(group: dict[str, Any]) -> None:
+    m, s = group["m"], group["s"]
+    async with Producer([m.address]) as prod:
+        for i in range(40):
+            await prod.send("perm", b"resume-%d" % i, queue=i % 2)
+        await prod.flush()
+
+    # Small pulls: the first batch is only part of its queue.
+    first = Consumer([s.address], group="resume", topic="perm", max_wait_ms=100, max_bytes=2048)
+    try:
+        taken = await first.getmany(timeout_s=5)
+        assert taken
+        committed = await first.commit()
+    finally:
+        await first.close()
+    last = {r.queue: r.offset for r in taken}
+    for q, off in last.items():
+        assert committed[q] == off + 1
+
+    second = Consumer([s.address], group="resume", topic="perm", max_wait_ms=100)
+    try:
+        firsts: dict[int, int] = {}
+        while recs := await second.getmany(timeout_s=2):
+            firsts.setdefault(recs[0].queue, recs[0].offset)
+    finally:
+        await second.close()
+    assert any(off > 0 for off in firsts.values()), firsts
+    # Each queue restarts exactly at the committed offset: nothing skipped, no rewind.
+    for q, off in firsts.items():
+        assert off == (committed.get(q) or 0)
