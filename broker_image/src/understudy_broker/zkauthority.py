@@ -1,0 +1,285 @@
+"""The ZooKeeper-backed :class:`~understudy_broker.authority.Authority`.
+
+Why this module exists: with coordination, a broker's effective permission is no longer
+its configuration but ``model.effective_permission`` over the group state it applied from
+ZooKeeper, its session health, the replication facts (slave links) and its read lease.
+This class plugs that into the broker server behind the same interface as
+``StaticAuthority``, so request handlers do not change:
+
+- ``effective()`` is recomputed on every call, so a lapsed lease masks READ *at the moment
+  of the request* — never "serve first, check later";
+- a broker that has not yet learned the group state enforces NONE (never the
+  uncoordinated fallback of ``state=None``);
+- listeners are told whenever permission or epoch change (state applied, session lost,
+  lease lapsed, slave link changes), and the broker's ``status`` is published at once on
+  such a change (the controller compares offsets only from statuses published after a
+  fence) and otherwise every ``publish_interval_s``;
+- the route comes from the ZooKeeper config plus the brokers' published statuses.
+
+The replication layer supplies its facts through :meth:`ZkAuthority.set_facts_source`
+(master link, connected slaves, max offset, persisted back-sync epoch); ``ready`` is
+derived here: a master in SLAVE_CONSUME/RECOVERING, without READ, with the acting slave
+connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from kazoo.exceptions import KazooException, NoNodeError
+
+from understudy_broker.coordination import (
+    DEFAULT_LINK_TIMEOUT_S,
+    BrokerCoordinator,
+    CoordinationError,
+    kazoo_future,
+)
+from understudy_broker.model import (
+    Health,
+    Mode,
+    Permission,
+    Role,
+    effective_permission,
+    is_isolated,
+)
+from understudy_broker.protocol import BrokerRoute, GroupRoute
+from understudy_broker.zklayout import BrokerStatus, LayoutError, live_dir, status_path
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationFacts:
+    """What the replication layer knows, for the status document."""
+
+    master_link: bool = False
+    slave_links: tuple[str, ...] = ()
+    max_offset: int = 0
+    backsync_epoch: int | None = None
+
+
+class ZkAuthority:
+    """Permission from ZooKeeper state + health + read lease (see module docstring).
+
+    ``role`` and ``configured`` come from the broker's own configuration and are
+    overridden by the group config in ZooKeeper once it is known. ``fence_after_s`` is the
+    master's isolation time (DESIGN "Effective permission"); by default the session timeout.
+    """
+
+    def __init__(
+        self,
+        *,
+        connect: str,
+        group: str,
+        name: str,
+        role: Role,
+        configured: Permission,
+        address: str | Callable[[], str],
+        session_timeout_s: float,
+        link_timeout_s: float = DEFAULT_LINK_TIMEOUT_S,
+        fence_after_s: float | None = None,
+        digest_auth: tuple[str, str] | None = None,
+        publish_interval_s: float = 1.0,
+        route_cache_s: float = 0.5,
+    ) -> None:
+        self._connect = connect
+        self._group = group
+        self._name = name
+        self._role = role
+        self._configured = configured
+        self._address = address
+        self._session_timeout_s = session_timeout_s
+        self._link_timeout_s = link_timeout_s
+        self._fence_after_s = session_timeout_s if fence_after_s is None else fence_after_s
+        self._digest_auth = digest_auth
+        self._publish_interval_s = publish_interval_s
+        self._route_cache_s = route_cache_s
+        self._health = Health()
+        self._facts: Callable[[], ReplicationFacts] = ReplicationFacts
+        self._listeners: list[Listener] = []
+        self._coord: BrokerCoordinator | None = None
+        self._last: tuple[Permission, int] = (Permission.NONE, 0)
+        self._publish_now = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._route_cache: tuple[float, list[BrokerRoute]] | None = None
+
+    # ------------------------------------------------------------------ Authority
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def group(self) -> str:
+        return self._group
+
+    @property
+    def coordinator(self) -> BrokerCoordinator | None:
+        return self._coord
+
+    def effective(self) -> Permission:
+        coord = self._coord
+        if coord is None or coord.state is None:
+            return Permission.NONE
+        configured, health = self._inputs(coord)
+        return effective_permission(role=self._role, name=self._name, configured=configured,
+                                    state=coord.state, health=health)
+
+    def _inputs(self, coord: BrokerCoordinator) -> tuple[Permission, Health]:
+        configured = self._configured
+        slaves_assigned = self._health.slaves_assigned
+        cfg = coord.config
+        if cfg is not None:
+            with contextlib.suppress(LayoutError):
+                spec = cfg.broker(self._name)
+                configured = spec.permission
+                slaves_assigned = bool(cfg.slaves)
+        health = replace(
+            self._health,
+            zk_live=coord.zk_live,
+            zk_lost_for=coord.zk_lost_for(),
+            fence_after=self._fence_after_s,
+            slaves_assigned=slaves_assigned,
+            lease_valid=coord.lease_valid(),
+        )
+        return configured, health
+
+    def epoch(self) -> int:
+        coord = self._coord
+        return coord.state.epoch if coord is not None and coord.state is not None else 0
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def update_health(self, health: Health) -> None:
+        self._health = replace(
+            self._health,
+            slave_connected=health.slave_connected,
+            slave_once_connected=self._health.slave_once_connected or health.slave_once_connected,
+            slaves_assigned=health.slaves_assigned,
+        )
+        self._changed()
+
+    def set_facts_source(self, source: Callable[[], ReplicationFacts]) -> None:
+        """Where the status document's replication fields come from."""
+        self._facts = source
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._coord = BrokerCoordinator(
+            self._connect, group=self._group, name=self._name,
+            session_timeout_s=self._session_timeout_s, loop=loop, on_change=self._changed,
+            digest_auth=self._digest_auth, address=self._address_now(),
+            link_timeout_s=self._link_timeout_s,
+        )
+        await self._coord.start()
+        self._task = loop.create_task(self._publish_loop(), name=f"status-{self._name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._coord is not None:
+            await self._coord.stop()
+
+    async def route(self) -> list[GroupRoute]:
+        me = BrokerRoute(self._name, self._address_now(), self._role.value,
+                         int(self.effective()), self.epoch())
+        now = time.monotonic()
+        if self._route_cache is None or now - self._route_cache[0] > self._route_cache_s:
+            self._route_cache = (now, await self._peer_routes())
+        return [GroupRoute(self._group, [me, *self._route_cache[1]])]
+
+    # ------------------------------------------------------------------ internals
+
+    def _address_now(self) -> str:
+        return self._address() if callable(self._address) else self._address
+
+    def _changed(self) -> None:
+        now = (self.effective(), self.epoch())
+        if now != self._last:
+            old = self._last
+            self._last = now
+            log.info("%s: effective %s epoch %d (was %s epoch %d)", self._name, now[0].label,
+                     now[1], old[0].label, old[1])
+            self._publish_now.set()
+            for listener in self._listeners:
+                listener()
+
+    def status(self) -> BrokerStatus:
+        """The status document this broker would publish now."""
+        coord = self._coord
+        state = coord.state if coord is not None else None
+        facts = self._facts()
+        eff = self.effective()
+        ready = (
+            self._role is Role.MASTER
+            and state is not None
+            and state.mode in (Mode.SLAVE_CONSUME, Mode.RECOVERING)
+            and not eff & Permission.READ
+            and state.acting in facts.slave_links
+        )
+        isolated = (
+            self._role is Role.MASTER and coord is not None and is_isolated(self._inputs(coord)[1])
+        )
+        return BrokerStatus(
+            broker=self._name, effective=eff, epoch_applied=self.epoch(),
+            master_link=facts.master_link, slave_links=facts.slave_links,
+            max_offset=facts.max_offset, isolated=isolated,
+            slave_once_connected=self._health.slave_once_connected,
+            backsync_epoch=facts.backsync_epoch, ready=ready,
+            pid=os.getpid(), updated_ms=int(time.time() * 1000),
+        )
+
+    async def _publish_loop(self) -> None:
+        while True:
+            coord = self._coord
+            if coord is not None and coord.zk_live:
+                try:
+                    await coord.publish_status(self.status())
+                except CoordinationError as exc:
+                    log.debug("%s: status not published: %s", self._name, exc)
+            self._publish_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._publish_now.wait(), self._publish_interval_s)
+
+    async def _peer_routes(self) -> list[BrokerRoute]:
+        coord = self._coord
+        if coord is None or coord.config is None:
+            return []
+        loop = asyncio.get_running_loop()
+        try:
+            live = set(await kazoo_future(loop, coord.client.get_children_async(
+                live_dir(self._group))))
+        except (NoNodeError, KazooException):
+            live = set()
+        out: list[BrokerRoute] = []
+        for spec in coord.config.brokers:
+            if spec.name == self._name:
+                continue
+            perm, epoch, reachable = 0, 0, False
+            try:
+                raw, _ = await kazoo_future(loop, coord.client.get_async(
+                    status_path(self._group, spec.name)))
+                st = BrokerStatus.from_json(raw)
+                perm, epoch = int(st.effective), st.epoch_applied
+                reachable = spec.name in live
+            except (NoNodeError, LayoutError, KazooException):
+                pass
+            out.append(BrokerRoute(spec.name, spec.address, spec.role.value, perm, epoch,
+                                   reachable=reachable))
+        return out
