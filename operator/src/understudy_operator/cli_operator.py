@@ -1,0 +1,145 @@
+"""``understudy operator``: run the BrokerGroup operator (kopf) — the command the Helm chart's
+Deployment starts.
+
+Why this module exists: the chart's contract is one command line
+(``--zk CONNECT/CHROOT (--all-namespaces | --namespace NS ...) --metrics-port 8080
+--health-port 8081 --log-level LEVEL``); this module turns it into an :class:`OperatorConfig`,
+finds the API server credentials the way kopf does (service account in a pod, else kubeconfig,
+or ``--server`` for a local proxy or emulator), serves ``/metrics`` and kopf's liveness probe,
+and runs :func:`understudy_operator.handlers.app.run`. Bad flags are click usage errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import socket
+import sys
+from typing import Any
+
+import click
+import kopf
+from prometheus_client import start_http_server
+
+from understudy_operator.handlers.app import make_settings, run
+from understudy_operator.handlers.runtime import OperatorConfig
+from understudy_operator.opmetrics import OperatorMetrics
+
+log = logging.getLogger("understudy.operator")
+
+_CONNECT = re.compile(r"^[A-Za-z0-9.-]+:\d{1,5}(,[A-Za-z0-9.-]+:\d{1,5})*$")
+_CHROOT = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
+
+
+def split_zk(value: str) -> tuple[str, str | None]:
+    """``host:port[,host:port]/chroot`` -> (connect, chroot or None); ``ValueError`` if bad."""
+    connect, slash, rest = value.partition("/")
+    chroot = f"/{rest}" if slash else None
+    if not _CONNECT.match(connect):
+        raise ValueError(f"{value!r}: expected HOST:PORT[,HOST:PORT...][/CHROOT]")
+    if chroot is not None and not _CHROOT.match(chroot):
+        raise ValueError(f"{value!r}: the chroot must be an absolute path like /understudy")
+    return connect, chroot
+
+
+def connection_info(server: str | None, *, insecure: bool) -> kopf.ConnectionInfo:
+    """API credentials: ``--server`` as given, else the pod's service account, else the
+    kubeconfig (the same discovery as kopf's own login handlers)."""
+    if server is not None:
+        return kopf.ConnectionInfo(server=server, insecure=insecure or None)
+    settings = make_settings()
+    for login in (kopf.login_with_service_account, kopf.login_with_kubeconfig):
+        info = login(settings=settings, logger=log)
+        if info is not None:
+            return info
+    raise click.ClickException(
+        "no Kubernetes credentials: not in a pod (no service account token) and no kubeconfig "
+        "(set KUBECONFIG or pass --server URL)")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--zk", "zk", metavar="HOST:PORT[,...][/CHROOT]",
+              help="Default ZooKeeper for groups whose spec names none; its chroot is the "
+                   "default for groups without spec.zookeeper.chroot.")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Watch BrokerGroups everywhere.")
+@click.option("-n", "--namespace", "namespaces", multiple=True, metavar="NS",
+              help="Watch BrokerGroups in NS (repeat for several).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="Port for Prometheus /metrics (0 disables).")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=8081, show_default=True,
+              help="Port for kopf's liveness probe GET /healthz (0 disables).")
+@click.option("--listen", default="0.0.0.0", show_default=True,
+              help="Address for /metrics and /healthz.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"],
+                                               case_sensitive=False),
+              default="info", show_default=True)
+@click.option("--status-interval", type=click.FloatRange(0.5, 60), default=2.0,
+              show_default=True, help="Seconds between status refreshes of each group.")
+@click.option("--handoff-timeout", type=click.FloatRange(1, 300), default=10.0,
+              show_default=True,
+              help="Seconds a planned master handoff waits for the master to acknowledge the "
+                   "fence before leaving the failover to the controller.")
+@click.option("--max-lag-bytes", type=click.IntRange(0), default=1 << 20, show_default=True,
+              help="A slave within this many bytes of the master counts as in sync (rollouts).")
+@click.option("--server", metavar="URL",
+              help="API server URL (e.g. http://127.0.0.1:8001 from 'kubectl proxy'); default: "
+                   "the pod's service account, else the kubeconfig.")
+@click.option("--insecure-skip-tls-verify", "insecure", is_flag=True,
+              help="With --server: do not verify the server's certificate.")
+@click.option("--scanning/--no-scanning", default=True, show_default=True,
+              help="Let kopf list and watch namespaces and CRDs; --no-scanning assumes the "
+                   "--namespace list exists (no RBAC for namespaces needed).")
+@click.option("--identity", metavar="NAME",
+              help="This replica's name in controller elections (default: HOSTNAME:PID).")
+def operator_cmd(zk: str | None, all_namespaces: bool, namespaces: tuple[str, ...],
+                 metrics_port: int, health_port: int, listen: str, log_level: str,
+                 status_interval: float, handoff_timeout: float, max_lag_bytes: int,
+                 server: str | None, insecure: bool, scanning: bool, identity: str | None
+                 ) -> None:
+    """Run the Kubernetes operator for BrokerGroups (understudy.io/v1alpha1): builds each
+    group's StatefulSet, Services, ConfigMap and PDB, writes its ZooKeeper config, runs its
+    failover controller with pod status as the liveness source, rolls pods safely (slaves
+    first, the master through a planned handoff) and keeps the status current. Two replicas
+    are safe: one decides per group. Stops cleanly on SIGTERM."""
+    if all_namespaces == bool(namespaces):
+        raise click.UsageError("pass exactly one of --all-namespaces or --namespace NS ...")
+    connect: str | None = None
+    chroot: str | None = None
+    if zk is not None:
+        try:
+            connect, chroot = split_zk(zk)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--zk") from None
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    info = connection_info(server, insecure=insecure)
+    config = OperatorConfig(
+        zk_connect=connect, zk_chroot=chroot, status_interval_s=status_interval,
+        handoff_timeout_s=handoff_timeout, max_lag_bytes=max_lag_bytes, scanning=scanning,
+        identity=identity or f"{socket.gethostname()}:{os.getpid()}")
+    metrics = OperatorMetrics()
+    served: Any = None
+    if metrics_port:
+        try:
+            served = start_http_server(metrics_port, addr=listen, registry=metrics.registry)
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot serve /metrics on {listen}:{metrics_port}: {exc}") from exc
+        log.info("metrics on http://%s:%d/metrics", listen, metrics_port)
+    liveness = f"http://{listen}:{health_port}/healthz" if health_port else None
+    where = "all namespaces" if all_namespaces else ", ".join(namespaces)
+    log.info("operator %s watching %s (default ZooKeeper: %s)", config.identity, where,
+             zk or "none")
+    try:
+        asyncio.run(run(config=config, connection=info, namespaces=namespaces,
+                        clusterwide=all_namespaces, metrics=metrics,
+                        liveness_endpoint=liveness))
+    finally:
+        if served is not None:
+            httpd, thread = served
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(timeout=5)

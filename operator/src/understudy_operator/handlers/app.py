@@ -1,0 +1,127 @@
+"""Wiring: the kopf registry of the BrokerGroup operator, its settings, and :func:`run`.
+
+Why this module exists: handlers are registered into a registry made per operator run (never
+kopf's process-wide default registry), so the CLI, the tests and a second replica in the same
+process each get their own. Every handler here is a few lines that find the run's
+:class:`~understudy_operator.handlers.runtime.Runtime` in kopf's ``memo``, time the call for
+``/metrics`` and delegate to one module per verb: ``reconcile`` (create/update/resume),
+``status`` + ``rolling`` (the timer), ``delete`` (the finalizer), ``pods`` (pod events).
+
+Both replicas of a two-replica operator run every handler (kopf peering is off: leadership is
+per group, by the controller's ZooKeeper election). Applies and deletions are idempotent;
+status patches, rollout steps and mode-change Events come only from a group's leader.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Final
+
+import kopf
+
+from understudy_operator.handlers.delete import finalize
+from understudy_operator.handlers.pods import route
+from understudy_operator.handlers.reconcile import reconcile
+from understudy_operator.handlers.rolling import roll
+from understudy_operator.handlers.runtime import MEMO_KEY, OperatorConfig, Runtime, runtime_of
+from understudy_operator.handlers.status import on_transition, refresh
+from understudy_operator.k8s.builders import LABEL_GROUP
+from understudy_operator.kube import BROKERGROUPS, KubeClient
+from understudy_operator.opmetrics import OperatorMetrics
+
+log = logging.getLogger(__name__)
+
+FINALIZER: Final = "understudy.io/finalizer"
+_BG: Final = (BROKERGROUPS.group, BROKERGROUPS.version, BROKERGROUPS.plural)
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    """A fresh registry with the operator's handlers."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+        return runtime_of(memo).kube.info
+
+    @kopf.on.resume(*_BG, registry=registry)
+    @kopf.on.create(*_BG, registry=registry)
+    @kopf.on.update(*_BG, registry=registry)
+    async def reconcile_brokergroup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        rt = runtime_of(memo)
+        with rt.metrics.timed("reconcile"):
+            await reconcile(rt, body=body)
+
+    @kopf.timer(*_BG, interval=config.status_interval_s, registry=registry)
+    async def status_brokergroup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        rt = runtime_of(memo)
+        handle = rt.groups.get((str(body.metadata.namespace), str(body.metadata.name)))
+        rt.metrics.leading.set(rt.leading_count())
+        if handle is None:
+            return
+        with rt.metrics.timed("status"):
+            await refresh(rt, handle, body)
+        if handle.leading and not handle.rollout_lock.locked():
+            handle.spawn(_roll_logged(rt, handle), name=f"rollout-{handle.name}")
+
+    @kopf.on.delete(*_BG, registry=registry)
+    async def delete_brokergroup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str:
+        rt = runtime_of(memo)
+        with rt.metrics.timed("delete"):
+            return await finalize(rt, body=body)
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_GROUP: kopf.PRESENT}, registry=registry)
+    def broker_pod(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        route(runtime_of(memo), event=event, body=body)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        await runtime_of(memo).close()
+
+    return registry
+
+
+async def _roll_logged(rt: Runtime, handle: Any) -> None:
+    with rt.metrics.timed("rollout"):
+        try:
+            await roll(rt, handle)
+        except Exception:
+            log.exception("group %s/%s: rollout step failed; retried on the next tick",
+                          handle.namespace, handle.name)
+            raise
+
+
+def make_settings(config: OperatorConfig | None = None) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = config is not None and not config.scanning
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.WARNING
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 30
+    return settings
+
+
+async def run(
+    *,
+    config: OperatorConfig,
+    connection: kopf.ConnectionInfo,
+    namespaces: Sequence[str] = (),
+    clusterwide: bool = False,
+    metrics: OperatorMetrics | None = None,
+    liveness_endpoint: str | None = None,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+) -> None:
+    """Run the operator until ``stop_flag`` is set (or forever); every group controller is
+    stopped and every ZooKeeper session closed on the way out."""
+    rt = Runtime(config=config, kube=KubeClient(connection), metrics=metrics or OperatorMetrics())
+    rt.on_transition = on_transition(rt)
+    try:
+        await kopf.operator(
+            registry=build_registry(config), settings=make_settings(config), clusterwide=clusterwide,
+            namespaces=list(namespaces), liveness_endpoint=liveness_endpoint,
+            stop_flag=stop_flag, ready_flag=ready_flag, memo=kopf.Memo({MEMO_KEY: rt}),
+            standalone=True)
+    finally:
+        await rt.close()

@@ -1,0 +1,131 @@
+"""What the running operator holds between handler calls: its settings, its API client, its
+metrics, and one :class:`GroupHandle` per BrokerGroup (the group's failover controller, its
+pod-fed liveness source and its ZooKeeper session).
+
+Why this module exists: kopf handlers are functions; the state they share must live somewhere
+explicit, owned by one operator run and handed to the handlers through kopf's ``memo`` — not in
+module globals, so two operators (two replicas in one test) never share anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import kopf
+
+from understudy_broker.model import GroupState
+from understudy_operator.controller.driver import Controller
+from understudy_operator.handlers import groupzk
+from understudy_operator.k8s.spec import BrokerGroupSpec
+from understudy_operator.k8s.status import FailoverTimes
+from understudy_operator.kube import KubeClient
+from understudy_operator.opmetrics import OperatorMetrics
+from understudy_operator.podliveness import PodLiveness
+from understudy_operator.rollout import DEFAULT_MAX_LAG_BYTES
+
+log = logging.getLogger(__name__)
+
+MEMO_KEY: Final = "understudy"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """Operator-wide settings (from the command line or a test).
+
+    ``zk_connect``/``zk_chroot``: the default ZooKeeper for groups whose spec names none (the
+    chart's ``--zk CONNECT/CHROOT``). ``status_interval_s``: the status timer's period.
+    ``handoff_timeout_s``: how long a planned handoff waits for the master to acknowledge the
+    fence before leaving the rest to the controller. ``max_lag_bytes``: in-sync threshold for
+    rollouts. ``identity``: this replica's name in controller elections. ``scanning``: let kopf
+    list and watch namespaces and CRDs (off: the namespaces given are assumed to exist and
+    resources are discovered once, e.g. without RBAC for namespaces, or against an emulator).
+    """
+
+    zk_connect: str | None = None
+    zk_chroot: str | None = None
+    status_interval_s: float = 2.0
+    handoff_timeout_s: float = 10.0
+    max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES
+    controller_session_timeout_s: float = 4.0
+    identity: str | None = None
+    scanning: bool = True
+
+
+@dataclass
+class GroupHandle:
+    """One BrokerGroup's running parts inside this operator replica."""
+
+    namespace: str
+    name: str
+    zk_url: str
+    controller: Controller
+    liveness: PodLiveness
+    spec: BrokerGroupSpec
+    owner: dict[str, Any]
+    generation: int = 0
+    last_mode: GroupState | None = None
+    failover_times: FailoverTimes | None = None
+    status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    rollout_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def leading(self) -> bool:
+        return self.controller.leading(self.name)
+
+    @property
+    def zk(self) -> groupzk.GroupZk:
+        return groupzk.GroupZk(self.controller)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+        """Run ``coro`` in the background, owned by this handle (cancelled by :meth:`stop`)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.controller.stop()
+
+
+@dataclass
+class Runtime:
+    """Everything one operator run owns. Never copied: kopf's per-object ``memo`` copies hold
+    a reference to it under :data:`MEMO_KEY`."""
+
+    config: OperatorConfig
+    kube: KubeClient
+    metrics: OperatorMetrics
+    groups: dict[tuple[str, str], GroupHandle] = field(default_factory=dict)
+    on_transition: Callable[[GroupHandle, GroupState, GroupState], None] | None = None
+
+    def leading_count(self) -> int:
+        return sum(1 for h in self.groups.values() if h.leading)
+
+    async def close(self) -> None:
+        for handle in list(self.groups.values()):
+            with contextlib.suppress(Exception):
+                await handle.stop()
+        self.groups.clear()
+        await self.kube.close()
+
+
+def runtime_of(memo: Mapping[str, Any]) -> Runtime:
+    """The :class:`Runtime` from a handler's ``memo`` (a programming error if missing)."""
+    rt = memo.get(MEMO_KEY)
+    if not isinstance(rt, Runtime):
+        raise kopf.PermanentError("operator runtime missing from kopf's memo")
+    return rt

@@ -1,0 +1,511 @@
+"""The real kopf operator against the KMock Kubernetes emulator and a real ZooKeeper.
+
+What is real here: kopf and every handler of the operator, the operator's HTTP client, the
+failover controller with its ZooKeeper election, versioned state writes and watches, the pod
+liveness source fed by kopf's pod watch, and ZooKeeper itself. What is emulated, and how:
+
+* KMock stores objects and serves list/watch/patch; the ``Emulator`` subclass below adds what
+  an API server sets (``uid``, ``resourceVersion``, ``generation``, ``creationTimestamp``).
+* Nothing runs a StatefulSet controller or a kubelet, so ``Workloads`` plays both: it gives the
+  StatefulSet an ``updateRevision`` (a hash of its pod template), creates the broker pods
+  (labelled with that revision), sets their container status, and re-creates a pod the
+  operator deleted. Each broker pod is backed by a ``FakeBroker``: an asyncio task with a real
+  ``BrokerCoordinator`` ZooKeeper session (live node, state watch, lease, status) that computes
+  its effective permission with ``model.effective_permission`` — it simulates only the data
+  plane (a slave's master link is "the master's fake broker runs"; a returning master
+  acknowledges back-sync shortly after RECOVERING).
+
+Never a claim about Kubernetes itself: KMock ignores label selectors, has no garbage collector
+and no admission; the kind suite (e2e/) covers those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import attrs
+import kmock
+import kopf
+import pytest
+from kazoo.client import KazooClient
+from kmock._internal import enums as kmock_enums
+from prometheus_client import generate_latest
+
+from understudy_broker.coordination import BrokerCoordinator
+from understudy_broker.model import Health, Mode, Permission, effective_permission
+from understudy_broker.zklayout import BrokerStatus, GroupConfig, decode_state, state_path
+from understudy_operator.handlers.app import run
+from understudy_operator.handlers.runtime import OperatorConfig
+from understudy_operator.k8s import metric_names
+from understudy_operator.k8s.spec import parse_spec
+from understudy_operator.k8s.zkconfig import encode_zk_config
+from understudy_operator.opmetrics import OperatorMetrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+NS = "ns1"
+BG = "understudy.io/v1alpha1/brokergroups"
+
+
+# --------------------------------------------------------------------------- the emulator
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    """KMock plus the metadata an API server would set, and a hook on pod deletion (the
+    kubelet stops the containers before the pod object goes away)."""
+
+    on_pod_delete: Callable[[str, str], Awaitable[None]] | None = None
+    deleted_pods: list[str] = attrs.field(factory=list)
+    _rv: int = 0
+
+    async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and isinstance(request.data, dict):
+            self._rv += 1
+            meta = request.data.setdefault("metadata", {})
+            if request.action == kmock_enums.action.CREATE:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("generation", 1)
+                meta.setdefault("creationTimestamp",
+                                datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                meta["resourceVersion"] = str(self._rv)
+            elif request.action == kmock_enums.action.UPDATE:
+                meta["resourceVersion"] = str(self._rv)
+                key = (request.resource, request.namespace, request.name)
+                if "spec" in request.data and request.subresource is None:
+                    with contextlib.suppress(Exception):
+                        current = self.objects[key]
+                        if current.get("spec") != request.data["spec"]:
+                            meta["generation"] = int(
+                                current.get("metadata", {}).get("generation", 1)) + 1
+        if (request.resource is not None and request.action == kmock_enums.action.DELETE
+                and request.resource.plural == "pods" and request.name):
+            self.deleted_pods.append(request.name)
+            if self.on_pod_delete is not None:
+                await self.on_pod_delete(request.namespace, request.name)
+        return await super()._handle(request)
+
+
+def declare(k: Emulator) -> None:
+    k.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False,
+                                                      verbs={"list", "watch", "get"})
+    k.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+        kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch", "get"})
+    k.resources[BG] = kmock.ResourceInfo(
+        kind="BrokerGroup", namespaced=True, subresources={"status"},
+        verbs={"list", "watch", "get", "patch", "create", "delete"})
+    for res, kind in [("v1/pods", "Pod"), ("v1/services", "Service"),
+                      ("v1/configmaps", "ConfigMap"), ("v1/events", "Event"),
+                      ("v1/persistentvolumeclaims", "PersistentVolumeClaim"),
+                      ("apps/v1/statefulsets", "StatefulSet"),
+                      ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget")]:
+        k.resources[res] = kmock.ResourceInfo(
+            kind=kind, namespaced=True, verbs={"list", "watch", "get", "patch", "create",
+                                               "delete"})
+    k.objects["v1/namespaces", None, NS] = {"apiVersion": "v1", "kind": "Namespace",
+                                             "metadata": {"name": NS}}
+
+
+# --------------------------------------------------------------------------- fake brokers
+
+
+class FakeBroker:
+    """A broker's ZooKeeper side, in-process (see the module docstring)."""
+
+    def __init__(self, *, url: str, group: str, name: str,
+                 running: Callable[[str], bool]) -> None:
+        self.url, self.group, self.name = url, group, name
+        self._running = running
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self.coord: BrokerCoordinator | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self.coord = BrokerCoordinator(self.url, group=self.group, name=self.name,
+                                       session_timeout_s=1.0, loop=loop,
+                                       on_change=self._wake.set, address="127.0.0.1:1")
+        await self.coord.start()
+        self._task = loop.create_task(self._loop(), name=f"fake-{self.name}")
+
+    async def _loop(self) -> None:
+        coord = self.coord
+        if coord is None:
+            return
+        persisted: int | None = None
+        recovering: tuple[int, float] | None = None
+        while not self._stop.is_set():
+            cfg, st = coord.config, coord.state
+            if cfg is not None and any(b.name == self.name for b in cfg.brokers):
+                spec = cfg.broker(self.name)
+                slaves = [s.name for s in cfg.slaves]
+                links = [s for s in slaves if self._running(s)] if spec.ordinal == 0 else []
+                health = Health(zk_live=coord.zk_live, zk_lost_for=coord.zk_lost_for(),
+                                fence_after=1.0, slaves_assigned=bool(slaves),
+                                slave_connected=bool(links), slave_once_connected=True,
+                                lease_valid=coord.lease_valid())
+                eff = effective_permission(role=spec.role, name=self.name,
+                                           configured=spec.permission, state=st, health=health)
+                master = spec.ordinal == 0
+                ready = (not master) or (st is not None and st.mode is not Mode.NORMAL
+                                         and not eff & Permission.READ)
+                if master and st is not None and st.mode is Mode.RECOVERING:
+                    if recovering is None or recovering[0] != st.epoch:
+                        recovering = (st.epoch, time.monotonic())
+                    elif time.monotonic() - recovering[1] > 0.2:
+                        persisted = st.epoch
+                status = BrokerStatus(
+                    broker=self.name, effective=eff, epoch_applied=st.epoch if st else 0,
+                    master_link=not master and self._running(cfg.master.name),
+                    slave_links=tuple(links), max_offset=1000, ready=ready,
+                    backsync_epoch=persisted, updated_ms=int(time.time() * 1000))
+                with contextlib.suppress(Exception):
+                    await coord.publish_status(status)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self.coord is not None:
+            await self.coord.stop()
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def revision_of(sts: dict[str, Any]) -> str:
+    template = json.dumps(sts.get("spec", {}).get("template", {}), sort_keys=True)
+    return f"{sts['metadata']['name']}-{hashlib.sha256(template.encode()).hexdigest()[:10]}"
+
+
+def running_status(*, restarts: int = 0) -> dict[str, Any]:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "broker", "ready": True, "restartCount": restarts,
+                                   "state": {"running": {"startedAt": now}}}]}
+
+
+def terminated_status(*, restarts: int = 0) -> dict[str, Any]:
+    return {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "broker", "ready": False, "restartCount": restarts,
+                                   "state": {"terminated": {"exitCode": 137,
+                                                            "reason": "Error"}}}]}
+
+
+@dataclass
+class Workloads:
+    """The StatefulSet controller and kubelet of this test (see the module docstring)."""
+
+    k: Emulator
+    http: aiohttp.ClientSession
+    base: str
+    url: str
+    brokers: dict[str, FakeBroker] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    paused: bool = False
+
+    def running(self, name: str) -> bool:
+        return name in self.brokers
+
+    async def api(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+        async with self.http.request(method, self.base + path, json=body,
+                                     headers=headers) as resp:
+            text = await resp.text()
+            assert resp.status < 300, f"{method} {path}: {resp.status} {text[:300]}"
+            return json.loads(text) if text else {}
+
+    def objects(self, res: str) -> list[dict[str, Any]]:
+        out = []
+        for (r, ns, _), obj in list(self.k.objects.items()):
+            if f"{r.group}/{r.version}/{r.plural}".lstrip("/") == res and ns == NS \
+                    and not obj.deleted:
+                out.append(obj.raw)
+        return out
+
+    def get(self, res: str, name: str) -> dict[str, Any] | None:
+        return next((o for o in self.objects(res) if o["metadata"]["name"] == name), None)
+
+    async def start_broker(self, group: str, name: str, url: str) -> None:
+        broker = FakeBroker(url=url, group=group, name=name, running=self.running)
+        await broker.start()
+        self.brokers[name] = broker
+
+    async def stop_broker(self, name: str) -> None:
+        broker = self.brokers.pop(name, None)
+        if broker is not None:
+            await broker.stop()
+
+    async def on_pod_delete(self, namespace: str, name: str) -> None:
+        await self.stop_broker(name)
+
+    async def kill(self, name: str) -> None:
+        """The container dies: the process goes, then the kubelet reports it terminated."""
+        await self.stop_broker(name)
+        await self.api("PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/status",
+                       {"status": terminated_status(restarts=self.restarts.get(name, 0))})
+
+    async def revive(self, name: str, group: str, url: str) -> None:
+        """The kubelet restarts the container."""
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        await self.start_broker(group, name, url)
+        await self.api("PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/status",
+                       {"status": running_status(restarts=self.restarts[name])})
+
+    async def tick(self) -> None:
+        for sts in self.objects("apps/v1/statefulsets"):
+            name = sts["metadata"]["name"]
+            rev = revision_of(sts)
+            if (sts.get("status") or {}).get("updateRevision") != rev:
+                await self.api("PATCH", f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}"
+                               "/status", {"status": {"updateRevision": rev}})
+            replicas = int(sts["spec"]["replicas"])
+            url = self.zk_url_of(sts)
+            pods = {p["metadata"]["name"]: p for p in self.objects("v1/pods")
+                    if p["metadata"].get("labels", {}).get("understudy.io/group") == name}
+            for ordinal in range(replicas):
+                pod_name = f"{name}-{ordinal}"
+                if pod_name in pods:
+                    continue
+                labels = dict(sts["spec"]["template"]["metadata"]["labels"])
+                labels["controller-revision-hash"] = rev
+                labels["statefulset.kubernetes.io/pod-name"] = pod_name
+                await self.api("POST", f"/api/v1/namespaces/{NS}/pods", {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod_name, "namespace": NS, "labels": labels},
+                    "spec": {"containers": [{"name": "broker", "image": "x"}]},
+                    "status": {"phase": "Pending"}})
+                await self.start_broker(name, pod_name, url)
+                await self.api("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod_name}/status",
+                               {"status": running_status()})
+            for pod_name in pods:
+                if int(pod_name.rsplit("-", 1)[1]) >= replicas:
+                    await self.api("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod_name}")
+
+    @staticmethod
+    def zk_url_of(sts: dict[str, Any]) -> str:
+        script = sts["spec"]["template"]["spec"]["containers"][0]["command"][2]
+        return script.split("--zk ", 1)[1].split(" ", 1)[0].strip("'")
+
+    async def run(self) -> None:
+        while True:
+            if not self.paused:
+                with contextlib.suppress(AssertionError, aiohttp.ClientError):
+                    await self.tick()
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        for name in list(self.brokers):
+            await self.stop_broker(name)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@dataclass
+class Env:
+    k: Emulator
+    w: Workloads
+    zk_connect: str
+    chroot: str
+    admin: KazooClient
+    metrics: OperatorMetrics
+
+    def spec(self, **overrides: Any) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "image": "understudy/broker:1", "slaves": 1,
+            "zookeeper": {"connect": self.zk_connect, "chroot": self.chroot,
+                          "sessionTimeoutMs": 1000},
+            "failover": {"checkIntervalMs": 100, "detectionChecks": 2,
+                         "backSyncTimeoutSeconds": 5},
+            "storage": {"retentionOnDelete": "Delete"},
+        }
+        spec.update(overrides)
+        return spec
+
+    async def create(self, name: str, spec: dict[str, Any]) -> None:
+        await self.w.api("POST", f"/apis/understudy.io/v1alpha1/namespaces/{NS}/brokergroups", {
+            "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerGroup",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec})
+
+    async def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        await self.w.api("PATCH", f"/apis/understudy.io/v1alpha1/namespaces/{NS}/brokergroups/"
+                         f"{name}", {"spec": spec})
+
+    def bg(self, name: str) -> dict[str, Any] | None:
+        return self.w.get(BG, name)
+
+    def state(self, group: str) -> Any:
+        if self.admin.exists(state_path(group)) is None:
+            return None
+        return decode_state(self.admin.get(state_path(group))[0])
+
+    def condition(self, name: str, ctype: str) -> dict[str, Any] | None:
+        bg = self.bg(name) or {}
+        for cond in (bg.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == ctype:
+                return dict(cond)
+        return None
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.w.objects("v1/events")
+                if e.get("involvedObject", {}).get("name") == name
+                and e.get("involvedObject", {}).get("kind") == "BrokerGroup"]
+
+
+async def eventually(check: Callable[[], Any], *, within: float = 20.0, what: str = "") -> Any:
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except Exception as exc:  # a check may look into objects still being created
+            last = exc
+        else:
+            if last:
+                return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or check}: last={last!r}")
+
+
+@contextlib.asynccontextmanager
+async def operator(k: Emulator, url: str, *, identity: str,
+                   metrics: OperatorMetrics | None = None) -> AsyncIterator[asyncio.Task[None]]:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.get_running_loop().create_task(run(
+        config=OperatorConfig(status_interval_s=0.5, handoff_timeout_s=5.0, identity=identity,
+                              controller_session_timeout_s=1.0, scanning=False),
+        connection=kopf.ConnectionInfo(server=url), namespaces=[NS], metrics=metrics,
+        stop_flag=stop, ready_flag=ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 15)
+        yield task
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, 15)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+@pytest.fixture
+async def env(zk: str) -> AsyncIterator[Env]:
+    zk_connect, _, chroot = zk.partition("/")
+    admin = KazooClient(hosts=zk, timeout=2.0)
+    admin.start(timeout=10)
+    k = Emulator()
+    declare(k)
+    metrics = OperatorMetrics()
+    try:
+        async with k, kmock.Server(k) as server, aiohttp.ClientSession() as http:
+            base = str(server.url).rstrip("/")
+            w = Workloads(k=k, http=http, base=base, url=base)
+            k.on_pod_delete = w.on_pod_delete
+            driver = asyncio.get_running_loop().create_task(w.run())
+            try:
+                async with operator(k, base, identity="op-a", metrics=metrics):
+                    yield Env(k=k, w=w, zk_connect=zk_connect, chroot=f"/{chroot}",
+                              admin=admin, metrics=metrics)
+            finally:
+                driver.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await driver
+                await w.close()
+    finally:
+        admin.stop()
+        admin.close()
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_create_builds_owned_children_zk_config_and_ready_status(env: Env) -> None:
+    await env.create("orders", env.spec())
+    bg = await eventually(lambda: (env.bg("orders") or {}).get("metadata", {}).get("uid")
+                          and env.bg("orders"), what="the BrokerGroup")
+    uid = bg["metadata"]["uid"]
+
+    sts = await eventually(lambda: env.w.get("apps/v1/statefulsets", "orders"),
+                           what="the StatefulSet")
+    assert sts["spec"]["replicas"] == 2
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    children = [
+        env.w.get("v1/configmaps", "orders-config"),
+        env.w.get("v1/services", "orders-headless"),
+        env.w.get("v1/services", "orders-0"),
+        env.w.get("v1/services", "orders-1"),
+        env.w.get("policy/v1/poddisruptionbudgets", "orders"),
+        sts,
+    ]
+    for child in children:
+        assert child is not None
+        refs = child["metadata"].get("ownerReferences") or []
+        assert [(r["kind"], r["name"], r["uid"], r.get("controller")) for r in refs] == [
+            ("BrokerGroup", "orders", uid, True)], child["metadata"]["name"]
+
+    spec = parse_spec(env.spec(), name="orders")
+    expected = encode_zk_config(spec=spec, group="orders", namespace=NS)
+    await eventually(lambda: env.admin.exists("/groups/orders/config"), what="ZK config")
+    assert env.admin.get("/groups/orders/config")[0] == expected
+    assert GroupConfig.from_json(expected).master.name == "orders-0"
+
+    ready = await eventually(
+        lambda: (c := env.condition("orders", "Ready")) and c["status"] == "True" and c,
+        what="Ready=True")
+    assert ready["reason"] == "Ready"
+    status = env.bg("orders")["status"]
+    assert status["observedGeneration"] == 1
+    assert status["mode"] == "NORMAL"
+    assert status["readable"] is True
+    assert [b["effectivePermission"] for b in status["brokers"]] == ["FULL", "NONE"]
+    assert "understudy.io/finalizer" in env.bg("orders")["metadata"]["finalizers"]
+
+    text = metrics_text(env.metrics)
+    assert f'{metric_names.OPERATOR_RECONCILE_DURATION_SECONDS}_count{{handler="reconcile"}}' \
+        in text
+    assert f"{metric_names.OPERATOR_LEADING_GROUPS} 1.0" in text
+    assert 'understudy_group_mode{group="orders"} 0.0' in text
+
+
+def metrics_text(metrics: OperatorMetrics) -> str:
+    return generate_latest(metrics.registry).decode()
+
+
+async def test_bad_spec_reports_condition_and_event_and_applies_nothing(env: Env) -> None:
+    await env.create("broken", env.spec(slaves=2, permission="EVERYTHING",
+                                        replication={"minInSyncReplicas": 3}))
+    cond = await eventually(lambda: env.condition("broken", "Ready"), what="a Ready condition")
+    assert cond["status"] == "False"
+    assert cond["reason"] == "InvalidSpec"
+    assert "spec.permission: 'EVERYTHING'" in cond["message"]
+    assert "spec.replication.minInSyncReplicas: 3 is more than spec.slaves (2)" \
+        in cond["message"]
+    events = await eventually(lambda: [e for e in env.events("broken")
+                                       if e["reason"] == "InvalidSpec"], what="the Event")
+    assert events[0]["type"] == "Warning"
+    await asyncio.sleep(1.0)  # several status ticks: still nothing may appear
+    assert env.w.get("apps/v1/statefulsets", "broken") is None
+    assert env.w.get("v1/configmaps", "broken-config") is None
+    assert not [s for s in env.w.objects("v1/services")
+                if s["metadata"]["name"].startswith("broken")]
+    assert env.admin.exists("/groups/broken") is None
