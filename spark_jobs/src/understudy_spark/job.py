@@ -30,6 +30,7 @@ from understudy_spark.readers import InputError
 from understudy_spark.transforms import Targets
 
 Progress = Callable[[str], None]
+_KEEP_OBSERVATIONS = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,10 @@ def build_session(*, master: str | None = None, shuffle_partitions: int = 8, app
         builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # AQE replaces a stage that turned out empty by an empty relation and drops the
+        # Observation node inside it: the rejected-line count would be lost exactly when
+        # every line was rejected. Keep the node.
+        .config("spark.sql.adaptive.optimizer.excludedRules", _KEEP_OBSERVATIONS)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -90,6 +90,8 @@ _NUMBER = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[Nn]a[Nn]|[Ii]nf(?:inity
 DUMP_LINE = rf"^({_LABEL_SET})\s+({_NUMBER})\s+(-?[0-9]+)\s*$"
 # exposition: name{a="b"} 91 1795211698960   (text format: ms; OpenMetrics: seconds)
 EXPOSITION_LINE = rf"^([a-zA-Z_:][a-zA-Z0-9_:]*)({_LABEL_SET})?\s+({_NUMBER})\s+(-?[0-9]+(?:\.[0-9]+)?)\s*$"
+# How an exposition's first sample line starts: a name, labels, a number.
+_EXPOSITION_HEAD = rf"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{{[^\n]*\}})?[ \t]+{_NUMBER}(?:\s|$)"
 # Lines of an exposition that carry no sample and are not errors.
 EXPOSITION_SKIP = r"^\s*(#.*)?$"
 
@@ -148,7 +150,7 @@ def detect_format(head: bytes, *, path: str) -> ExportFormat:
             return ExportFormat.QUERY_RANGE
         if re.match(r"[a-zA-Z_][a-zA-Z0-9_]*\s*=", rest):
             return ExportFormat.DUMP
-    elif stripped.startswith("#") or re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*[\s{]", stripped):
+    elif stripped.startswith("#") or re.match(_EXPOSITION_HEAD, stripped):
         return ExportFormat.EXPOSITION
     first = stripped.splitlines()[0][:60]
     raise InputError(
@@ -175,7 +177,7 @@ def list_inputs(spark: SparkSession, patterns: Sequence[str]) -> list[InputFile]
         hpath = jvm.org.apache.hadoop.fs.Path(pattern)
         fs = hpath.getFileSystem(conf)
         statuses = fs.globStatus(hpath)
-        if not statuses:
+        if statuses is None or len(statuses) == 0:
             raise InputError(f"{pattern}: no such file or no file matches")
         for status in _expand(fs, statuses):
             path = str(status.getPath().toString())
@@ -311,7 +313,9 @@ def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         "source_file",
         F.lit("document is not query_range matrix JSON").alias("raw"),
         F.col("n_lines").alias("weight"),
-        F.lit(False).alias("ok"),
+        # Not a literal False: the optimizer would prune the branch, and with it the
+        # rows the caller's Observation must count.
+        F.col("n_lines").isNull().alias("ok"),
     )
     # Project the series' fields before exploding its values: exploding ``s.values`` while
     # keeping ``s`` would copy the whole series into every sample row.

@@ -1,0 +1,38 @@
+"""Fixtures for the SLA job tests: one SparkSession for the whole session (a session
+costs 8-12 s and ~0.7 GB on these machines), and small synthetic exports."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="the SLA tests need PySpark (pip install 'understudy[spark]')")
+
+from understudy_spark import job  # noqa: E402
+from understudy_spark.synth import SynthSpec, synthesize  # noqa: E402
+
+# A small plant with everything the synthesiser injects: 3 groups, 1 day at 15 s.
+SPEC = SynthSpec(groups=3, days=1, step_s=15, incidents=5, seed=7, gaps=3, controller_restarts=2,
+                 duplicate_fraction=0.002, violation_fraction=0.5)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    job.quiet_pandas_warning()
+    session = job.build_session(shuffle_partitions=2, app="understudy-sla-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="session")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("synth")
+    synthesize(SPEC, out=out)
+    truth = json.loads((out / "ground_truth.json").read_text(encoding="utf-8"))
+    return out, truth

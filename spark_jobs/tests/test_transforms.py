@@ -1,0 +1,185 @@
+"""Unit tests of the pure SLA transforms on inline samples (DESIGN "SLA definitions")."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from pyspark.sql import Row
+from pyspark.testing import assertDataFrameEqual
+
+from understudy_spark import transforms as T
+from understudy_spark.readers import SAMPLES_SCHEMA
+
+pytestmark = pytest.mark.spark
+
+STEP = 15.0
+T0 = dt.datetime(2026, 11, 1, 12, 0, 0)  # session time zone is UTC
+B0 = int(T0.replace(tzinfo=dt.UTC).timestamp() // STEP)
+NAN = float("nan")
+
+MASTER = {"group": "g", "broker": "g-0", "role": "master", "instance": "10.0.0.1:9400"}
+SLAVE = {"group": "g", "broker": "g-1", "role": "slave", "instance": "10.0.0.2:9400"}
+CTL = {"group": "g", "instance": "ctl:9300"}
+
+
+def at(i: int, offset_s: float = 3.0) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=i * STEP + offset_s)
+
+
+def samples(spark: Any, series: list[tuple[str, dict[str, str], list[float | None]]]) -> Any:
+    rows = [
+        (at(i), metric, labels, float(v))
+        for metric, labels, values in series
+        for i, v in enumerate(values)
+        if v is not None
+    ]
+    return spark.createDataFrame(rows, schema=SAMPLES_SCHEMA)
+
+
+def states_of(spark: Any, series: list[tuple[str, dict[str, str], list[float | None]]]) -> Any:
+    return T.group_states(T.clean_samples(samples(spark, series), step_s=STEP))
+
+
+def ts(i: int) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=i * STEP)
+
+
+def one_incident(spark: Any, series: list[tuple[str, dict[str, str], list[float | None]]]) -> Row:
+    rows = T.incidents(states_of(spark, series), step_s=STEP).collect()
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_clean_samples_dedupes_drops_staleness_and_merges_label_churn(spark: Any) -> None:
+    restarted = {**MASTER, "instance": "10.0.0.9:9400", "pod": "g-0-new"}
+    rows = [
+        (at(0), T.PERMISSION, MASTER, 3.0),
+        (at(0), T.PERMISSION, MASTER, 3.0),  # duplicate
+        (at(2), T.PERMISSION, MASTER, 0.0),  # out of order
+        (at(1), T.PERMISSION, MASTER, NAN),  # staleness marker
+        (at(1, 7.0), T.PERMISSION, MASTER, 1.0),
+        (at(3), T.PERMISSION, restarted, 3.0),  # same broker, new pod
+        (at(3), "unrelated_metric", MASTER, 5.0),
+        (at(3), T.PERMISSION, {"broker": "x"}, 5.0),  # no group label
+    ]
+    got = T.clean_samples(spark.createDataFrame(rows, schema=SAMPLES_SCHEMA), step_s=STEP)
+    expected = spark.createDataFrame(
+        [("g", "g-0", "master", T.PERMISSION, B0 + i, v) for i, v in [(0, 3.0), (1, 1.0), (2, 0.0), (3, 3.0)]],
+        schema=got.schema,
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_failover_incident_phases_and_durations(spark: Any) -> None:
+    #            0  1  2     3     4  5  6  7  8
+    mode = [0, 0, 1, 2, 2, 2, 3, 0, 0]
+    master = [3, 3, None, None, 0, 0, 0, 3, 3]
+    slave = [0, 0, 0, 1, 1, 1, 0, 0, 0]
+    inc = one_incident(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+    assert (inc.master_lost_at, inc.reads_restored_at, inc.master_back_at, inc.normal_at) == (ts(2), ts(3), ts(4), ts(7))
+    assert inc.read_unavailable_s == 2 * STEP  # bucket 2 (fencing) + bucket 6 (back-sync)
+    assert inc.failback_gap_s == STEP
+    assert inc.backsync_s == STEP
+    assert inc.one_reader_violation_s == 0
+    assert inc.unknown_s == 0
+    assert not inc.open
+
+
+def test_scrape_gap_inside_an_incident_is_unknown_not_unavailable(spark: Any) -> None:
+    mode = [0, 1, None, None, 2, 3, 0, 0]
+    master = [3, None, None, None, None, 0, 3, 3]
+    slave = [0, 0, None, None, 1, 0, 0, 0]
+    inc = one_incident(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+    assert inc.master_lost_at == ts(1)
+    assert inc.normal_at == ts(6)
+    assert inc.read_unavailable_s == 2 * STEP  # buckets 1 and 5; 2-3 are unknown
+    assert inc.unknown_s == 2 * STEP
+
+
+def test_without_a_mode_series_an_incident_is_lost_then_regained_reads(spark: Any) -> None:
+    master = [3, 3, 0, 0, 0, 0, 3]
+    slave = [0, 0, 0, 1, 1, 0, 0]
+    inc = one_incident(spark, [(T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+    assert (inc.master_lost_at, inc.reads_restored_at, inc.normal_at) == (ts(2), ts(3), ts(6))
+    assert inc.read_unavailable_s == 2 * STEP
+    assert inc.failback_gap_s == STEP
+
+
+def test_two_readers_inside_an_incident_is_a_one_reader_violation(spark: Any) -> None:
+    mode = [0, 1, 2, 2, 2, 3, 0]
+    master = [3, None, None, 3, 0, 0, 3]  # stale lease: master reads during SLAVE_CONSUME
+    slave = [0, 0, 1, 1, 1, 0, 0]
+    inc = one_incident(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+    assert inc.one_reader_violation_s == STEP
+    assert inc.normal_at == ts(6)
+
+
+def test_an_incident_still_running_at_the_end_is_open(spark: Any) -> None:
+    inc = one_incident(spark, [(T.MODE, CTL, [0, 0, 1, 2, 2]), (T.PERMISSION, MASTER, [3, 3, None, None, None]),
+                               (T.PERMISSION, SLAVE, [0, 0, 0, 1, 1])])
+    assert inc.open
+    assert inc.normal_at is None
+    assert inc.duration_s == 3 * STEP
+
+
+def test_normal_operation_has_no_incident(spark: Any) -> None:
+    got = T.incidents(states_of(spark, [(T.MODE, CTL, [0] * 6), (T.PERMISSION, MASTER, [3] * 6),
+                                        (T.PERMISSION, SLAVE, [0] * 6)]), step_s=STEP)
+    assert got.count() == 0
+
+
+def test_failover_counter_resets_count_from_zero(spark: Any) -> None:
+    # controller restarts between buckets 3 and 4 (new instance label, counter from 0)
+    old, new = {**CTL, "instance": "ctl-a"}, {**CTL, "instance": "ctl-b"}
+    states = states_of(spark, [(T.FAILOVERS, old, [0, 1, 1, 2, None, None]),
+                               (T.FAILOVERS, new, [None, None, None, None, 0, 1])])
+    got = T.failover_increases(states)
+    expected = spark.createDataFrame(
+        [("g", B0 + i, v) for i, v in enumerate([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])], schema=got.schema
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_timeline_runs_and_holes(spark: Any) -> None:
+    mode = [0, 1, 2, None, 0]
+    master = [3, None, None, None, 3]
+    slave = [0, 0, 1, None, 0]
+    got = T.timeline(states_of(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master),
+                                       (T.PERMISSION, SLAVE, slave)]), step_s=STEP)
+    expected = spark.createDataFrame(
+        [("g", s, ts(a), ts(b), (b - a) * STEP) for s, a, b in [
+            (T.STATE_NORMAL, 0, 1), (T.STATE_UNREADABLE, 1, 2), (T.STATE_SLAVE_READ, 2, 3),
+            (T.STATE_UNKNOWN, 3, 4), (T.STATE_NORMAL, 4, 5)]],
+        schema=got.schema,
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_daily_and_monthly_sla_against_targets(spark: Any) -> None:
+    n = 40
+    mode: list[float | None] = [0.0] * n
+    master: list[float | None] = [3.0] * n
+    slave: list[float | None] = [0.0] * n
+    for i in range(10, 16):  # 6 buckets = 90 s unreadable, no slave took over
+        mode[i], master[i] = 1, None
+    for i in range(30, 33):  # scrape gap: unknown
+        mode[i], master[i], slave[i] = None, None, None
+    states = states_of(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+    targets = T.Targets(incident_read_unavailable_s=60.0, monthly_read_availability=0.5)
+    incs = T.incidents(states, step_s=STEP)
+    daily = T.daily_sla(states, incs, step_s=STEP, first_bucket=B0, last_bucket=B0 + n - 1, targets=targets).collect()
+    assert len(daily) == 1
+    day = daily[0]
+    assert day.known_s == (n - 3) * STEP
+    assert day.unknown_s == 3 * STEP
+    assert day.read_unavailable_s == 6 * STEP
+    assert day.incidents == 1
+    assert day.incidents_over_limit == 1
+    assert day.read_availability == pytest.approx(1 - 6 / (n - 3))
+    assert not day.target_met  # availability is fine but one incident broke the limit
+    monthly = T.monthly_sla(T.daily_sla(states, incs, step_s=STEP, first_bucket=B0, last_bucket=B0 + n - 1,
+                                        targets=targets), targets=targets).collect()
+    assert {r.group for r in monthly} == {"g", T.OVERALL}
+    assert all(r.month == "2026-11" and r.incidents == 1 and not r.target_met for r in monthly)
