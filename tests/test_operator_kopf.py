@@ -509,3 +509,146 @@ async def test_bad_spec_reports_condition_and_event_and_applies_nothing(env: Env
     assert not [s for s in env.w.objects("v1/services")
                 if s["metadata"]["name"].startswith("broken")]
     assert env.admin.exists("/groups/broken") is None
+
+
+async def ready_group(env: Env, name: str, **spec: Any) -> None:
+    await env.create(name, env.spec(**spec))
+    await eventually(lambda: (c := env.condition(name, "Ready")) and c["status"] == "True",
+                     within=30, what=f"{name} Ready")
+
+
+async def test_pod_status_drives_failover_and_failback(env: Env) -> None:
+    await ready_group(env, "pay")
+    url = f"{env.zk_connect}{env.chroot}"
+    epoch0 = env.state("pay").epoch
+
+    await env.w.kill("pay-0")  # container terminated: a certain death
+    state = await eventually(lambda: (s := env.state("pay")) and s.mode is Mode.SLAVE_CONSUME
+                             and s, what="SLAVE_CONSUME")
+    assert state.acting == "pay-1"
+    status = await eventually(
+        lambda: (st := (env.bg("pay") or {}).get("status", {})).get("mode") == "SLAVE_CONSUME"
+        and st.get("acting") == "pay-1" and st.get("readable") and st, what="status")
+    assert status["lastFailover"]["masterDown"] is not None
+    assert env.condition("pay", "FailoverInProgress")["status"] == "True"
+    assert env.condition("pay", "ReadAvailable")["reason"] == "ActingSlaveReading"
+    changes = await eventually(lambda: [e["message"] for e in env.events("pay")
+                                        if e["reason"] == "ModeChanged"
+                                        and "SLAVE_CONSUME" in e["message"].split(":")[0]],
+                               what="a ModeChanged Event for SLAVE_CONSUME")
+    assert "pay-1" in changes[0]
+
+    await env.w.revive("pay-0", "pay", url)  # the kubelet restarts the container
+    final = await eventually(lambda: (s := env.state("pay")) and s.mode is Mode.NORMAL
+                             and s.epoch > epoch0 and s, what="NORMAL again")
+    assert final.epoch >= epoch0 + 4  # FENCING, SLAVE_CONSUME, RECOVERING, NORMAL
+    await eventually(lambda: (c := env.condition("pay", "BackSyncComplete"))
+                     and c["status"] == "True" and env.bg("pay")["status"]["mode"] == "NORMAL",
+                     what="BackSyncComplete")
+    modes = [e["message"].split(":")[0] for e in env.events("pay") if e["reason"] == "ModeChanged"]
+    for expected in ("-> FENCING", "-> SLAVE_CONSUME", "-> RECOVERING", "-> NORMAL"):
+        assert any(expected in m for m in modes), (expected, modes)
+    times = env.bg("pay")["status"]["lastFailover"]
+    assert times["normalAgain"] is not None
+    assert times["masterBack"] is not None
+
+
+async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff(
+        env: Env) -> None:
+    await ready_group(env, "roll", slaves=2)
+    sts = env.w.get("apps/v1/statefulsets", "roll")
+    old_rev = revision_of(sts)
+    seen: list[tuple[str, int, str]] = []
+
+    def watch(data: bytes | None, _stat: Any, *_: Any) -> None:
+        if data:
+            st = decode_state(data)
+            seen.append((st.mode.name, st.epoch, st.reason))
+
+    env.admin.DataWatch(state_path("roll"), watch)
+    env.k.deleted_pods.clear()
+    await env.patch_spec("roll", {"image": "understudy/broker:2"})
+
+    def rolled() -> bool:
+        pods = [p for p in env.w.objects("v1/pods")
+                if p["metadata"]["name"].startswith("roll-")]
+        sts_now = env.w.get("apps/v1/statefulsets", "roll")
+        rev = (sts_now.get("status") or {}).get("updateRevision")
+        return bool(rev != old_rev and len(pods) == 3 and all(
+            p["metadata"]["labels"]["controller-revision-hash"] == rev for p in pods))
+
+    await eventually(rolled, within=60, what="every pod at the new revision")
+    await eventually(lambda: (s := env.state("roll")) and s.mode is Mode.NORMAL, within=30,
+                     what="NORMAL after the rollout")
+    assert env.k.deleted_pods == ["roll-2", "roll-1", "roll-0"]
+    modes = [(m, r) for m, _, r in seen]
+    fence = next(i for i, (m, r) in enumerate(modes)
+                 if m == "FENCING" and r.startswith("planned handoff"))
+    consume = next(i for i, (m, r) in enumerate(modes)
+                   if m == "SLAVE_CONSUME" and r.startswith("planned handoff"))
+    recovering = next(i for i, (m, _) in enumerate(modes) if m == "RECOVERING")
+    assert fence < consume < recovering, modes
+    assert modes[-1][0] == "NORMAL"
+    acting = next(r for m, _, r in seen if m == "SLAVE_CONSUME")
+    assert "serves reads while it restarts" in acting
+    steps = [e["message"] for e in env.events("roll") if e["reason"] == "RollingUpdate"]
+    assert [s.split(" ")[0] for s in steps[:2]] == ["restarting", "restarting"]
+    assert steps[-1].startswith("planned handoff")
+
+
+async def test_scale_up_and_down_updates_zk_config_services_and_statefulset(env: Env) -> None:
+    await ready_group(env, "sc", slaves=1)
+
+    def brokers() -> list[str]:
+        return [b.name for b in GroupConfig.from_json(env.admin.get("/groups/sc/config")[0])
+                .brokers]
+
+    await env.patch_spec("sc", {"slaves": 2})
+    await eventually(lambda: brokers() == ["sc-0", "sc-1", "sc-2"], what="3 brokers in ZK")
+    await eventually(lambda: env.w.get("apps/v1/statefulsets", "sc")["spec"]["replicas"] == 3
+                     and env.w.get("v1/services", "sc-2") is not None, what="scaled up")
+    await eventually(lambda: (c := env.condition("sc", "Ready")) and c["status"] == "True"
+                     and env.bg("sc")["status"]["readyBrokers"] == "3/3", what="3/3 ready")
+
+    await env.patch_spec("sc", {"slaves": 1})
+    await eventually(lambda: brokers() == ["sc-0", "sc-1"], what="2 brokers in ZK")
+    await eventually(lambda: env.w.get("apps/v1/statefulsets", "sc")["spec"]["replicas"] == 2
+                     and env.w.get("v1/services", "sc-2") is None, what="scaled down")
+    assert any(e["reason"] == "Scaled" for e in env.events("sc"))
+
+
+async def test_scale_down_waits_while_the_removed_slave_acts_for_reads(env: Env) -> None:
+    # sd-1 may not read, so sd-2 acts; scaling to one slave would remove it.
+    await ready_group(env, "sd", slaves=2, brokers=[{"ordinal": 1, "permission": "NONE"}])
+    await env.w.kill("sd-0")
+    await eventually(lambda: (s := env.state("sd")) and s.mode is Mode.SLAVE_CONSUME,
+                     what="SLAVE_CONSUME")
+    acting = env.state("sd").acting
+    assert acting == "sd-2"
+    await env.patch_spec("sd", {"slaves": 1, "brokers": None})
+    await eventually(lambda: any(e["reason"] == "ScaleDeferred" for e in env.events("sd")),
+                     what="a ScaleDeferred Event")
+    assert env.w.get("apps/v1/statefulsets", "sd")["spec"]["replicas"] == 3
+    assert env.state("sd").acting == acting
+
+
+async def test_delete_removes_zookeeper_nodes_and_pvcs_when_asked(env: Env) -> None:
+    await ready_group(env, "gone")
+    await ready_group(env, "kept", storage={"retentionOnDelete": "Retain"})
+    for group in ("gone", "kept"):
+        for ordinal in range(2):
+            await env.w.api("POST", f"/api/v1/namespaces/{NS}/persistentvolumeclaims", {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": f"data-{group}-{ordinal}", "namespace": NS},
+                "spec": {}})
+    assert env.admin.exists("/controllers/gone") is not None
+    for group in ("gone", "kept"):
+        await env.w.api("DELETE",
+                        f"/apis/understudy.io/v1alpha1/namespaces/{NS}/brokergroups/{group}")
+    await eventually(lambda: env.bg("gone") is None and env.bg("kept") is None, within=30,
+                     what="both BrokerGroups gone (finalizers released)")
+    for group in ("gone", "kept"):
+        assert env.admin.exists(f"/groups/{group}") is None
+        assert env.admin.exists(f"/controllers/{group}") is None
+    claims = sorted(c["metadata"]["name"] for c in env.w.objects("v1/persistentvolumeclaims"))
+    assert claims == ["data-kept-0", "data-kept-1"]

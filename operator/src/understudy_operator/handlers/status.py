@@ -90,7 +90,10 @@ async def refresh(rt: Runtime, handle: GroupHandle, body: Mapping[str, Any] | No
             bpod = pods.get(bname)
             brokers.append(BrokerObservation(
                 name=bname, ordinal=ordinal, configured=spec.permission_of(ordinal),
-                effective=st.effective if st is not None else None, live=zk[bname].live,
+                # A broker without a live node publishes nothing: its last status is stale
+                # (a dead master's says FULL forever), so its permission is unknown.
+                effective=st.effective if st is not None and zk[bname].live else None,
+                live=zk[bname].live,
                 ready=bpod is not None and pod_ready(bpod), replication_lag_bytes=lag))
         handle.failover_times = advance_failover_times(handle.failover_times, handle.last_mode,
                                                        state)
