@@ -268,10 +268,39 @@ class FailoverModel(RuleBasedStateMachine):
             self.w.snapshot(c)
             self.w.act(c)
 
-    @rule(n=st.integers(0, 2), who=st.sets(names), c=st.sampled_from((0, 1, None)))
-    def progress_again(self, n: int, who: set[str], c: int | None) -> None:
-        """The same as ``progress``: listed twice so that runs make progress between faults."""
-        self.progress(n, who, c)
+    @rule(rounds=st.integers(1, 4), c=st.sampled_from((0, 1)))
+    def settle(self, rounds: int, c: int) -> None:
+        """No time passes; every broker renews, back-syncs and publishes and a controller
+        checks, ``rounds`` times: a fault followed by a quick reaction in few steps."""
+        for _ in range(rounds):
+            for b in self.w.brokers.values():
+                self.w.renew(b)
+                self.w.backsync(b)
+                self.w.publish(b)
+            self.w.snapshot(c)
+            self.w.act(c)
+
+    @rule()
+    def tick_once(self) -> None:
+        self.w.tick()
+
+    @rule(kind=st.sampled_from(("stop", "kill", "cut")), name=names, ticks=st.integers(0, S + 1),
+          c=st.sampled_from((0, 1)))
+    def fault_then_react(self, kind: str, name: str, ticks: int, c: int) -> None:
+        """A macro step: a fault, then ``ticks`` seconds in which everyone else renews,
+        publishes and a controller checks — the common shape of a real incident, so the
+        search reaches deep failover states often and spends its steps on interleavings."""
+        b = self.w.brokers[name]
+        if kind == "stop" and b.proc == "run":
+            b.proc = "stop"
+        elif kind == "kill":
+            b.proc = "dead"
+        elif kind == "cut":
+            b.cut = True
+        self.settle(2, c)
+        for _ in range(ticks):
+            self.w.tick()
+            self.settle(3, c)
 
     @rule(name=names)
     def deliver_watch(self, name: str) -> None:
