@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -18,7 +20,14 @@ from typing import Any
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import BrokerError, Consumer, Producer, Router, create_topic
+from understudy_broker.client import (
+    BrokerError,
+    Connection,
+    Consumer,
+    Producer,
+    Router,
+    create_topic,
+)
 from understudy_broker.model import Permission
 
 pytestmark = pytest.mark.integration
@@ -202,3 +211,24 @@ async def test_consumer_resumes_from_its_committed_offsets(group: dict[str, Any]
     # Each queue restarts exactly at the committed offset: nothing skipped, no rewind.
     for q, off in firsts.items():
         assert off == (committed.get(q) or 0)
+
+
+async def test_frozen_broker_times_out_instead_of_hanging(group: dict[str, Any]) -> None:
+    n = group["n"]
+    conn = await Connection.open(n.address)
+    os.kill(n.pid, signal.SIGSTOP)  # a VM pause / GC stall / SIGSTOP
+    try:
+        with pytest.raises(BrokerError) as info:
+            await conn.request(p.Op.HEARTBEAT, b"{}", timeout_s=0.5)
+        assert info.value.status == p.Status.TIMEOUT
+        assert info.value.retriable
+    finally:
+        os.kill(n.pid, signal.SIGCONT)
+        await conn.close()
+    # Once it runs again it answers as before.
+    conn = await Connection.open(n.address)
+    try:
+        hb = p.HeartbeatResponse.decode(await conn.request(p.Op.HEARTBEAT, b"{}"))
+        assert hb.name == "n"
+    finally:
+        await conn.close()

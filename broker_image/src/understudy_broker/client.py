@@ -101,23 +101,33 @@ class Connection:
 
     def send(self, op: p.Op, body: bytes, *, epoch: int = 0) -> asyncio.Future[p.Frame]:
         """Write a request; the future resolves with the response frame (any status)."""
+        return self._send(op, body, epoch=epoch)[1]
+
+    def _send(
+        self, op: p.Op, body: bytes, *, epoch: int
+    ) -> tuple[int, asyncio.Future[p.Frame]]:
         if self._closed is not None:
             raise ConnectionError(f"connection to {self.address} is closed: {self._closed}")
         rid = next(self._ids) & 0xFFFFFFFF
         fut: asyncio.Future[p.Frame] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         self._writer.write(p.encode_frame(request_id=rid, op=op, epoch=epoch, body=body))
-        return fut
+        return rid, fut
 
     async def request(
         self, op: p.Op, body: bytes, *, epoch: int = 0, timeout_s: float = 30.0
     ) -> bytes:
-        """Send and wait; returns the OK body or raises BrokerError/ConnectionError."""
-        fut = self.send(op, body, epoch=epoch)
-        await self._writer.drain()
+        """Send and wait; returns the OK body or raises BrokerError/ConnectionError.
+
+        The timeout covers writing too: a frozen broker (SIGSTOP, a VM pause) that stops
+        reading cannot hold the caller beyond ``timeout_s``."""
+        rid, fut = self._send(op, body, epoch=epoch)
         try:
-            frame = await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._writer.drain()
+                frame = await fut
         except TimeoutError:
+            self._pending.pop(rid, None)
             raise BrokerError(
                 p.Status.TIMEOUT, f"no answer within {timeout_s}s", address=self.address
             ) from None
@@ -170,8 +180,13 @@ class Connection:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+        try:
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+        except TimeoutError:
+            # A peer that stopped reading keeps our write buffer from draining.
+            self._writer.transport.abort()
+        except Exception:  # already closed or reset: nothing left to do
+            pass
 
 
 def failover_order(brokers: Sequence[p.BrokerRoute], need: Permission) -> list[p.BrokerRoute]:
