@@ -483,3 +483,36 @@ def test_malformed_state_is_reported_not_fatal(admin: KazooClient, zk: str, tmp_
 
     asyncio.run(go())
     assert json.loads(admin.get(state_path(GROUP))[0])["epoch"] == 7
+
+
+async def test_recorded_in_sync_set_limits_the_acting_choice(
+        admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
+    from understudy_operator.controller.driver import isr_path
+
+    _, written = controller
+    admin.create(config_path(GROUP), config().to_json(), makepath=True)
+    admin.create(isr_path(GROUP), json.dumps({"inSync": ["b1"]}).encode(), makepath=True)
+    for name in ("b0", "b1", "b2"):
+        cluster.start(name)
+    await wait_for(lambda: len(live(admin)) == 3, "3 live brokers")
+    await wait_for(lambda: len(admin.get_children(f"/groups/{GROUP}/status")) == 3, "statuses")
+    cluster.kill("b0")
+    await wait_for(lambda: len(written) == 2, "slave-consume")
+    assert written[1].acting == "b1"  # b2 has the higher offset but is not in sync
+
+
+async def test_malformed_in_sync_record_trusts_no_slave(
+        admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
+    from understudy_operator.controller.driver import isr_path
+
+    ctl, written = controller
+    admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
+    admin.create(isr_path(GROUP), b"{oops", makepath=True)
+    for name in ("b0", "b1"):
+        cluster.start(name)
+    await wait_for(lambda: len(live(admin)) == 2, "2 live brokers")
+    await wait_for(lambda: read_state(admin) is not None, "initial state")
+    cluster.kill("b0")
+    await wait_for(lambda: ctl.drivers[0].last_decision is not None
+                   and "no eligible slave" in ctl.drivers[0].last_decision.reason, "a decision")
+    assert written == []

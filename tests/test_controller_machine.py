@@ -438,3 +438,35 @@ def test_force_recovering_only_from_the_acting_slave() -> None:
     with pytest.raises(ForceRefused, match="must come from b1"):
         plan_force(c, SC3, views, mode=Mode.RECOVERING, acting="b2")
     assert plan_force(c, SC3, views, mode=Mode.RECOVERING).acting == "b1"
+
+
+# ----------------------------------------------------------------- in-sync set
+
+
+def test_only_in_sync_slaves_are_eligible() -> None:
+    c = cfg()
+    views = (gone("b0"), *slaves_link_down(2, (9, 3)))
+    o = Observation(now=0, wall=0, brokers={v.name: v for v in views},
+                    in_sync=frozenset({"b2"}))
+    d = decide(c, FENCING2, o, Memory())
+    assert d.target is not None
+    assert d.target.acting == "b2"  # b1 has more offset but may miss acknowledged commits
+
+
+def test_no_in_sync_slave_means_no_failover() -> None:
+    c = cfg()
+    views = (gone("b0"), *slaves_link_down(1))
+    o = Observation(now=0, wall=0, brokers={v.name: v for v in views}, in_sync=frozenset())
+    d = decide(c, NORMAL1, o, Memory())
+    assert d.target is None
+    assert "no eligible slave" in d.reason
+
+
+def test_force_refuses_an_out_of_sync_slave() -> None:
+    c = cfg()
+    views = (gone("b0"), up("b1", st("b1", epoch=2)), up("b2", st("b2", epoch=2)))
+    o = Observation(now=0, wall=0, brokers={v.name: v for v in views}, in_sync=frozenset({"b2"}))
+    with pytest.raises(ForceRefused, match="not in the in-sync set"):
+        plan_force(c, FENCING2, o, mode=Mode.SLAVE_CONSUME, acting="b1")
+    assert plan_force(c, FENCING2, o, mode=Mode.SLAVE_CONSUME, acting="b1",
+                      accept_rewind=True).acting == "b1"

@@ -13,10 +13,13 @@ The world is a discrete-time model (1 tick = 1 s) of what the real parts do:
   A broker registers its live node before any lease renewal in a new session, and a
   broker that has not yet learned the state enforces NONE. Each computes its effective
   permission with the real ``model.effective_permission``.
-- Consumers: commits go to whoever has effective READ at that moment. A commit is
-  acknowledged only once a second broker holds it: a master replicates to its running
-  slaves (synchronous replication), an acting slave mirrors to the other running slaves.
-  The acting slave pushes its offsets to the master in RECOVERING (back-sync).
+- Consumers: commits go to whoever has effective READ at that moment. Replication keeps
+  an in-sync set of slaves (ISR) in ZooKeeper: the reader (master, or acting slave
+  mirroring to the other slaves) acknowledges a commit only once every ISR slave but
+  itself holds it, and at least one does; a slave that cannot receive it is first removed
+  from the ISR by a ZooKeeper write (so the reader must be connected); a running slave
+  rejoins after catching up from the current reader. The controller only picks ISR
+  slaves. The acting slave pushes its offsets to the master in RECOVERING (back-sync).
 - Controllers: two of them, each with its own memory, each taking *snapshots* (possibly
   acted on later: delayed watches, stale views) and writing with the snapshot's version.
 
@@ -86,6 +89,7 @@ class World:
     snapshots: list[tuple[GroupState, int, Observation] | None] = field(
         default_factory=lambda: [None, None])
     epochs_written: list[int] = field(default_factory=list)
+    isr: set[str] = field(default_factory=lambda: set(NAMES[1:]))
 
     def __post_init__(self) -> None:
         for i, n in enumerate(NAMES):
@@ -182,13 +186,30 @@ class World:
         if not self.effective(b) & Permission.READ:
             return
         self.counter += 1
-        b.commits = self.counter
-        peers = [x for x in self.brokers.values()
-                 if x is not b and x.ordinal > 0 and x.proc == "run"]
-        for p in peers:
+        b.commits = self.counter  # persisted locally, acknowledged only below
+        peers = [self.brokers[n] for n in sorted(self.isr) if n != b.name]
+        reachable = [p for p in peers if p.proc == "run"]
+        if not reachable:
+            return  # nobody else can hold it: not acknowledged (the consumer retries)
+        unreachable = {p.name for p in peers if p.proc != "run"}
+        if unreachable:
+            if not self.connected(b):
+                return  # cannot record the smaller ISR: not acknowledged
+            self.isr -= unreachable
+        for p in reachable:
             p.commits = max(p.commits, self.counter)
-        if peers:
-            self.acked = self.counter
+        self.acked = self.counter
+
+    def rejoin(self, s: Broker) -> None:
+        """The current reader catches a running slave up and records it in the ISR."""
+        readers = self.readers()
+        if s.ordinal == 0 or s.name in self.isr or s.proc != "run" or len(readers) != 1:
+            return
+        reader = readers[0]
+        if reader is s or not self.connected(reader):
+            return
+        s.commits = max(s.commits, reader.commits)
+        self.isr.add(s.name)
 
     def backsync(self, b: Broker) -> None:
         master = self.brokers["m"]
@@ -211,7 +232,8 @@ class World:
                                status=b.status, status_version=b.status_version)
             for b in self.brokers.values()
         }
-        return Observation(now=float(self.t), wall=float(self.t), brokers=views)
+        return Observation(now=float(self.t), wall=float(self.t), brokers=views,
+                           in_sync=frozenset(self.isr))
 
     def snapshot(self, c: int) -> None:
         self.snapshots[c] = (self.state, self.version, self.observe())
@@ -276,6 +298,7 @@ class FailoverModel(RuleBasedStateMachine):
             for b in self.w.brokers.values():
                 self.w.renew(b)
                 self.w.backsync(b)
+                self.w.rejoin(b)
                 self.w.publish(b)
             self.w.snapshot(c)
             self.w.act(c)
@@ -305,6 +328,10 @@ class FailoverModel(RuleBasedStateMachine):
     @rule(name=names)
     def deliver_watch(self, name: str) -> None:
         self.w.deliver(self.w.brokers[name])
+
+    @rule(name=st.sampled_from(NAMES[1:]))
+    def slave_rejoins_isr(self, name: str) -> None:
+        self.w.rejoin(self.w.brokers[name])
 
     @rule(name=names)
     def consumer_commits(self, name: str) -> None:

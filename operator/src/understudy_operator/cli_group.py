@@ -40,6 +40,7 @@ from understudy_broker.zklayout import (
     status_path,
 )
 from understudy_operator.cli_controller import parse_digest
+from understudy_operator.controller.driver import decode_isr, isr_path
 from understudy_operator.controller.liveness import classify, proc_state_letter, read_pid_file
 from understudy_operator.controller.machine import ForceRefused, all_down, plan_force
 from understudy_operator.controller.observe import BrokerView, Observation, ProcessState
@@ -110,7 +111,16 @@ def _read(client: KazooClient, group: str, pid_dir: Path | None
         views[spec.name] = BrokerView(spec.name, zk_live=spec.name in live,
                                       process=_process(pid_dir, spec.name), status=status,
                                       status_version=sversion)
-    return config, state, version, Observation(now=time.monotonic(), wall=time.time(), brokers=views)
+    in_sync: frozenset[str] | None = None
+    try:
+        in_sync = decode_isr(client.get(isr_path(group))[0])
+    except NoNodeError:
+        pass
+    except LayoutError as exc:
+        click.echo(f"warning: {exc}; trusting no slave", err=True)
+        in_sync = frozenset()
+    obs = Observation(now=time.monotonic(), wall=time.time(), brokers=views, in_sync=in_sync)
+    return config, state, version, obs
 
 
 def _leader(client: KazooClient, group: str) -> str | None:
@@ -152,6 +162,7 @@ def status_document(config: GroupConfig, state: GroupState | None, obs: Observat
         "since": state.since if state else None,
         "reason": state.reason if state else None,
         "degraded": all_down(config, obs),
+        "inSync": sorted(obs.in_sync) if obs.in_sync is not None else None,
         "controller": leader,
         "brokers": brokers,
     }

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -46,6 +47,7 @@ from understudy_broker.zklayout import (
     controller_path,
     decode_state,
     encode_state,
+    group_path,
     live_dir,
     state_path,
     status_path,
@@ -105,6 +107,39 @@ class ControllerMetrics:
         for mode in Mode:
             with contextlib.suppress(KeyError):
                 self.transitions.remove(group, mode.name)
+
+
+def isr_path(group: str) -> str:
+    """``/groups/<group>/isr``: ``{"inSync": [slave, ...]}``, written by the replication
+    layer (versioned) *before* it acknowledges a commit without some slave. To be moved
+    into ``zklayout`` with the replication side."""
+    return f"{group_path(group)}/isr"
+
+
+def decode_isr(data: bytes) -> frozenset[str]:
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LayoutError(f"isr: not JSON: {exc}") from exc
+    members = doc.get("inSync") if isinstance(doc, dict) else None
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise LayoutError("isr: expected {\"inSync\": [broker names]}")
+    return frozenset(members)
+
+
+async def read_isr(zk: Callable[[Any], Awaitable[Any]], client: KazooClient, group: str
+                   ) -> frozenset[str] | None:
+    """The recorded in-sync set, ``None`` when there is no record. A malformed record
+    counts as an empty set: no slave is trusted to hold every acknowledged commit."""
+    try:
+        raw, _ = await zk(client.get_async(isr_path(group)))
+    except NoNodeError:
+        return None
+    try:
+        return decode_isr(raw)
+    except LayoutError as exc:
+        log.error("group %s: %s; trusting no slave", group, exc)
+        return frozenset()
 
 
 TransitionLog = Callable[[str, GroupState, GroupState], None]
@@ -403,4 +438,5 @@ class GroupDriver:
                 status=status,
                 status_version=version,
             )
-        return Observation(now=time.monotonic(), wall=time.time(), brokers=views)
+        in_sync = await read_isr(self.c.zk, client, self.group)
+        return Observation(now=time.monotonic(), wall=time.time(), brokers=views, in_sync=in_sync)

@@ -147,10 +147,11 @@ def eligible_slaves(
     need_link_down: bool,
     exclude: frozenset[str] = frozenset(),
 ) -> list[BrokerSpec]:
-    """Slaves that may take reads: up, configured with READ, with a published status and
-    (when ``need_link_down``) reporting their link to the master down. When the master's
-    process has certainly exited its link is down by definition, whatever a status
-    published a moment before the crash still says."""
+    """Slaves that may take reads: up, configured with READ, in the recorded in-sync set
+    (when there is one), with a published status and (when ``need_link_down``) reporting
+    their link to the master down. When the master's process has certainly exited its link
+    is down by definition, whatever a status published a moment before the crash still
+    says."""
     master_dead = certainly_dead(obs.view(config.master.name))
     out: list[BrokerSpec] = []
     for spec in config.slaves:
@@ -158,6 +159,8 @@ def eligible_slaves(
         if spec.name in exclude or not is_up(view) or view.status is None:
             continue
         if not spec.permission & Permission.READ:
+            continue
+        if obs.in_sync is not None and spec.name not in obs.in_sync:
             continue
         if need_link_down and view.status.master_link and not master_dead:
             continue
@@ -526,6 +529,11 @@ def plan_force(
                 f"{'present' if view.zk_live else 'absent'}, process {view.process.value})"
             )
         if not accept_rewind:
+            if obs.in_sync is not None and acting not in obs.in_sync:
+                raise ForceRefused(
+                    f"{acting} is not in the in-sync set {sorted(obs.in_sync)}: it may miss "
+                    "acknowledged commits. Name an in-sync slave, or pass --accept-rewind"
+                )
             mine = view.status.max_offset if view.status is not None else -1
             for other in eligible_slaves(config, obs, need_link_down=False, exclude=frozenset({acting})):
                 ost = obs.view(other.name).status

@@ -57,11 +57,15 @@ class Observation:
     ``now`` is a monotonic clock reading in seconds (timers and detection windows use it);
     ``wall`` is wall-clock seconds since the epoch (only written into ``state.since``).
     A broker missing from ``brokers`` is treated as not live with an unknown process.
+    ``in_sync``: the slaves the replication layer recorded as holding every acknowledged
+    commit (``/groups/<group>/isr``), or ``None`` when no such record exists (then every
+    slave counts as in sync, which is only safe with a single slave).
     """
 
     now: float
     wall: float
     brokers: Mapping[str, BrokerView] = field(default_factory=dict)
+    in_sync: frozenset[str] | None = None
 
     def view(self, name: str) -> BrokerView:
         return self.brokers.get(name) or BrokerView(name=name)
