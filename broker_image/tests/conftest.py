@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -24,6 +25,13 @@ import pytest
 from understudy_broker import protocol as p
 
 UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
+
+
+def _die_with_parent() -> None:
+    """Linux: the broker gets SIGTERM if pytest itself is killed (no teardown then)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -73,7 +81,11 @@ class BrokerProc:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
-                self.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
