@@ -89,6 +89,9 @@ async def test_registers_watches_and_renews(coord: tuple[BrokerCoordinator, list
     assert c.zk_live
     assert c.zk_lost_for() == 0.0
     assert changes
+    await wait_for(lambda: c.live == frozenset({"m"}), "the live set")
+    admin.create(live_path(GROUP, "s"), b"{}", ephemeral=True)
+    await wait_for(lambda: c.live == frozenset({"m", "s"}), "a peer in the live set")
     # A new epoch is applied through the watch and re-confirmed by the lease at once.
     admin.set(state_path(GROUP), encode_state(GroupState(Mode.FENCING, 2, reason="test")))
     await wait_for(lambda: c.state is not None and c.state.epoch == 2, "epoch 2")

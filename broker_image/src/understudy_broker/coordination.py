@@ -43,6 +43,7 @@ from understudy_broker.zklayout import (
     LayoutError,
     config_path,
     decode_state,
+    live_dir,
     live_path,
     state_path,
     status_path,
@@ -105,6 +106,7 @@ class BrokerCoordinator:
         self._registered = False
         self._state: GroupState | None = None
         self._config: GroupConfig | None = None
+        self._live: frozenset[str] = frozenset()
         self._lease = Lease(duration=0.0)
         self._renew_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -132,6 +134,11 @@ class BrokerCoordinator:
     @property
     def config(self) -> GroupConfig | None:
         return self._config
+
+    @property
+    def live(self) -> frozenset[str]:
+        """The brokers whose ``live`` node exists (from a ChildrenWatch)."""
+        return self._live
 
     @property
     def lease(self) -> Lease:
@@ -170,6 +177,7 @@ class BrokerCoordinator:
         await self._register()
         self._client.DataWatch(config_path(self.group), self._config_watch)
         self._client.DataWatch(state_path(self.group), self._state_watch)
+        self._client.ChildrenWatch(live_dir(self.group), self._live_watch)
         self._tasks.append(self._loop.create_task(self._renewal_loop(), name=f"lease-{self.name}"))
 
     async def stop(self) -> None:
@@ -207,6 +215,15 @@ class BrokerCoordinator:
     def _state_watch(self, data: bytes | None, _stat: Any, *_: Any) -> None:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._apply_state_bytes, data)
+
+    def _live_watch(self, children: list[str]) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._apply_live, frozenset(children))
+
+    def _apply_live(self, live: frozenset[str]) -> None:
+        if live != self._live:
+            self._live = live
+            self._on_change()
 
     def _on_zk_state(self, state: str) -> None:
         if self._stopping:

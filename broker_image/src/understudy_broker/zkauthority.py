@@ -107,6 +107,7 @@ class ZkAuthority:
         self._listeners: list[Listener] = []
         self._coord: BrokerCoordinator | None = None
         self._last: tuple[Permission, int] = (Permission.NONE, 0)
+        self._last_live: frozenset[str] = frozenset()
         self._publish_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._route_cache: tuple[float, list[BrokerRoute]] | None = None
@@ -210,6 +211,12 @@ class ZkAuthority:
         return self._address() if callable(self._address) else self._address
 
     def _changed(self) -> None:
+        coord = self._coord
+        if coord is not None and coord.live != self._last_live:
+            # A broker came or went (e.g. the master's session expired): publish at once, so
+            # the controller gets offsets published after that moment without waiting.
+            self._last_live = coord.live
+            self._publish_now.set()
         now = (self.effective(), self.epoch())
         if now != self._last:
             old = self._last

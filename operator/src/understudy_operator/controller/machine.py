@@ -339,11 +339,16 @@ class _Ctx:
         candidates = eligible_slaves(
             self.config, self.obs, need_link_down=target == master, exclude=frozenset({target})
         )
-        # Offsets are compared only from statuses published after the fenced broker stopped
-        # committing: after its certain death, any status at this epoch; otherwise a status
-        # published after the proof was first seen. A slave that does not publish within a
-        # session timeout is left out rather than stalling the failover.
-        fresh = [c for c in candidates if self._fresh(c, mem, certain=certainly_dead(target_view))]
+        # With a recorded in-sync set every candidate holds every acknowledged commit (the
+        # set was read after the proof, so it can no longer shrink), and offsets only rank
+        # them. Without one, offsets decide safety, so they are compared only from statuses
+        # published after the fenced broker stopped committing: after its certain death,
+        # any status at this epoch; otherwise a status published after the proof was first
+        # seen. A slave that does not publish within a session timeout is left out rather
+        # than stalling the failover.
+        certain = certainly_dead(target_view)
+        fresh = candidates if self.obs.in_sync is not None else [
+            c for c in candidates if self._fresh(c, mem, certain=certain)]
         proof_at = mem.proof_at if mem.proof_at is not None else self.obs.now
         grace = self.config.session_timeout_ms / 1000.0
         waited = self.obs.now - proof_at
