@@ -458,3 +458,37 @@ def test_full_cycle_returns_to_normal_without_rewind() -> None:
     assert [b.name for b in w.readers()] == ["m"]
     assert w.brokers["m"].commits == 2
     w.check()
+
+
+def test_a_hung_master_keeps_reads_until_proven_unable() -> None:
+    # The shortest path to two readers if the controller skipped the fencing proof: the
+    # master hangs, a slave is named one second later, the master resumes with its lease.
+    fm = FailoverModel()
+    fm.fault_then_react(kind="stop", name="m", ticks=1, c=0)
+    assert fm.w.state.mode is Mode.FENCING  # no proof yet: the session is still alive
+    fm.sigcont("m")
+    fm.w.check()
+    fm.sigstop("m")
+    fm.fault_then_react(kind="stop", name="m", ticks=S + 1, c=0)
+    assert fm.w.state.mode is Mode.SLAVE_CONSUME  # proof: the session expired
+    fm.sigcont("m")
+    fm.w.check()
+    assert [b.name for b in fm.w.readers()] == [fm.w.state.acting]
+
+
+def test_a_slave_that_missed_acknowledged_commits_is_never_chosen() -> None:
+    # Found by the random search before the ISR contract existed: s2 is down while the
+    # master's commit is acknowledged by s1 alone; s1 dies; s2 returns; the master hangs.
+    fm = FailoverModel()
+    fm.kill("s2")
+    fm.settle(1, 0)
+    fm.w.renew(fm.w.brokers["m"])
+    fm.consumer_commits("m")
+    assert fm.w.acked == 1
+    assert fm.w.isr == {"s1"}
+    fm.kill("s1")
+    fm.restart("s2")
+    fm.fault_then_react(kind="stop", name="m", ticks=S + 2, c=0)
+    fm.w.check()
+    assert fm.w.state.mode is Mode.NORMAL or fm.w.state.acting != "s2"
+    assert not any(b.name == "s2" for b in fm.w.readers())
