@@ -516,3 +516,32 @@ async def test_malformed_in_sync_record_trusts_no_slave(
     await wait_for(lambda: ctl.drivers[0].last_decision is not None
                    and "no eligible slave" in ctl.drivers[0].last_decision.reason, "a decision")
     assert written == []
+
+
+def test_malformed_config_and_status_are_reported_not_fatal(
+        admin: KazooClient, zk: str, tmp_path: Path) -> None:
+    admin.create(config_path(GROUP), b'{"group": "g1", "brokers": "nope"}', makepath=True)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        ctl = Controller(zk, groups=[GROUP], liveness=ProcessTableLiveness(tmp_path, loop), loop=loop)
+        await asyncio.to_thread(ctl.client.start, 10)
+        try:
+            driver = ctl.drivers[0]
+            assert await driver.check_once() > 0  # not deciding, not crashing
+            assert read_state(admin) is None  # nothing created from a broken config
+            admin.set(config_path(GROUP), config(slaves=1).to_json())
+            admin.create(f"/groups/{GROUP}/status/b1", b"\xff not json", makepath=True)
+            assert await driver.check_once() == 0  # creates the initial state
+            await driver.check_once()
+            decision = driver.last_decision
+            assert decision is not None
+            assert decision.target is None  # b1's unreadable status makes it ineligible
+        finally:
+            ctl.liveness.close()
+            await asyncio.to_thread(ctl._close)
+
+    asyncio.run(go())
+    st = read_state(admin)
+    assert st is not None
+    assert (st.mode, st.epoch) == (Mode.NORMAL, 1)
