@@ -25,7 +25,10 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import sys
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -387,35 +390,48 @@ async def eventually(check: Callable[[], Any], *, within: float = 20.0, what: st
 
 
 @contextlib.asynccontextmanager
-async def operator(k: Emulator, url: str, *, identity: str,
-                   metrics: OperatorMetrics | None = None) -> AsyncIterator[asyncio.Task[None]]:
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.get_running_loop().create_task(run(
-        config=OperatorConfig(status_interval_s=0.5, handoff_timeout_s=5.0, identity=identity,
-                              controller_session_timeout_s=1.0, scanning=False),
-        connection=kopf.ConnectionInfo(server=url), namespaces=[NS], metrics=metrics,
-        stop_flag=stop, ready_flag=ready))
+async def operator(url: str, *, identity: str,
+                   metrics: OperatorMetrics | None = None) -> AsyncIterator[threading.Thread]:
+    """The operator in a thread with its own event loop, as in production: kopf treats every
+    task of its loop as its own when it stops, and must not wait for the test's."""
+    stop, ready = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(run(
+                config=OperatorConfig(status_interval_s=0.5, handoff_timeout_s=5.0,
+                                      identity=identity, controller_session_timeout_s=1.0,
+                                      scanning=False),
+                connection=kopf.ConnectionInfo(server=url), namespaces=[NS], metrics=metrics,
+                stop_flag=stop, ready_flag=ready))
+        except BaseException as exc:  # reported by the test below
+            failure.append(exc)
+
+    thread = threading.Thread(target=main, name=f"operator-{identity}", daemon=True)
+    thread.stop_flag = stop  # type: ignore[attr-defined]  # lets a test stop one replica early
+    thread.start()
     try:
-        await asyncio.wait_for(ready.wait(), 15)
-        yield task
+        assert await asyncio.to_thread(ready.wait, 15), f"operator {identity} did not start"
+        yield thread
     finally:
         stop.set()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(task, 15)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.to_thread(thread.join, 30)
+        if thread.is_alive():
+            frame = sys._current_frames().get(thread.ident or 0)
+            stack = "".join(traceback.format_stack(frame)) if frame else "?"
+            raise AssertionError(f"operator {identity} did not stop; it is at:\n{stack}")
+        assert not failure, f"operator {identity} failed: {failure[0]!r}"
 
 
 @pytest.fixture
-async def env(zk: str) -> AsyncIterator[Env]:
+async def cluster(zk: str) -> AsyncIterator[Env]:
+    """KMock, the workload emulation and ZooKeeper, without an operator."""
     zk_connect, _, chroot = zk.partition("/")
     admin = KazooClient(hosts=zk, timeout=2.0)
     admin.start(timeout=10)
     k = Emulator()
     declare(k)
-    metrics = OperatorMetrics()
     try:
         async with k, kmock.Server(k) as server, aiohttp.ClientSession() as http:
             base = str(server.url).rstrip("/")
@@ -423,9 +439,8 @@ async def env(zk: str) -> AsyncIterator[Env]:
             k.on_pod_delete = w.on_pod_delete
             driver = asyncio.get_running_loop().create_task(w.run())
             try:
-                async with operator(k, base, identity="op-a", metrics=metrics):
-                    yield Env(k=k, w=w, zk_connect=zk_connect, chroot=f"/{chroot}",
-                              admin=admin, metrics=metrics)
+                yield Env(k=k, w=w, zk_connect=zk_connect, chroot=f"/{chroot}", admin=admin,
+                          metrics=OperatorMetrics())
             finally:
                 driver.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -434,6 +449,13 @@ async def env(zk: str) -> AsyncIterator[Env]:
     finally:
         admin.stop()
         admin.close()
+
+
+@pytest.fixture
+async def env(cluster: Env) -> AsyncIterator[Env]:
+    """The cluster with one operator replica running."""
+    async with operator(cluster.w.base, identity="op-a", metrics=cluster.metrics):
+        yield cluster
 
 
 # --------------------------------------------------------------------------- tests
@@ -652,3 +674,44 @@ async def test_delete_removes_zookeeper_nodes_and_pvcs_when_asked(env: Env) -> N
         assert env.admin.exists(f"/controllers/{group}") is None
     claims = sorted(c["metadata"]["name"] for c in env.w.objects("v1/persistentvolumeclaims"))
     assert claims == ["data-kept-0", "data-kept-1"]
+
+
+def gauge(metrics: OperatorMetrics, name: str) -> float | None:
+    value = metrics.registry.get_sample_value(name)
+    return None if value is None else float(value)
+
+
+async def test_two_operator_replicas_one_decides_and_the_other_takes_over(
+        cluster: Env) -> None:
+    env = cluster
+    metrics_b = OperatorMetrics()
+    async with operator(env.w.base, identity="op-a", metrics=env.metrics):
+        await ready_group(env, "duo")
+        await eventually(lambda: gauge(env.metrics, metric_names.OPERATOR_LEADING_GROUPS) == 1,
+                         what="op-a leads")
+        async with operator(env.w.base, identity="op-b", metrics=metrics_b):
+            await eventually(lambda: len(env.admin.get_children("/controllers/duo")) == 2,
+                             what="both replicas in the election")
+            await asyncio.sleep(1.5)  # several status ticks of both replicas
+            assert gauge(metrics_b, metric_names.OPERATOR_LEADING_GROUPS) == 0
+            assert gauge(env.metrics, metric_names.OPERATOR_LEADING_GROUPS) == 1
+            # Only the leader exports the group's series.
+            assert metrics_b.registry.get_sample_value(
+                "understudy_group_mode", {"group": "duo"}) is None
+            # op-a resigns (its ZooKeeper session closes): op-b leads and decides.
+            await stop_first(env)
+            await eventually(lambda: gauge(metrics_b, metric_names.OPERATOR_LEADING_GROUPS) == 1,
+                             what="op-b leads")
+            await env.w.kill("duo-0")
+            await eventually(lambda: (s := env.state("duo")) and s.mode is Mode.SLAVE_CONSUME,
+                             what="op-b fails the group over")
+            await eventually(lambda: (env.bg("duo") or {}).get("status", {}).get("mode")
+                             == "SLAVE_CONSUME", what="op-b patches the status")
+
+
+async def stop_first(env: Env) -> None:
+    """Stop the replica named op-a (started first) while op-b keeps running."""
+    (thread,) = [t for t in threading.enumerate() if t.name == "operator-op-a"]
+    thread.stop_flag.set()  # type: ignore[attr-defined]
+    await asyncio.to_thread(thread.join, 30)
+    assert not thread.is_alive()

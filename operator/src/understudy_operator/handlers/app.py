@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import kopf
+from kazoo.exceptions import KazooException
 
 from understudy_operator.handlers.delete import finalize
 from understudy_operator.handlers.pods import route
@@ -27,7 +28,7 @@ from understudy_operator.handlers.rolling import roll
 from understudy_operator.handlers.runtime import MEMO_KEY, OperatorConfig, Runtime, runtime_of
 from understudy_operator.handlers.status import on_transition, refresh
 from understudy_operator.k8s.builders import LABEL_GROUP
-from understudy_operator.kube import BROKERGROUPS, KubeClient
+from understudy_operator.kube import BROKERGROUPS, KubeClient, KubeError
 from understudy_operator.opmetrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,14 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         rt.metrics.leading.set(rt.leading_count())
         if handle is None:
             return
-        with rt.metrics.timed("status"):
-            await refresh(rt, handle, body)
+        try:
+            with rt.metrics.timed("status"):
+                await refresh(rt, handle, body)
+        except (KazooException, KubeError) as exc:
+            # The next tick retries; kopf's own retry would wait a minute.
+            log.warning("group %s/%s: status refresh failed: %r", handle.namespace,
+                        handle.name, exc)
+            return
         if handle.leading and not handle.rollout_lock.locked():
             handle.spawn(_roll_logged(rt, handle), name=f"rollout-{handle.name}")
 
