@@ -136,7 +136,8 @@ async def test_truncated_frame_then_hangup_leaves_the_broker_serving(broker: Any
     ("op", "body", "status"),
     [
         (200, b"", p.Status.UNKNOWN_OPERATION),
-        (p.Op.BACKSYNC_OFFSETS, b"{}", p.Status.UNKNOWN_OPERATION),
+        (p.Op.GET_STATUS, b"{}", p.Status.UNKNOWN_OPERATION),
+        (p.Op.BACKSYNC_OFFSETS, b"{}", p.Status.BAD_FRAME),
         (p.Op.PRODUCE, b"\x00\x04safe\xff\xff\xff\xff", p.Status.BAD_FRAME),
         (p.Op.PULL, b"not a pull", p.Status.BAD_FRAME),
         (p.Op.CREATE_TOPIC, b'{"topic": "bad name!", "queues": 2}', p.Status.BAD_REQUEST),

@@ -23,6 +23,7 @@ import click
 from understudy_broker.config import (
     BrokerConfig,
     ConfigError,
+    parse_digest,
     parse_hostport,
     parse_peer,
     validate,
@@ -54,6 +55,10 @@ def _config_from_flags(
     auto_degrade: bool,
     ack_timeout: float,
     max_frame_bytes: int,
+    link_timeout_ms: int = 3000,
+    zk: str | None = None,
+    zk_session_timeout_ms: int = 4000,
+    zk_digest: str | None = None,
 ) -> BrokerConfig:
     """Flags -> config; raises ConfigError/ValueError with a message naming the flag."""
     the_role = Role(role)
@@ -84,6 +89,10 @@ def _config_from_flags(
         auto_degrade=auto_degrade,
         max_frame_bytes=max_frame_bytes,
         ack_timeout_s=ack_timeout,
+        link_timeout_s=link_timeout_ms / 1000,
+        zk=zk,
+        zk_session_timeout_ms=zk_session_timeout_ms,
+        zk_digest=parse_digest(zk_digest) if zk_digest else None,
     )
 
 
@@ -114,11 +123,22 @@ def _config_from_flags(
               help="Sync mode: acknowledge without a slave when none is in sync (else NOT_ENOUGH_REPLICAS).")
 @click.option("--ack-timeout", type=float, default=5.0, show_default=True, help="Sync mode: seconds to wait for a slave.")
 @click.option("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, show_default=True)
+@click.option("--link-timeout-ms", type=int, default=3000, show_default=True,
+              help="Slave: no byte from the master for this long means the link is down.")
+@click.option("--zk", default=None, metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
+              help="Take permission from ZooKeeper (register, watch the group state, publish "
+                   "status, read lease) instead of --permission alone. The group config in "
+                   "ZooKeeper must name this broker with the same ports.")
+@click.option("--zk-session-timeout-ms", type=int, default=4000, show_default=True,
+              help="ZooKeeper session timeout; the read lease is derived from it.")
+@click.option("--zk-digest", default=None, metavar="USER:PASSWORD", envvar="UNDERSTUDY_ZK_DIGEST",
+              help="ZooKeeper digest identity (also env UNDERSTUDY_ZK_DIGEST); nodes get its ACL.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def broker(log_level: str, **flags: Any) -> None:
     """Run a broker. A master: --data-dir DIR --port P --replication-port R; a slave: add
-    --role slave --master HOST:R. SIGTERM/SIGINT stop it cleanly."""
+    --role slave --master HOST:R. With --zk ... --group G --name N the broker's permission
+    comes from the group's state in ZooKeeper. SIGTERM/SIGINT stop it cleanly."""
     try:
         cfg = _config_from_flags(**flags)
         validate(cfg)
@@ -131,6 +151,8 @@ def broker(log_level: str, **flags: Any) -> None:
     )
     try:
         _run_on_best_loop(cfg)
+    except ConfigError as exc:
+        raise click.ClickException(f"broker refused to start: {exc}") from exc
     except Exception as exc:
         raise click.ClickException(f"broker failed: {type(exc).__name__}: {exc}") from exc
 
@@ -156,8 +178,9 @@ async def _run(cfg: BrokerConfig) -> None:
     # Everything allocated so far lives as long as the process: keep it out of the
     # garbage collector's full scans (shorter pauses on the produce path).
     gc.freeze()
+    source = f"coordinated by {cfg.zk}" if cfg.zk else f"permission {cfg.permission.label}"
     parts = [f"understudy broker {cfg.name} ({cfg.role.value}, group {cfg.group}, "
-             f"permission {cfg.permission.label}, {'sync' if cfg.sync else 'async'}) "
+             f"{source}, {'sync' if cfg.sync else 'async'}) "
              f"clients {where.host}:{where.port}"]
     if where.replication_port is not None:
         parts.append(f"replication {where.host}:{where.replication_port}")

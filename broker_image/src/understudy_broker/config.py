@@ -8,11 +8,14 @@ to second-guess its inputs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 class ConfigError(ValueError):
@@ -56,6 +59,18 @@ class BrokerConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     ack_timeout_s: float = 5.0
     offsets_persist_interval_s: float = 1.0
+    #: Slave: seconds without a byte from the master before the link counts as down.
+    link_timeout_s: float = 3.0
+    #: Coordination (DESIGN "ZooKeeper layout"): ``HOST:PORT[,...][/chroot]``; None = static.
+    zk: str | None = None
+    zk_session_timeout_ms: int = 4000
+    #: ``(user, password)`` for ZooKeeper digest authentication and ACLs.
+    zk_digest: tuple[str, str] | None = None
+
+    @property
+    def coordinated(self) -> bool:
+        """Permission comes from ZooKeeper (``--zk``) rather than from the flags."""
+        return self.zk is not None
 
     @property
     def address(self) -> str:
@@ -80,6 +95,14 @@ def parse_peer(text: str) -> Peer:
         raise ConfigError(f"--peer: expected NAME=HOST:PORT, got {text!r}")
     host, port = parse_hostport(addr, what=f"--peer {name}")
     return Peer(name, host, port)
+
+
+def parse_digest(text: str) -> tuple[str, str]:
+    """``USER:PASSWORD`` (both non-empty; the password may contain ``:``)."""
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise ConfigError("--zk-digest: expected USER:PASSWORD")
+    return user, password
 
 
 def validate(cfg: BrokerConfig) -> None:
@@ -118,6 +141,30 @@ def validate(cfg: BrokerConfig) -> None:
         raise ConfigError("--retention-hours must be positive")
     if cfg.min_insync_replicas < 0:
         raise ConfigError("--min-insync-replicas must be 0 or more")
+    if cfg.link_timeout_s <= 0:
+        raise ConfigError("--link-timeout-ms must be positive")
+    if cfg.zk is not None:
+        _validate_coordination(cfg)
     names = [p.name for p in cfg.peers]
     if cfg.name in names or len(names) != len(set(names)):
         raise ConfigError("--peer names must be unique and differ from --name")
+
+
+def _validate_coordination(cfg: BrokerConfig) -> None:
+    """The ``--zk`` flags: names become znode names, timeouts must allow a read lease."""
+    zk = cfg.zk or ""
+    hosts, _, chroot = zk.partition("/")
+    if not hosts or any(not h.strip() for h in hosts.split(",")):
+        raise ConfigError(f"--zk: expected HOST:PORT[,HOST:PORT...][/chroot], got {zk!r}")
+    for h in hosts.split(","):
+        parse_hostport(h.strip(), what="--zk")
+    if chroot and (chroot.endswith("/") or "//" in chroot):
+        raise ConfigError(f"--zk: malformed chroot '/{chroot}'")
+    for kind, name in (("--group", cfg.group), ("--name", cfg.name)):
+        if not _DNS_LABEL.match(name):
+            raise ConfigError(
+                f"{kind} {name!r}: with --zk it must be a DNS label ([a-z0-9-], at most 63)")
+    if cfg.port == 0:
+        raise ConfigError("--port 0 cannot be used with --zk: the group config names the port")
+    if not 500 <= cfg.zk_session_timeout_ms <= 600_000:
+        raise ConfigError("--zk-session-timeout-ms must be 500-600000")

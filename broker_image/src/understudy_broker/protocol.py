@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
+from understudy_broker.offsets import normalize_snapshot
+
 MAGIC: Final = 0x5553
 VERSION: Final = 1
 FLAG_RESPONSE: Final = 0x01
@@ -67,7 +69,7 @@ class Op(enum.IntEnum):
     FETCH_OFFSET = 5
     GET_ROUTE = 6
     HEARTBEAT = 7
-    BACKSYNC_OFFSETS = 8  # reserved: the acting slave pushes consume offsets to the master
+    BACKSYNC_OFFSETS = 8  # the acting slave pushes its consumer offsets to the master
     GET_STATUS = 9  # reserved: the controller reads a broker's status
 
 
@@ -821,6 +823,65 @@ class HeartbeatResponse:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class BackSyncRequest:
+    """BACKSYNC_OFFSETS: the acting slave's final consumer offsets, tagged with the
+    RECOVERING epoch it applied (DESIGN "Failover" step 3). The master merges them
+    (maximum per key), persists them, and only then answers."""
+
+    group: str
+    sender: str
+    epoch: int
+    offsets: Mapping[str, Mapping[str, Mapping[int, int]]]
+
+    def encode(self) -> bytes:
+        return _json_body(
+            {
+                "group": self.group,
+                "sender": self.sender,
+                "epoch": self.epoch,
+                "offsets": {
+                    g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+                    for g, ts in self.offsets.items()
+                },
+            }
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        epoch = _field(data, "epoch", int)
+        if epoch < 1:
+            raise FrameError(Status.BAD_REQUEST, f"back-sync epoch must be positive, got {epoch}")
+        try:
+            offsets = normalize_snapshot(_field(data, "offsets", dict))
+        except ValueError as exc:
+            raise FrameError(Status.BAD_REQUEST, f"back-sync offsets: {exc}") from None
+        return cls(_field(data, "group", str), _field(data, "sender", str), epoch, offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class BackSyncResponse:
+    """The master persisted the offsets: ``moved`` keys went up; ``backsync_epoch`` is the
+    epoch it now reports in its status."""
+
+    epoch: int
+    moved: int
+    backsync_epoch: int
+
+    def encode(self) -> bytes:
+        return _json_body(
+            {"epoch": self.epoch, "moved": self.moved, "backsync_epoch": self.backsync_epoch}
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(
+            _field(data, "epoch", int), _field(data, "moved", int), _field(data, "backsync_epoch", int)
+        )
+
+
 #: Request and response body types per operation.
 REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicRequest,
@@ -830,6 +891,7 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.FETCH_OFFSET: FetchOffsetRequest,
     Op.GET_ROUTE: GetRouteRequest,
     Op.HEARTBEAT: HeartbeatRequest,
+    Op.BACKSYNC_OFFSETS: BackSyncRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -839,6 +901,7 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.FETCH_OFFSET: OffsetsResponse,
     Op.GET_ROUTE: RouteResponse,
     Op.HEARTBEAT: HeartbeatResponse,
+    Op.BACKSYNC_OFFSETS: BackSyncResponse,
 }
 
 

@@ -19,6 +19,14 @@ Concurrency model (one asyncio loop):
   the local fsync) before answering.
 * PULL long-polls on an :class:`AppendSignal` that is fired by local appends and, on a
   slave, by replicated data.
+
+Coordination (``--zk``): the authority is a :class:`~understudy_broker.zkauthority.ZkAuthority`.
+Every change of effective permission is appended to the permission log (:mod:`.permlog`);
+losing READ answers waiting long-polls ``NO_PERMISSION`` at once and then closes consumer
+sessions (connections that pulled, fetched or committed offsets), so consumers re-route
+instead of lingering. An acting slave that applies ``RECOVERING`` pushes its consumer
+offsets to the master (:mod:`.backsync`); the master merges, persists, and reports the
+epoch in its ZooKeeper status.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from typing import Any
 
 from understudy_broker import protocol as p
 from understudy_broker.authority import Authority, StaticAuthority
+from understudy_broker.backsync import backsync_epoch_due, push_until_acknowledged
 from understudy_broker.commitlog import (
     CommitLog,
     CommitLogError,
@@ -43,17 +52,21 @@ from understudy_broker.commitlog import (
     Message,
     Retention,
 )
-from understudy_broker.config import BrokerConfig, Peer
-from understudy_broker.httpserver import HttpSidePort
+from understudy_broker.config import BrokerConfig, ConfigError, Peer
+from understudy_broker.lease import lease_clock
 from understudy_broker.metrics import BrokerMetrics
 from understudy_broker.model import Health, Permission, Role
 from understudy_broker.offsets import OffsetStore
+from understudy_broker.permlog import FILE_NAME as PERMISSION_LOG
+from understudy_broker.permlog import BrokerHttpPort, PermissionLog, lapse_time_ns
 from understudy_broker.replication import (
     NotEnoughReplicasError,
     ReplicationClient,
     ReplicationServer,
     ReplicationTimeoutError,
 )
+from understudy_broker.zkauthority import ReplicationFacts, ZkAuthority
+from understudy_broker.zklayout import GroupConfig, LayoutError
 
 log = logging.getLogger("understudy.broker")
 
@@ -62,6 +75,11 @@ PULL_MAX_RECORDS = 4096
 RETENTION_EVERY_S = 10.0
 METADATA_INTERVAL_S = 0.25
 MAX_INFLIGHT_PER_CONNECTION = 1024
+#: How long a coordinated broker waits at start for the group config (to check its ports).
+CONFIG_WAIT_S = 3.0
+#: How long pending long-polls get to answer NO_PERMISSION before their sessions close.
+SESSION_CLOSE_GRACE_S = 1.0
+CONSUMER_OPS = frozenset({p.Op.PULL, p.Op.COMMIT_OFFSET, p.Op.FETCH_OFFSET})
 
 
 class RequestError(Exception):
@@ -241,6 +259,37 @@ class Listening:
 Handler = Callable[[p.Frame], Awaitable[bytes]]
 
 
+@dataclass(eq=False, slots=True)
+class _Session:
+    """One client connection. ``consumer``: it pulled, fetched or committed offsets, so it
+    is closed when this broker loses READ."""
+
+    writer: asyncio.StreamWriter
+    polls: set[asyncio.Task[Any]]
+    consumer: bool = False
+
+
+def spec_mismatch(cfg: BrokerConfig, group: GroupConfig) -> str | None:
+    """Why this broker's flags contradict its BrokerSpec in the group config, or None."""
+    try:
+        spec = group.broker(cfg.name)
+    except LayoutError as exc:
+        return str(exc)
+    problems = []
+    if spec.role is not cfg.role:
+        problems.append(f"role {spec.role.value} (ordinal {spec.ordinal}), flags say {cfg.role.value}")
+    if spec.port != cfg.port:
+        problems.append(f"--port {spec.port}, flags say {cfg.port}")
+    if cfg.role is Role.MASTER and spec.replication_port != cfg.replication_port:
+        problems.append(
+            f"--replication-port {spec.replication_port}, flags say {cfg.replication_port}")
+    if cfg.http_port is not None and spec.http_port != cfg.http_port:
+        problems.append(f"--http-port {spec.http_port}, flags say {cfg.http_port}")
+    if not problems:
+        return None
+    return f"group {group.group!r} config for broker {cfg.name!r} says " + "; ".join(problems)
+
+
 class Broker:
     """One broker: open with :meth:`start`, stop with :meth:`stop`."""
 
@@ -252,6 +301,19 @@ class Broker:
         peer_probe: Callable[[Peer], Awaitable[tuple[int, int, str]]] | None = None,
     ) -> None:
         self.cfg = cfg
+        if authority is None and cfg.zk is not None:
+            authority = ZkAuthority(
+                connect=cfg.zk,
+                group=cfg.group,
+                name=cfg.name,
+                role=cfg.role,
+                configured=cfg.permission,
+                address=lambda: f"{self.cfg.host}:{self.listening.port}",
+                session_timeout_s=cfg.zk_session_timeout_ms / 1000,
+                link_timeout_s=cfg.link_timeout_s,
+                digest_auth=cfg.zk_digest,
+            )
+        self._zk = authority if isinstance(authority, ZkAuthority) else None
         self._authority: Authority = authority or StaticAuthority(
             name=cfg.name,
             group=cfg.group,
@@ -269,10 +331,18 @@ class Broker:
         self._repl_server: ReplicationServer | None = None
         self._repl_client: ReplicationClient | None = None
         self._server: asyncio.Server | None = None
-        self._http: HttpSidePort | None = None
+        self._http: BrokerHttpPort | None = None
         self._signal: AppendSignal | None = None
         self._background: list[asyncio.Task[Any]] = []
         self._connections: set[asyncio.Task[Any]] = set()
+        self._sessions: set[_Session] = set()
+        self._permlog = PermissionLog(cfg.data_dir / PERMISSION_LOG, group=cfg.group,
+                                      broker=cfg.name)
+        self._had_read = False
+        self._backsync_persisted: int | None = None
+        self._backsync_task: asyncio.Task[None] | None = None
+        self._backsync_epoch: int | None = None  # the epoch being pushed or acknowledged
+        self._last_facts: tuple[bool, tuple[str, ...], int | None] | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
@@ -282,6 +352,7 @@ class Broker:
             p.Op.FETCH_OFFSET: self._fetch_offset,
             p.Op.GET_ROUTE: self._get_route,
             p.Op.HEARTBEAT: self._heartbeat,
+            p.Op.BACKSYNC_OFFSETS: self._backsync,
         }
         self._stopping = False
 
@@ -327,6 +398,7 @@ class Broker:
                 rec.indexes_rebuilt,
             )
         self._offsets = OffsetStore.open(cfg.data_dir / "offsets.json")
+        self._backsync_persisted = self._offsets.backsync_epoch
         self._topics = TopicRegistry(cfg.data_dir / "topics.json")
         # Topics seen in the log but missing from the registry (a crash between the two)
         # are re-registered so their data stays addressable.
@@ -337,8 +409,13 @@ class Broker:
             interval_ms=cfg.flush_interval_ms,
             on_flush=self.metrics.log_flushed,
         )
+        self._permlog.open()
         self._authority.subscribe(self._on_authority_change)
+        if self._zk is not None:
+            self._zk.set_facts_source(self._facts)
         await self._authority.start()
+        if self._zk is not None:
+            await self._check_group_config(self._zk)
 
         if cfg.role is Role.MASTER:
             self._repl_server = ReplicationServer(
@@ -365,6 +442,7 @@ class Broker:
                 name=cfg.name,
                 on_metadata=self._on_metadata,
                 on_append=self._on_replicated,
+                link_timeout_s=cfg.link_timeout_s,
             )
             self._background.append(asyncio.create_task(self._repl_client.run()))
 
@@ -372,16 +450,39 @@ class Broker:
             self._serve_connection, cfg.host, cfg.port, limit=READ_CHUNK, backlog=512
         )
         if cfg.http_port is not None:
-            self._http = HttpSidePort(
-                registry=self.metrics.registry, ready=self._ready, host=cfg.host, port=cfg.http_port
+            self._http = BrokerHttpPort(
+                registry=self.metrics.registry, ready=self._ready, host=cfg.host,
+                port=cfg.http_port, permissions=self._permlog.path,
             )
             await self._http.start()
         self._background += [
             asyncio.create_task(self._committer.run()),
             asyncio.create_task(self._housekeeping()),
         ]
-        self.metrics.set_permission(self._authority.effective())
+        self._on_authority_change()
         return self.listening
+
+    async def _check_group_config(self, zk: ZkAuthority) -> None:
+        """Wait briefly for the group config; refuse to run if it contradicts the flags
+        (ports and role come from the flags; the config is what clients and the controller
+        are told). A group not configured yet is logged, not fatal: the broker enforces
+        NONE until it learns the state."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONFIG_WAIT_S
+        while True:
+            coord = zk.coordinator
+            group = coord.config if coord is not None else None
+            if group is not None:
+                problem = spec_mismatch(self.cfg, group)
+                if problem is not None:
+                    await zk.stop()
+                    raise ConfigError(problem)
+                return
+            if loop.time() >= deadline:
+                log.warning("group %s has no config in ZooKeeper yet; enforcing NONE until it "
+                            "has a state", self.cfg.group)
+                return
+            await asyncio.sleep(0.02)
 
     def _flush_policy(self) -> FlushPolicy:
         """On a master the broker flushes (GroupCommitter: one fdatasync for many
@@ -410,6 +511,8 @@ class Broker:
         self._stopping = True
         if self._server is not None:
             self._server.close()
+        if self._backsync_task is not None:
+            self._backsync_task.cancel()
         if self._signal is not None:
             self._signal.fire()  # long-polls return now
         if self._inflight:
@@ -430,6 +533,8 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._authority.stop()
+        self._permlog.record(Permission.NONE, self._authority.epoch())
+        self._permlog.close()
         if self._offsets is not None:
             self._offsets.persist()
         if self._log is not None:
@@ -457,16 +562,139 @@ class Broker:
             self._signal.fire()
 
     def _on_authority_change(self) -> None:
-        self.metrics.set_permission(self._authority.effective())
+        """Called on the loop whenever effective permission or epoch may have changed
+        (state applied, session lost, lease lapsed, slave links changed)."""
+        eff = self._authority.effective()
+        epoch = self._authority.epoch()
+        self.metrics.set_permission(eff)
+        self._record_permission(eff, epoch)
         if self._signal is not None:
             self._signal.fire()  # long-polls re-check their permission
+        has_read = bool(eff & Permission.READ)
+        if self._had_read and not has_read:
+            task = asyncio.get_running_loop().create_task(self._close_consumer_sessions())
+            self._background.append(task)
+            task.add_done_callback(self._forget_background)
+        self._had_read = has_read
+        self._maybe_backsync()
+
+    def _forget_background(self, task: asyncio.Task[Any]) -> None:
+        with contextlib.suppress(ValueError):
+            self._background.remove(task)
+
+    def _record_permission(self, eff: Permission, epoch: int) -> None:
+        last = self._permlog.last
+        t_ns = None
+        coord = self._zk.coordinator if self._zk is not None else None
+        if last is not None and last.effective & Permission.READ and not eff & Permission.READ \
+                and coord is not None and not coord.lease_valid():
+            lease = coord.lease
+            if lease.granted_at is not None:
+                # The lapse timer (or the request that noticed) fired after the lease ran out;
+                # READ ended at the lapse itself, since every request checks the lease.
+                t_ns = lapse_time_ns(now_ns=time.time_ns(), now_clock=lease_clock(),
+                                     lapsed_at_clock=lease.granted_at + lease.duration)
+        self._permlog.record(eff, epoch, t_ns=t_ns)
+
+    async def _close_consumer_sessions(self) -> None:
+        """READ was lost: let waiting long-polls answer NO_PERMISSION (the signal already
+        woke them), then close every consumer session so clients re-route."""
+        victims = [s for s in self._sessions if s.consumer]
+        polls = {t for s in victims for t in s.polls}
+        if polls:
+            await asyncio.wait(polls, timeout=SESSION_CLOSE_GRACE_S)
+        if self._authority.effective() & Permission.READ:
+            return  # READ came back meanwhile; nothing to close
+        for s in victims:
+            s.writer.close()
+        if victims:
+            log.info("closed %d consumer session(s) after losing READ", len(victims))
 
     def _ready(self) -> tuple[bool, str]:
         if self._stopping:
             return False, "stopping"
+        if self._zk is not None:
+            coord = self._zk.coordinator
+            state = coord.state if coord is not None else None
+            if state is None:
+                return False, "no group state applied yet"
+            return True, (f"{self.cfg.role.value} {self._authority.effective().label} "
+                          f"{state.mode.name} epoch {state.epoch}")
         if self._repl_client is not None and not self._repl_client.connected:
             return False, "not connected to the master"
         return True, f"{self.cfg.role.value} {self._authority.effective().label}"
+
+    # ---- coordination: facts and back-sync ------------------------------------------
+
+    def _facts(self) -> ReplicationFacts:
+        """What ZkAuthority publishes in this broker's status."""
+        links: tuple[str, ...] = ()
+        if self._repl_server is not None:
+            links = tuple(sorted(lk.name for lk in self._repl_server.links() if lk.connected))
+        return ReplicationFacts(
+            master_link=self._repl_client is not None and self._repl_client.connected,
+            slave_links=links,
+            max_offset=self._log.max_phys if self._log is not None else 0,
+            backsync_epoch=self._backsync_persisted,
+        )
+
+    def _publish_if_facts_changed(self) -> None:
+        if self._zk is None:
+            return
+        f = self._facts()
+        key = (f.master_link, f.slave_links, f.backsync_epoch)
+        if key != self._last_facts:
+            self._last_facts = key
+            self._zk.facts_changed()
+
+    def _maybe_backsync(self) -> None:
+        """Start pushing offsets when this slave is the acting slave of a RECOVERING group."""
+        zk = self._zk
+        if zk is None or self._stopping or self._offsets is None:
+            return
+        coord = zk.coordinator
+        due = backsync_epoch_due(role=self.cfg.role, name=self.cfg.name,
+                                 state=coord.state if coord is not None else None)
+        if due is None or due == self._backsync_epoch:
+            return
+        if self._backsync_task is not None:
+            self._backsync_task.cancel()
+        self._backsync_epoch = due
+        self._backsync_task = asyncio.get_running_loop().create_task(
+            self._run_backsync(zk, due), name=f"backsync-{due}")
+
+    async def _run_backsync(self, zk: ZkAuthority, epoch: int) -> None:
+        def master() -> tuple[str, int] | None:
+            coord = zk.coordinator
+            if coord is None or coord.config is None:
+                return None
+            m = coord.config.master
+            return m.host, m.port
+
+        def still_due() -> bool:
+            coord = zk.coordinator
+            state = coord.state if coord is not None else None
+            return (not self._stopping and not self._authority.effective() & Permission.READ
+                    and backsync_epoch_due(role=self.cfg.role, name=self.cfg.name,
+                                           state=state) == epoch)
+
+        def request() -> p.BackSyncRequest:
+            return p.BackSyncRequest(self.cfg.group, self.cfg.name, epoch,
+                                     self.offsets.snapshot())
+
+        started = time.monotonic()
+        try:
+            answer = await push_until_acknowledged(epoch=epoch, master=master, request=request,
+                                                   still_due=still_due)
+        except Exception:  # a background task must report, not vanish
+            log.exception("back-sync of epoch %d crashed", epoch)
+            self._backsync_epoch = None
+            return
+        if answer is None:
+            log.info("back-sync of epoch %d abandoned (no longer due)", epoch)
+        else:
+            log.info("back-sync of epoch %d acknowledged in %.1f ms (%d offsets moved up)",
+                     epoch, (time.monotonic() - started) * 1000, answer.moved)
 
     async def _housekeeping(self) -> None:
         last_persist = last_retention = time.monotonic()
@@ -502,6 +730,7 @@ class Broker:
             self.metrics.replication_lag(
                 broker=self.cfg.name, lag_bytes=int(self._repl_client.lag_bytes)
             )
+        self._publish_if_facts_changed()
 
     # ---- connections ----------------------------------------------------------------
 
@@ -514,6 +743,8 @@ class Broker:
         decoder = p.FrameDecoder(self.cfg.max_frame_bytes)
         mine: set[asyncio.Task[Any]] = set()
         polls: set[asyncio.Task[Any]] = set()
+        session = _Session(writer, polls)
+        self._sessions.add(session)
         peer = writer.get_extra_info("peername")
         try:
             while not self._stopping:
@@ -534,6 +765,8 @@ class Broker:
                     self._inflight.add(t)
                     t.add_done_callback(mine.discard)
                     t.add_done_callback(self._inflight.discard)
+                    if frame.op in CONSUMER_OPS:
+                        session.consumer = True
                     if frame.op == p.Op.PULL:
                         polls.add(t)
                         t.add_done_callback(polls.discard)
@@ -564,6 +797,7 @@ class Broker:
                 await writer.wait_closed()
             if task is not None:
                 self._connections.discard(task)
+            self._sessions.discard(session)
 
     async def _respond(self, frame: p.Frame, writer: asyncio.StreamWriter) -> None:
         epoch = self._authority.epoch()
@@ -746,6 +980,34 @@ class Broker:
         groups = await self._authority.route()
         names = [g.group for g in groups]
         return p.RouteResponse(groups, topics, {t: names for t in topics}).encode()
+
+    async def _backsync(self, frame: p.Frame) -> bytes:
+        """BACKSYNC_OFFSETS on the master: no READ needed (the master is NONE until this
+        completes). Merge (maximum per key: nothing moves back), persist, then answer; a
+        push tagged with an epoch older than the one applied is refused as stale."""
+        if self._authority.role is not Role.MASTER:
+            raise RequestError(p.Status.NOT_MASTER,
+                               f"{self.cfg.name} is a slave: back-sync goes to the master")
+        req = p.BackSyncRequest.decode(frame.body)
+        if req.group != self.cfg.group:
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"back-sync for group {req.group!r} sent to group {self.cfg.group!r}")
+        current = self._authority.epoch()
+        if req.epoch < current or (frame.epoch and frame.epoch < current):
+            raise RequestError(
+                p.Status.STALE_EPOCH,
+                f"back-sync tagged epoch {req.epoch} is older than this broker's epoch {current}",
+            )
+        moved = self.offsets.merge(req.offsets, epoch=req.epoch)
+        try:
+            self.offsets.persist()
+        except OSError as exc:
+            raise RequestError(p.Status.INTERNAL, f"persisting back-synced offsets: {exc}") from exc
+        self._backsync_persisted = self.offsets.backsync_epoch
+        log.info("back-sync from %s at epoch %d persisted (%d offsets moved up)", req.sender,
+                 req.epoch, moved)
+        self._publish_if_facts_changed()
+        return p.BackSyncResponse(req.epoch, moved, self.offsets.backsync_epoch or req.epoch).encode()
 
     async def _heartbeat(self, frame: p.Frame) -> bytes:
         p.HeartbeatRequest.decode(frame.body)

@@ -177,6 +177,11 @@ class ZkAuthority:
         """Where the status document's replication fields come from."""
         self._facts = source
 
+    def facts_changed(self) -> None:
+        """The replication facts changed (a slave linked, back-synced offsets persisted):
+        publish the status now rather than at the next interval."""
+        self._publish_now.set()
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._coord = BrokerCoordinator(

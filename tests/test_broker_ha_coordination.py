@@ -1,0 +1,354 @@
+"""Real ``understudy broker --zk`` processes against a real ZooKeeper (and, for failover,
+the real ``understudy controller``): permission from the group state, the permission log,
+back-sync, and what a broker does when it loses READ.
+
+Every process is started in its own process group and stopped by PID in a ``finally``
+(SIGTERM, then SIGKILL of the group), and dies with pytest (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from understudy_broker import protocol as p
+from understudy_broker.model import GroupState, Mode, Permission
+from understudy_broker.permlog import PermissionChange
+from understudy_broker.zklayout import (
+    BrokerSpec,
+    FailoverPolicy,
+    GroupConfig,
+    config_path,
+    decode_state,
+    encode_state,
+    state_path,
+)
+
+pytestmark = pytest.mark.integration
+
+GROUP = "g1"
+SESSION_MS = 2000
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    """One ``understudy`` process; ``pid_dir`` gets ``<name>.pid`` for the controller."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    pid_dir: Path
+    port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    pids: list[int] = field(default_factory=list)
+
+    def start(self, *, wait_port: bool = True, timeout_s: float = 15.0) -> Proc:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+        self.pids.append(self.proc.pid)
+        (self.pid_dir / f"{self.name}.pid").write_text(str(self.proc.pid))
+        if not wait_port or self.port is None:
+            return self
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not listen within {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> int | None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        return proc.returncode
+
+    def kill9(self) -> int:
+        """SIGKILL; returns ``time.time_ns()`` taken after the process is gone."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        return time.time_ns()
+
+
+UNDERSTUDY = [sys.executable, "-c", "from understudy_broker.cli import main; main()"]
+
+
+@dataclass
+class Group:
+    """A master ``m`` and a slave ``s`` with ``--zk``; the config is written to ZooKeeper."""
+
+    zk: str
+    root: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pid_dir = self.root / "pids"
+        self.pid_dir.mkdir(exist_ok=True)
+        self.m = BrokerSpec("m", 0, "127.0.0.1", free_port(), free_port(), free_port(),
+                            Permission.FULL)
+        self.s = BrokerSpec("s", 1, "127.0.0.1", free_port(), free_port(), free_port(),
+                            Permission.READ)
+        self.config = GroupConfig(
+            group=GROUP, brokers=(self.m, self.s),
+            failover=FailoverPolicy(check_interval_ms=100, detection_checks=2,
+                                    backsync_timeout_s=10.0),
+            session_timeout_ms=SESSION_MS,
+        ).validate()
+
+    def broker(self, spec: BrokerSpec, *, extra: list[str] | None = None) -> Proc:
+        argv = [*UNDERSTUDY, "broker", "--data-dir", str(self.root / spec.name),
+                "--port", str(spec.port), "--http-port", str(spec.http_port),
+                "--name", spec.name, "--group", GROUP, "--log-level", "INFO",
+                "--zk", self.zk, "--zk-session-timeout-ms", str(SESSION_MS),
+                "--link-timeout-ms", "1000"]
+        if spec.ordinal == 0:
+            argv += ["--replication-port", str(spec.replication_port), "--async"]
+        else:
+            argv += ["--role", "slave", "--permission", "READ",
+                     "--master", f"127.0.0.1:{self.m.replication_port}"]
+        proc = Proc(spec.name, argv + (extra or []), self.root / f"{spec.name}.log", self.pid_dir,
+                    port=spec.port)
+        self.procs.append(proc)
+        return proc
+
+    def controller(self) -> Proc:
+        argv = [*UNDERSTUDY, "controller", "--zk", self.zk, "--group", GROUP,
+                "--pid-dir", str(self.pid_dir), "--http-port", str(free_port()),
+                "--session-timeout", "2"]
+        proc = Proc("controller", argv, self.root / "controller.log", self.root)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@pytest.fixture
+def admin(zk: str) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=zk, timeout=2.0)
+    client.start(timeout=10)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def group(zk: str, tmp_path: Path, admin: KazooClient) -> Iterator[Group]:
+    g = Group(zk, tmp_path)
+    admin.create(config_path(GROUP), g.config.to_json(), makepath=True)
+    try:
+        yield g
+    finally:
+        g.stop_all()
+
+
+def set_state(admin: KazooClient, state: GroupState) -> None:
+    if admin.exists(state_path(GROUP)) is None:
+        admin.create(state_path(GROUP), encode_state(state), makepath=True)
+    else:
+        admin.set(state_path(GROUP), encode_state(state))
+
+
+def read_state(admin: KazooClient) -> GroupState | None:
+    if admin.exists(state_path(GROUP)) is None:
+        return None
+    return decode_state(admin.get(state_path(GROUP))[0])
+
+
+async def request(spec: BrokerSpec, op: p.Op, body: bytes, *, epoch: int = 0,
+                  timeout_s: float = 5.0) -> p.Frame:
+    reader, writer = await asyncio.open_connection("127.0.0.1", spec.port)
+    try:
+        writer.write(p.encode_frame(request_id=5, op=op, epoch=epoch, body=body))
+        dec = p.FrameDecoder()
+        while True:
+            frame = dec.next_frame()
+            if isinstance(frame, p.Frame):
+                return frame
+            data = await asyncio.wait_for(reader.read(65536), timeout_s)
+            if not data:
+                raise ConnectionError("closed")
+            dec.feed(data)
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def heartbeat(spec: BrokerSpec) -> p.HeartbeatResponse:
+    return p.HeartbeatResponse.decode((await request(spec, p.Op.HEARTBEAT, b"{}")).body)
+
+
+async def wait_for(pred: Callable[[], object], what: str, limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while True:
+        result = pred()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def perm_is(spec: BrokerSpec, perm: Permission, epoch: int | None = None) -> bool:
+    try:
+        hb = await heartbeat(spec)
+    except (OSError, TimeoutError):
+        return False
+    return hb.permission == perm and (epoch is None or hb.epoch == epoch)
+
+
+def http_get(spec: BrokerSpec, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{spec.http_port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def permission_log(spec: BrokerSpec) -> list[PermissionChange]:
+    status, body = http_get(spec, "/permissions")
+    assert status == 200
+    return [PermissionChange.from_json(line) for line in body.splitlines() if line.strip()]
+
+
+def read_intervals(changes: list[PermissionChange], *, deaths: list[int]) -> list[tuple[int, int]]:
+    """[start, end) intervals (ns) with READ. An incarnation's READ ends at its next line,
+    at the process's death (``deaths``: times taken after a SIGKILL completed), or now."""
+    out: list[tuple[int, int]] = []
+    now = time.time_ns()
+    for i, c in enumerate(changes):
+        if not c.effective & Permission.READ:
+            continue
+        end = changes[i + 1].t_ns if i + 1 < len(changes) else now
+        later_deaths = [d for d in deaths if d >= c.t_ns]
+        if later_deaths and (i + 1 == len(changes) or changes[i + 1].pid != c.pid):
+            end = min(end, min(later_deaths))
+        out.append((c.t_ns, end))
+    return out
+
+
+def overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [(max(x0, y0), min(x1, y1)) for x0, x1 in a for y0, y1 in b if max(x0, y0) < min(x1, y1)]
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_permission_follows_the_group_state_in_zookeeper(
+        group: Group, admin: KazooClient) -> None:
+    m = group.broker(group.m).start()
+    s = group.broker(group.s).start()
+    # No state yet: a coordinated broker enforces NONE and is not ready.
+    assert (await heartbeat(group.m)).permission == Permission.NONE
+    assert http_get(group.m, "/readyz")[0] == 503
+    set_state(admin, GroupState(Mode.NORMAL, 1))
+    await wait_for(lambda: perm_is(group.m, Permission.FULL, 1), "master FULL at epoch 1")
+    await wait_for(lambda: perm_is(group.s, Permission.NONE, 1), "slave NONE at epoch 1")
+    assert http_get(group.m, "/readyz")[0] == 200
+    assert http_get(group.s, "/readyz")[0] == 200
+    _, metrics = http_get(group.m, "/metrics")
+    assert 'understudy_broker_permission{broker="m",group="g1",role="master"} 3.0' in metrics
+
+    set_state(admin, GroupState(Mode.FENCING, 2, reason="test"))
+    await wait_for(lambda: perm_is(group.m, Permission.NONE, 2), "master fenced")
+    # Writes are refused once WRITE is gone.
+    frame = await request(group.m, p.Op.CREATE_TOPIC, p.CreateTopicRequest("t", 1).encode())
+    assert frame.status == p.Status.NO_PERMISSION
+    set_state(admin, GroupState(Mode.SLAVE_CONSUME, 3, acting="s", reason="test"))
+    await wait_for(lambda: perm_is(group.s, Permission.READ, 3), "slave READ")
+    _, metrics = http_get(group.s, "/metrics")
+    assert 'understudy_broker_permission{broker="s",group="g1",role="slave"} 1.0' in metrics
+
+    mlog = [(c.effective, c.epoch) for c in permission_log(group.m)]
+    # Applying NORMAL gives WRITE at once and READ when the lease is confirmed a moment
+    # later (a broker never reads on an unconfirmed view): WRITE may show in between.
+    assert mlog[0] == (Permission.NONE, 0)
+    assert (Permission.FULL, 1) in mlog
+    assert {e for e, epoch in mlog if epoch >= 2} == {Permission.NONE}
+    assert mlog[-1] == (Permission.NONE, 3)
+    slog = [(c.effective, c.epoch) for c in permission_log(group.s)]
+    assert slog[-1] == (Permission.READ, 3)
+    # The file on disk holds the same lines, and a clean stop appends NONE.
+    s.stop()
+    lines = (group.root / "s" / "permissions.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert (last["effective"], last["group"], last["broker"]) == ("NONE", GROUP, "s")
+    assert json.loads(lines[-2])["effective"] == "READ"
+    assert m.proc is not None
+    assert m.proc.poll() is None
+
+
+async def test_broker_whose_ports_contradict_the_group_config_refuses_to_start(
+        group: Group) -> None:
+    wrong = BrokerSpec("m", 0, "127.0.0.1", free_port(), group.m.replication_port,
+                       group.m.http_port, Permission.FULL)
+    proc = group.broker(wrong).start(wait_port=False)
+    assert proc.proc is not None
+    code = proc.proc.wait(20)
+    assert code != 0
+    assert f"--port {group.m.port}, flags say {wrong.port}" in proc.log()
+
+
+def test_bad_zk_flags_exit_2_naming_the_flag(tmp_path: Path) -> None:
+    base = [*UNDERSTUDY, "broker", "--data-dir", str(tmp_path / "d"), "--port", "9",
+            "--replication-port", "10"]
+    for extra, needle in [
+        (["--zk", "nohost"], "--zk"),
+        (["--zk", "127.0.0.1:1", "--name", "Bad_Name"], "--name"),
+        (["--zk", "127.0.0.1:1", "--zk-session-timeout-ms", "10"], "--zk-session-timeout-ms"),
+        (["--zk", "127.0.0.1:1", "--zk-digest", "nocolon"], "--zk-digest"),
+    ]:
+        out = subprocess.run(base + extra, capture_output=True, timeout=30, check=False)
+        assert out.returncode == 2, out
+        assert needle in out.stderr.decode(), out.stderr
