@@ -25,6 +25,9 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -33,6 +36,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -53,6 +57,7 @@ from understudy_operator.k8s import metric_names
 from understudy_operator.k8s.spec import parse_spec
 from understudy_operator.k8s.zkconfig import encode_zk_config
 from understudy_operator.opmetrics import OperatorMetrics
+from understudy_operator.zkserver import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -715,3 +720,57 @@ async def stop_first(env: Env) -> None:
     thread.stop_flag.set()  # type: ignore[attr-defined]
     await asyncio.to_thread(thread.join, 30)
     assert not thread.is_alive()
+
+
+async def test_the_operator_command_serves_health_and_metrics_and_stops_on_sigterm(
+        cluster: Env, tmp_path: Any) -> None:
+    env = cluster
+    metrics_port, health_port = free_port(), free_port()
+    log = (tmp_path / "operator.log").open("wb")
+    proc = spawn(
+        [str(Path(sys.executable).parent / "understudy"), "operator", "-n", NS, "--no-scanning",
+         "--server", env.w.base, "--zk", f"{env.zk_connect}{env.chroot}",
+         "--listen", "127.0.0.1", "--metrics-port", str(metrics_port),
+         "--health-port", str(health_port), "--status-interval", "0.5",
+         "--log-level", "info"], log)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def get(port: int, path: str) -> tuple[int, str]:
+                async with http.get(f"http://127.0.0.1:{port}{path}") as resp:
+                    return resp.status, await resp.text()
+
+            async def up() -> bool:
+                with contextlib.suppress(aiohttp.ClientError):
+                    return (await get(health_port, "/healthz"))[0] == 200
+                return False
+
+            deadline = time.monotonic() + 30
+            while not await up():
+                assert proc.poll() is None, (tmp_path / "operator.log").read_text()
+                assert time.monotonic() < deadline, "no /healthz within 30 s"
+                await asyncio.sleep(0.2)
+            # No spec.zookeeper.connect: the operator's --zk (and its chroot) is the default.
+            spec = env.spec()
+            del spec["zookeeper"]
+            await env.create("cli", spec)
+            await eventually(lambda: (c := env.condition("cli", "Ready")) and c["status"] == "True",
+                             within=30, what="Ready via the CLI operator")
+            status, text = await get(metrics_port, "/metrics")
+            assert status == 200
+            for name in (f"{metric_names.OPERATOR_RECONCILE_DURATION_SECONDS}_bucket",
+                         metric_names.OPERATOR_LEADING_GROUPS,
+                         metric_names.OPERATOR_DECISIONS_TOTAL, metric_names.GROUP_MODE):
+                assert name in text, name
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+def spawn(argv: list[str], log: Any) -> subprocess.Popen[bytes]:
+    """A child in its own process group (the test kills the group by PID if it must)."""
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
