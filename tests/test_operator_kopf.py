@@ -774,3 +774,22 @@ def spawn(argv: list[str], log: Any) -> subprocess.Popen[bytes]:
     """A child in its own process group (the test kills the group by PID if it must)."""
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
+
+
+async def test_a_bad_update_keeps_the_running_group_as_it_was(env: Env) -> None:
+    await ready_group(env, "keep")
+    before = env.w.get("apps/v1/statefulsets", "keep")
+    config = env.admin.get("/groups/keep/config")[0]
+    await env.patch_spec("keep", {"slaves": 99, "image": "understudy/broker:2"})
+    cond = await eventually(
+        lambda: (c := env.condition("keep", "Ready")) and c["reason"] == "InvalidSpec" and c,
+        what="InvalidSpec after the update")
+    assert "spec.slaves: 99 is out of range [0, 15]" in cond["message"]
+    await eventually(lambda: env.bg("keep")["status"]["observedGeneration"] == 2,
+                     what="the rejected generation observed")
+    await asyncio.sleep(1.0)  # status ticks and rollout ticks: nothing may move
+    after = env.w.get("apps/v1/statefulsets", "keep")
+    assert after["spec"] == before["spec"]
+    assert env.admin.get("/groups/keep/config")[0] == config
+    assert env.k.deleted_pods == []
+    assert env.state("keep").mode is Mode.NORMAL

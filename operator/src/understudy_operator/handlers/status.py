@@ -99,7 +99,10 @@ async def refresh(rt: Runtime, handle: GroupHandle, body: Mapping[str, Any] | No
                                                        state)
         handle.last_mode = state
         previous = body.get("status") or {}
-        generation = handle.generation or int(body.get("metadata", {}).get("generation") or 0)
+        # A rejected spec was observed too (its problems are in the Ready condition); otherwise
+        # the status describes the last generation applied.
+        latest = int(body.get("metadata", {}).get("generation") or 0)
+        generation = latest if spec_error is not None else (handle.generation or latest)
         status = compute_status(generation=generation, state=state, brokers=brokers,
                                 previous=previous, now=datetime.now(UTC),
                                 last_failover=handle.failover_times, spec_error=spec_error)
