@@ -608,6 +608,7 @@ async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff
     await eventually(lambda: (s := env.state("roll")) and s.mode is Mode.NORMAL, within=30,
                      what="NORMAL after the rollout")
     assert env.k.deleted_pods == ["roll-2", "roll-1", "roll-0"]
+    await eventually(lambda: seen and seen[-1][0] == "NORMAL", what="the watch saw NORMAL")
     modes = [(m, r) for m, _, r in seen]
     fence = next(i for i, (m, r) in enumerate(modes)
                  if m == "FENCING" and r.startswith("planned handoff"))
