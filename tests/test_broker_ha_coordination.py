@@ -28,6 +28,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from understudy_broker import protocol as p
+from understudy_broker.client import Consumer, Producer, create_topic
 from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.permlog import PermissionChange
 from understudy_broker.zklayout import (
@@ -38,6 +39,7 @@ from understudy_broker.zklayout import (
     decode_state,
     encode_state,
     state_path,
+    status_path,
 )
 
 pytestmark = pytest.mark.integration
@@ -124,6 +126,7 @@ class Group:
 
     zk: str
     root: Path
+    sync: bool = False
     procs: list[Proc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -147,7 +150,8 @@ class Group:
                 "--zk", self.zk, "--zk-session-timeout-ms", str(SESSION_MS),
                 "--link-timeout-ms", "1000"]
         if spec.ordinal == 0:
-            argv += ["--replication-port", str(spec.replication_port), "--async"]
+            argv += ["--replication-port", str(spec.replication_port)]
+            argv += ["--sync", "--min-insync-replicas", "1"] if self.sync else ["--async"]
         else:
             argv += ["--role", "slave", "--permission", "READ",
                      "--master", f"127.0.0.1:{self.m.replication_port}"]
@@ -307,6 +311,7 @@ async def test_permission_follows_the_group_state_in_zookeeper(
     assert frame.status == p.Status.NO_PERMISSION
     set_state(admin, GroupState(Mode.SLAVE_CONSUME, 3, acting="s", reason="test"))
     await wait_for(lambda: perm_is(group.s, Permission.READ, 3), "slave READ")
+    await wait_for(lambda: perm_is(group.m, Permission.NONE, 3), "master at epoch 3")
     _, metrics = http_get(group.s, "/metrics")
     assert 'understudy_broker_permission{broker="s",group="g1",role="slave"} 1.0' in metrics
 
@@ -352,3 +357,206 @@ def test_bad_zk_flags_exit_2_naming_the_flag(tmp_path: Path) -> None:
         out = subprocess.run(base + extra, capture_output=True, timeout=30, check=False)
         assert out.returncode == 2, out
         assert needle in out.stderr.decode(), out.stderr
+
+
+def zk_status(admin: KazooClient, broker: str) -> dict[str, object]:
+    doc = json.loads(admin.get(status_path(GROUP, broker))[0])
+    assert isinstance(doc, dict)
+    return doc
+
+
+async def test_losing_read_answers_a_waiting_long_poll_and_closes_the_session(
+        group: Group, admin: KazooClient) -> None:
+    group.broker(group.m).start()
+    set_state(admin, GroupState(Mode.NORMAL, 1))
+    await wait_for(lambda: perm_is(group.m, Permission.FULL, 1), "master FULL")
+    await create_topic([f"127.0.0.1:{group.m.port}"], topic="t", queues=1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", group.m.port)
+    try:
+        # A long-poll at the end of an empty queue, allowed to wait 30 s.
+        writer.write(p.encode_frame(request_id=11, op=p.Op.PULL,
+                                    body=p.PullRequest("t", 0, 0, 65536, 30_000).encode()))
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the poll is parked on the broker
+        set_state(admin, GroupState(Mode.FENCING, 2, reason="test"))
+        dec = p.FrameDecoder()
+        frame: p.Frame | None = None
+        while frame is None:
+            # Far less than the poll's 30 s: the answer comes from losing READ.
+            data = await asyncio.wait_for(reader.read(65536), 10)
+            assert data, "closed before answering the poll"
+            dec.feed(data)
+            nxt = dec.next_frame()
+            frame = nxt if isinstance(nxt, p.Frame) else None
+        assert frame.request_id == 11
+        assert frame.status == p.Status.NO_PERMISSION, p.error_message(frame)
+        # Then the consumer session is closed, so the client re-routes.
+        assert await asyncio.wait_for(reader.read(65536), 10) == b""
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    # The broker keeps serving other connections.
+    assert (await heartbeat(group.m)).epoch == 2
+
+
+async def test_backsync_refuses_stale_and_malformed_pushes_and_persists_a_good_one(
+        group: Group, admin: KazooClient) -> None:
+    m = group.broker(group.m).start()
+    group.broker(group.s).start()
+    set_state(admin, GroupState(Mode.NORMAL, 5))
+    await wait_for(lambda: perm_is(group.m, Permission.FULL, 5), "master at epoch 5")
+    await wait_for(lambda: perm_is(group.s, Permission.NONE, 5), "slave at epoch 5")
+    offsets = {"cg": {"t": {0: 42, 1: 7}}}
+    stale = p.BackSyncRequest(GROUP, "s", 4, offsets).encode()
+    frame = await request(group.m, p.Op.BACKSYNC_OFFSETS, stale, epoch=4)
+    assert frame.status == p.Status.STALE_EPOCH, p.error_message(frame)
+    for body, status in [
+        (b"not json", p.Status.BAD_FRAME),
+        (b'{"group": "g1", "sender": "s", "epoch": 5}', p.Status.BAD_FRAME),
+        (b'{"group": "g1", "sender": "s", "epoch": 0, "offsets": {}}', p.Status.BAD_REQUEST),
+        (b'{"group": "g1", "sender": "s", "epoch": 5, "offsets": {"cg": {"t": {"0": -1}}}}',
+         p.Status.BAD_REQUEST),
+        (b'{"group": "g1", "sender": "s", "epoch": 5, "offsets": {"cg": {"t": {"x": 1}}}}',
+         p.Status.BAD_REQUEST),
+        (p.BackSyncRequest("other", "s", 5, offsets).encode(), p.Status.BAD_REQUEST),
+    ]:
+        frame = await request(group.m, p.Op.BACKSYNC_OFFSETS, body, epoch=5)
+        assert frame.status == status, (body, p.error_message(frame))
+    frame = await request(group.s, p.Op.BACKSYNC_OFFSETS,
+                          p.BackSyncRequest(GROUP, "s", 5, offsets).encode(), epoch=5)
+    assert frame.status == p.Status.NOT_MASTER
+    # Nothing was merged by the refused pushes.
+    fetched = await request(group.m, p.Op.FETCH_OFFSET,
+                            p.FetchOffsetRequest("cg", "t", [0, 1]).encode())
+    assert fetched.status == p.Status.UNKNOWN_TOPIC  # the topic does not exist on the master
+    await create_topic([f"127.0.0.1:{group.m.port}"], topic="t", queues=2)
+    fetched = await request(group.m, p.Op.FETCH_OFFSET,
+                            p.FetchOffsetRequest("cg", "t", [0, 1]).encode())
+    assert p.OffsetsResponse.decode(fetched.body).offsets == {0: None, 1: None}
+
+    good = p.BackSyncRequest(GROUP, "s", 5, offsets).encode()
+    frame = await request(group.m, p.Op.BACKSYNC_OFFSETS, good, epoch=5)
+    assert frame.status == p.Status.OK, p.error_message(frame)
+    answer = p.BackSyncResponse.decode(frame.body)
+    assert (answer.epoch, answer.moved, answer.backsync_epoch) == (5, 2, 5)
+    # Durable before the answer: the offsets file already says so.
+    stored = json.loads((group.root / "m" / "offsets.json").read_text())
+    assert stored["backsync_epoch"] == 5
+    assert stored["offsets"]["cg"]["t"] == {"0": 42, "1": 7}
+    await wait_for(lambda: zk_status(admin, "m").get("backSyncEpoch") == 5,
+                   "backSyncEpoch 5 in the master's ZooKeeper status")
+    # An older offset never moves a newer one back.
+    lower = p.BackSyncRequest(GROUP, "s", 5, {"cg": {"t": {0: 3}}}).encode()
+    frame = await request(group.m, p.Op.BACKSYNC_OFFSETS, lower, epoch=5)
+    assert p.BackSyncResponse.decode(frame.body).moved == 0
+    fetched = await request(group.m, p.Op.FETCH_OFFSET,
+                            p.FetchOffsetRequest("cg", "t", [0, 1]).encode())
+    assert p.OffsetsResponse.decode(fetched.body).offsets == {0: 42, 1: 7}
+    assert m.proc is not None
+    assert m.proc.poll() is None
+
+
+async def test_kill9_master_slave_reads_then_backsync_returns_reads_without_rewind(
+        zk: str, tmp_path: Path, admin: KazooClient) -> None:
+    group = Group(zk, tmp_path, sync=True)
+    admin.create(config_path(GROUP), group.config.to_json(), makepath=True)
+    try:
+        await _failover_and_back(group, admin)
+    finally:
+        group.stop_all()
+
+
+async def _failover_and_back(group: Group, admin: KazooClient) -> None:
+    ctl = group.controller().start(wait_port=False)
+    m = group.broker(group.m).start()
+    group.broker(group.s).start()
+    await wait_for(lambda: perm_is(group.m, Permission.FULL), "master FULL", 30)
+    await wait_for(lambda: perm_is(group.s, Permission.NONE), "slave NONE")
+    bootstrap = [f"127.0.0.1:{group.m.port}", f"127.0.0.1:{group.s.port}"]
+    await create_topic(bootstrap, topic="t", queues=2)
+    await wait_for(lambda: zk_status(admin, "m").get("slaveLinks") == ["s"], "slave linked")
+    async with Producer(bootstrap) as producer:
+        acks = [await producer.send("t", f"a{i}".encode(), queue=i % 2) for i in range(200)]
+        await asyncio.gather(*acks)
+
+    consumer = Consumer(bootstrap, group="cg", topic="t", max_wait_ms=200)
+    seen: set[bytes] = set()
+    committed: dict[int, int | None] = {}
+
+    async def consume_until(n: int, what: str) -> None:
+        deadline = time.monotonic() + 40
+        while len(seen) < n:
+            if time.monotonic() > deadline:
+                pytest.fail(f"consumed {len(seen)} of {n} ({what})")
+            for rec in await consumer.getmany(timeout_s=0.5):
+                seen.add(rec.body)
+            committed.update(await consumer.commit())
+
+    try:
+        await consume_until(100, "from the master")
+        await asyncio.sleep(0.6)  # committed offsets reach the slave (metadata, every 0.25 s)
+        death = m.kill9()
+        await wait_for(lambda: perm_is(group.s, Permission.READ), "slave READ after kill -9")
+        state = read_state(admin)
+        assert state is not None
+        assert (state.mode, state.acting) == (Mode.SLAVE_CONSUME, "s")
+        await consume_until(200, "from the acting slave")
+        slave_committed = dict(committed)
+        assert sum(v or 0 for v in slave_committed.values()) == 200
+
+        m.start()
+        await wait_for(lambda: (st := read_state(admin)) is not None and st.mode is Mode.NORMAL
+                       and st.epoch > state.epoch, "NORMAL again after back-sync", 40)
+        await wait_for(lambda: perm_is(group.m, Permission.FULL), "master FULL again")
+        final = read_state(admin)
+        assert final is not None
+        assert "back-sync" in final.reason or "persisted" in final.reason
+        # No rewind: the master holds exactly what the consumers committed on the slave.
+        fetched = await request(group.m, p.Op.FETCH_OFFSET,
+                                p.FetchOffsetRequest("cg", "t", [0, 1]).encode())
+        assert fetched.status == p.Status.OK, p.error_message(fetched)
+        assert p.OffsetsResponse.decode(fetched.body).offsets == slave_committed
+        assert zk_status(admin, "m")["backSyncEpoch"] == final.epoch - 1
+
+        # The same consumer follows reads back to the master.
+        async with Producer(bootstrap) as producer:
+            acks = [await producer.send("t", f"b{i}".encode(), queue=i % 2) for i in range(20)]
+            await asyncio.gather(*acks)
+        await consume_until(220, "from the master after failback")
+    finally:
+        await consumer.close()
+
+    # One reader: the permission logs never show m and s holding READ at the same time.
+    mlog, slog = permission_log(group.m), permission_log(group.s)
+    m_read = read_intervals(mlog, deaths=[death])
+    s_read = read_intervals(slog, deaths=[])
+    assert len(m_read) >= 2  # before the kill and after failback
+    assert len(s_read) == 1  # slave-consume
+    assert overlaps(m_read, s_read) == []
+    assert ctl.proc is not None
+    assert ctl.proc.poll() is None
+
+
+async def test_lease_lapse_while_stopped_is_logged_at_the_lapse_not_at_the_wakeup(
+        group: Group, admin: KazooClient) -> None:
+    m = group.broker(group.m).start()
+    set_state(admin, GroupState(Mode.NORMAL, 1))
+    await wait_for(lambda: perm_is(group.m, Permission.FULL, 1), "master FULL")
+    assert m.proc is not None
+    stopped_at = time.time_ns()
+    os.kill(m.proc.pid, signal.SIGSTOP)
+    try:
+        # Longer than the read lease (0.85 s here), shorter than the session timeout.
+        await asyncio.sleep(1.5)
+    finally:
+        resumed_at = time.time_ns()
+        os.kill(m.proc.pid, signal.SIGCONT)
+    await wait_for(lambda: perm_is(group.m, Permission.FULL, 1), "master FULL again")
+    log = permission_log(group.m)
+    lost = [c for c in log if c.t_ns > stopped_at and not c.effective & Permission.READ]
+    assert lost, log
+    # READ ended when the lease ran out, inside the stop, not when the process woke up.
+    assert stopped_at < lost[0].t_ns < resumed_at
+    assert lost[0].effective == Permission.WRITE
+    assert log[-1].effective == Permission.FULL

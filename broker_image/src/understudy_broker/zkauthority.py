@@ -260,12 +260,14 @@ class ZkAuthority:
     async def _publish_loop(self) -> None:
         while True:
             coord = self._coord
+            # Clear before building the status: a change signalled while the write is in
+            # flight must trigger another write, not wait for the next interval.
+            self._publish_now.clear()
             if coord is not None and coord.zk_live:
                 try:
                     await coord.publish_status(self.status())
                 except CoordinationError as exc:
                     log.debug("%s: status not published: %s", self._name, exc)
-            self._publish_now.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._publish_now.wait(), self._publish_interval_s)
 
