@@ -153,12 +153,12 @@ def validate(cfg: BrokerConfig) -> None:
 def _validate_coordination(cfg: BrokerConfig) -> None:
     """The ``--zk`` flags: names become znode names, timeouts must allow a read lease."""
     zk = cfg.zk or ""
-    hosts, _, chroot = zk.partition("/")
+    hosts, slash, chroot = zk.partition("/")
     if not hosts or any(not h.strip() for h in hosts.split(",")):
         raise ConfigError(f"--zk: expected HOST:PORT[,HOST:PORT...][/chroot], got {zk!r}")
     for h in hosts.split(","):
         parse_hostport(h.strip(), what="--zk")
-    if chroot and (chroot.endswith("/") or "//" in chroot):
+    if slash and (not chroot or any(not part for part in chroot.split("/"))):
         raise ConfigError(f"--zk: malformed chroot '/{chroot}'")
     for kind, name in (("--group", cfg.group), ("--name", cfg.name)):
         if not _DNS_LABEL.match(name):
