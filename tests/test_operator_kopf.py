@@ -642,6 +642,9 @@ async def test_scale_up_and_down_updates_zk_config_services_and_statefulset(env:
     await eventually(lambda: brokers() == ["sc-0", "sc-1"], what="2 brokers in ZK")
     await eventually(lambda: env.w.get("apps/v1/statefulsets", "sc")["spec"]["replicas"] == 2
                      and env.w.get("v1/services", "sc-2") is None, what="scaled down")
+    await eventually(lambda: env.admin.exists("/groups/sc/status/sc-2") is None,
+                     what="the removed broker's status pruned")
+    assert env.admin.exists("/groups/sc/status/sc-1") is not None
     assert any(e["reason"] == "Scaled" for e in env.events("sc"))
 
 

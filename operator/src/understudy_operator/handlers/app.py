@@ -25,7 +25,13 @@ from understudy_operator.handlers.delete import finalize
 from understudy_operator.handlers.pods import route
 from understudy_operator.handlers.reconcile import reconcile
 from understudy_operator.handlers.rolling import roll
-from understudy_operator.handlers.runtime import MEMO_KEY, OperatorConfig, Runtime, runtime_of
+from understudy_operator.handlers.runtime import (
+    MEMO_KEY,
+    GroupHandle,
+    OperatorConfig,
+    Runtime,
+    runtime_of,
+)
 from understudy_operator.handlers.status import on_transition, refresh
 from understudy_operator.k8s.builders import LABEL_GROUP
 from understudy_operator.kube import BROKERGROUPS, KubeClient, KubeError
@@ -88,7 +94,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     return registry
 
 
-async def _roll_logged(rt: Runtime, handle: Any) -> None:
+async def _roll_logged(rt: Runtime, handle: GroupHandle) -> None:
     with rt.metrics.timed("rollout"):
         try:
             await roll(rt, handle)

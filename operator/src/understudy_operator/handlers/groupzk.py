@@ -30,6 +30,7 @@ from understudy_broker.zklayout import (
     group_path,
     live_dir,
     state_path,
+    status_dir,
     status_path,
 )
 from understudy_operator.controller.driver import Controller
@@ -117,6 +118,21 @@ class GroupZk:
                 log.warning("group %s: malformed status of %s: %s", group, name, exc)
             out[name] = BrokerZk(live=name in live, status=status, status_version=version)
         return out
+
+    async def prune_statuses(self, group: str, keep: set[str]) -> list[str]:
+        """Delete the ``status`` documents of brokers no longer in the group (scaled away) that
+        have no live node; returns their names. A broker still running keeps its document."""
+        try:
+            names = set(await self._zk(self.client.get_children_async(status_dir(group))))
+            live = set(await self._zk(self.client.get_children_async(live_dir(group))))
+        except NoNodeError:
+            return []
+        pruned = []
+        for name in sorted(names - keep - live):
+            with contextlib.suppress(NoNodeError):
+                await self._zk(self.client.delete_async(status_path(group, name)))
+                pruned.append(name)
+        return pruned
 
     async def write_state(self, group: str, new: GroupState, *, version: int) -> bool:
         """A versioned state write; False when someone else moved the state first."""

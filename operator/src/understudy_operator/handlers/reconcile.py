@@ -28,7 +28,7 @@ from understudy_operator.controller.driver import Controller
 from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
 from understudy_operator.k8s.builders import LABEL_GROUP, LABEL_SERVICE, build_all
-from understudy_operator.k8s.spec import BrokerGroupSpec, SpecError, parse_spec
+from understudy_operator.k8s.spec import MAX_SLAVES, BrokerGroupSpec, SpecError, parse_spec
 from understudy_operator.k8s.status import compute_status
 from understudy_operator.k8s.zkconfig import broker_name, encode_zk_config
 from understudy_operator.kube import (
@@ -141,7 +141,7 @@ async def reconcile(rt: Runtime, *, body: Mapping[str, Any]) -> None:
     handle = await ensure_group(rt, body=body, spec=spec)
     state, _ = await handle.zk.read_state(name)
     scale = plan_scale(current=current, desired=spec.replicas, state=state,
-                       broker_name_of={o: broker_name(name, o) for o in range(16)})
+                       broker_name_of={o: broker_name(name, o) for o in range(MAX_SLAVES + 1)})
     if not scale.allowed:
         await events.post(rt, body, type_="Normal", reason="ScaleDeferred", message=scale.reason)
         raise kopf.TemporaryError(scale.reason, delay=5)

@@ -73,6 +73,9 @@ async def refresh(rt: Runtime, handle: GroupHandle, body: Mapping[str, Any] | No
         state, _ = await handle.zk.read_state(name)
         names = [broker_name(name, o) for o in range(spec.replicas)]
         zk = await handle.zk.read_brokers(name, names)
+        for gone in await handle.zk.prune_statuses(name, set(names)):
+            log.info("group %s/%s: removed the status of scaled-away broker %s",
+                     handle.namespace, name, gone)
         pods = {
             str(p.get("metadata", {}).get("name")): p
             for p in await rt.kube.list(PODS, namespace=handle.namespace,
