@@ -797,3 +797,17 @@ async def test_a_bad_update_keeps_the_running_group_as_it_was(env: Env) -> None:
     assert env.admin.get("/groups/keep/config")[0] == config
     assert env.k.deleted_pods == []
     assert env.state("keep").mode is Mode.NORMAL
+
+
+async def test_a_corrupt_state_znode_is_reported_and_nothing_crashes(env: Env) -> None:
+    await ready_group(env, "bad-zk")
+    good, _ = env.admin.get(state_path("bad-zk"))
+    env.admin.set(state_path("bad-zk"), b"\x00 not json")
+    cond = await eventually(
+        lambda: (c := env.condition("bad-zk", "Ready")) and c["reason"] == "NoGroupState" and c,
+        what="Ready=False/NoGroupState")
+    assert cond["status"] == "False"
+    assert env.bg("bad-zk")["status"].get("mode") is None  # removed by the merge patch
+    env.admin.set(state_path("bad-zk"), good)  # a person repairs it
+    await eventually(lambda: (c := env.condition("bad-zk", "Ready")) and c["status"] == "True",
+                     what="Ready again after the repair")

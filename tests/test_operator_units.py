@@ -178,6 +178,23 @@ def test_classify_pod_without_a_pod_is_unknown() -> None:
     assert classify_pod(None).state is ProcessState.UNKNOWN
 
 
+@pytest.mark.parametrize("body", [
+    {"metadata": [], "status": "Running"},
+    {"status": {"containerStatuses": "broker", "conditions": {"Ready": True}}},
+    {"status": {"containerStatuses": [{"name": "broker", "state": ["running"],
+                                       "restartCount": "many"}]}},
+    {"status": {"containerStatuses": [{"name": "broker", "state": {"waiting": None},
+                                       "restartCount": None, "lastState": 3}]}},
+    {"status": {"containerStatuses": [{"name": "broker",
+                                       "state": {"terminated": "yes"}}]}},
+])
+def test_a_malformed_pod_is_classified_without_raising(body: dict[str, Any]) -> None:
+    verdict = classify_pod(body)
+    assert verdict.state in (ProcessState.UNKNOWN, ProcessState.EXITED)
+    live = PodLiveness()
+    assert live.observe(body).state is verdict.state
+
+
 def test_pod_liveness_wakes_listeners_once_per_certain_death() -> None:
     live = PodLiveness()
     woken: list[str] = []

@@ -62,9 +62,17 @@ class PodVerdict:
         return self.state is ProcessState.EXITED
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is an object, else empty: a malformed pod status never raises."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    for cs in statuses:
+    for cs in _list(_map(pod.get("status")).get("containerStatuses")):
         if isinstance(cs, Mapping) and cs.get("name") == name:
             return cs
     return None
@@ -72,7 +80,7 @@ def _container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     """The pod's ``Ready`` condition."""
-    for cond in (pod.get("status") or {}).get("conditions") or []:
+    for cond in _list(_map(pod.get("status")).get("conditions")):
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
             return cond.get("status") == "True"
     return False
@@ -84,27 +92,28 @@ def classify_pod(pod: Mapping[str, Any] | None, *, deleted: bool = False,
     watch ``DELETED`` event; ``pod`` ``None`` means no pod is known (``UNKNOWN``)."""
     if pod is None:
         return PodVerdict(ProcessState.UNKNOWN, "no pod")
-    meta = pod.get("metadata") or {}
-    uid = meta.get("uid")
+    meta = _map(pod.get("metadata"))
+    uid = meta.get("uid") if isinstance(meta.get("uid"), str) else None
     if deleted:
         return PodVerdict(ProcessState.EXITED, "pod deleted", uid)
-    phase = (pod.get("status") or {}).get("phase")
+    phase = _map(pod.get("status")).get("phase")
     if phase in ("Failed", "Succeeded"):
         return PodVerdict(ProcessState.EXITED, f"pod phase {phase}", uid)
     cs = _container(pod, container)
     if cs is None:
         return PodVerdict(ProcessState.UNKNOWN, f"no status for container {container!r} yet",
                           uid)
-    state = cs.get("state") or {}
+    state = _map(cs.get("state"))
     if "terminated" in state:
-        term = state.get("terminated") or {}
+        term = _map(state.get("terminated"))
         return PodVerdict(ProcessState.EXITED,
                           f"container terminated (exit code {term.get('exitCode', '?')}, "
                           f"{term.get('reason') or 'no reason'})", uid)
     if "waiting" in state:
-        restarted = int(cs.get("restartCount") or 0) > 0 or "terminated" in (
-            cs.get("lastState") or {})
-        why = (state.get("waiting") or {}).get("reason") or "waiting"
+        restarts = cs.get("restartCount")
+        restarted = (isinstance(restarts, int) and restarts > 0) or "terminated" in _map(
+            cs.get("lastState"))
+        why = _map(state.get("waiting")).get("reason") or "waiting"
         if restarted:
             return PodVerdict(ProcessState.EXITED, f"container not running ({why}) after an exit",
                               uid)
@@ -165,7 +174,7 @@ class PodLiveness:
 
     def observe(self, pod: Mapping[str, Any], *, deleted: bool = False) -> PodVerdict:
         """Record a pod event; wake listeners when it turns into a certain death."""
-        name = str((pod.get("metadata") or {}).get("name", ""))
+        name = str(_map(pod.get("metadata")).get("name", ""))
         verdict = classify_pod(pod, deleted=deleted)
         old = self._verdicts.get(name)
         if deleted and old is not None and old.uid not in (None, verdict.uid):
