@@ -811,3 +811,16 @@ async def test_a_corrupt_state_znode_is_reported_and_nothing_crashes(env: Env) -
     env.admin.set(state_path("bad-zk"), good)  # a person repairs it
     await eventually(lambda: (c := env.condition("bad-zk", "Ready")) and c["status"] == "True",
                      what="Ready again after the repair")
+
+
+async def test_an_unreachable_zookeeper_is_reported_and_nothing_is_applied(env: Env) -> None:
+    spec = env.spec()
+    spec["zookeeper"] = {"connect": f"127.0.0.1:{free_port()}", "chroot": "/nowhere"}
+    await env.create("nozk", spec)
+    cond = await eventually(
+        lambda: (c := env.condition("nozk", "Ready")) and c["reason"] == "ZooKeeperUnreachable"
+        and c, within=30, what="Ready=False/ZooKeeperUnreachable")
+    assert "/nowhere unreachable" in cond["message"]
+    assert any(e["reason"] == "ZooKeeperUnreachable" for e in env.events("nozk"))
+    assert env.w.get("apps/v1/statefulsets", "nozk") is None
+    assert env.w.get("v1/configmaps", "nozk-config") is None

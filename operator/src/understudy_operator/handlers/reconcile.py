@@ -29,7 +29,12 @@ from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
 from understudy_operator.k8s.builders import LABEL_GROUP, LABEL_SERVICE, build_all
 from understudy_operator.k8s.spec import MAX_SLAVES, BrokerGroupSpec, SpecError, parse_spec
-from understudy_operator.k8s.status import compute_status
+from understudy_operator.k8s.status import (
+    Condition,
+    compute_conditions,
+    compute_status,
+    merge_conditions,
+)
 from understudy_operator.k8s.zkconfig import broker_name, encode_zk_config
 from understudy_operator.kube import (
     BROKERGROUPS,
@@ -81,6 +86,24 @@ async def report_invalid(rt: Runtime, *, body: Mapping[str, Any], exc: SpecError
     await events.post(rt, body, type_="Warning", reason="InvalidSpec", message=text)
 
 
+async def report_unreachable(rt: Runtime, *, body: Mapping[str, Any], message: str) -> None:
+    """Ready=False/ZooKeeperUnreachable and a Warning Event (the handler retries)."""
+    meta = body.get("metadata", {})
+    conditions = [
+        Condition("Ready", False, "ZooKeeperUnreachable", message) if c.type == "Ready" else c
+        for c in compute_conditions(state=None, brokers=[])
+    ]
+    prev = (body.get("status") or {}).get("conditions")
+    rendered = merge_conditions(previous=prev if isinstance(prev, list) else [],
+                                current=conditions, now=datetime.now(UTC))
+    try:
+        await rt.kube.patch_status(BROKERGROUPS, namespace=meta["namespace"], name=meta["name"],
+                                   status={"conditions": rendered})
+    except KubeError as exc:
+        log.warning("cannot report the ZooKeeper problem on the status: %s", exc)
+    await events.post(rt, body, type_="Warning", reason="ZooKeeperUnreachable", message=message)
+
+
 async def ensure_group(rt: Runtime, *, body: Mapping[str, Any], spec: BrokerGroupSpec
                        ) -> GroupHandle:
     """The group's handle, starting its controller on first use (or after the ZooKeeper
@@ -116,8 +139,9 @@ async def ensure_group(rt: Runtime, *, body: Mapping[str, Any], spec: BrokerGrou
         await controller.start(connect_timeout_s=5.0)
     except Exception as exc:
         await controller.stop()
-        raise kopf.TemporaryError(
-            f"ZooKeeper {spec.zookeeper.url} unreachable: {exc!r}", delay=5) from exc
+        text = f"ZooKeeper {spec.zookeeper.url} unreachable ({exc!r}); nothing applied, retrying"
+        await report_unreachable(rt, body=body, message=text)
+        raise kopf.TemporaryError(text, delay=5) from exc
     handle = GroupHandle(namespace=namespace, name=name, zk_url=spec.zookeeper.url,
                          controller=controller, liveness=liveness, spec=spec, owner=owner)
     holder.append(handle)
