@@ -83,13 +83,23 @@ QUERY_RANGE_SCHEMA = StructType(
     ]
 )
 
-_LABEL_PAIR = r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"'
-_LABEL_SET = r'\{\s*(?:[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*,?\s*)*\}'
+# Regexes are written without nested alternation (the "unrolled loop" form) so Java's
+# regex engine scans a label set in linear time.
+_QUOTED = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL_PAIR = rf"{_LABEL_NAME}\s*=\s*{_QUOTED}"
+_LABEL_PAIR_CAPTURE = rf'({_LABEL_NAME})\s*=\s*"([^"\\]*(?:\\.[^"\\]*)*)"'
+_NAME_PAIR = rf"__name__\s*=\s*{_QUOTED}"
+_NAME_PAIR_CAPTURE = r'__name__\s*=\s*"([a-zA-Z_:][a-zA-Z0-9_:]*)"'
+_LABEL_SET = rf"\{{\s*(?:{_LABEL_PAIR}\s*(?:,\s*{_LABEL_PAIR}\s*)*,?\s*)?\}}"
 _NUMBER = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[Nn]a[Nn]|[Ii]nf(?:inity)?)"
+_INT_MS = r"-?[0-9]+"
+_TS_ANY = r"-?[0-9]+(?:\.[0-9]+)?"
 # promtool tsdb dump: {__name__="x", a="b"} 91 1795211698960   (timestamp in ms)
-DUMP_LINE = rf"^({_LABEL_SET})\s+({_NUMBER})\s+(-?[0-9]+)\s*$"
+DUMP_LINE = rf"^{_LABEL_SET} +{_NUMBER} +{_INT_MS} *$"
 # exposition: name{a="b"} 91 1795211698960   (text format: ms; OpenMetrics: seconds)
-EXPOSITION_LINE = rf"^([a-zA-Z_:][a-zA-Z0-9_:]*)({_LABEL_SET})?\s+({_NUMBER})\s+(-?[0-9]+(?:\.[0-9]+)?)\s*$"
+EXPOSITION_LINE = rf"^{_METRIC_NAME}(?:{_LABEL_SET})? +{_NUMBER} +{_TS_ANY} *$"
 # How an exposition's first sample line starts: a name, labels, a number.
 _EXPOSITION_HEAD = rf"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{{[^\n]*\}})?[ \t]+{_NUMBER}(?:\s|$)"
 # Lines of an exposition that carry no sample and are not errors.
@@ -204,16 +214,41 @@ def _expand(fs: Any, statuses: Iterable[Any]) -> Iterable[Any]:
 
 
 def _labels_map(label_set: Column) -> Column:
-    """``{a="b", c="d"}`` -> map(a -> b, c -> d), unescaping ``\\"`` and ``\\\\``."""
-    keys = F.regexp_extract_all(label_set, F.lit(_LABEL_PAIR), 1)
-    raw_values = F.regexp_extract_all(label_set, F.lit(_LABEL_PAIR), 2)
-    values = F.transform(
-        raw_values,
-        lambda v: F.regexp_replace(
+    """``{a="b", c="d"}`` -> map(a -> b, c -> d) without ``__name__``, unescaping
+    ``\"``, ``\\`` and ``\n``.
+
+    Two regex scans and no lambda on the common path: higher-order functions are not
+    code-generated and cost more than the scans; only values with a backslash pay for
+    the unescaping.
+    """
+    rest = F.regexp_replace(label_set, _NAME_PAIR + r"\s*,?", "")
+    keys = F.regexp_extract_all(rest, F.lit(_LABEL_PAIR_CAPTURE), 1)
+    values = F.regexp_extract_all(rest, F.lit(_LABEL_PAIR_CAPTURE), 2)
+
+    def unescape(v: Column) -> Column:
+        return F.regexp_replace(
             F.regexp_replace(F.regexp_replace(v, r"\\n", "\n"), r'\\"', '"'), r"\\\\", r"\\"
-        ),
-    )
+        )
+
+    values = F.when(F.instr(rest, "\\") > 0, F.transform(values, unescape)).otherwise(values)
     return F.map_from_arrays(keys, values)
+
+
+def _metric_name(label_set: Column) -> Column:
+    """The ``__name__`` label of a dump line's label set, or null."""
+    name = F.regexp_extract(label_set, _NAME_PAIR_CAPTURE, 1)
+    return F.when(name != "", name)
+
+
+def _split_sample(raw: Column) -> tuple[Column, Column, Column]:
+    """``<head> <value> <timestamp>`` -> the three parts, with string functions only
+    (label values may contain spaces, so split from the right)."""
+    line = F.rtrim(raw)
+    ts_text = F.substring_index(line, " ", -1)
+    rest = F.rtrim(F.left(line, F.greatest(F.length(line) - F.length(ts_text) - 1, F.lit(0))))
+    value_text = F.substring_index(rest, " ", -1)
+    head = F.rtrim(F.left(rest, F.greatest(F.length(rest) - F.length(value_text) - 1, F.lit(0))))
+    return head, value_text, ts_text
 
 
 def _finish(df: DataFrame) -> DataFrame:
@@ -225,21 +260,20 @@ def read_dump(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     lines = spark.read.text(list(paths)).select(
         F.col("value").alias("raw"), F.col("_metadata.file_path").alias("source_file")
     )
-    label_set = F.regexp_extract("raw", DUMP_LINE, 1)
-    value = F.regexp_extract("raw", DUMP_LINE, 2).try_cast(DoubleType())
-    ts_ms = F.regexp_extract("raw", DUMP_LINE, 3).try_cast(LongType())
-    labels = _labels_map(label_set)
-    parsed = lines.select(
+    head, value_text, ts_text = _split_sample(F.col("raw"))
+    parts = lines.select("raw", "source_file", head.alias("head"), value_text.alias("v"), ts_text.alias("t"))
+    parsed = parts.select(
         "raw",
         "source_file",
-        F.timestamp_millis(ts_ms).alias("timestamp"),
-        labels["__name__"].alias("metric"),
-        F.map_filter(labels, lambda k, _v: k != "__name__").alias("labels"),
-        value.alias("value"),
+        F.timestamp_millis(F.col("t").try_cast(LongType())).alias("timestamp"),
+        _metric_name(F.col("head")).alias("metric"),
+        _labels_map(F.col("head")).alias("labels"),
+        F.col("v").try_cast(DoubleType()).alias("value"),
         F.lit(1).alias("weight"),
+        (F.col("head").rlike(f"^{_LABEL_SET}$") & F.col("t").rlike(f"^{_INT_MS}$")).alias("shape_ok"),
     )
     ok = (
-        F.col("raw").rlike(DUMP_LINE)
+        F.col("shape_ok")
         & F.col("metric").isNotNull()
         & F.col("timestamp").isNotNull()
         & F.col("value").isNotNull()
@@ -258,22 +292,25 @@ def read_exposition(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         F.col("value").alias("raw"), F.col("_metadata.file_path").alias("source_file")
     )
     lines = lines.where(~F.col("raw").rlike(EXPOSITION_SKIP))
-    ts_text = F.regexp_extract("raw", EXPOSITION_LINE, 4).try_cast(DoubleType())
-    ts_ms = F.when(F.abs(ts_text) < _SECONDS_BELOW, ts_text * 1000.0).otherwise(ts_text)
-    parsed = lines.select(
+    head, value_text, ts_text = _split_sample(F.col("raw"))
+    parts = lines.select("raw", "source_file", head.alias("head"), value_text.alias("v"), ts_text.alias("t"))
+    ts = F.col("t").try_cast(DoubleType())
+    ts_ms = F.when(F.abs(ts) < _SECONDS_BELOW, ts * 1000.0).otherwise(ts)
+    name = F.regexp_extract("head", f"^({_METRIC_NAME})", 1)
+    parsed = parts.select(
         "raw",
         "source_file",
         F.timestamp_millis(F.round(ts_ms).cast(LongType())).alias("timestamp"),
-        F.regexp_extract("raw", EXPOSITION_LINE, 1).alias("metric"),
-        _labels_map(F.regexp_extract("raw", EXPOSITION_LINE, 2)).alias("labels"),
-        F.regexp_extract("raw", EXPOSITION_LINE, 3).try_cast(DoubleType()).alias("value"),
+        name.alias("metric"),
+        _labels_map(F.substring("head", F.length(name) + 1, 1 << 30)).alias("labels"),
+        F.col("v").try_cast(DoubleType()).alias("value"),
         F.lit(1).alias("weight"),
+        (
+            F.col("head").rlike(f"^{_METRIC_NAME}(?:{_LABEL_SET})?$")
+            & F.col("t").rlike(f"^{_TS_ANY}$")
+        ).alias("shape_ok"),
     )
-    ok = (
-        F.col("raw").rlike(EXPOSITION_LINE)
-        & F.col("timestamp").isNotNull()
-        & F.col("value").isNotNull()
-    )
+    ok = F.col("shape_ok") & F.col("timestamp").isNotNull() & F.col("value").isNotNull()
     return _finish(parsed.withColumn("ok", ok))
 
 
@@ -322,27 +359,33 @@ def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     series = (
         docs.where(doc_ok)
         .select("source_file", F.explode("result").alias("s"))
-        .select("source_file", F.col("s.metric").alias("m"), F.col("s.values").alias("vals"))
+        .select(
+            "source_file",
+            F.col("s.metric")["__name__"].alias("metric"),
+            F.map_filter("s.metric", lambda k, _v: k != "__name__").alias("labels"),
+            F.col("s.values").alias("vals"),
+        )
     )
-    samples = series.select("source_file", "m", F.explode("vals").alias("pair"))
+    samples = series.select("source_file", "metric", "labels", F.explode("vals").alias("pair"))
     ts_s = F.col("pair")[0].try_cast(DoubleType())
     parsed = samples.select(
         F.timestamp_millis(F.round(ts_s * 1000.0).cast(LongType())).alias("timestamp"),
-        F.col("m")["__name__"].alias("metric"),
-        F.map_filter("m", lambda k, _v: k != "__name__").alias("labels"),
+        "metric",
+        "labels",
         F.col("pair")[1].try_cast(DoubleType()).alias("value"),
         "source_file",
-        F.concat_ws(" ", F.to_json("m"), F.to_json("pair")).alias("raw"),
+        F.col("pair").alias("pair"),
         F.lit(1).alias("weight"),
-        (F.size("pair") == 2).alias("pair_ok"),
     )
     ok = (
         F.col("timestamp").isNotNull()
         & F.col("metric").isNotNull()
         & F.col("value").isNotNull()
-        & F.col("pair_ok")
+        & (F.size("pair") == 2)
     )
-    return _finish(parsed.withColumn("ok", ok)).unionByName(_finish(bad_docs))
+    # Only a rejected sample needs a printable form.
+    raw = F.when(~ok, F.concat_ws(" ", "metric", F.to_json("labels"), F.to_json("pair")))
+    return _finish(parsed.withColumn("ok", ok).withColumn("raw", raw)).unionByName(_finish(bad_docs))
 
 
 _READERS = {

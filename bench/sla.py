@@ -1,0 +1,207 @@
+"""Benchmark: the SLA incident computation in Spark vs the same computation in DuckDB SQL.
+
+Synthesises Prometheus exports (default: 200 groups at 15 s for 1, 2 and 4 weeks, in
+query_range JSON and promtool dump text), then times, over the same files:
+- Spark: read + parse + per-group states + incidents (understudy_spark, local[*]);
+- DuckDB: the same incident definition as one SQL query (single-node reference).
+Prints samples/s and the Spark/DuckDB ratio per size and form, checks both found the
+same number of incidents, and writes ``bench-results/sla.json``. No assertions.
+
+    python bench/sla.py                        # what `make bench` runs
+    python bench/sla.py --groups 20 --weeks 1  # a quick look
+    python bench/sla.py --month                # add the 30-day size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+from typing import Any
+
+STEP_S = 15
+PERM = "understudy_broker_permission"
+MODE = "understudy_group_mode"
+
+
+def say(message: str) -> None:
+    print(f"[bench sla {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# One incident definition, the one in transforms.incidents (DESIGN "SLA definitions").
+INCIDENTS_SQL = """
+WITH clean AS (
+  SELECT grp, broker, role, metric, floor(ts_ms / {step_ms})::BIGINT AS bucket,
+         arg_max(value, ts_ms) AS value
+  FROM samples
+  WHERE metric IN ('{mode}', '{perm}') AND grp IS NOT NULL AND grp <> ''
+    AND value IS NOT NULL AND NOT isnan(value)
+  GROUP BY ALL
+), states AS (
+  SELECT grp, bucket,
+         max(CASE WHEN metric = '{mode}' THEN value END)::INT AS mode,
+         max(CASE WHEN metric = '{perm}' AND role = 'master' THEN (value::INT & 1) END) AS master_read,
+         coalesce(sum(CASE WHEN metric = '{perm}' THEN (value::INT & 1) END), 0) AS readers,
+         count(CASE WHEN metric = '{perm}' THEN 1 END) AS perm_series
+  FROM clean GROUP BY ALL
+), s1 AS (
+  SELECT *, (mode IS NOT NULL OR (perm_series >= max(perm_series) OVER g AND max(perm_series) OVER g > 0)) AS known,
+         readers >= 1 AS readable,
+         max((mode IS NOT NULL)::INT) OVER g = 1 AS has_mode
+  FROM states WINDOW g AS (PARTITION BY grp)
+), s2 AS (
+  SELECT *,
+    CASE WHEN (CASE WHEN has_mode THEN mode IS NOT NULL AND mode <> 0 AND coalesce(master_read, 0) = 0
+                    ELSE known AND NOT readable AND coalesce(max(readable::INT) OVER before, 0) = 1 END) THEN 1
+         WHEN master_read = 1 AND (NOT has_mode OR mode = 0) THEN 0 END AS event
+  FROM s1 WINDOW before AS (PARTITION BY grp ORDER BY bucket ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+), s3 AS (
+  SELECT *, coalesce(last_value(event IGNORE NULLS) OVER run, 0) AS in_inc
+  FROM s2 WINDOW run AS (PARTITION BY grp ORDER BY bucket ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+), s4 AS (
+  SELECT *, coalesce(lag(in_inc) OVER (PARTITION BY grp ORDER BY bucket), 0) AS prev_in FROM s3
+), s5 AS (
+  SELECT *, last_value(CASE WHEN in_inc = 1 AND prev_in = 0 THEN bucket END IGNORE NULLS) OVER run AS start
+  FROM s4 WINDOW run AS (PARTITION BY grp ORDER BY bucket ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+), s6 AS (
+  SELECT *, max((in_inc = 1 AND readable)::INT) OVER (PARTITION BY grp, start ORDER BY bucket
+             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) = 1 AS restored
+  FROM s5 WHERE in_inc = 1 OR prev_in = 1
+)
+SELECT grp AS "group", start AS master_lost_b,
+       min(CASE WHEN in_inc = 1 AND readable THEN bucket END) AS reads_restored_b,
+       min(CASE WHEN in_inc = 1 AND restored AND master_read IS NOT NULL THEN bucket END) AS master_back_b,
+       min(CASE WHEN in_inc = 0 THEN bucket END) AS normal_b,
+       count(CASE WHEN in_inc = 1 AND known AND NOT readable THEN 1 END) * {step_s} AS read_unavailable_s,
+       count(CASE WHEN in_inc = 1 AND known AND NOT readable AND restored THEN 1 END) * {step_s} AS failback_gap_s,
+       count(CASE WHEN in_inc = 1 AND readers >= 2 THEN 1 END) * {step_s} AS one_reader_violation_s
+FROM s6 GROUP BY ALL
+"""
+
+DUMP_SAMPLES = r"""
+CREATE OR REPLACE TEMP VIEW samples AS
+SELECT regexp_extract(line, '__name__="([^"]*)"', 1) AS metric,
+       regexp_extract(line, '[{{ ,]group="([^"]*)"', 1) AS grp,
+       regexp_extract(line, '[{{ ,]broker="([^"]*)"', 1) AS broker,
+       regexp_extract(line, '[{{ ,]role="([^"]*)"', 1) AS role,
+       TRY_CAST(parts[-2] AS DOUBLE) AS value,
+       TRY_CAST(parts[-1] AS BIGINT) AS ts_ms
+FROM (SELECT line, string_split(line, ' ') AS parts
+      FROM read_csv('{glob}', columns = {{'line': 'VARCHAR'}}, sep = '\x01', quote = '', escape = '',
+                    header = false, auto_detect = false))
+"""
+
+QUERY_RANGE_SAMPLES = """
+CREATE OR REPLACE TEMP VIEW samples AS
+SELECT s.metric['__name__'] AS metric, s.metric['group'] AS grp, s.metric['broker'] AS broker,
+       s.metric['role'] AS role,
+       TRY_CAST(json_extract_string(v, '$[1]') AS DOUBLE) AS value,
+       round(TRY_CAST(json_extract_string(v, '$[0]') AS DOUBLE) * 1000)::BIGINT AS ts_ms
+FROM (SELECT unnest(data.result) AS s
+      FROM read_json('{glob}', format = 'auto', maximum_object_size = 4294967295,
+                     columns = {{'status': 'VARCHAR',
+                                 'data': 'STRUCT(resultType VARCHAR, result STRUCT(metric MAP(VARCHAR, VARCHAR), "values" JSON[])[])'}})),
+     unnest(s."values") AS t(v)
+"""
+
+
+def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, int]:
+    import duckdb
+
+    ext = {"query_range": "json", "dump": "txt"}[form]
+    glob = str(folder / form / f"*.{ext}")
+    con = duckdb.connect()
+    try:
+        t0 = time.monotonic()
+        con.execute((DUMP_SAMPLES if form == "dump" else QUERY_RANGE_SAMPLES).format(glob=glob))
+        rows = con.execute(
+            INCIDENTS_SQL.format(step_ms=STEP_S * 1000, step_s=STEP_S, mode=MODE, perm=PERM)
+        ).fetchall()
+        return time.monotonic() - t0, len(rows)
+    finally:
+        con.close()
+
+
+def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int]:
+    from understudy_spark import readers, transforms
+
+    t0 = time.monotonic()
+    files = readers.list_inputs(spark, [str(folder / form)])
+    parsed = readers.read_parsed(spark, files)
+    states = transforms.group_states(transforms.clean_samples(readers.samples_of(parsed), step_s=STEP_S))
+    n = len(transforms.incidents(states, step_s=STEP_S).collect())
+    return time.monotonic() - t0, n
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", type=int, default=200)
+    ap.add_argument("--weeks", default="1,2,4", help="comma-separated sizes in weeks")
+    ap.add_argument("--month", action="store_true", help="also the 30-day size")
+    ap.add_argument("--forms", default="query_range,dump")
+    ap.add_argument("--incidents-per-group-week", type=float, default=2.0)
+    ap.add_argument("--workdir", default=".understudy/bench-sla")
+    ap.add_argument("--out", default="bench-results/sla.json")
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic exports")
+    args = ap.parse_args(argv)
+
+    sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[1] / "spark_jobs" / "src")]
+    from understudy_spark import job
+    from understudy_spark.synth import SynthSpec, synthesize
+
+    sizes = [(f"{w}w", int(w) * 7) for w in args.weeks.split(",") if w.strip()]
+    if args.month:
+        sizes.append(("30d", 30))
+    forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
+    os.environ.setdefault("UNDERSTUDY_SPARK_DRIVER_MEMORY", "6g")
+    job.quiet_pandas_warning()
+    say("starting Spark (local[*])")
+    spark = job.build_session(shuffle_partitions=max(4, 2 * (os.cpu_count() or 2)), app="understudy-sla-bench")
+    results: list[dict[str, Any]] = []
+    work = pathlib.Path(args.workdir)
+    try:
+        for label, days in sizes:
+            folder = work / label
+            shutil.rmtree(folder, ignore_errors=True)
+            incidents = int(args.groups * days / 7 * args.incidents_per_group_week)
+            spec = SynthSpec(groups=args.groups, days=days, step_s=STEP_S, incidents=incidents, seed=42)
+            say(f"{label}: synthesising {args.groups} groups x {days} days ({', '.join(forms)})")
+            t0 = time.monotonic()
+            written = synthesize(spec, out=folder, formats=forms,
+                                 on_day=lambda d, days=days: say(f"  day {d + 1}/{days} written"))
+            say(f"{label}: synthesised in {time.monotonic() - t0:.1f} s")
+            for form in forms:
+                samples = written.samples[form]
+                say(f"{label} {form}: Spark ...")
+                spark_s, spark_n = run_spark(spark, form, folder)
+                say(f"{label} {form}: Spark {spark_s:.1f} s, {spark_n} incidents; DuckDB ...")
+                duck_s, duck_n = run_duckdb(form, folder)
+                row = {
+                    "size": label, "days": days, "groups": args.groups, "form": form,
+                    "samples": samples, "spark_seconds": round(spark_s, 2), "duckdb_seconds": round(duck_s, 2),
+                    "spark_samples_per_s": round(samples / spark_s), "duckdb_samples_per_s": round(samples / duck_s),
+                    "ratio_spark_vs_duckdb": round(spark_s / duck_s, 2),
+                    "incidents_injected": incidents, "incidents_spark": spark_n, "incidents_duckdb": duck_n,
+                }
+                results.append(row)
+                print(f"{label:>4} {form:<12} {samples:>11} samples  Spark {spark_s:8.1f} s "
+                      f"({row['spark_samples_per_s']:>9}/s)  DuckDB {duck_s:8.1f} s  ratio {row['ratio_spark_vs_duckdb']:5.2f}  "
+                      f"incidents {spark_n}/{duck_n}/{incidents}", flush=True)
+            if not args.keep:
+                shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        spark.stop()
+        out = pathlib.Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"benchmark": "sla", "step_s": STEP_S, "cpus": os.cpu_count(),
+                                   "results": results}, indent=2) + "\n")
+        say(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
