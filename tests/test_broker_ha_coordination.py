@@ -359,6 +359,11 @@ def test_bad_zk_flags_exit_2_naming_the_flag(tmp_path: Path) -> None:
         assert needle in out.stderr.decode(), out.stderr
 
 
+async def slave_knows_topic(spec: BrokerSpec, topic: str) -> bool:
+    frame = await request(spec, p.Op.GET_ROUTE, p.GetRouteRequest(topic).encode())
+    return topic in p.RouteResponse.decode(frame.body).topics
+
+
 def zk_status(admin: KazooClient, broker: str) -> dict[str, object]:
     doc = json.loads(admin.get(status_path(GROUP, broker))[0])
     assert isinstance(doc, dict)
@@ -560,3 +565,55 @@ async def test_lease_lapse_while_stopped_is_logged_at_the_lapse_not_at_the_wakeu
     assert stopped_at < lost[0].t_ns < resumed_at
     assert lost[0].effective == Permission.WRITE
     assert log[-1].effective == Permission.FULL
+
+
+async def test_master_stopped_past_its_session_comes_back_fenced_and_rejoins_by_backsync(
+        zk: str, tmp_path: Path, admin: KazooClient) -> None:
+    group = Group(zk, tmp_path, sync=True)
+    admin.create(config_path(GROUP), group.config.to_json(), makepath=True)
+    try:
+        group.controller().start(wait_port=False)
+        m = group.broker(group.m).start()
+        group.broker(group.s).start()
+        await wait_for(lambda: perm_is(group.m, Permission.FULL), "master FULL", 30)
+        bootstrap = [f"127.0.0.1:{group.m.port}", f"127.0.0.1:{group.s.port}"]
+        await create_topic(bootstrap, topic="t", queues=1)
+        await wait_for(lambda: zk_status(admin, "m").get("slaveLinks") == ["s"], "slave linked")
+        async with Producer(bootstrap) as producer:
+            await asyncio.gather(*[await producer.send("t", b"x%d" % i) for i in range(50)])
+        # Topics reach a slave with the replication metadata (every 0.25 s).
+        await wait_for(lambda: slave_knows_topic(group.s, "t"), "the slave knows topic t")
+        before = read_state(admin)
+        assert before is not None
+        assert m.proc is not None
+        os.kill(m.proc.pid, signal.SIGSTOP)
+        try:
+            # The controller fences the frozen master once its session expires, and the
+            # slave takes reads; consumers commit there.
+            await wait_for(lambda: perm_is(group.s, Permission.READ), "slave READ", 30)
+            consumer = Consumer([f"127.0.0.1:{group.s.port}"], group="cg", topic="t",
+                                max_wait_ms=200, request_timeout_s=2)
+            try:
+                got = 0
+                while got < 50:
+                    got += len(await consumer.getmany(timeout_s=1))
+                committed = await consumer.commit()
+            finally:
+                await consumer.close()
+        finally:
+            os.kill(m.proc.pid, signal.SIGCONT)
+        assert committed == {0: 50}
+        await wait_for(lambda: (st := read_state(admin)) is not None and st.mode is Mode.NORMAL
+                       and st.epoch > before.epoch, "NORMAL after back-sync", 40)
+        await wait_for(lambda: perm_is(group.m, Permission.FULL), "master FULL again")
+        fetched = await request(group.m, p.Op.FETCH_OFFSET,
+                                p.FetchOffsetRequest("cg", "t", [0]).encode())
+        assert p.OffsetsResponse.decode(fetched.body).offsets == {0: 50}
+        # Never two readers, even across the freeze (the master's READ ends at its lease
+        # lapse, recorded as such when it woke up).
+        m_read = read_intervals(permission_log(group.m), deaths=[])
+        s_read = read_intervals(permission_log(group.s), deaths=[])
+        assert len(s_read) == 1
+        assert overlaps(m_read, s_read) == []
+    finally:
+        group.stop_all()
