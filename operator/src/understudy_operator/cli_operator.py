@@ -74,7 +74,7 @@ def connection_info(server: str | None, *, insecure: bool) -> kopf.ConnectionInf
               help="Address for /metrics and /healthz.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"],
                                                case_sensitive=False),
-              default="info", show_default=True)
+              default="info", show_default=True, help="Log verbosity (logs go to stderr).")
 @click.option("--status-interval", type=click.FloatRange(0.5, 60), default=2.0,
               show_default=True, help="Seconds between status refreshes of each group.")
 @click.option("--handoff-timeout", type=click.FloatRange(1, 300), default=10.0,
@@ -99,7 +99,7 @@ def operator_cmd(zk: str | None, all_namespaces: bool, namespaces: tuple[str, ..
                  server: str | None, insecure: bool, scanning: bool, identity: str | None
                  ) -> None:
     """Run the Kubernetes operator for BrokerGroups (understudy.io/v1alpha1): builds each
-    group's StatefulSet, Services, ConfigMap and PDB, writes its ZooKeeper config, runs its
+    group's StatefulSet, Services, ConfigMap, PDB (and ServiceMonitor), writes its ZooKeeper config, runs its
     failover controller with pod status as the liveness source, rolls pods safely (slaves
     first, the master through a planned handoff) and keeps the status current. Two replicas
     are safe: one decides per group. Stops cleanly on SIGTERM."""
