@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from understudy_broker import protocol as p
 from understudy_broker.client import Consumer, Producer, create_topic
@@ -617,3 +618,22 @@ async def test_master_stopped_past_its_session_comes_back_fenced_and_rejoins_by_
         assert overlaps(m_read, s_read) == []
     finally:
         group.stop_all()
+
+
+async def test_digest_identity_authenticates_and_protects_the_brokers_nodes(
+        group: Group, admin: KazooClient, zk: str) -> None:
+    group.broker(group.m, extra=["--zk-digest", "understudy:s3cret"]).start()
+    set_state(admin, GroupState(Mode.NORMAL, 1))
+    await wait_for(lambda: perm_is(group.m, Permission.FULL, 1), "master FULL")
+    await wait_for(lambda: admin.exists(status_path(GROUP, "m")) is not None, "status node")
+    with pytest.raises(NoAuthError):
+        admin.get(status_path(GROUP, "m"))  # no identity: refused
+    authed = KazooClient(hosts=zk, timeout=2.0, auth_data=[("digest", "understudy:s3cret")])
+    authed.start(timeout=10)
+    try:
+        assert json.loads(authed.get(status_path(GROUP, "m"))[0])["effective"] == "FULL"
+        acls, _ = authed.get_acls(status_path(GROUP, "m"))
+        assert [(a.id.scheme, a.id.id.split(":")[0]) for a in acls] == [("digest", "understudy")]
+    finally:
+        authed.stop()
+        authed.close()
