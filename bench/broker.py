@@ -94,6 +94,37 @@ class Processes:
         self.procs.clear()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU time per message of the servers and of this (client) process during a run.
+
+    On a shared machine the wall-clock rate moves with other people's load; CPU time
+    per message barely does, so it is the figure to compare before and after a change.
+    """
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.servers0 = [cpu_seconds(p) for p in pids]
+        self.client0 = time.process_time()
+
+    def per_message(self, name: str, n: int) -> dict[str, float]:
+        servers = [cpu_seconds(p) - c0 for p, c0 in zip(self.pids, self.servers0, strict=True)]
+        client = time.process_time() - self.client0
+        out = {
+            f"{name}_server_cpu_us_per_msg": round(sum(servers) / n * 1e6, 1),
+            f"{name}_client_cpu_us_per_msg": round(client / n * 1e6, 1),
+        }
+        if len(servers) == 2:  # understudy: master, slave
+            out[f"{name}_master_cpu_us_per_msg"] = round(servers[0] / n * 1e6, 1)
+            out[f"{name}_slave_cpu_us_per_msg"] = round(servers[1] / n * 1e6, 1)
+        return out
+
+
 def pct(values: list[float], q: float) -> float:
     if len(values) < 2:
         return values[0] if values else 0.0
@@ -130,12 +161,17 @@ def understudy_pair(root: Path, procs: Processes, *, flush: str) -> Iterator[str
         procs.stop_all()
 
 
-async def understudy_produce(address: str, topic: str, n: int) -> tuple[float, list[float]]:
+async def understudy_produce(
+    address: str, topic: str, n: int, *, batch_size: int = WINDOW
+) -> tuple[float, list[float]]:
     # The slave must be connected before a synchronous produce can be acknowledged.
     await create_topic([address], topic=topic, queues=4)
     lat: list[float] = []
     window = asyncio.Semaphore(WINDOW)
-    async with Producer([address], batch_size=WINDOW, linger_ms=1) as prod:
+    # The window caps messages in flight (as publish_async_max_pending does for
+    # JetStream); batch_size < WINDOW lets several batches overlap in the pipeline
+    # client -> master -> slave instead of one batch making the whole round trip alone.
+    async with Producer([address], batch_size=batch_size, linger_ms=1) as prod:
         await (await prod.send(topic, b"warm-up"))
         started = time.perf_counter()
         for _ in range(n):
@@ -185,12 +221,19 @@ async def wait_slave(address: str) -> None:
     raise RuntimeError("the slave never came in sync")
 
 
-def run_understudy(root: Path, procs: Processes, n: int, *, flush: str, name: str) -> dict[str, float]:
+def run_understudy(
+    root: Path, procs: Processes, n: int, *, flush: str, name: str, batch_size: int
+) -> dict[str, float]:
     with understudy_pair(root, procs, flush=flush) as address:
         asyncio.run(wait_slave(address))
-        console.print(f"[bold]understudy[/] sync replication, flush={flush}: producing {n:,} x 1 KiB ...")
-        seconds, lat = asyncio.run(understudy_produce(address, "bench", n))
+        console.print(
+            f"[bold]understudy[/] sync replication, flush={flush}, batches of {batch_size}: "
+            f"producing {n:,} x 1 KiB ..."
+        )
+        meter = CpuMeter([proc.pid for proc in procs.procs])
+        seconds, lat = asyncio.run(understudy_produce(address, "bench", n, batch_size=batch_size))
         out = summarize(name, n, seconds, lat)
+        out.update(meter.per_message(name, n))
         console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms; consuming ...")
         out[f"{name}_consume_msgs_per_s"] = round(asyncio.run(understudy_consume(address, "bench", n + 1)), 1)
     return out
@@ -219,7 +262,7 @@ def start_jetstream(root: Path, procs: Processes) -> list[str]:
     return urls
 
 
-async def jetstream_run(urls: list[str], replicas: int, n: int) -> dict[str, float]:
+async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int]) -> dict[str, float]:
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
@@ -241,6 +284,7 @@ async def jetstream_run(urls: list[str], replicas: int, n: int) -> dict[str, flo
         await js.publish(subject, b"warm-up")
         lat: list[float] = []
         futs = []
+        meter = CpuMeter(pids)
         started = time.perf_counter()
         for _ in range(n):
             sent = time.perf_counter()
@@ -256,6 +300,7 @@ async def jetstream_run(urls: list[str], replicas: int, n: int) -> dict[str, flo
         seconds = time.perf_counter() - started
         name = f"jetstream_r{replicas}"
         out = summarize(name, n, seconds, lat)
+        out.update(meter.per_message(name, n))
         psub = await js.pull_subscribe(subject, durable=f"bench{replicas}",
                                        config=ConsumerConfig(ack_policy=AckPolicy.NONE))
         got = 0
@@ -274,7 +319,7 @@ def run_jetstream(root: Path, procs: Processes, n: int, replicas: int) -> dict[s
     try:
         urls = start_jetstream(js_root, procs)
         console.print(f"[bold]jetstream[/] 3 nodes, file storage, replicas {replicas}: producing {n:,} x 1 KiB ...")
-        out = asyncio.run(jetstream_run(urls, replicas, n))
+        out = asyncio.run(jetstream_run(urls, replicas, n, [proc.pid for proc in procs.procs]))
         name = f"jetstream_r{replicas}"
         console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms")
         return out
@@ -288,16 +333,21 @@ def run_jetstream(root: Path, procs: Processes, n: int, replicas: int) -> dict[s
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=30_000, help="messages per run (default 30000)")
+    ap.add_argument("--batch-size", type=int, default=64,
+                    help="understudy producer batch size; the window stays 256 messages (default 64)")
     ap.add_argument("--skip-jetstream", action="store_true")
     ap.add_argument("--out", default="bench-results/broker.json")
     args = ap.parse_args(argv)
     results: dict[str, Any] = {"count": args.count, "body_bytes": len(BODY), "window": WINDOW,
+                               "understudy_batch_size": args.batch_size,
                                "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0]}
     root = Path(tempfile.mkdtemp(prefix="understudy-bench-"))
     procs = Processes(root)
     try:
-        results.update(run_understudy(root, procs, args.count, flush="interval", name="understudy"))
-        results.update(run_understudy(root, procs, args.count, flush="batch", name="understudy_fsync"))
+        results.update(run_understudy(root, procs, args.count, flush="interval", name="understudy",
+                                       batch_size=args.batch_size))
+        results.update(run_understudy(root, procs, args.count, flush="batch", name="understudy_fsync",
+                                       batch_size=args.batch_size))
         if not args.skip_jetstream:
             results.update(run_jetstream(root, procs, args.count, replicas=2))
             results.update(run_jetstream(root, procs, args.count, replicas=3))

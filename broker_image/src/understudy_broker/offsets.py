@@ -14,12 +14,20 @@ File format (UTF-8 JSON)::
 
 A file that does not parse or has the wrong shape raises :class:`OffsetStoreCorruptError`
 naming it; the file is left untouched for an operator.
+
+Persisting costs two fsyncs (file and directory). On a slave the event loop that would
+wait for them is also the one that acknowledges replicated bytes, so
+:meth:`OffsetStore.persist_async` encodes the snapshot on the loop and writes it in a
+worker thread. Writes are ordered by a generation number: an older snapshot never
+replaces a newer one on disk, whichever thread finishes first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -86,6 +94,9 @@ class OffsetStore:
         self._offsets = offsets
         self.backsync_epoch = backsync_epoch
         self._dirty = False
+        self._write_lock = threading.Lock()  # one writer of the file at a time
+        self._generation = 0  # of the last encoded snapshot
+        self._written = 0  # generation on disk
 
     @classmethod
     def open(cls, path: Path) -> OffsetStore:
@@ -145,9 +156,33 @@ class OffsetStore:
         return moved
 
     def persist(self) -> None:
-        """Write atomically if anything changed since the last persist."""
+        """Write atomically if anything changed since the last persist (blocking)."""
         if not self._dirty:
             return
+        generation, data = self._encode()
+        try:
+            self._write(generation, data)
+        except BaseException:
+            self._dirty = True
+            raise
+
+    async def persist_async(self) -> None:
+        """:meth:`persist` with the file work (write, two fsyncs, rename) in a thread.
+
+        The snapshot is taken on the calling (event-loop) thread, so commits made while
+        the write runs are simply persisted by the next call.
+        """
+        if not self._dirty:
+            return
+        generation, data = self._encode()
+        try:
+            await asyncio.to_thread(self._write, generation, data)
+        except BaseException:
+            self._dirty = True
+            raise
+
+    def _encode(self) -> tuple[int, bytes]:
+        """The file contents for the current state; marks the store clean."""
         doc = {
             "format": FORMAT,
             "backsync_epoch": self.backsync_epoch,
@@ -157,20 +192,29 @@ class OffsetStore:
             },
         }
         data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        self._generation += 1
         self._dirty = False
+        return self._generation, data
+
+    def _write(self, generation: int, data: bytes) -> None:
+        """Atomic replace (tmp, fsync, rename, fsync directory); skips stale snapshots."""
+        with self._write_lock:
+            if generation <= self._written:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            self._written = generation

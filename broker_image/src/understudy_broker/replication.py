@@ -109,6 +109,7 @@ class _Link:
     acked: int = -1  # -1 until the first heartbeat
     push_pos: int = 0
     connected: bool = True
+    metadata_due: bool = False  # push_metadata_now() asked for a frame before the interval
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     writer: asyncio.StreamWriter | None = None
 
@@ -235,6 +236,17 @@ class ReplicationServer:
         for link in self._links.values():
             link.wake.set()
 
+    def push_metadata_now(self) -> None:
+        """Send a metadata frame to every slave at the next turn of its push loop.
+
+        For changes slaves should see before the next interval (a topic just created
+        becomes readable on a slave right away instead of up to
+        ``metadata_interval_s`` later). Cheap to call: it only wakes the push loops.
+        """
+        for link in self._links.values():
+            link.metadata_due = True
+            link.wake.set()
+
     async def wait_replicated(self, end_phys: int) -> None:
         """See the module docstring; returns at once in async mode."""
         if not self.sync or end_phys <= self._quorum():
@@ -310,9 +322,8 @@ class ReplicationServer:
             self._release_waiters()
             pusher = asyncio.create_task(self._push(link, writer))
             while True:
-                raw = await asyncio.wait_for(
-                    reader.readexactly(HEARTBEAT.size), self.link_timeout_s
-                )
+                async with asyncio.timeout(self.link_timeout_s):
+                    raw = await reader.readexactly(HEARTBEAT.size)
                 (offset,) = HEARTBEAT.unpack(raw)
                 if offset > link.push_pos or offset < link.acked:
                     raise ReplicationProtocolError(
@@ -365,7 +376,8 @@ class ReplicationServer:
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
-            if now >= next_meta:
+            if now >= next_meta or link.metadata_due:
+                link.metadata_due = False
                 body = self._metadata_frame()
                 if body is not None:
                     writer.write(PUSH_HEADER.pack(METADATA_OFFSET, len(body)) + body)
@@ -495,26 +507,42 @@ class ReplicationClient:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), backoff)
 
+    @property
+    def _group_commit(self) -> bool:
+        """Batch flush policy: acknowledge only fsynced bytes, fsyncing off the loop."""
+        return self.log.flush_policy.mode == "batch"
+
+    def _durable_offset(self) -> int:
+        """What this slave may acknowledge: written bytes, or with a ``batch`` flush
+        policy only the fsynced ones."""
+        return self.log.flushed_phys if self._group_commit else self.log.max_phys
+
     async def _session(self) -> bool:
         """One connection; returns whether any bytes were replicated."""
+        if self._group_commit and self.log.flushed_phys < self.log.max_phys:
+            # A previous session may have appended bytes it never fsynced: the hello
+            # offset is an acknowledgement too.
+            await asyncio.to_thread(self.log.flush)
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(self.master_host, self.master_port), self.link_timeout_s
         )
         self._writer = writer
-        writer.write(self._hello + HEARTBEAT.pack(self.log.max_phys))
+        writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
         await writer.drain()
         self.connected = True
         self.sessions += 1
         heartbeats = asyncio.create_task(self._heartbeats(writer))
+        syncer: asyncio.Task[None] | None = None
+        wanted = asyncio.Event()  # set by the reader when appended bytes need an fsync
+        if self._group_commit:
+            syncer = asyncio.create_task(self._syncer(writer, wanted))
         progressed = False
         pending = b""
         try:
             while not self._stop.is_set():
-                start, length = PUSH_HEADER.unpack(
-                    await asyncio.wait_for(
-                        reader.readexactly(PUSH_HEADER.size), self.link_timeout_s
-                    )
-                )
+                async with asyncio.timeout(self.link_timeout_s):
+                    header = await reader.readexactly(PUSH_HEADER.size)
+                start, length = PUSH_HEADER.unpack(header)
                 if start == METADATA_OFFSET:
                     self._metadata(await self._read_body(reader, length, MAX_METADATA_BYTES))
                     continue
@@ -526,25 +554,48 @@ class ReplicationClient:
                 body = await self._read_body(reader, length, MAX_PUSH_BYTES)
                 data = pending + body if pending else body
                 before = self.log.max_phys
-                after = self.log.append_replicated(before, data)
+                after = self.log.append_replicated(before, data, defer_sync=syncer is not None)
                 pending = data[after - before :]
                 if len(pending) > self.log.segment_bytes:
                     raise ReplicationProtocolError("partial record larger than a segment")
                 self.master_offset = max(self.master_offset or 0, start + length)
                 if after > before:
                     progressed = True
-                    writer.write(HEARTBEAT.pack(after))
+                    if syncer is None:
+                        writer.write(HEARTBEAT.pack(after))
+                    else:
+                        # Group commit: the syncer fsyncs everything appended so far in
+                        # a worker thread while this loop keeps reading and appending;
+                        # one fsync then acknowledges every push that arrived meanwhile.
+                        wanted.set()
+                        if syncer.done():
+                            syncer.result()  # an fsync failed: drop the link
                     self.on_append()
         finally:
-            heartbeats.cancel()
-            with contextlib.suppress(BaseException):
-                await heartbeats
+            for task in (heartbeats, syncer):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
         return progressed
+
+    async def _syncer(self, writer: asyncio.StreamWriter, wanted: asyncio.Event) -> None:
+        """fdatasync appended bytes off the event loop, then acknowledge them."""
+        acked = self.log.flushed_phys
+        while True:
+            await wanted.wait()
+            wanted.clear()
+            await asyncio.to_thread(self.log.flush)
+            durable = self.log.flushed_phys
+            if durable > acked:
+                acked = durable
+                writer.write(HEARTBEAT.pack(durable))
 
     async def _read_body(self, reader: asyncio.StreamReader, length: int, cap: int) -> bytes:
         if length > cap:
             raise ReplicationProtocolError(f"frame of {length} bytes exceeds the {cap}-byte limit")
-        return await asyncio.wait_for(reader.readexactly(length), self.link_timeout_s)
+        async with asyncio.timeout(self.link_timeout_s):
+            return await reader.readexactly(length)
 
     def _metadata(self, body: bytes) -> None:
         try:
@@ -564,5 +615,5 @@ class ReplicationClient:
     async def _heartbeats(self, writer: asyncio.StreamWriter) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            writer.write(HEARTBEAT.pack(self.log.max_phys))
+            writer.write(HEARTBEAT.pack(self._durable_offset()))
             await writer.drain()
