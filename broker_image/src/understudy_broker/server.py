@@ -476,6 +476,10 @@ class Broker:
                 problem = spec_mismatch(self.cfg, group)
                 if problem is not None:
                     await zk.stop()
+                    self._permlog.close()
+                    if self._log is not None:
+                        self._log.close()
+                        self._log = None
                     raise ConfigError(problem)
                 return
             if loop.time() >= deadline:
@@ -513,6 +517,8 @@ class Broker:
             self._server.close()
         if self._backsync_task is not None:
             self._backsync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._backsync_task
         if self._signal is not None:
             self._signal.fire()  # long-polls return now
         if self._inflight:
