@@ -310,6 +310,11 @@ async def test_permission_follows_the_group_state_in_zookeeper(
     # Writes are refused once WRITE is gone.
     frame = await request(group.m, p.Op.CREATE_TOPIC, p.CreateTopicRequest("t", 1).encode())
     assert frame.status == p.Status.NO_PERMISSION
+    batch = p.ProduceRequest("t", [p.ProduceMessage(0, None, b"x")]).encode()
+    frame = await request(group.m, p.Op.PRODUCE, batch)
+    assert frame.status == p.Status.NO_PERMISSION
+    frame = await request(group.s, p.Op.PRODUCE, batch)
+    assert frame.status == p.Status.NOT_MASTER
     set_state(admin, GroupState(Mode.SLAVE_CONSUME, 3, acting="s", reason="test"))
     await wait_for(lambda: perm_is(group.s, Permission.READ, 3), "slave READ")
     await wait_for(lambda: perm_is(group.m, Permission.NONE, 3), "master at epoch 3")
@@ -637,3 +642,24 @@ async def test_digest_identity_authenticates_and_protects_the_brokers_nodes(
     finally:
         authed.stop()
         authed.close()
+
+
+async def test_route_advertises_the_address_from_the_group_config(
+        group: Group, admin: KazooClient) -> None:
+    # The broker listens on 127.0.0.1, but the group config names it "localhost" (as a
+    # Kubernetes pod listens on 0.0.0.0 and is known by its DNS name).
+    named = GroupConfig(group=GROUP, brokers=(
+        BrokerSpec("m", 0, "localhost", group.m.port, group.m.replication_port,
+                   group.m.http_port, Permission.FULL), group.s),
+        session_timeout_ms=SESSION_MS).validate()
+    admin.set(config_path(GROUP), named.to_json())
+    group.broker(group.m).start()
+    set_state(admin, GroupState(Mode.NORMAL, 1))
+    await wait_for(lambda: perm_is(group.m, Permission.FULL, 1), "master FULL")
+    frame = await request(group.m, p.Op.GET_ROUTE, p.GetRouteRequest().encode())
+    route = p.RouteResponse.decode(frame.body)
+    brokers = {b.name: b for g in route.groups for b in g.brokers}
+    assert brokers["m"].address == f"localhost:{group.m.port}"
+    assert brokers["m"].permission == Permission.FULL
+    assert brokers["s"].address == f"127.0.0.1:{group.s.port}"
+    assert not brokers["s"].reachable  # never started

@@ -308,7 +308,7 @@ class Broker:
                 name=cfg.name,
                 role=cfg.role,
                 configured=cfg.permission,
-                address=lambda: f"{self.cfg.host}:{self.listening.port}",
+                address=self._advertised_address,
                 session_timeout_s=cfg.zk_session_timeout_ms / 1000,
                 link_timeout_s=cfg.link_timeout_s,
                 digest_auth=cfg.zk_digest,
@@ -461,6 +461,15 @@ class Broker:
         ]
         self._on_authority_change()
         return self.listening
+
+    def _advertised_address(self) -> str:
+        """The address clients are told for this broker: its BrokerSpec's in the group
+        config (a pod's DNS name while it listens on 0.0.0.0), else host:port."""
+        coord = self._zk.coordinator if self._zk is not None else None
+        if coord is not None and coord.config is not None:
+            with contextlib.suppress(LayoutError):
+                return coord.config.broker(self.cfg.name).address
+        return f"{self.cfg.host}:{self.listening.port}"
 
     async def _check_group_config(self, zk: ZkAuthority) -> None:
         """Wait briefly for the group config; refuse to run if it contradicts the flags
