@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -93,3 +94,56 @@ def test_a_corrupt_file_is_a_clear_error_and_is_kept(tmp_path: Path, content: by
     with pytest.raises(OffsetStoreCorruptError, match=re.escape(str(path))):
         OffsetStore.open(path)
     assert path.read_bytes() == content
+
+
+async def test_persist_async_writes_in_a_thread_and_keeps_later_commits(tmp_path: Path) -> None:
+    path = tmp_path / "offsets.json"
+    store = OffsetStore.open(path)
+    store.commit("g", "t", 0, 10)
+    pending = asyncio.ensure_future(store.persist_async())
+    store.commit("g", "t", 1, 4)  # made while the first write may still run
+    await pending
+    await store.persist_async()
+    assert not store.dirty
+    again = OffsetStore.open(path)
+    assert (again.get("g", "t", 0), again.get("g", "t", 1)) == (10, 4)
+
+
+async def test_concurrent_persists_never_put_an_older_snapshot_on_disk(tmp_path: Path) -> None:
+    path = tmp_path / "offsets.json"
+    store = OffsetStore.open(path)
+    writes = []
+    for offset in range(1, 30):
+        store.commit("g", "t", 0, offset)
+        writes.append(asyncio.ensure_future(store.persist_async()))
+    await asyncio.gather(*writes)
+    assert OffsetStore.open(path).get("g", "t", 0) == 29
+
+
+def test_a_stale_snapshot_is_skipped_whatever_the_write_order(tmp_path: Path) -> None:
+    path = tmp_path / "offsets.json"
+    store = OffsetStore.open(path)
+    store.commit("g", "t", 0, 1)
+    old = store._encode()
+    store.commit("g", "t", 0, 2)
+    new = store._encode()
+    store._write(*new)
+    store._write(*old)  # finished last, but older: must not rewind the file
+    assert OffsetStore.open(path).get("g", "t", 0) == 2
+
+
+async def test_a_failed_persist_keeps_the_store_dirty_and_loses_nothing(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    store = OffsetStore.open(blocker / "offsets.json")
+    blocker.write_text("a file where the store's directory should be")
+    store.commit("g", "t", 0, 7)
+    with pytest.raises((FileExistsError, NotADirectoryError)):
+        await store.persist_async()
+    assert store.dirty
+    with pytest.raises((FileExistsError, NotADirectoryError)):
+        store.persist()
+    assert store.dirty
+    blocker.unlink()
+    await store.persist_async()
+    assert not store.dirty
+    assert OffsetStore.open(blocker / "offsets.json").get("g", "t", 0) == 7
