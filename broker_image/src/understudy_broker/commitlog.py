@@ -80,6 +80,7 @@ PREFIX_SIZE = RECORD_PREFIX.size
 HEADER_END = PREFIX_SIZE + RECORD_HEADER.size
 EOF_MIN = EOF_MARKER.size
 _LEN_MAGIC = struct.Struct(">II")  # the two fields records and markers share
+_CRC_HEADER = struct.Struct(">I" + RECORD_HEADER.format[1:])  # crc, then RECORD_HEADER
 _CRC_FROM = PREFIX_SIZE  # the CRC covers everything after the prefix
 
 MAX_TOPIC_BYTES = 200
@@ -286,20 +287,47 @@ def scan(
     """Walk whole records and markers in ``buf`` (which starts at ``start_phys``).
 
     Stops at the end of the data, at an incomplete item (``error`` None: more bytes may
-    come) or at an invalid one (``error`` says why).
+    come) or at an invalid one (``error`` says why). This is the slave's per-record hot
+    path, hence one ``unpack_from`` for the CRC and the header together and the segment
+    end recomputed only when a segment boundary is crossed.
     """
     out = _ScanResult(valid_end=start_phys)
+    items = out.items
     n = len(buf)
     pos = 0
-    unpack_prefix = RECORD_PREFIX.unpack_from
-    unpack_header = RECORD_HEADER.unpack_from
+    unpack_len_magic = _LEN_MAGIC.unpack_from
+    unpack_crc_header = _CRC_HEADER.unpack_from
+    crc32 = zlib.crc32
+    seg_end = (start_phys // segment_bytes + 1) * segment_bytes
     while pos < n:
         phys = start_phys + pos
-        seg_end = (phys // segment_bytes + 1) * segment_bytes
+        if phys >= seg_end:
+            seg_end = (phys // segment_bytes + 1) * segment_bytes
         if n - pos < _LEN_MAGIC.size:
             break
-        size, magic = _LEN_MAGIC.unpack_from(buf, pos)
-        if magic == EOF_MAGIC:
+        size, magic = unpack_len_magic(buf, pos)
+        if magic == RECORD_MAGIC:
+            if size < HEADER_END or size + EOF_MIN > seg_end - phys:
+                out.error = f"record at {phys} has impossible length {size}"
+                break
+            if n - pos < size:
+                break
+            crc, seq, qoff, _ts, queue, tlen, klen, blen = unpack_crc_header(buf, pos + 8)
+            if verify and crc32(buf[pos + _CRC_FROM : pos + size]) != crc:
+                out.error = f"record at {phys} fails its CRC"
+                break
+            if HEADER_END + tlen + max(klen, 0) + blen != size or klen < -1:
+                out.error = f"record at {phys}: field lengths disagree with record length"
+                break
+            t0 = pos + HEADER_END
+            try:
+                topic = str(buf[t0 : t0 + tlen], "utf-8")
+            except UnicodeDecodeError:
+                out.error = f"record at {phys}: topic is not utf-8"
+                break
+            khash = crc32(buf[t0 + tlen : t0 + tlen + klen]) if klen > 0 else 0
+            items.append(_Scanned(phys, size, False, seq, qoff, queue, topic, khash))
+        elif magic == EOF_MAGIC:
             if size != seg_end - phys or size < EOF_MIN:
                 out.error = (
                     f"end-of-file marker at {phys} has length {size}, expected {seg_end - phys}"
@@ -308,29 +336,7 @@ def scan(
             if n - pos < size:
                 break
             (_, _, next_seq) = EOF_MARKER.unpack_from(buf, pos)
-            out.items.append(_Scanned(phys, size, True, seq=next_seq))
-        elif magic == RECORD_MAGIC:
-            if size < HEADER_END or size + EOF_MIN > seg_end - phys:
-                out.error = f"record at {phys} has impossible length {size}"
-                break
-            if n - pos < size:
-                break
-            _, _, crc = unpack_prefix(buf, pos)
-            if verify and zlib.crc32(buf[pos + _CRC_FROM : pos + size]) != crc:
-                out.error = f"record at {phys} fails its CRC"
-                break
-            seq, qoff, _ts, queue, tlen, klen, blen = unpack_header(buf, pos + PREFIX_SIZE)
-            if HEADER_END + tlen + max(klen, 0) + blen != size or klen < -1:
-                out.error = f"record at {phys}: field lengths disagree with record length"
-                break
-            t0 = pos + HEADER_END
-            try:
-                topic = bytes(buf[t0 : t0 + tlen]).decode("utf-8")
-            except UnicodeDecodeError:
-                out.error = f"record at {phys}: topic is not utf-8"
-                break
-            khash = zlib.crc32(buf[t0 + tlen : t0 + tlen + klen]) if klen > 0 else 0
-            out.items.append(_Scanned(phys, size, False, seq, qoff, queue, topic, khash))
+            items.append(_Scanned(phys, size, True, seq=next_seq))
         else:
             out.error = f"bad magic 0x{magic:08x} at {phys}"
             break

@@ -124,12 +124,20 @@ class QueueIndex:
         """Append ``(phys, size, key_hash)`` entries with one write."""
         if not entries:
             return
-        buf = b"".join([INDEX_ENTRY.pack(p, s, h) for p, s, h in entries])
+        buf = bytearray(len(entries) * INDEX_ENTRY_SIZE)
+        pack = INDEX_ENTRY.pack_into
+        at = 0
+        for p, s, h in entries:
+            pack(buf, at, p, s, h)
+            at += INDEX_ENTRY_SIZE
         pos = INDEX_HEADER_SIZE + len(self._phys) * INDEX_ENTRY_SIZE
-        os.pwrite(self._fd, buf, pos)
-        for p, s, _h in entries:
-            self._phys.append(p)
-            self._sizes.append(s)
+        view = memoryview(buf)
+        while view:
+            n = os.pwrite(self._fd, view, pos)
+            view = view[n:]
+            pos += n
+        self._phys.extend([p for p, _s, _h in entries])
+        self._sizes.extend([s for _p, s, _h in entries])
         self._dirty = True
 
     def truncate(self, count: int) -> None:
