@@ -847,38 +847,7 @@ class CommitLog:
                 f"replicated bytes start at {start_phys} but this log ends at {self._max_phys}"
             )
         view = memoryview(data)
-        res = scan(view, start_phys=start_phys, segment_bytes=self.segment_bytes)
-        seq = self._next_seq
-        ends: dict[tuple[str, int], int] = {}
-        pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-        good_end = start_phys
-        problem = res.error
-        for item in res.items:
-            if item.is_marker:
-                if item.seq != seq:
-                    problem = f"end-of-file marker at {item.phys} says next seq {item.seq}, expected {seq}"
-                    break
-            else:
-                key = (item.topic, item.queue)
-                qend = ends.get(key)
-                if qend is None:
-                    ix = self._indexes.get(key)
-                    qend = ix.end if ix is not None else 0
-                if item.seq != seq or item.queue_offset != qend:
-                    problem = (
-                        f"record at {item.phys} has seq {item.seq}/queue offset {item.queue_offset}, "
-                        f"expected {seq}/{qend} (diverged from the master)"
-                    )
-                    break
-                try:
-                    self._topic_bytes(item.topic)
-                except InvalidMessageError as exc:
-                    problem = f"record at {item.phys}: {exc}"
-                    break
-                ends[key] = qend + 1
-                pending.setdefault(key, []).append((item.phys, item.size, item.key_hash))
-                seq += 1
-            good_end = item.phys + item.size
+        good_end, seq, pending, problem = self._check_replicated(view, start_phys)
         pos = start_phys
         try:
             while pos < good_end:
@@ -894,6 +863,102 @@ class CommitLog:
         if problem is not None:
             raise ReplicationCorruptError(f"replicated data rejected: {problem}")
         return self._max_phys
+
+    def _check_replicated(
+        self, view: memoryview, start_phys: int
+    ) -> tuple[int, int, dict[tuple[str, int], list[tuple[int, int, int]]], str | None]:
+        """One pass over replicated bytes: frame, CRC and continuity checks fused.
+
+        Returns ``(end of the whole valid prefix, next seq, index entries, problem)``;
+        ``problem`` says why checking stopped early (None: data ended, possibly in the
+        middle of a record that the caller resends). This is the slave's per-record hot
+        path, so unlike :func:`scan` it builds no per-record objects and decodes and
+        validates each distinct topic once per call.
+        """
+        seg_bytes = self.segment_bytes
+        n = len(view)
+        pos = 0
+        seq = self._next_seq
+        ends: dict[tuple[str, int], int] = {}
+        pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+        topics: dict[bytes, str] = {}
+        unpack_len_magic = _LEN_MAGIC.unpack_from
+        unpack_crc_header = _CRC_HEADER.unpack_from
+        crc32 = zlib.crc32
+        seg_end = (start_phys // seg_bytes + 1) * seg_bytes
+        problem: str | None = None
+        while pos < n:
+            phys = start_phys + pos
+            if phys >= seg_end:
+                seg_end = (phys // seg_bytes + 1) * seg_bytes
+            if n - pos < _LEN_MAGIC.size:
+                break
+            size, magic = unpack_len_magic(view, pos)
+            if magic == RECORD_MAGIC:
+                if size < HEADER_END or size + EOF_MIN > seg_end - phys:
+                    problem = f"record at {phys} has impossible length {size}"
+                    break
+                if n - pos < size:
+                    break
+                crc, rseq, qoff, _ts, queue, tlen, klen, blen = unpack_crc_header(view, pos + 8)
+                if crc32(view[pos + _CRC_FROM : pos + size]) != crc:
+                    problem = f"record at {phys} fails its CRC"
+                    break
+                if HEADER_END + tlen + max(klen, 0) + blen != size or klen < -1:
+                    problem = f"record at {phys}: field lengths disagree with record length"
+                    break
+                t0 = pos + HEADER_END
+                traw = bytes(view[t0 : t0 + tlen])
+                topic = topics.get(traw)
+                if topic is None:
+                    try:
+                        topic = str(traw, "utf-8")
+                        self._topic_bytes(topic)
+                    except UnicodeDecodeError:
+                        problem = f"record at {phys}: topic is not utf-8"
+                        break
+                    except InvalidMessageError as exc:
+                        problem = f"record at {phys}: {exc}"
+                        break
+                    topics[traw] = topic
+                ident = (topic, queue)
+                qend = ends.get(ident)
+                if qend is None:
+                    ix = self._indexes.get(ident)
+                    qend = ix.end if ix is not None else 0
+                if rseq != seq or qoff != qend:
+                    problem = (
+                        f"record at {phys} has seq {rseq}/queue offset {qoff}, "
+                        f"expected {seq}/{qend} (diverged from the master)"
+                    )
+                    break
+                ends[ident] = qend + 1
+                khash = crc32(view[t0 + tlen : t0 + tlen + klen]) if klen > 0 else 0
+                entries = pending.get(ident)
+                if entries is None:
+                    entries = pending[ident] = []
+                entries.append((phys, size, khash))
+                seq += 1
+            elif magic == EOF_MAGIC:
+                if size != seg_end - phys or size < EOF_MIN:
+                    problem = (
+                        f"end-of-file marker at {phys} has length {size}, "
+                        f"expected {seg_end - phys}"
+                    )
+                    break
+                if n - pos < size:
+                    break
+                (_, _, next_seq) = EOF_MARKER.unpack_from(view, pos)
+                if next_seq != seq:
+                    problem = (
+                        f"end-of-file marker at {phys} says next seq {next_seq}, expected {seq}"
+                    )
+                    break
+            else:
+                problem = f"bad magic 0x{magic:08x} at {phys}"
+                break
+            pos += size
+        return start_phys + pos, seq, pending, problem
 
     def read_raw(self, start_phys: int, max_bytes: int) -> bytes:
         """Raw log bytes from ``start_phys`` (within one segment), for the replication push."""
