@@ -98,7 +98,7 @@ def _config_from_flags(
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data-dir", required=True, type=click.Path(file_okay=False), help="Log, indexes, offsets and topics live here.")
-@click.option("--port", required=True, type=int, help="Client port (0 = pick a free one).")
+@click.option("--port", required=True, type=int, help="Client port (0 = pick a free one; not with --zk).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--http-port", type=int, default=None, help="Side port for /metrics, /healthz, /readyz.")
 @click.option("--replication-port", type=int, default=None, help="Master: port slaves replicate from.")
@@ -124,7 +124,8 @@ def _config_from_flags(
 @click.option("--ack-timeout", type=float, default=5.0, show_default=True, help="Sync mode: seconds to wait for a slave.")
 @click.option("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, show_default=True)
 @click.option("--link-timeout-ms", type=int, default=3000, show_default=True,
-              help="Slave: no byte from the master for this long means the link is down.")
+              help="Slave: no byte from the master for this long means the link is down. "
+                   "The read lease is derived from it: use one value for a whole group.")
 @click.option("--zk", default=None, metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
               help="Take permission from ZooKeeper (register, watch the group state, publish "
                    "status, read lease) instead of --permission alone. The group config in "
