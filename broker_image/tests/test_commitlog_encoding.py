@@ -7,17 +7,24 @@ bytes on disk must be identical (slaves, older logs and recovery depend on the l
 
 from __future__ import annotations
 
+import struct
 import tempfile
+import zlib
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from understudy_broker.commitlog import (
     EOF_MIN,
+    HEADER_END,
+    PREFIX_SIZE,
+    RECORD_MAGIC,
     CommitLog,
     FlushPolicy,
     Message,
+    ReplicationCorruptError,
     encode_eof_marker,
     encode_record,
     record_size,
@@ -91,3 +98,62 @@ def test_deferred_sync_acknowledges_only_after_flush(tmp_path: Path) -> None:
     finally:
         master.close()
         slave.close()
+
+
+def _rec(seq: int, qoff: int, *, topic_raw: bytes = b"t", body: bytes = b"payload") -> bytes:
+    message = Message("t", 0, None, body, 1)
+    return b"".join(encode_record(seq=seq, queue_offset=qoff, message=message, topic_raw=topic_raw))
+
+
+def _with_body_len(record: bytes, body_len: int) -> bytes:
+    """A record whose body-length field lies, with a CRC that matches the lie."""
+    buf = bytearray(record)
+    struct.pack_into(">I", buf, HEADER_END - 4, body_len)
+    struct.pack_into(">I", buf, 8, zlib.crc32(buf[PREFIX_SIZE:]))
+    return bytes(buf)
+
+
+def _flip_last_byte(record: bytes) -> bytes:
+    return record[:-1] + bytes([record[-1] ^ 0xFF])
+
+
+GOOD = _rec(0, 0) + _rec(1, 1)
+SEG_SMALL = 4096
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (_rec(5, 2), "expected 2/2"),
+        (_rec(2, 7), "diverged from the master"),
+        (_flip_last_byte(_rec(2, 2)), "CRC"),
+        (struct.pack(">II", 40, 0x12345678) + bytes(32), "bad magic"),
+        (struct.pack(">II", 5, RECORD_MAGIC) + bytes(40), "impossible length"),
+        (_with_body_len(_rec(2, 2), 3), "field lengths disagree"),
+        (_rec(2, 0, topic_raw=b"\xff\xfe"), "not utf-8"),
+        (_rec(2, 0, topic_raw=b"a/b"), "invalid topic"),
+        (encode_eof_marker(length=SEG_SMALL - len(GOOD), next_seq=99), "says next seq 99"),
+        (encode_eof_marker(length=100, next_seq=2), "end-of-file marker at"),
+    ],
+    ids=[
+        "seq-gap", "queue-offset", "crc", "magic", "length", "field-lengths",
+        "topic-utf8", "topic-name", "marker-seq", "marker-length",
+    ],
+)
+def test_bad_replicated_bytes_keep_the_good_prefix_and_write_nothing_else(
+    tmp_path: Path, bad: bytes, reason: str
+) -> None:
+    slave = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    try:
+        with pytest.raises(ReplicationCorruptError, match=reason):
+            slave.append_replicated(0, GOOD + bad + _rec(9, 9))
+        assert slave.max_phys == len(GOOD)
+        assert [r.seq for r in slave.read("t", 0, 0, max_bytes=1 << 20, max_records=10)] == [0, 1]
+    finally:
+        slave.close()
+    reopened = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    try:
+        assert reopened.max_phys == len(GOOD)
+        assert reopened.recovery.truncated_bytes == 0
+    finally:
+        reopened.close()
