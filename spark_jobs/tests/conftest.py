@@ -15,8 +15,9 @@ pyspark = pytest.importorskip("pyspark", reason="the SLA tests need PySpark (pip
 from understudy_spark import job  # noqa: E402
 from understudy_spark.synth import SynthSpec, synthesize  # noqa: E402
 
-# A small plant with everything the synthesiser injects: 3 groups, 1 day at 15 s.
-SPEC = SynthSpec(groups=3, days=1, step_s=15, incidents=5, seed=7, gaps=3, controller_restarts=2,
+# A small plant with everything the synthesiser injects: 3 groups, 1 day at 60 s
+# (a coarser step keeps the test quick; the checks are "within one step" either way).
+SPEC = SynthSpec(groups=3, days=1, step_s=60, incidents=5, seed=7, gaps=3, controller_restarts=2,
                  duplicate_fraction=0.002, violation_fraction=0.5)
 
 
