@@ -105,3 +105,16 @@ def test_closed_writer_refuses(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(HistoryError, match="closed"):
         w.produce_ack(id="a", topic="t", queue=0, offset=0)
+
+
+def test_appending_to_a_history_adds_no_second_header(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    with HistoryWriter(path, clock=lambda: 5, clock_name="first") as w:
+        w.produce_ack(id="a", topic="t", queue=0, offset=0)
+    with HistoryWriter(path, clock=lambda: 9, clock_name="second") as w:
+        w.produce_ack(id="b", topic="t", queue=0, offset=1)
+    lines = path.read_text().splitlines()
+    assert sum('"header"' in line for line in lines) == 1
+    loaded = read_history(path)
+    assert loaded.header["clock"] == "first"
+    assert [e.t for e in loaded.events] == [5, 9]

@@ -145,12 +145,14 @@ def _print(result: DrillResult) -> None:
         values = r.figures(name)
         summary.add_row(f"{label} p50 / p99", f"{_ms(percentile(values, 50))} / {_ms(percentile(values, 99))}")
     s = result.sampling
-    if s:
+    if s.get("source") == "/metrics sampling":
         summary.add_row(
-            "permission sampling",
-            f"every {s.get('sample_ms', 0):.0f} ms (max period {s.get('period_ms_max', 0):.1f} ms, "
+            "permission source",
+            f"/metrics every {s.get('sample_ms', 0):.0f} ms (max period {s.get('period_ms_max', 0):.1f} ms, "
             f"max scrape {s.get('scrape_ms_max', 0):.1f} ms)",
         )
+    elif s:
+        summary.add_row("permission source", f"{s.get('source')} ({s.get('events', 0)} changes)")
     _out.print(summary)
     if r.cycles:
         table = Table("cycle", "group", "fault", "reads restored ms", "failback gap ms", "back-sync ms", "normal again ms")

@@ -9,13 +9,17 @@ waits for slave-consume, brings the master back, waits for NORMAL, and repeats. 
 observed goes into a history file (:mod:`.history`); the verdict comes from the one
 shared checker (:mod:`.checker`). The cluster is torn down whatever happens.
 
-How permissions are observed: every broker's ``/metrics`` (``understudy_broker_permission``)
-is scraped every ``sample_ms`` (default 20 ms) and a ``perm`` event is recorded when the
-value changes, stamped when the answer arrived; a broker that does not answer (killed or
-frozen) cannot serve reads and is recorded as NONE. A transition is therefore placed up to
-one sampling period plus one scrape latency late; the report states both figures
-(``perm_sampling``), which bound the error of every overlap and gap it reports. Group
-modes come from a ZooKeeper watch on ``/groups/<g>/state`` (milliseconds of latency).
+How permissions are observed: each broker appends every change of its effective
+permission to ``<data-dir>/permissions.jsonl`` at the instant it happens (``time.time_ns``,
+lease lapses backdated to the lapse). After the cluster is down the drill merges those logs
+into the history, ending a SIGKILLed incarnation's READ at the kill (it cannot write a last
+line); the history uses the same clock, so the timing error is the clock read itself.
+Builds without that log fall back to scraping every broker's ``/metrics``
+(``understudy_broker_permission``) every ``sample_ms`` (default 20 ms), recording a change
+when the answers arrive and a broker that does not answer (killed, frozen) as NONE; the
+error bound is then one sampling period plus one scrape latency, and the report states
+both (``perm_sampling``). Group modes come from a ZooKeeper watch on
+``/groups/<g>/state`` (milliseconds of latency).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,7 @@ from kazoo.client import KazooClient
 from understudy_broker.model import Mode, Permission
 from understudy_broker.zklayout import LayoutError, decode_state, state_path
 from understudy_operator.checker import Report, check
-from understudy_operator.history import HistoryWriter, read_history
+from understudy_operator.history import Fault, HistoryWriter, Perm, read_history
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan, Features
@@ -45,6 +49,8 @@ from understudy_operator.local.plan import ClusterPlan, Features
 log = logging.getLogger(__name__)
 
 FAULTS = ("kill", "hang")
+#: Client request timeout: long enough for a failover, short enough that the drill moves on.
+REQUEST_TIMEOUT_S = 5.0
 CONSUMER_GROUPS = ("cg1", "cg2")
 
 
@@ -75,7 +81,7 @@ class DrillResult:
     history: Path
     directory: Path
     cycles_completed: int
-    sampling: dict[str, float]
+    sampling: dict[str, Any]
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -229,6 +235,61 @@ async def sample_permissions(
     }
 
 
+@dataclass(frozen=True, slots=True)
+class LoggedChange:
+    """One line of a broker's permission-change log (``permissions.jsonl``)."""
+
+    t: int  # time.time_ns()
+    effective: Permission
+    pid: int
+
+
+def perm_events_from_log(
+    *, group: str, broker: str, role: str, changes: Sequence[LoggedChange], faults: Sequence[Fault]
+) -> list[Perm]:
+    """Turn one broker's permission-change log into ``perm`` events.
+
+    A broker killed with SIGKILL writes nothing at its death, so an incarnation (one pid)
+    whose last line still holds READ is ended at the drill's ``kill`` of that broker
+    (recorded just before the signal), or — for a death the drill did not cause — when the
+    next incarnation writes its first line. Pure.
+    """
+    kills = sorted(f.t for f in faults if f.broker == broker and f.kind == "kill")
+    out: list[Perm] = []
+    prev: LoggedChange | None = None
+    for ch in changes:
+        if prev is not None and ch.pid != prev.pid and Permission.READ in prev.effective:
+            end = next((k for k in kills if prev.t <= k <= ch.t), ch.t)
+            out.append(Perm(end, group, broker, Permission.NONE, role))
+        out.append(Perm(ch.t, group, broker, ch.effective, role))
+        prev = ch
+    if prev is not None and Permission.READ in prev.effective:
+        end_at = next((k for k in kills if k >= prev.t), None)
+        if end_at is not None:
+            out.append(Perm(end_at, group, broker, Permission.NONE, role))
+    return out
+
+
+def merge_permission_logs(plan: ClusterPlan, history: Path) -> int:
+    """Append every broker's permission-change log to ``history`` as ``perm`` events;
+    returns how many were added."""
+    from understudy_broker.permlog import FILE_NAME, read_changes
+
+    faults = [e for e in read_history(history).events if isinstance(e, Fault)]
+    added = 0
+    with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
+        for g in plan.groups:
+            for b in g.brokers:
+                path = plan.dir / "data" / b.name / FILE_NAME
+                changes = [LoggedChange(c.t_ns, c.effective, c.pid) for c in read_changes(path)]
+                for ev in perm_events_from_log(
+                    group=g.group, broker=b.name, role=b.role.value, changes=changes, faults=faults
+                ):
+                    writer.record(ev)
+                    added += 1
+    return added
+
+
 # ---------------------------------------------------------------------------- traffic
 
 
@@ -246,7 +307,8 @@ class Traffic:
         self.generation = 0  # bumped to make consumers restart from the committed offsets
         self.acked: dict[str, set[str]] = defaultdict(set)
         self.received: dict[tuple[str, str], set[str]] = defaultdict(set)
-        self.tasks: list[asyncio.Task[None]] = []
+        self.producers: list[asyncio.Task[None]] = []
+        self.consumers: list[asyncio.Task[None]] = []
         self.delivered = asyncio.Event()  # set on every delivery: wakes the drain
 
     @staticmethod
@@ -259,15 +321,18 @@ class Traffic:
         for g in self.plan.groups:
             bootstrap = self.plan.bootstrap(g.group)
             await create_topic(bootstrap, topic=self.topic(g.group), queues=self.opts.queues)
-            self.tasks.append(asyncio.create_task(self._produce(g.group, bootstrap)))
+            self.producers.append(asyncio.create_task(self._produce(g.group, bootstrap)))
             for cg in CONSUMER_GROUPS:
-                self.tasks.append(asyncio.create_task(self._consume(g.group, cg, bootstrap)))
+                self.consumers.append(asyncio.create_task(self._consume(g.group, cg, bootstrap)))
 
     async def _produce(self, group: str, bootstrap: list[str]) -> None:
         from understudy_broker.client import Producer
 
         topic = self.topic(group)
-        producer = Producer(bootstrap, batch_size=16, linger_ms=2, retries=3, max_in_flight=4)
+        producer = Producer(
+            bootstrap, batch_size=16, linger_ms=2, retries=3, max_in_flight=4,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+        )  # fmt: skip
         outstanding: set[asyncio.Future[tuple[int, int]]] = set()
         period = 1 / self.opts.rate
         seq = 0
@@ -292,7 +357,7 @@ class Traffic:
                 await asyncio.wait_for(producer.flush(), 10)
         finally:
             with contextlib.suppress(Exception):
-                await producer.close()
+                await asyncio.wait_for(producer.close(), 5)
 
     def _on_ack(
         self, group: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]]
@@ -313,11 +378,18 @@ class Traffic:
         from understudy_broker.client import Consumer
 
         topic = self.topic(group)
-        recorded: dict[int, int] = {}
+        recorded: dict[int, int] = {}  # the committed offset last recorded, per queue
         while not self.stop.is_set():
             generation = self.generation
-            consumer = Consumer(bootstrap, group=cgroup, topic=topic, max_wait_ms=200)
+            consumer = Consumer(
+                bootstrap, group=cgroup, topic=topic, max_wait_ms=200,
+                request_timeout_s=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
             try:
+                await asyncio.wait_for(consumer.start(), 3 * REQUEST_TIMEOUT_S)
+                # Where a (re)started consumer begins is the broker's committed offset:
+                # recording it is what exposes a commit the brokers lost (a rewind).
+                self._observe_offsets(cgroup, topic, consumer.positions, recorded)
                 last_commit = time.monotonic()
                 while not self.stop.is_set() and generation == self.generation:
                     for r in await consumer.getmany(timeout_s=0.2):
@@ -335,18 +407,23 @@ class Traffic:
                 await asyncio.sleep(0.1)
             finally:
                 with contextlib.suppress(Exception):
-                    await consumer.close()
+                    await asyncio.wait_for(consumer.close(), 5)
 
-    async def _commit(self, consumer: Any, cgroup: str, topic: str, recorded: dict[int, int]) -> None:
-        try:
-            stored = await asyncio.wait_for(consumer.commit(), 5)
-        except Exception as exc:
-            log.info("commit %s/%s: %s", topic, cgroup, exc)
-            return
-        for q, off in stored.items():
+    def _observe_offsets(
+        self, cgroup: str, topic: str, offsets: Mapping[int, int | None], recorded: dict[int, int]
+    ) -> None:
+        for q, off in sorted(offsets.items()):
             if off is not None and recorded.get(q) != off:
                 recorded[q] = off
                 self.writer.commit(cgroup=cgroup, topic=topic, queue=q, offset=off)
+
+    async def _commit(self, consumer: Any, cgroup: str, topic: str, recorded: dict[int, int]) -> None:
+        try:
+            stored = await asyncio.wait_for(consumer.commit(), REQUEST_TIMEOUT_S)
+        except Exception as exc:
+            log.info("commit %s/%s: %s", topic, cgroup, exc)
+            return
+        self._observe_offsets(cgroup, topic, stored, recorded)
 
     def drained(self) -> bool:
         return all(
@@ -356,10 +433,11 @@ class Traffic:
         )
 
     async def finish(self, *, drain_timeout: float) -> bool:
-        """Stop producing, wait until every consumer group has every acked message (or the
-        timeout), stop consuming. Returns whether the drain completed."""
+        """Stop producing and wait for the last acknowledgements, then wait until every
+        consumer group has every acked message (or the timeout), then stop consuming.
+        Returns whether the drain completed."""
         self.producing.clear()
-        await asyncio.sleep(0.5)  # let in-flight acks land
+        await _settle(self.producers, within_s=20)  # flush (<= 10 s) and close (<= 5 s)
         deadline = time.monotonic() + drain_timeout
         while not self.drained():
             self.delivered.clear()
@@ -368,9 +446,24 @@ class Traffic:
             except TimeoutError:
                 break
         complete = self.drained()
-        self.stop.set()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.shutdown()
         return complete
+
+    async def shutdown(self) -> None:
+        """Stop every task; bounded, whatever state the clients are in."""
+        self.producing.clear()
+        self.stop.set()
+        await _settle([*self.producers, *self.consumers], within_s=15)
+
+
+async def _settle(tasks: list[asyncio.Task[None]], *, within_s: float) -> None:
+    """Wait for ``tasks`` to end; cancel whatever is still running after ``within_s``."""
+    if not tasks:
+        return
+    _done, pending = await asyncio.wait(tasks, timeout=within_s)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # ------------------------------------------------------------------------------ cycles
@@ -410,6 +503,17 @@ async def _cycle(
     await watch.wait(group.group, Mode.NORMAL, within_s=timeout)
 
 
+def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Client futures that failed with a lost connection nobody awaited any more are
+    expected while brokers are being killed: log them quietly, not as tracebacks on the
+    drill's screen. Anything else goes to the default handler."""
+    exc = context.get("exception")
+    if context.get("message") == "Future exception was never retrieved" and isinstance(exc, ConnectionError):
+        log.debug("unretrieved client future: %s", exc)
+        return
+    loop.default_exception_handler(context)
+
+
 async def _revive_masters(plan: ClusterPlan) -> None:
     """Best effort after a failed cycle: start (or resume) any master that is down."""
     for g in plan.groups:
@@ -426,6 +530,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
     if missing:
         raise DrillError("this build cannot run failover cycles yet; missing: " + "; ".join(missing))
     status = status or Status()
+    asyncio.get_running_loop().set_exception_handler(_quiet_unretrieved)
     directory = opts.directory or Path(tempfile.mkdtemp(prefix="understudy-drill-"))
     status.phase = "bringing up the cluster"
     plan = await asyncio.to_thread(
@@ -440,14 +545,17 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
     history = plan.dir / "history.jsonl"
     errors: list[str] = []
     completed = 0
-    sampling: dict[str, float] = {}
+    sampling: dict[str, Any] = {}
     try:
-        with HistoryWriter(history) as writer:
+        # time.time_ns: the clock the brokers' permission-change logs are written with
+        with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
             watch = ModeWatch(plan, writer) if feats.controller else None
             stop_sampling = asyncio.Event()
-            sampler = asyncio.create_task(
-                sample_permissions(plan, writer, stop_sampling, sample_ms=opts.sample_ms)
-            )
+            sampler = None
+            if not feats.permission_log:  # no log in this build: sample /metrics instead
+                sampler = asyncio.create_task(
+                    sample_permissions(plan, writer, stop_sampling, sample_ms=opts.sample_ms)
+                )
             traffic = Traffic(plan, writer, status, opts)
             try:
                 await traffic.start()
@@ -469,16 +577,20 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
                 if not await traffic.finish(drain_timeout=opts.drain_timeout_s):
                     errors.append(f"drain did not complete within {opts.drain_timeout_s:.0f}s")
             finally:
-                traffic.producing.clear()
-                traffic.stop.set()
-                await asyncio.gather(*traffic.tasks, return_exceptions=True)
+                await traffic.shutdown()
                 stop_sampling.set()
-                sampling = await sampler
+                if sampler is not None:
+                    sampling = await sampler
                 if watch is not None:
                     watch.close()
     finally:
         status.phase = "stopping the cluster"
         await asyncio.to_thread(lc.down, plan.dir)
+    if feats.permission_log:  # complete now: a clean stop writes each broker's last line
+        merged = await asyncio.to_thread(merge_permission_logs, plan, history)
+        sampling = {"source": "broker permission-change logs", "events": merged}
+    else:
+        sampling = {"source": "/metrics sampling", **sampling}
     status.phase = "checking"
     loaded = read_history(history)
     report = check(loaded.events)

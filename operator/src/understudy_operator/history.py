@@ -270,9 +270,11 @@ class HistoryWriter:
         self.path = path
         self._clock = clock
         self._lock = threading.Lock()
+        fresh = not path.exists() or path.stat().st_size == 0
         self._fh: IO[str] | None = path.open("a", encoding="utf-8")
         self._count = 0
-        self._write({"type": "header", "t": clock(), "clock": clock_name, "version": 1})
+        if fresh:  # appending to an existing history (a later merge) adds no second header
+            self._write({"type": "header", "t": clock(), "clock": clock_name, "version": 1})
 
     @property
     def count(self) -> int:

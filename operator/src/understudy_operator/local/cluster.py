@@ -130,7 +130,8 @@ def probe_features() -> Features:
 
         broker_zk = any("--zk" in p.opts for p in broker.params)
     controller = importlib.util.find_spec("understudy_operator.cli_controller") is not None
-    return Features(broker_zk=broker_zk, controller=controller)
+    permission_log = importlib.util.find_spec("understudy_broker.permlog") is not None
+    return Features(broker_zk=broker_zk, controller=controller, permission_log=permission_log)
 
 
 def _quiet(_msg: str) -> None:

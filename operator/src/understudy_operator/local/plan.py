@@ -50,6 +50,7 @@ class Features:
 
     broker_zk: bool  # `understudy broker` has --zk (the HA integration has landed)
     controller: bool  # `understudy controller` exists
+    permission_log: bool = False  # brokers write <data-dir>/permissions.jsonl
 
 
 @dataclass(frozen=True, slots=True)
