@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,7 +94,14 @@ def test_plan_rejects_out_of_range_sizes(tmp_path: Path, groups: int, slaves: in
 
 
 def test_spawned_process_is_found_by_pid_and_marker_then_stopped(tmp_path: Path) -> None:
-    pid = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)", "marker-xyz"], log=tmp_path / "p.log", cwd=tmp_path)
+    ready = tmp_path / "ready"
+    child = "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(60)"
+    pid = procs.spawn(
+        [sys.executable, "-c", child, str(ready), "marker-xyz"], log=tmp_path / "p.log", cwd=tmp_path
+    )
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:  # fully started, not exec'ing
+        time.sleep(0.01)
     try:
         info = procs.inspect(pid, marker="marker-xyz")
         assert info is not None
