@@ -663,3 +663,33 @@ async def test_route_advertises_the_address_from_the_group_config(
     assert brokers["m"].permission == Permission.FULL
     assert brokers["s"].address == f"127.0.0.1:{group.s.port}"
     assert not brokers["s"].reachable  # never started
+
+
+async def test_a_commit_acknowledged_just_before_kill9_survives_failover_and_failback(
+        zk: str, tmp_path: Path, admin: KazooClient) -> None:
+    """The commit never reached the slave (the master died at once) and no consumer
+    commits during slave-consume: only the master's own disk can keep it."""
+    group = Group(zk, tmp_path, sync=True)
+    admin.create(config_path(GROUP), group.config.to_json(), makepath=True)
+    try:
+        group.controller().start(wait_port=False)
+        m = group.broker(group.m).start()
+        group.broker(group.s).start()
+        await wait_for(lambda: perm_is(group.m, Permission.FULL), "master FULL", 30)
+        await create_topic([f"127.0.0.1:{group.m.port}"], topic="t", queues=2)
+        commit = p.CommitOffsetRequest("cg", "t", {0: 17, 1: 5}).encode()
+        frame = await request(group.m, p.Op.COMMIT_OFFSET, commit)
+        assert frame.status == p.Status.OK, p.error_message(frame)
+        m.kill9()  # at once: no metadata push, no periodic persist in between
+        await wait_for(lambda: perm_is(group.s, Permission.READ), "slave READ")
+        before = read_state(admin)
+        assert before is not None
+        m.start()
+        await wait_for(lambda: (st := read_state(admin)) is not None and st.mode is Mode.NORMAL
+                       and st.epoch > before.epoch, "NORMAL after back-sync", 40)
+        await wait_for(lambda: perm_is(group.m, Permission.FULL), "master FULL again")
+        fetched = await request(group.m, p.Op.FETCH_OFFSET,
+                                p.FetchOffsetRequest("cg", "t", [0, 1]).encode())
+        assert p.OffsetsResponse.decode(fetched.body).offsets == {0: 17, 1: 5}
+    finally:
+        group.stop_all()

@@ -243,6 +243,47 @@ class GroupCommitter:
             self._wake.set()
 
 
+class OffsetsPersister:
+    """Every write of ``offsets.json``, one at a time, many changes per fsync.
+
+    A consumer commit is acknowledged only once it is on disk (:meth:`durable`): a master
+    killed right after acknowledging a commit restarts with it, and back-sync (maximum
+    per key) can then only move offsets forward. Without this the commit lived in memory
+    until the next periodic persist and a kill -9 rewound the consumer group.
+
+    The file is written from a copy taken on the event loop, in a worker thread, so the
+    loop keeps serving while the fsync runs and nothing mutates what is being written.
+    Changes made while a write is in flight are covered by the next one (group commit).
+    """
+
+    def __init__(self, store: OffsetStore) -> None:
+        self._store = store
+        self._lock = asyncio.Lock()
+        self._version = 0  # bumped by every change to the store
+        self._durable = 0  # the version last written
+        self.writes = 0
+
+    def changed(self) -> None:
+        self._version += 1
+
+    @property
+    def pending(self) -> bool:
+        return self._durable < self._version
+
+    async def durable(self) -> None:
+        """Return once every change made before the call is on disk (raises OSError)."""
+        target = self._version
+        async with self._lock:
+            if self._durable >= target:
+                return
+            upto = self._version
+            copy = OffsetStore(self._store.path, offsets={}, backsync_epoch=None)
+            copy.merge(self._store.snapshot(), epoch=self._store.backsync_epoch)
+            await asyncio.to_thread(copy.persist)
+            self._durable = max(self._durable, upto)
+            self.writes += 1
+
+
 # --------------------------------------------------------------------------- broker
 
 
@@ -326,6 +367,7 @@ class Broker:
         self.metrics = BrokerMetrics(group=cfg.group, broker=cfg.name, role=cfg.role.value)
         self._log: CommitLog | None = None
         self._offsets: OffsetStore | None = None
+        self._persister: OffsetsPersister | None = None
         self._topics: TopicRegistry | None = None
         self._committer: GroupCommitter | None = None
         self._repl_server: ReplicationServer | None = None
@@ -398,6 +440,7 @@ class Broker:
                 rec.indexes_rebuilt,
             )
         self._offsets = OffsetStore.open(cfg.data_dir / "offsets.json")
+        self._persister = OffsetsPersister(self._offsets)
         self._backsync_persisted = self._offsets.backsync_epoch
         self._topics = TopicRegistry(cfg.data_dir / "topics.json")
         # Topics seen in the log but missing from the registry (a crash between the two)
@@ -550,8 +593,11 @@ class Broker:
         await self._authority.stop()
         self._permlog.record(Permission.NONE, self._authority.epoch())
         self._permlog.close()
-        if self._offsets is not None:
-            self._offsets.persist()
+        if self._persister is not None:
+            try:
+                await self._persister.durable()
+            except OSError as exc:
+                log.error("persisting consumer offsets at stop failed: %s", exc)
         if self._log is not None:
             self._log.flush()
             self._log.flush_indexes()
@@ -569,8 +615,8 @@ class Broker:
         if isinstance(topics, dict):
             self.topics.merge({str(k): int(v) for k, v in topics.items()})
         snapshot = data.get("offsets")
-        if snapshot is not None:
-            self.offsets.merge(snapshot)
+        if snapshot is not None and self.offsets.merge(snapshot) and self._persister is not None:
+            self._persister.changed()  # written by housekeeping within the persist interval
 
     def _on_replicated(self, *_args: object) -> None:
         if self._signal is not None:
@@ -719,7 +765,8 @@ class Broker:
             if now - last_persist >= self.cfg.offsets_persist_interval_s:
                 last_persist = now
                 try:
-                    self.offsets.persist()
+                    if self._persister is not None and self._persister.pending:
+                        await self._persister.durable()
                 except OSError as exc:
                     log.error("persisting consumer offsets failed: %s", exc)
             if now - last_retention >= RETENTION_EVERY_S:
@@ -976,8 +1023,21 @@ class Broker:
         for q, off in req.offsets.items():
             if q >= queues:
                 raise RequestError(p.Status.BAD_REQUEST, f"queue {q} does not exist")
+            before = self.offsets.get(req.group, req.topic, q)
             stored[q] = self.offsets.commit(req.group, req.topic, q, off)
+            if stored[q] != before and self._persister is not None:
+                self._persister.changed()
+        await self._offsets_durable()
         return p.OffsetsResponse(stored).encode()
+
+    async def _offsets_durable(self) -> None:
+        """Acknowledge offsets only once they are on disk (see :class:`OffsetsPersister`)."""
+        if self._persister is None:
+            raise RuntimeError("broker not started")
+        try:
+            await self._persister.durable()
+        except OSError as exc:
+            raise RequestError(p.Status.INTERNAL, f"persisting consumer offsets: {exc}") from exc
 
     async def _fetch_offset(self, frame: p.Frame) -> bytes:
         self._require_read(frame)
@@ -1013,11 +1073,11 @@ class Broker:
                 p.Status.STALE_EPOCH,
                 f"back-sync tagged epoch {req.epoch} is older than this broker's epoch {current}",
             )
+        before = self.offsets.backsync_epoch
         moved = self.offsets.merge(req.offsets, epoch=req.epoch)
-        try:
-            self.offsets.persist()
-        except OSError as exc:
-            raise RequestError(p.Status.INTERNAL, f"persisting back-synced offsets: {exc}") from exc
+        if (moved or self.offsets.backsync_epoch != before) and self._persister is not None:
+            self._persister.changed()
+        await self._offsets_durable()
         self._backsync_persisted = self.offsets.backsync_epoch
         log.info("back-sync from %s at epoch %d persisted (%d offsets moved up)", req.sender,
                  req.epoch, moved)
