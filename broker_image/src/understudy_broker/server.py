@@ -270,8 +270,10 @@ class OffsetsPersister:
     def pending(self) -> bool:
         return self._durable < self._version
 
-    async def durable(self) -> None:
-        """Return once every change made before the call is on disk (raises OSError)."""
+    async def durable(self, *, inline: bool = False) -> None:
+        """Return once every change made before the call is on disk (raises OSError).
+        ``inline`` writes on the event loop instead of a worker thread: for back-sync,
+        where the broker serves nothing else and a thread hop only adds latency."""
         target = self._version
         async with self._lock:
             if self._durable >= target:
@@ -279,7 +281,10 @@ class OffsetsPersister:
             upto = self._version
             copy = OffsetStore(self._store.path, offsets={}, backsync_epoch=None)
             copy.merge(self._store.snapshot(), epoch=self._store.backsync_epoch)
-            await asyncio.to_thread(copy.persist)
+            if inline:
+                copy.persist()
+            else:
+                await asyncio.to_thread(copy.persist)
             self._durable = max(self._durable, upto)
             self.writes += 1
 
@@ -1030,12 +1035,12 @@ class Broker:
         await self._offsets_durable()
         return p.OffsetsResponse(stored).encode()
 
-    async def _offsets_durable(self) -> None:
+    async def _offsets_durable(self, *, inline: bool = False) -> None:
         """Acknowledge offsets only once they are on disk (see :class:`OffsetsPersister`)."""
         if self._persister is None:
             raise RuntimeError("broker not started")
         try:
-            await self._persister.durable()
+            await self._persister.durable(inline=inline)
         except OSError as exc:
             raise RequestError(p.Status.INTERNAL, f"persisting consumer offsets: {exc}") from exc
 
@@ -1077,7 +1082,7 @@ class Broker:
         moved = self.offsets.merge(req.offsets, epoch=req.epoch)
         if (moved or self.offsets.backsync_epoch != before) and self._persister is not None:
             self._persister.changed()
-        await self._offsets_durable()
+        await self._offsets_durable(inline=True)
         self._backsync_persisted = self.offsets.backsync_epoch
         log.info("back-sync from %s at epoch %d persisted (%d offsets moved up)", req.sender,
                  req.epoch, moved)
