@@ -3,6 +3,7 @@ codec, the group-config port check and the ``--zk`` flag checks. No sockets, no 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from understudy_broker import protocol as p
 from understudy_broker.backsync import backsync_epoch_due
 from understudy_broker.config import BrokerConfig, ConfigError, parse_digest, validate
 from understudy_broker.model import GroupState, Mode, Permission, Role
+from understudy_broker.offsets import OffsetStore
 from understudy_broker.permlog import (
     BrokerHttpPort,
     PermissionChange,
@@ -21,7 +23,7 @@ from understudy_broker.permlog import (
     lapse_time_ns,
     read_changes,
 )
-from understudy_broker.server import spec_mismatch
+from understudy_broker.server import OffsetsPersister, spec_mismatch
 from understudy_broker.zklayout import BrokerSpec, GroupConfig
 
 
@@ -191,3 +193,28 @@ def test_good_coordination_settings_pass(tmp_path: Path) -> None:
     assert cfg.zk_digest == ("u", "p:w")
     with pytest.raises(ConfigError, match="--zk-digest"):
         parse_digest(":pw")
+
+
+async def test_offsets_persister_writes_every_change_before_returning_and_shares_writes(
+        tmp_path: Path) -> None:
+    store = OffsetStore.open(tmp_path / "offsets.json")
+    persister = OffsetsPersister(store)
+    await persister.durable()  # nothing changed: nothing written
+    assert persister.writes == 0
+    assert not (tmp_path / "offsets.json").exists()
+
+    async def commit(q: int) -> None:
+        store.commit("cg", "t", q, q + 100)
+        persister.changed()
+        await persister.durable()
+        # Returned: this commit is in the file.
+        on_disk = OffsetStore.open(tmp_path / "offsets.json")
+        assert on_disk.get("cg", "t", q) == q + 100
+
+    await asyncio.gather(*(commit(q) for q in range(40)))
+    assert not persister.pending
+    assert 1 <= persister.writes < 40  # commits made during a write share the next one
+    store.merge({}, epoch=9)
+    persister.changed()
+    await persister.durable(inline=True)
+    assert OffsetStore.open(tmp_path / "offsets.json").backsync_epoch == 9
