@@ -402,9 +402,15 @@ async def operator(url: str, *, identity: str,
     stop, ready = threading.Event(), threading.Event()
     failure: list[BaseException] = []
 
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def until_stopped(**kwargs: Any) -> None:
+        loops.append(asyncio.get_running_loop())
+        await run(**kwargs)
+
     def main() -> None:
         try:
-            asyncio.run(run(
+            asyncio.run(until_stopped(
                 config=OperatorConfig(status_interval_s=0.5, handoff_timeout_s=5.0,
                                       identity=identity, controller_session_timeout_s=1.0,
                                       scanning=False),
@@ -423,9 +429,13 @@ async def operator(url: str, *, identity: str,
         stop.set()
         await asyncio.to_thread(thread.join, 30)
         if thread.is_alive():
-            frame = sys._current_frames().get(thread.ident or 0)
-            stack = "".join(traceback.format_stack(frame)) if frame else "?"
-            raise AssertionError(f"operator {identity} did not stop; it is at:\n{stack}")
+            stacks = []
+            for task in asyncio.all_tasks(loops[0]) if loops else ():
+                frames = task.get_stack()
+                where = "".join(traceback.format_stack(frames[-1])) if frames else "?"
+                stacks.append(f"{task.get_name()}:\n{where}")
+            raise AssertionError(f"operator {identity} did not stop; pending tasks:\n"
+                                 + "\n".join(stacks))
         assert not failure, f"operator {identity} failed: {failure[0]!r}"
 
 

@@ -32,7 +32,7 @@ from understudy_operator.handlers.runtime import (
     Runtime,
     runtime_of,
 )
-from understudy_operator.handlers.status import on_transition, refresh
+from understudy_operator.handlers.status import on_transition, refresh, watch_state
 from understudy_operator.k8s.builders import LABEL_GROUP
 from understudy_operator.kube import BROKERGROUPS, KubeClient, KubeError
 from understudy_operator.opmetrics import OperatorMetrics
@@ -58,6 +58,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         rt = runtime_of(memo)
         with rt.metrics.timed("reconcile"):
             await reconcile(rt, body=body)
+        handle = rt.groups.get((str(body.metadata.namespace), str(body.metadata.name)))
+        if handle is not None:
+            watch_state(rt, handle)
 
     @kopf.timer(*_BG, interval=config.status_interval_s, registry=registry)
     async def status_brokergroup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -70,6 +70,7 @@ class GroupHandle:
     generation: int = 0
     last_mode: GroupState | None = None
     failover_times: FailoverTimes | None = None
+    state_watch_armed: bool = False
     status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     rollout_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)

@@ -10,13 +10,18 @@ announced as Events from here (the leader writes the transition, so it tells).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kazoo.exceptions import KazooException
+
 from understudy_broker.model import GroupState, Mode
+from understudy_broker.zklayout import state_path
 from understudy_operator.handlers import events
 from understudy_operator.handlers.reconcile import parse, spec_error_text
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
@@ -148,3 +153,30 @@ def on_transition(rt: Runtime) -> Any:
                      name=f"announce-{handle.name}-{new.epoch}")
 
     return callback
+
+
+def watch_state(rt: Runtime, handle: GroupHandle) -> None:
+    """Refresh the status whenever the group's ``state`` znode changes, whoever wrote it (the
+    controller, a planned handoff, a person's override), not only on the timer. Armed once."""
+    if handle.state_watch_armed:
+        return
+    handle.state_watch_armed = True
+    loop = asyncio.get_running_loop()
+
+    def spawn_refresh() -> None:
+        if handle.leading and not handle.status_lock.locked():
+            handle.spawn(_refresh_logged(rt, handle), name=f"status-{handle.name}")
+
+    def changed(*_: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            loop.call_soon_threadsafe(spawn_refresh)
+
+    handle.controller.client.DataWatch(state_path(handle.name), changed)
+
+
+async def _refresh_logged(rt: Runtime, handle: GroupHandle) -> None:
+    try:
+        await refresh(rt, handle)
+    except (KazooException, KubeError) as exc:
+        log.warning("group %s/%s: status refresh after a state change failed: %r",
+                    handle.namespace, handle.name, exc)
