@@ -31,6 +31,11 @@ from understudy_broker.config import (
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
 
+#: Slave master-link timeout. With coordination it bounds how soon a hung master is
+#: fenced (the controller needs the slave's link down), so it is shorter there.
+DEFAULT_LINK_TIMEOUT_MS = 3000
+DEFAULT_LINK_TIMEOUT_ZK_MS = 1000
+
 
 def _config_from_flags(
     *,
@@ -55,7 +60,7 @@ def _config_from_flags(
     auto_degrade: bool,
     ack_timeout: float,
     max_frame_bytes: int,
-    link_timeout_ms: int = 3000,
+    link_timeout_ms: int | None = None,
     zk: str | None = None,
     zk_session_timeout_ms: int = 4000,
     zk_digest: str | None = None,
@@ -89,7 +94,8 @@ def _config_from_flags(
         auto_degrade=auto_degrade,
         max_frame_bytes=max_frame_bytes,
         ack_timeout_s=ack_timeout,
-        link_timeout_s=link_timeout_ms / 1000,
+        link_timeout_s=(link_timeout_ms if link_timeout_ms is not None
+                        else DEFAULT_LINK_TIMEOUT_ZK_MS if zk else DEFAULT_LINK_TIMEOUT_MS) / 1000,
         zk=zk,
         zk_session_timeout_ms=zk_session_timeout_ms,
         zk_digest=parse_digest(zk_digest) if zk_digest else None,
@@ -123,9 +129,10 @@ def _config_from_flags(
               help="Sync mode: acknowledge without a slave when none is in sync (else NOT_ENOUGH_REPLICAS).")
 @click.option("--ack-timeout", type=float, default=5.0, show_default=True, help="Sync mode: seconds to wait for a slave.")
 @click.option("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, show_default=True)
-@click.option("--link-timeout-ms", type=int, default=3000, show_default=True,
-              help="Slave: no byte from the master for this long means the link is down. "
-                   "The read lease is derived from it: use one value for a whole group.")
+@click.option("--link-timeout-ms", type=int, default=None,
+              help="Slave: no byte from the master for this long means the link is down "
+                   "(default 1000 with --zk, else 3000; the master sends metadata every "
+                   "250 ms). The read lease is derived from it: use one value for a whole group.")
 @click.option("--zk", default=None, metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
               help="Take permission from ZooKeeper (register, watch the group state, publish "
                    "status, read lease) instead of --permission alone. The group config in "

@@ -390,6 +390,7 @@ class Broker:
         self._backsync_task: asyncio.Task[None] | None = None
         self._backsync_epoch: int | None = None  # the epoch being pushed or acknowledged
         self._last_facts: tuple[bool, tuple[str, ...], int | None] | None = None
+        self._master_heard: tuple[int, float] | None = None  # (replication session, when)
         self._inflight: set[asyncio.Task[Any]] = set()
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
@@ -615,7 +616,23 @@ class Broker:
         """What the master pushes to slaves on an interval: topics and consumer offsets."""
         return {"topics": self.topics.snapshot(), "offsets": self.offsets.snapshot()}
 
+    def _heard_from_master(self) -> None:
+        rc = self._repl_client
+        if rc is not None:
+            self._master_heard = (rc.sessions, time.monotonic())
+
+    def _master_link_up(self) -> bool:
+        """The slave's link counts as up only while the master is *heard* (metadata every
+        0.25 s, data): a TCP connection to a frozen master is accepted by its kernel and
+        proves nothing, and reporting it as a link would keep the controller from fencing."""
+        rc = self._repl_client
+        if rc is None or not rc.connected or self._master_heard is None:
+            return False
+        session, at = self._master_heard
+        return session == rc.sessions and time.monotonic() - at < self.cfg.link_timeout_s
+
     def _on_metadata(self, data: Mapping[str, Any]) -> None:
+        self._heard_from_master()
         topics = data.get("topics")
         if isinstance(topics, dict):
             self.topics.merge({str(k): int(v) for k, v in topics.items()})
@@ -624,6 +641,7 @@ class Broker:
             self._persister.changed()  # written by housekeeping within the persist interval
 
     def _on_replicated(self, *_args: object) -> None:
+        self._heard_from_master()
         if self._signal is not None:
             self._signal.fire()
 
@@ -698,7 +716,7 @@ class Broker:
         if self._repl_server is not None:
             links = tuple(sorted(lk.name for lk in self._repl_server.links() if lk.connected))
         return ReplicationFacts(
-            master_link=self._repl_client is not None and self._repl_client.connected,
+            master_link=self._master_link_up(),
             slave_links=links,
             max_offset=self._log.max_phys if self._log is not None else 0,
             backsync_epoch=self._backsync_persisted,
