@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -281,3 +281,44 @@ def test_up_status_kill_start_down(cluster_dir: Path) -> None:
             os.kill(pid, 0)
     code, out = run("down", "--dir", str(cluster_dir))
     assert "nothing was running" in out
+
+
+def wait_until(directory: Path, what: str, ok: Callable[[lc.GroupRow], bool], *, within_s: float = 20.0) -> lc.GroupRow:
+    """Poll ``local status`` until group g1 satisfies ``ok`` (brokers publish their status
+    a moment after they apply a new state)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        g1 = lc.status(directory).groups[0]
+        if ok(g1):
+            return g1
+        if time.monotonic() > deadline:
+            raise AssertionError(f"g1 never became {what}: {g1}")
+        time.sleep(0.1)
+
+
+def effective(g: lc.GroupRow) -> list[str]:
+    return [b.effective.label for b in g.brokers]
+
+
+@pytest.mark.integration
+def test_failover_and_failback_show_in_status(cluster_dir: Path) -> None:
+    features = lc.probe_features()
+    if not (features.broker_zk and features.controller):
+        pytest.skip("failover needs 'understudy broker --zk' and 'understudy controller' in this build")
+    lc.up(cluster_dir, groups=1, slaves=1)
+    lc.kill(cluster_dir, "g1-0", sig="KILL")
+    g1 = wait_until(
+        cluster_dir, "slave-consume with g1-1 reading",
+        lambda g: g.mode == "SLAVE_CONSUME" and g.acting == "g1-1" and effective(g)[1] == "READ",
+    )  # fmt: skip
+    assert not g1.brokers[0].alive
+    assert effective(g1) == ["NONE", "READ"]  # a dead master shows no permission
+    lc.start(cluster_dir, "g1-0")
+    g1 = wait_until(
+        cluster_dir, "NORMAL with g1-0 FULL",
+        lambda g: g.mode == "NORMAL" and effective(g) == ["FULL", "NONE"],
+    )  # fmt: skip
+    assert g1.acting is None
+    assert g1.epoch is not None
+    assert g1.epoch > 3  # NORMAL -> FENCING -> SLAVE_CONSUME -> RECOVERING -> NORMAL
+    assert all(b.alive for b in g1.brokers)
