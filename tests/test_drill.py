@@ -182,7 +182,13 @@ def test_cycles_without_the_needed_parts_exit_3_naming_them(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     "args",
-    [["--fault", "boom"], ["--sample-ms", "50"], ["--cycles", "-1"], ["--groups", "0"]],
+    [
+        ["--fault", "boom"],
+        ["--sample-ms", "50"],
+        ["--cycles", "-1"],
+        ["--groups", "0"],
+        ["--cycles", "1", "--slaves", "0"],  # nobody could take over reads
+    ],
 )
 def test_bad_flags_exit_2(args: list[str]) -> None:
     result = CliRunner().invoke(drill, args)

@@ -52,7 +52,7 @@ class DrillCannotRun(click.ClickException):
 @click.option("--slaves", type=click.IntRange(0, 8), default=1, show_default=True, help="Slaves per group.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON to this file.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), help="State directory for the cluster (default: a new temporary directory).")
-@click.option("--sample-ms", type=click.FloatRange(1, 20), default=20.0, show_default=True, help="Permission sampling period (bounds the timing error).")
+@click.option("--sample-ms", type=click.FloatRange(1, 20), default=20.0, show_default=True, help="Only for builds whose brokers keep no permission-change log: the /metrics sampling period (bounds the timing error).")
 @click.option("--rate", type=click.FloatRange(1, 5000), default=200.0, show_default=True, help="Messages per second per group.")
 @click.option("--dwell", type=click.FloatRange(0, 60), default=1.0, show_default=True, help="Seconds of slave-consume before the master comes back.")
 @click.option("--session-timeout-ms", type=click.IntRange(1000, 10000), default=2000, show_default=True, help="Brokers' ZooKeeper session timeout.")
@@ -73,6 +73,8 @@ def drill(
     (in flight vs rewind), committed-offset rewinds, one-reader violations, and per cycle
     reads-restored, failback gap and back-sync times. The cluster is always torn down."""
     logging.getLogger("kazoo").setLevel(logging.ERROR)
+    if cycles > 0 and slaves == 0:
+        raise click.BadParameter("failover cycles need at least one slave per group", param_hint="--slaves")
     opts = DrillOptions(
         cycles=cycles,
         fault=fault,
