@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from understudy_operator.cli_drill import drill
 from understudy_operator.drill import (
+    DrillError,
     DrillOptions,
     DrillResult,
     missing_prerequisites,
@@ -26,6 +27,7 @@ from understudy_operator.drill import (
 )
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
+from understudy_operator.local.plan import Features
 from understudy_operator.zkserver import free_port
 
 CONTRACT_KEYS = {
@@ -167,14 +169,24 @@ def test_hang_cycle_comes_back_fenced(drill_dir: Path) -> None:
     assert_invariants(result)
 
 
-def test_cycles_without_the_needed_parts_exit_3_naming_them(tmp_path: Path) -> None:
-    missing = missing_prerequisites(lc.probe_features(), cycles=1)
-    if not missing:
-        pytest.skip("this build has everything a failover drill needs")
+def test_cycles_without_the_needed_parts_are_refused_naming_them(tmp_path: Path) -> None:
+    bare = Features(broker_zk=False, controller=False)
+    missing = missing_prerequisites(bare, cycles=1)
+    assert len(missing) == 2
+    assert "--zk" in missing[0]
+    assert "controller" in missing[1]
+    assert missing_prerequisites(bare, cycles=0) == []
+    with pytest.raises(DrillError, match="missing: 'understudy broker --zk'"):
+        asyncio.run(run_drill(DrillOptions(cycles=1, directory=tmp_path / "d"), features=bare))
+    assert not (tmp_path / "d").exists()  # refused before starting anything
+
+
+def test_the_cli_exits_3_when_the_build_cannot_run_cycles(tmp_path: Path) -> None:
+    if not missing_prerequisites(lc.probe_features(), cycles=1):
+        pytest.skip("this build has the broker's --zk and the controller: nothing is missing")
     result = CliRunner().invoke(drill, ["--cycles", "1", "--dir", str(tmp_path / "d")])
     assert result.exit_code == 3
     assert "missing" in result.output
-    assert not (tmp_path / "d").exists()  # refused before starting anything
 
 
 # ------------------------------------------------------------------ bad input
