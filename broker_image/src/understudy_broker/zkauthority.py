@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 Listener = Callable[[], None]
 
+#: After a broker comes or goes, the status is published at once and again this much later.
+REPUBLISH_AFTER_S = 0.2
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicationFacts:
@@ -222,6 +225,10 @@ class ZkAuthority:
             # the controller gets offsets published after that moment without waiting.
             self._last_live = coord.live
             self._publish_now.set()
+            # And once more shortly after: the controller wants a status version newer than
+            # the one it recorded when it saw the change, and it may have recorded the first.
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_later(REPUBLISH_AFTER_S, self._publish_now.set)
         now = (self.effective(), self.epoch())
         if now != self._last:
             old = self._last
