@@ -27,7 +27,7 @@ from understudy_operator.handlers.reconcile import parse
 from understudy_operator.handlers.runtime import Runtime
 from understudy_operator.k8s.builders import selector_labels
 from understudy_operator.k8s.spec import DEFAULT_CHROOT, PvcRetention, SpecError
-from understudy_operator.kube import PODS, PVCS, STATEFULSETS
+from understudy_operator.kube import PODS, PVCS, STATEFULSETS, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,15 @@ def _fallback_zk(rt: Runtime, spec: Mapping[str, Any]) -> tuple[str | None, PvcR
 
 
 async def finalize(rt: Runtime, *, body: Mapping[str, Any]) -> str:
-    """The on-delete handler body; returns a summary (kopf logs it)."""
+    """The on-delete handler body; returns a summary (kopf logs it). API errors are retried
+    in seconds; the finalizer stays until everything is done."""
+    try:
+        return await _finalize(rt, body=body)
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc
+
+
+async def _finalize(rt: Runtime, *, body: Mapping[str, Any]) -> str:
     meta = body.get("metadata", {})
     namespace, name = str(meta["namespace"]), str(meta["name"])
     raw_spec = body.get("spec") or {}

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from kazoo.exceptions import KazooException
 
 from understudy_broker.model import GroupState, Mode
 from understudy_operator.controller.driver import Controller
@@ -150,7 +151,17 @@ async def ensure_group(rt: Runtime, *, body: Mapping[str, Any], spec: BrokerGrou
 
 
 async def reconcile(rt: Runtime, *, body: Mapping[str, Any]) -> None:
-    """The create/update/resume handler body."""
+    """The create/update/resume handler body. ZooKeeper and API hiccups are retried in
+    seconds (kopf's default for an unexpected error would be a minute)."""
+    try:
+        await _reconcile(rt, body=body)
+    except KazooException as exc:
+        raise kopf.TemporaryError(f"ZooKeeper: {exc!r}", delay=5) from exc
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc
+
+
+async def _reconcile(rt: Runtime, *, body: Mapping[str, Any]) -> None:
     meta = body.get("metadata", {})
     namespace, name = str(meta["namespace"]), str(meta["name"])
     try:
