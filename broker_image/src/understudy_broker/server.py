@@ -1050,6 +1050,11 @@ class Broker:
             stored[q] = self.offsets.commit(req.group, req.topic, q, off)
             if stored[q] != before and self._persister is not None:
                 self._persister.changed()
+        if self._repl_server is not None and self._persister is not None \
+                and self._persister.pending:
+            # Offsets reach slaves with the next metadata frame: send it now rather than at
+            # the interval, so a slave taking over reads has (nearly) every commit.
+            self._repl_server.push_metadata_now()
         await self._offsets_durable()
         return p.OffsetsResponse(stored).encode()
 
