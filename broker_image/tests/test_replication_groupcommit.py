@@ -172,3 +172,36 @@ async def test_push_metadata_now_reaches_the_slave_before_the_interval(
     server.push_metadata_now()
     # The interval is an hour: only push_metadata_now can deliver this.
     await eventually(lambda: seen[-1] == {"version": 1}, "metadata pushed on demand")
+
+
+async def test_a_failed_slave_fsync_drops_the_link_acks_nothing_unsynced_and_recovers(
+    pair: dict[str, Any],
+) -> None:
+    master: CommitLog = pair["master"]
+    slave: CommitLog = pair["slave"]
+    server: ReplicationServer = pair["server"]
+    client: ReplicationClient = pair["client"]
+    recorder: FlushRecorder = pair["flushes"]
+    rng = random.Random(11)
+    real_flush = recorder._flush
+    failures = 0
+
+    def failing_flush() -> None:
+        nonlocal failures
+        failures += 1
+        raise OSError(5, "Input/output error (injected)")
+
+    recorder._flush = failing_flush  # type: ignore[method-assign]
+    sessions = client.sessions
+    end = master.append(messages(rng, 8)).end_phys
+    server.notify_appended()
+    await eventually(lambda: failures >= 1, "the injected fsync failure")
+    await eventually(lambda: client.last_error is not None, "the link dropping")
+    assert "fsync of replicated bytes failed" in (client.last_error or "")
+    # Nothing beyond what was really fsynced was acknowledged.
+    assert all(lk.acked_offset <= slave.flushed_phys for lk in server.links())
+    assert slave.flushed_phys < end
+    recorder._flush = real_flush  # type: ignore[method-assign]
+    await eventually(lambda: client.sessions > sessions, "a new session")
+    await server.wait_replicated(end)
+    assert slave.flushed_phys >= end

@@ -522,7 +522,7 @@ class ReplicationClient:
         if self._group_commit and self.log.flushed_phys < self.log.max_phys:
             # A previous session may have appended bytes it never fsynced: the hello
             # offset is an acknowledgement too.
-            await asyncio.to_thread(self.log.flush)
+            await self._fsync()
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(self.master_host, self.master_port), self.link_timeout_s
         )
@@ -568,8 +568,6 @@ class ReplicationClient:
                         # a worker thread while this loop keeps reading and appending;
                         # one fsync then acknowledges every push that arrived meanwhile.
                         wanted.set()
-                        if syncer.done():
-                            syncer.result()  # an fsync failed: drop the link
                     self.on_append()
         finally:
             for task in (heartbeats, syncer):
@@ -577,15 +575,34 @@ class ReplicationClient:
                     task.cancel()
                     with contextlib.suppress(BaseException):
                         await task
+            failure = syncer.exception() if syncer is not None and not syncer.cancelled() else None
+            if failure is not None:
+                raise failure  # a failed fsync is the reason the link dropped
         return progressed
 
+    async def _fsync(self) -> None:
+        """``CommitLog.flush`` in a worker thread; a failure becomes a ReplicationError."""
+        try:
+            await asyncio.to_thread(self.log.flush)
+        except OSError as exc:
+            raise ReplicationError(f"fsync of replicated bytes failed: {exc}") from exc
+
     async def _syncer(self, writer: asyncio.StreamWriter, wanted: asyncio.Event) -> None:
-        """fdatasync appended bytes off the event loop, then acknowledge them."""
+        """fdatasync appended bytes off the event loop, then acknowledge them.
+
+        A failed fsync closes the link at once (the reader then stops on its next read)
+        and is raised as :class:`ReplicationError`: nothing unsynced is acknowledged,
+        and the next session retries the fsync before its hello.
+        """
         acked = self.log.flushed_phys
         while True:
             await wanted.wait()
             wanted.clear()
-            await asyncio.to_thread(self.log.flush)
+            try:
+                await self._fsync()
+            except ReplicationError:
+                writer.close()
+                raise
             durable = self.log.flushed_phys
             if durable > acked:
                 acked = durable
