@@ -71,7 +71,7 @@ class DrillOptions:
     warmup_s: float = 1.0
     dwell_s: float = 1.0  # slave-consume time before the master comes back
     cycle_timeout_s: float = 30.0
-    drain_timeout_s: float = 20.0
+    drain_timeout_s: float = 30.0
     session_timeout_ms: int = 2000
 
 
