@@ -1,0 +1,428 @@
+"""HA faults on a real local cluster: real ZooKeeper, real ``understudy broker --zk``
+processes, the real ``understudy controller`` (``understudy_operator.local.cluster``).
+
+What the other HA tests do not cover: the acting slave dying during slave-consume (with a
+second slave, and without one), the master returning while every slave is down, two
+controllers racing on real brokers, and the master's ZooKeeper session expiring while its
+process lives (a partition between the master and ZooKeeper only).
+
+Invariants are judged by the shared checker over the brokers' permission-change logs
+(``drill.merge_permission_logs``). Every process a test starts is stopped by PID in a
+``finally``: ``local down`` (by recorded PID), then anything still mentioning the test's
+directory in its command line is SIGKILLed, and the partition proxy thread is closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from understudy_broker.model import Mode, Permission
+from understudy_broker.zklayout import decode_state, state_path
+from understudy_operator.checker import Report, check
+from understudy_operator.drill import merge_permission_logs, missing_prerequisites
+from understudy_operator.history import HistoryWriter, read_history
+from understudy_operator.local import cluster as lc
+from understudy_operator.local import procs
+from understudy_operator.local.plan import CONTROLLER, ClusterPlan
+from understudy_operator.zkserver import free_port
+
+pytestmark = pytest.mark.integration
+
+SESSION_MS = 2000
+
+
+# ------------------------------------------------------------------------ fixtures
+
+
+def processes_mentioning(text: str) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    out.append(int(entry.name))
+    return out
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path) -> Iterator[Path]:
+    if missing_prerequisites(lc.probe_features(), cycles=1):
+        pytest.skip("needs 'understudy broker --zk' and 'understudy controller' in this build")
+    directory = tmp_path / "cluster"
+    try:
+        yield directory
+    finally:
+        with contextlib.suppress(Exception):
+            lc.down(directory)
+        for pid in processes_mentioning(str(directory)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            procs.reap(pid)
+        zk_pid = procs.read_pid(directory / "pids", "zookeeper")
+        if zk_pid is not None:
+            procs.stop(zk_pid, marker=str(directory / "zookeeper" / "conf" / "zoo.cfg"))
+
+
+class Recorder:
+    """The test's history: faults it causes and every group state (ZooKeeper watch),
+    stamped with ``time.time_ns`` like the brokers' permission logs."""
+
+    def __init__(self, plan: ClusterPlan, group: str = "g1") -> None:
+        self.plan = plan
+        self.group = group
+        self.path = plan.dir / "history.jsonl"
+        self.writer = HistoryWriter(self.path, clock=time.time_ns, clock_name="time_ns")
+        self.states: list[tuple[str, int, str | None]] = []
+        self._lock = threading.Lock()
+        self.zk = KazooClient(hosts=plan.zk_connect, timeout=5.0)
+        self.zk.start(timeout=10)
+        self.zk.DataWatch(state_path(group), self._on_state)
+        self._cycle = 0
+
+    def _on_state(self, data: bytes | None, _stat: object) -> None:
+        if data is None:
+            return
+        st = decode_state(data)
+        with self._lock:
+            if self.states and self.states[-1][1] == st.epoch:
+                return
+            self.states.append((st.mode.name, st.epoch, st.acting))
+        self.writer.mode(group=self.group, mode=st.mode, epoch=st.epoch)
+
+    def state(self) -> tuple[str, int, str | None]:
+        with self._lock:
+            return self.states[-1] if self.states else ("", 0, None)
+
+    def wait(self, pred: Callable[[tuple[str, int, str | None]], bool], what: str,
+             within_s: float = 20.0) -> tuple[str, int, str | None]:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            st = self.state()
+            if pred(st):
+                return st
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}; states so far: {self.states}")
+
+    def wait_mode(self, mode: str, *, acting: str | None = None, within_s: float = 20.0) -> tuple[str, int, str | None]:
+        return self.wait(lambda s: s[0] == mode and (acting is None or s[2] == acting),
+                         f"{mode} (acting {acting})", within_s)
+
+    def kill(self, broker: str, sig: str = "KILL") -> None:
+        self._cycle += 1
+        self.writer.fault(cycle=self._cycle, kind="kill" if sig == "KILL" else "hang",
+                          broker=broker, group=self.group)
+        lc.kill(self.plan.dir, broker, sig=sig)
+
+    def start(self, broker: str) -> None:
+        lc.start(self.plan.dir, broker, wait=False)
+        self.writer.restart(cycle=self._cycle, broker=broker, group=self.group)
+
+    def close(self) -> None:
+        self.zk.stop()
+        self.zk.close()
+        self.writer.close()
+
+    def judge(self) -> Report:
+        """After ``local down``: merge the permission logs and run the shared checker."""
+        merge_permission_logs(self.plan, self.path)
+        return check(read_history(self.path).events)
+
+
+def readers_now(plan: ClusterPlan, group: str = "g1") -> list[str]:
+    row = next(g for g in lc.status(plan.dir).groups if g.name == group)
+    return [b.name for b in row.brokers if b.alive and Permission.READ in b.effective]
+
+
+def degraded(plan: ClusterPlan) -> bool:
+    metrics = lc.http_get(plan.controller_http_port or 0, "/metrics") or ""
+    return re.search(r'understudy_group_degraded\{group="g1"\} 1\.0', metrics) is not None
+
+
+def assert_one_reader(report: Report) -> None:
+    assert report.one_reader_violations == 0, report.violations
+    assert report.offset_rewinds == 0, report.violations
+    assert report.violations == [], report.violations
+
+
+# --------------------------------------------------------------- acting slave dies
+
+
+def test_acting_slave_dies_and_the_other_slave_takes_over_never_two_readers(cluster_dir: Path) -> None:
+    plan = lc.up(cluster_dir, slaves=2, session_timeout_ms=SESSION_MS)
+    rec = Recorder(plan)
+    try:
+        rec.kill("g1-0")
+        _, epoch, acting = rec.wait_mode("SLAVE_CONSUME")
+        assert acting in ("g1-1", "g1-2")
+        other = "g1-2" if acting == "g1-1" else "g1-1"
+        rec.wait(lambda _s: readers_now(plan) == [acting], f"{acting} reading")
+        rec.kill(acting)
+        _, epoch2, now_acting = rec.wait_mode("SLAVE_CONSUME", acting=other)
+        assert epoch2 == epoch + 2  # FENCING(acting) then SLAVE_CONSUME: one transition each
+        rec.wait(lambda _s: readers_now(plan) == [other], f"{other} reading")
+        rec.start(acting)
+        rec.start("g1-0")
+        rec.wait_mode("NORMAL")
+        rec.wait(lambda _s: readers_now(plan) == ["g1-0"], "the master reading again")
+    finally:
+        rec.close()
+        lc.down(plan.dir)
+    report = rec.judge()
+    assert_one_reader(report)
+    modes = [m for m, _, _ in rec.states]
+    assert modes == ["NORMAL", "FENCING", "SLAVE_CONSUME", "FENCING", "SLAVE_CONSUME",
+                     "RECOVERING", "NORMAL"], rec.states
+    assert [e for _, e, _ in rec.states] == list(range(rec.states[0][1], rec.states[0][1] + 7))
+
+
+def test_every_slave_down_master_returns_degraded_then_recovers_when_the_slave_returns(
+    cluster_dir: Path,
+) -> None:
+    """One slave: the acting slave dies during slave-consume (no reader: nobody else may
+    take reads), the master returns while every slave is down (it must not read: the
+    consumer offsets that moved on the slave would rewind), the human override refuses to
+    make it read without ``--accept-rewind``, and the slave's return recovers the group."""
+    plan = lc.up(cluster_dir, slaves=1, session_timeout_ms=SESSION_MS)
+    rec = Recorder(plan)
+    try:
+        rec.kill("g1-0")
+        _, epoch, _ = rec.wait_mode("SLAVE_CONSUME", acting="g1-1")
+        rec.wait(lambda _s: readers_now(plan) == ["g1-1"], "the slave reading")
+        rec.kill("g1-1")
+        rec.wait(lambda _s: readers_now(plan) == [], "no reader")
+        # master and every slave down: Degraded, and nothing moves
+        rec.wait(lambda _s: degraded(plan), "understudy_group_degraded 1")
+        assert rec.state()[:2] == ("SLAVE_CONSUME", epoch), rec.states
+        rec.start("g1-0")
+        lc._wait_healthy(plan, plan.process("g1-0"), deadline=time.monotonic() + 20)
+        # the master is back and every slave is down: several session timeouts pass and
+        # neither the state nor any permission moves
+        deadline = time.monotonic() + 3 * SESSION_MS / 1000
+        while time.monotonic() < deadline:
+            assert rec.state()[:2] == ("SLAVE_CONSUME", epoch), rec.states
+            assert readers_now(plan) == []
+            time.sleep(0.2)
+        out = subprocess.run(
+            [sys.executable, "-c", "from understudy_broker.cli import main; main()", "group",
+             "force-mode", "--zk", plan.zk_connect, "--group", "g1", "--mode", "NORMAL", "--yes",
+             "--pid-dir", str(plan.pid_dir)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode != 0, out.stdout + out.stderr
+        assert "rewind" in (out.stdout + out.stderr).lower(), out.stdout + out.stderr
+        assert rec.state()[:2] == ("SLAVE_CONSUME", epoch)
+        rec.start("g1-1")
+        rec.wait_mode("NORMAL")
+        rec.wait(lambda _s: readers_now(plan) == ["g1-0"], "the master reading again")
+    finally:
+        rec.close()
+        lc.down(plan.dir)
+    report = rec.judge()
+    assert_one_reader(report)
+    assert [m for m, _, _ in rec.states][-2:] == ["RECOVERING", "NORMAL"], rec.states
+
+
+# ------------------------------------------------------------ two controllers racing
+
+
+def test_two_controllers_on_real_brokers_make_exactly_one_transition_per_event(cluster_dir: Path) -> None:
+    plan = lc.up(cluster_dir, slaves=1, session_timeout_ms=SESSION_MS)
+    ctl = plan.process(CONTROLLER)
+    second_port = free_port()
+    argv = list(ctl.argv)
+    argv[argv.index("--http-port") + 1] = str(second_port)
+    argv[argv.index("--pid-dir") + 1] = str(plan.dir / "pids")
+    rec = Recorder(plan)
+    second = procs.spawn(argv, log=plan.log_dir / "controller-2.log", cwd=plan.dir)
+    try:
+        deadline = time.monotonic() + 20
+        while lc.http_get(second_port, "/metrics") is None:
+            assert time.monotonic() < deadline, "the second controller did not serve /metrics"
+            time.sleep(0.05)
+        _, first_epoch, _ = rec.state()
+        cycles = 3
+        for n in range(1, cycles + 1):
+            rec.kill("g1-0")
+            rec.wait_mode("SLAVE_CONSUME")
+            rec.start("g1-0")
+            rec.wait(lambda s, n=n: s[0] == "NORMAL" and s[1] == first_epoch + 4 * n,  # type: ignore[misc]
+                     f"NORMAL after cycle {n}")
+            if n == 1:  # the leader resigns: the other takes over mid-run
+                os.kill(procs.read_pid(plan.pid_dir, CONTROLLER) or 0, signal.SIGTERM)
+        time.sleep(1.0)  # time for a stray double transition to show
+        with lc.zk_client(plan) as zk:
+            data, stat = zk.get(state_path("g1"))
+        st = decode_state(data)
+        assert (st.mode, st.epoch) == (Mode.NORMAL, first_epoch + 4 * cycles), rec.states
+        # every write to the state was one of these transitions: versions and epochs agree
+        assert stat.version == st.epoch - 1
+        epochs = [e for _, e, _ in rec.states]
+        assert epochs == list(range(first_epoch, first_epoch + 4 * cycles + 1)), rec.states
+        assert [m for m, _, _ in rec.states[1:5]] == ["FENCING", "SLAVE_CONSUME", "RECOVERING", "NORMAL"]
+    finally:
+        rec.close()
+        procs.stop(second, marker="controller")
+        lc.down(plan.dir)
+    assert_one_reader(rec.judge())
+
+
+# ------------------------------------------------- master partitioned from ZooKeeper
+
+
+class PartitionProxy:
+    """A TCP relay between one broker and ZooKeeper that can black-hole the link.
+
+    ``cut()`` makes it a silent partition: established connections stay open but every
+    byte is dropped in both directions, and new connections are accepted and left
+    silent — exactly what the broker's kernel sees when a network path goes dark, so its
+    ZooKeeper session expires on the server while its process runs on. ``heal()`` closes
+    the dead connections (the client reconnects at once) and relays again.
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._cut = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _track(self, *socks: socket.socket) -> None:
+        with self._lock:
+            self._socks.extend(socks)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                self._track(client)  # silent: never connected upstream, never answered
+                continue
+            try:
+                server = socket.create_connection(self.upstream, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            self._track(client, server)
+            threading.Thread(target=self._relay, args=(client, server), daemon=True).start()
+
+    def _relay(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self._closed.is_set():
+                ready, _, _ = select.select([a, b], [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if not self._cut.is_set():
+                        peers[s].sendall(data)
+        except OSError:
+            return
+        finally:
+            a.close()
+            b.close()
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def heal(self) -> None:
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self._cut.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.listener.close()
+        self.heal()
+        self._thread.join(5)
+
+
+def test_master_session_expires_while_its_process_lives(cluster_dir: Path) -> None:
+    """The master loses ZooKeeper (a silent partition of its ZooKeeper link only) until its
+    session expires, then the link heals. The master never reads past its lease while
+    partitioned; the group keeps one reader at most throughout; after the heal the master
+    re-registers and the group is NORMAL with the master reading."""
+    plan = lc.up(cluster_dir, slaves=1, session_timeout_ms=SESSION_MS)
+    proxy = PartitionProxy(("127.0.0.1", plan.zk_port))
+    rec = Recorder(plan)
+    try:
+        # route the master's ZooKeeper traffic through the proxy: restart it with that
+        # connect string (a normal kill -9 failover and failback on the way)
+        doc = json.loads((plan.dir / "cluster.json").read_text())
+        text = json.dumps(doc).replace(f"127.0.0.1:{plan.zk_port}/", f"127.0.0.1:{proxy.port}/")
+        master_doc = next(p for p in json.loads(text)["processes"] if p["name"] == "g1-0")
+        for p in doc["processes"]:
+            if p["name"] == "g1-0":
+                p["argv"] = master_doc["argv"]
+        (plan.dir / "cluster.json").write_text(json.dumps(doc))
+        rec.kill("g1-0")
+        rec.wait_mode("SLAVE_CONSUME")
+        rec.start("g1-0")
+        _, epoch, _ = rec.wait_mode("NORMAL")
+        rec.wait(lambda _s: readers_now(plan) == ["g1-0"], "the master reading via the proxy")
+        master_pid = procs.read_pid(plan.pid_dir, "g1-0")
+        cut_at = time.time_ns()
+        proxy.cut()
+        # the session must expire on the server: the ephemeral node goes away
+        with lc.zk_client(plan) as zk:
+            deadline = time.monotonic() + 15
+            while zk.exists("/groups/g1/live/g1-0") is not None:
+                assert time.monotonic() < deadline, "the master's session never expired"
+                time.sleep(0.05)
+        expired_at = time.time_ns()
+        # stay partitioned a while past the expiry, the master process alive throughout
+        time.sleep(2.0)
+        info = procs.inspect(master_pid, marker=plan.process("g1-0").marker)
+        assert info is not None and info.alive and not info.stopped
+        states_during = list(rec.states)
+        healed_at = time.time_ns()
+        proxy.heal()
+        rec.wait(lambda s: s[0] == "NORMAL" and readers_now(plan) == ["g1-0"],
+                 "NORMAL with the master reading after the heal", within_s=30)
+        assert procs.read_pid(plan.pid_dir, "g1-0") == master_pid  # the same process rejoined
+    finally:
+        rec.close()
+        proxy.close()
+        lc.down(plan.dir)
+    report = rec.judge()
+    assert_one_reader(report)
+    # the master's own log: no READ from the lease lapse (≤ session timeout after the
+    # cut) until after the heal
+    from understudy_broker.permlog import FILE_NAME, read_changes
+
+    changes = [c for c in read_changes(plan.dir / "data" / "g1-0" / FILE_NAME) if c.pid == master_pid]
+    lapse = cut_at + SESSION_MS * 1_000_000
+    held = [c for c in changes if cut_at <= c.t_ns <= healed_at]
+    assert held and not Permission.READ in held[-1].effective, changes
+    reading_in_window = [c for c in changes if lapse <= c.t_ns <= healed_at and Permission.READ in c.effective]
+    assert reading_in_window == [], changes
+    first_drop = next(c for c in held if Permission.READ not in c.effective)
+    assert first_drop.t_ns <= lapse, (first_drop, cut_at)
+    assert expired_at > cut_at
+    print(f"states while partitioned: {states_during[-4:]}; epoch before {epoch}")
