@@ -127,10 +127,15 @@ class Connection:
                 await self._writer.drain()
                 frame = await fut
         except TimeoutError:
-            self._pending.pop(rid, None)
             raise BrokerError(
                 p.Status.TIMEOUT, f"no answer within {timeout_s}s", address=self.address
             ) from None
+        finally:
+            # drain() may raise (the broker died) before the future is awaited: forget it,
+            # so the read loop's failure does not leave an unretrieved exception behind.
+            if not fut.done():
+                self._pending.pop(rid, None)
+                fut.cancel()
         if frame.status != p.Status.OK:
             raise BrokerError(frame.status, p.error_message(frame), address=self.address)
         return frame.body
@@ -174,6 +179,10 @@ class Connection:
                     reason if isinstance(reason, ConnectionError | BrokerError)
                     else ConnectionError(str(reason))
                 )
+                # Whoever awaits it still gets the exception; a request whose caller
+                # already gave up (send() without await) must not log "Future exception
+                # was never retrieved" when a broker dies.
+                fut.exception()
         self._writer.close()
 
     async def close(self) -> None:

@@ -20,6 +20,13 @@ wait for them is also the one that acknowledges replicated bytes, so
 :meth:`OffsetStore.persist_async` encodes the snapshot on the loop and writes it in a
 worker thread. Writes are ordered by a generation number: an older snapshot never
 replaces a newer one on disk, whichever thread finishes first.
+
+Commits travel master -> slave as records of the internal topic :data:`COMMITS_TOPIC`
+in the commit log (queue 0, body :func:`encode_commit_record`). That way a commit is
+covered by the same synchronous replication acknowledgement as a produce: the master
+answers a commit only once the in-sync slaves hold the record, and a slave that
+restarts rebuilds every commit still in its log. The body is a one-key snapshot, so
+applying it is :meth:`OffsetStore.merge` (maximum per key) and replays are harmless.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = 1
+#: Internal commit-log topic carrying consumer commits to slaves. Clients cannot create,
+#: produce to or read it (``RESERVED_PREFIX``).
+COMMITS_TOPIC = "__understudy_commits"
+RESERVED_PREFIX = "__understudy"
 
 Snapshot = dict[str, dict[str, dict[int, int]]]
 
@@ -84,6 +95,21 @@ def normalize_snapshot(data: Any) -> Snapshot:
                     raise ValueError(f"{group}/{topic}/{queue}: bad offset {offset!r}")
                 out.setdefault(group, {}).setdefault(topic, {})[q] = offset
     return out
+
+
+def encode_commit_record(group: str, topic: str, offsets: Mapping[int, int]) -> bytes:
+    """The body of a :data:`COMMITS_TOPIC` record: ``{group: {topic: {queue: offset}}}``."""
+    doc = {group: {topic: {str(q): off for q, off in offsets.items()}}}
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def decode_commit_record(body: bytes) -> Snapshot:
+    """Parse a :data:`COMMITS_TOPIC` record body; ValueError when it is not one."""
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"commit record is not JSON: {exc}") from None
+    return normalize_snapshot(doc)
 
 
 class OffsetStore:

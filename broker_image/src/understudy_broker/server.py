@@ -56,7 +56,13 @@ from understudy_broker.config import BrokerConfig, ConfigError, Peer
 from understudy_broker.lease import lease_clock
 from understudy_broker.metrics import BrokerMetrics
 from understudy_broker.model import Health, Permission, Role
-from understudy_broker.offsets import OffsetStore
+from understudy_broker.offsets import (
+    COMMITS_TOPIC,
+    RESERVED_PREFIX,
+    OffsetStore,
+    decode_commit_record,
+    encode_commit_record,
+)
 from understudy_broker.permlog import FILE_NAME as PERMISSION_LOG
 from understudy_broker.permlog import BrokerHttpPort, PermissionLog, lapse_time_ns
 from understudy_broker.replication import (
@@ -279,12 +285,10 @@ class OffsetsPersister:
             if self._durable >= target:
                 return
             upto = self._version
-            copy = OffsetStore(self._store.path, offsets={}, backsync_epoch=None)
-            copy.merge(self._store.snapshot(), epoch=self._store.backsync_epoch)
             if inline:
-                copy.persist()
+                self._store.persist()
             else:
-                await asyncio.to_thread(copy.persist)
+                await self._store.persist_async()  # encoded on the loop, written in a thread
             self._durable = max(self._durable, upto)
             self.writes += 1
 
@@ -391,6 +395,8 @@ class Broker:
         self._backsync_epoch: int | None = None  # the epoch being pushed or acknowledged
         self._last_facts: tuple[bool, tuple[str, ...], int | None] | None = None
         self._master_heard: tuple[int, float] | None = None  # (replication session, when)
+        self._commits_applied = 0  # slave: next COMMITS_TOPIC offset to apply
+        self._commits_end = 0  # master: log end of the last commit record appended
         self._inflight: set[asyncio.Task[Any]] = set()
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
@@ -451,7 +457,10 @@ class Broker:
         self._topics = TopicRegistry(cfg.data_dir / "topics.json")
         # Topics seen in the log but missing from the registry (a crash between the two)
         # are re-registered so their data stays addressable.
-        self._topics.merge(self._log.topics())
+        self._topics.merge({t: n for t, n in self._log.topics().items()
+                            if not t.startswith(RESERVED_PREFIX)})
+        if cfg.role is Role.SLAVE:
+            self._apply_commit_records()  # commits replicated after offsets.json was written
         self._committer = GroupCommitter(
             self._log,
             mode=cfg.flush,
@@ -642,8 +651,35 @@ class Broker:
 
     def _on_replicated(self, *_args: object) -> None:
         self._heard_from_master()
+        self._apply_commit_records()
         if self._signal is not None:
             self._signal.fire()
+
+    def _apply_commit_records(self) -> None:
+        """Slave: apply the consumer commits replicated as :data:`COMMITS_TOPIC` records
+        (maximum per key, so replays after a restart are harmless)."""
+        lg = self.log
+        end = lg.queue_end(COMMITS_TOPIC, 0)
+        pos = max(self._commits_applied, lg.queue_start(COMMITS_TOPIC, 0))
+        moved = 0
+        while pos < end:
+            try:
+                records = lg.read(COMMITS_TOPIC, 0, pos, max_bytes=1 << 20, max_records=4096)
+            except CommitLogError as exc:
+                log.error("reading replicated commits at offset %d failed: %s", pos, exc)
+                break
+            if not records:
+                break
+            for rec in records:
+                try:
+                    moved += self.offsets.merge(decode_commit_record(rec.body))
+                except ValueError as exc:
+                    log.error("skipping a malformed commit record at offset %d: %s",
+                              rec.queue_offset, exc)
+            pos = records[-1].queue_offset + 1
+        self._commits_applied = pos
+        if moved and self._persister is not None:
+            self._persister.changed()  # written by housekeeping within the persist interval
 
     def _on_authority_change(self) -> None:
         """Called on the loop whenever effective permission or epoch may have changed
@@ -959,10 +995,13 @@ class Broker:
     async def _create_topic(self, frame: p.Frame) -> bytes:
         self._require_write(frame)
         req = p.CreateTopicRequest.decode(frame.body)
+        if req.topic.startswith(RESERVED_PREFIX):
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"topic names starting with {RESERVED_PREFIX!r} are reserved")
         created = self.topics.create(req.topic, req.queues)
         queues = self.topics.get(req.topic) or req.queues
         if self._repl_server is not None:
-            self._repl_server.notify_appended()  # carries fresh metadata to slaves soon
+            self._repl_server.push_metadata_now()  # slaves learn the topic now
         return p.CreateTopicResponse(req.topic, queues, created).encode()
 
     async def _produce(self, frame: p.Frame) -> bytes:
@@ -1042,20 +1081,42 @@ class Broker:
         self._require_read(frame)
         req = p.CommitOffsetRequest.decode(frame.body)
         queues = self._queues(req.topic)
+        bad = [q for q in req.offsets if q >= queues]
+        if bad:
+            raise RequestError(p.Status.BAD_REQUEST, f"queue {bad[0]} does not exist")
         stored: dict[int, int | None] = {}
+        moved: dict[int, int] = {}
         for q, off in req.offsets.items():
-            if q >= queues:
-                raise RequestError(p.Status.BAD_REQUEST, f"queue {q} does not exist")
             before = self.offsets.get(req.group, req.topic, q)
-            stored[q] = self.offsets.commit(req.group, req.topic, q, off)
-            if stored[q] != before and self._persister is not None:
-                self._persister.changed()
-        if self._repl_server is not None and self._persister is not None \
-                and self._persister.pending:
-            # Offsets reach slaves with the next metadata frame: send it now rather than at
-            # the interval, so a slave taking over reads has (nearly) every commit.
-            self._repl_server.push_metadata_now()
-        await self._offsets_durable()
+            stored[q] = kept = self.offsets.commit(req.group, req.topic, q, off)
+            if kept != before:
+                moved[q] = kept
+        if moved and self._persister is not None:
+            self._persister.changed()
+        waits: list[Awaitable[None]] = [self._offsets_durable()]
+        rs = self._repl_server
+        if rs is not None:
+            if moved:
+                # The commit travels to slaves as a log record, so the sync acknowledgement
+                # (and the in-sync set) covers it exactly as it covers a produce.
+                record = Message(COMMITS_TOPIC, 0, None,
+                                 encode_commit_record(req.group, req.topic, moved),
+                                 int(time.time() * 1000))
+                try:
+                    self._commits_end = self.log.append([record]).end_phys
+                except (CommitLogError, ValueError) as exc:
+                    raise RequestError(p.Status.INTERNAL, f"recording the commit: {exc}") from exc
+                rs.notify_appended()
+            if self.cfg.sync and self._commits_end:
+                # Unchanged offsets still wait: an earlier commit that moved them may be
+                # in flight to the slaves.
+                waits.append(rs.wait_replicated(self._commits_end))
+        try:
+            await asyncio.gather(*waits)
+        except NotEnoughReplicasError as exc:
+            raise RequestError(p.Status.NOT_ENOUGH_REPLICAS, str(exc)) from exc
+        except ReplicationTimeoutError as exc:
+            raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
         return p.OffsetsResponse(stored).encode()
 
     async def _offsets_durable(self, *, inline: bool = False) -> None:
