@@ -62,3 +62,15 @@ def test_config_validation() -> None:
         decode_state(b'{"mode":"PANIC","epoch":1}')
     with pytest.raises(LayoutError, match="DNS label"):
         status_path("g1", "Bad/Name")
+
+
+def test_isr_record_round_trip_and_bad_records() -> None:
+    from understudy_broker.zklayout import decode_isr, encode_isr, isr_path
+
+    assert isr_path("g1") == "/groups/g1/isr"
+    assert decode_isr(encode_isr(["s2", "s1"])) == frozenset({"s1", "s2"})
+    assert decode_isr(encode_isr([])) == frozenset()
+    for bad, match in ((b"{oops", "not JSON"), (b'{"inSync": "s1"}', "inSync"),
+                       (b'{"inSync": [1]}', "inSync"), (b"[]", "inSync")):
+        with pytest.raises(LayoutError, match=match):
+            decode_isr(bad)

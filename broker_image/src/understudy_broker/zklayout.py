@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,29 @@ def status_path(group: str, broker: str) -> str:
 
 def controller_path(group: str) -> str:
     return f"/controllers/{check_name('group', group)}"
+
+
+def isr_path(group: str) -> str:
+    """``/groups/<group>/isr``: ``{"inSync": [slave, ...]}``, the slaves that hold every
+    acknowledged write. Written by the master's replication layer (versioned) *before* it
+    acknowledges a write without some slave; read by the controller to pick an acting slave."""
+    return f"{group_path(group)}/isr"
+
+
+def encode_isr(members: Iterable[str]) -> bytes:
+    return _dump({"inSync": sorted(members)})
+
+
+def decode_isr(data: bytes) -> frozenset[str]:
+    """The in-sync set; :class:`LayoutError` when ``data`` is not an ISR record."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LayoutError(f"isr: not JSON: {exc}") from exc
+    members = doc.get("inSync") if isinstance(doc, dict) else None
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise LayoutError("isr: expected {\"inSync\": [broker names]}")
+    return frozenset(members)
 
 
 # --------------------------------------------------------------------------- documents

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -47,11 +46,12 @@ from understudy_broker.zklayout import (
     controller_path,
     decode_state,
     encode_state,
-    group_path,
     live_dir,
     state_path,
     status_path,
 )
+from understudy_broker.zklayout import decode_isr as decode_isr  # re-exported for cli_group
+from understudy_broker.zklayout import isr_path as isr_path
 from understudy_operator.controller.liveness import LivenessSource
 from understudy_operator.controller.machine import PHASES, Decision, Memory, decide, initial_state
 from understudy_operator.controller.observe import BrokerView, Observation
@@ -107,24 +107,6 @@ class ControllerMetrics:
         for mode in Mode:
             with contextlib.suppress(KeyError):
                 self.transitions.remove(group, mode.name)
-
-
-def isr_path(group: str) -> str:
-    """``/groups/<group>/isr``: ``{"inSync": [slave, ...]}``, written by the replication
-    layer (versioned) *before* it acknowledges a commit without some slave. To be moved
-    into ``zklayout`` with the replication side."""
-    return f"{group_path(group)}/isr"
-
-
-def decode_isr(data: bytes) -> frozenset[str]:
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LayoutError(f"isr: not JSON: {exc}") from exc
-    members = doc.get("inSync") if isinstance(doc, dict) else None
-    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-        raise LayoutError("isr: expected {\"inSync\": [broker names]}")
-    return frozenset(members)
 
 
 async def read_isr(zk: Callable[[Any], Awaitable[Any]], client: KazooClient, group: str
