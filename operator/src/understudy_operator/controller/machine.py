@@ -345,9 +345,11 @@ class _Ctx:
         # published after the fenced broker stopped committing: after its certain death,
         # any status at this epoch; otherwise a status published after the proof was first
         # seen. A slave that does not publish within a session timeout is left out rather
-        # than stalling the failover.
+        # than stalling the failover. A single candidate needs no comparison: fresh offsets
+        # could not change who is picked, and the proof alone keeps one reader (this saves
+        # the candidate's republish after a hung master's session expires).
         certain = certainly_dead(target_view)
-        fresh = candidates if self.obs.in_sync is not None else [
+        fresh = candidates if self.obs.in_sync is not None or len(candidates) == 1 else [
             c for c in candidates if self._fresh(c, mem, certain=certain)]
         proof_at = mem.proof_at if mem.proof_at is not None else self.obs.now
         grace = self.config.session_timeout_ms / 1000.0
