@@ -56,6 +56,8 @@ class DrillCannotRun(click.ClickException):
 @click.option("--rate", type=click.FloatRange(1, 5000), default=200.0, show_default=True, help="Messages per second per group.")
 @click.option("--dwell", type=click.FloatRange(0, 60), default=1.0, show_default=True, help="Seconds of slave-consume before the master comes back.")
 @click.option("--session-timeout-ms", type=click.IntRange(1000, 10000), default=2000, show_default=True, help="Brokers' ZooKeeper session timeout.")
+@click.option("--prometheus", is_flag=True, help="Also record the cluster with a private Prometheus (Debian package) and export it for 'understudy sla report' (query_range JSON and promtool tsdb dump, in <dir>/prometheus/export).")
+@click.option("--scrape-interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="With --prometheus: seconds between scrapes (pass the same value to 'sla report --step').")
 def drill(
     cycles: int,
     fault: str,
@@ -67,6 +69,8 @@ def drill(
     rate: float,
     dwell: float,
     session_timeout_ms: int,
+    prometheus: bool,
+    scrape_interval: float,
 ) -> None:
     """Bring up a local cluster, run producers and consumer groups, fault the master again
     and again, then check every invariant: lost acknowledged messages, duplicates
@@ -85,6 +89,7 @@ def drill(
         rate=rate,
         dwell_s=dwell,
         session_timeout_ms=session_timeout_ms,
+        prometheus_interval_s=scrape_interval if prometheus else None,
     )
     status = Status()
     result = _run_with_status(opts, status)
@@ -165,6 +170,12 @@ def _print(result: DrillResult) -> None:
             )  # fmt: skip
         _out.print(table)
     _out.print(f"history: {result.history}")
+    if result.prometheus is not None:
+        p = result.prometheus
+        _out.print(
+            f"Prometheus export (scrape interval {p['scrape_interval_s']:g} s, {p['series']} series): "
+            f"{', '.join(p['query_range'])} and {p['tsdb_dump']}"
+        )
 
 
 def _flag(n: int) -> str:

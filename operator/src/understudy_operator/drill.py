@@ -40,6 +40,7 @@ from kazoo.client import KazooClient
 
 from understudy_broker.model import Mode, Permission
 from understudy_broker.zklayout import LayoutError, decode_state, state_path
+from understudy_operator import promrun
 from understudy_operator.checker import Report, check
 from understudy_operator.history import Fault, HistoryWriter, Perm, read_history
 from understudy_operator.local import cluster as lc
@@ -73,6 +74,9 @@ class DrillOptions:
     cycle_timeout_s: float = 30.0
     drain_timeout_s: float = 30.0
     session_timeout_ms: int = 2000
+    #: Scrape the cluster with a private Prometheus at this interval and export its
+    #: data for the SLA job (:mod:`.promrun`); ``None``: no Prometheus.
+    prometheus_interval_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +87,7 @@ class DrillResult:
     cycles_completed: int
     sampling: dict[str, Any]
     errors: list[str] = field(default_factory=list)
+    prometheus: dict[str, Any] | None = None  # the export (promrun.Export.to_json()), if any
 
     @property
     def ok(self) -> bool:
@@ -98,6 +103,8 @@ class DrillResult:
             directory=str(self.directory),
             perm_sampling=self.sampling,
         )
+        if self.prometheus is not None:
+            doc["prometheus"] = self.prometheus
         return doc
 
 
@@ -529,6 +536,9 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
     missing = missing_prerequisites(feats, cycles=opts.cycles)
     if missing:
         raise DrillError("this build cannot run failover cycles yet; missing: " + "; ".join(missing))
+    if opts.prometheus_interval_s is not None and promrun.missing():
+        raise DrillError("--prometheus needs the Debian 'prometheus' package (missing: "
+                         + ", ".join(promrun.missing()) + "); run 'make setup'")
     status = status or Status()
     asyncio.get_running_loop().set_exception_handler(_quiet_unretrieved)
     directory = opts.directory or Path(tempfile.mkdtemp(prefix="understudy-drill-"))
@@ -546,7 +556,15 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
     errors: list[str] = []
     completed = 0
     sampling: dict[str, Any] = {}
+    prom: promrun.PrometheusServer | None = None
+    exported: dict[str, Any] | None = None
     try:
+        if opts.prometheus_interval_s is not None:
+            status.phase = "starting Prometheus"
+            try:
+                prom = await asyncio.to_thread(promrun.record_cluster, plan, interval_s=opts.prometheus_interval_s)
+            except promrun.PrometheusError as exc:
+                raise DrillError(f"Prometheus did not start: {exc}") from None
         # time.time_ns: the clock the brokers' permission-change logs are written with
         with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
             watch = ModeWatch(plan, writer) if feats.controller else None
@@ -583,9 +601,20 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
                     sampling = await sampler
                 if watch is not None:
                     watch.close()
+        if prom is not None:  # before the cluster goes: the last NORMAL must be scraped
+            status.phase = "exporting from Prometheus"
+            try:
+                export = await asyncio.to_thread(prom.export, prom.directory / "export")
+                exported = {"url": prom.url, "scrape_interval_s": prom.interval_s, **export.to_json()}
+            except promrun.PrometheusError as exc:
+                errors.append(f"Prometheus export failed: {exc}")
     finally:
         status.phase = "stopping the cluster"
-        await asyncio.to_thread(lc.down, plan.dir)
+        try:
+            await asyncio.to_thread(lc.down, plan.dir)
+        finally:
+            if prom is not None:
+                await asyncio.to_thread(prom.stop)
     if feats.permission_log:  # complete now: a clean stop writes each broker's last line
         merged = await asyncio.to_thread(merge_permission_logs, plan, history)
         sampling = {"source": "broker permission-change logs", "events": merged}
@@ -601,4 +630,5 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
         cycles_completed=completed,
         sampling=sampling,
         errors=errors,
+        prometheus=exported,
     )
