@@ -12,8 +12,10 @@ the drill's contract keys under ``kill`` and ``hang``. No assertions: the tests 
 
 Two "reads restored" figures are printed: the drill's (fault -> first instant another
 broker holds effective READ, from the brokers' permission-change logs) and the
-consumer's (fault -> the first message a consumer receives after the faulted broker lost
-READ), which adds the client's reconnect and route lookup.
+consumer's (fault -> the first message acknowledged before the fault that a consumer
+receives once another broker holds READ), which adds the client's reconnect, route
+lookup and retry backoff. Cycles where the consumers had no backlog at the fault count as
+"-" there: nothing new can be produced while the master is down.
 
     python bench/failover.py                     # what `make bench` runs (20 + 20 cycles)
     python bench/failover.py --cycles 5 --fault kill
@@ -36,7 +38,7 @@ from rich.table import Table
 
 from understudy_operator.checker import percentile
 from understudy_operator.drill import DrillOptions, DrillResult, Status, run_drill
-from understudy_operator.history import Deliver, Fault, Perm, read_history
+from understudy_operator.history import Deliver, Fault, Perm, ProduceAck, read_history
 
 COMPARISON = (
     ("RabbitMQ quorum queues (3 nodes), leader SIGKILL", "0.15-0.58 s (median ~0.4 s), measured here"),
@@ -50,12 +52,16 @@ _out = Console()
 
 
 def consumer_restored_ms(events: list[Any]) -> list[float | None]:
-    """Per fault: ms from the fault to the first delivery on the group's topic at or after
-    the instant another broker of the group gained READ (bytes the old reader sent before
-    the fault and that arrive a moment later are not a restoration). ``None`` when no
-    other broker gained READ, or nothing was delivered before the group's next fault. Pure."""
+    """Per fault: ms from the fault to the first delivery, at or after the instant another
+    broker of the group gained READ, of a message acknowledged *before* the fault.
+
+    Only the backlog counts: while the master is down nothing new can be produced (slaves
+    never write), so a consumer that was caught up receives nothing until the master is
+    back, however early reads were restored. ``None`` when no other broker gained READ or
+    no backlog message was delivered before the group's next fault. Pure."""
     faults = [e for e in events if isinstance(e, Fault)]
     perms = [e for e in events if isinstance(e, Perm)]
+    acked = {e.id: e.t for e in events if isinstance(e, ProduceAck)}
     deliveries = sorted((e for e in events if isinstance(e, Deliver)), key=lambda d: d.t)
     out: list[float | None] = []
     for f in faults:
@@ -70,7 +76,9 @@ def consumer_restored_ms(events: list[Any]) -> list[float | None]:
             continue
         topic = f"drill-{f.group}"
         first = next(
-            (d.t for d in deliveries if d.topic == topic and d.t >= granted and (nxt is None or d.t < nxt)),
+            (d.t for d in deliveries
+             if d.topic == topic and d.t >= granted and (nxt is None or d.t < nxt)
+             and acked.get(d.id, f.t) < f.t),
             None,
         )
         out.append(None if first is None else (first - f.t) / 1e6)
