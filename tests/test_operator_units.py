@@ -116,6 +116,17 @@ def test_handoff_target_skips_lagging_dead_and_unreadable_slaves() -> None:
     assert target.name == "g-1"
 
 
+def test_handoff_target_respects_the_recorded_in_sync_set() -> None:
+    base = facts(revisions=(OLD, NEW, NEW), offsets=(100, 100, 100))
+    only_2 = RolloutFacts(replicas=3, update_revision=NEW, pods=base.pods, brokers=base.brokers,
+                          state=base.state, max_lag_bytes=10, in_sync=frozenset({"g-2"}))
+    step = plan_rollout(only_2)
+    assert (step.kind, step.acting) == ("handoff", "g-2")
+    nobody = RolloutFacts(replicas=3, update_revision=NEW, pods=base.pods, brokers=base.brokers,
+                          state=base.state, max_lag_bytes=10, in_sync=frozenset())
+    assert plan_rollout(nobody).kind == "restart-master"
+
+
 def test_scale_down_never_removes_the_acting_slave() -> None:
     names = {o: f"g-{o}" for o in range(4)}
     acting_2 = GroupState(mode=Mode.SLAVE_CONSUME, epoch=3, acting="g-2")

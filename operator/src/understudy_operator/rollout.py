@@ -71,6 +71,8 @@ class RolloutFacts:
     brokers: Mapping[str, BrokerFacts]
     state: GroupState | None
     max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES
+    in_sync: frozenset[str] | None = None
+    """The replication layer's recorded in-sync set (``/groups/<g>/isr``); ``None``: no record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +112,14 @@ def lag_bytes(facts: RolloutFacts, name: str) -> int | None:
 
 def handoff_target(facts: RolloutFacts) -> BrokerFacts | None:
     """The slave that takes reads during a planned handoff: live, configured with READ, in
-    sync; the highest offset wins, ties go to the lowest ordinal."""
+    sync (within ``max_lag_bytes`` and, when recorded, in the in-sync set — the controller
+    trusts no other slave to hold every acknowledged write); the highest offset wins, ties go
+    to the lowest ordinal."""
     candidates = []
     for b in facts.brokers.values():
         if b.ordinal == 0 or b.ordinal >= facts.replicas or not b.live or not b.has_status:
+            continue
+        if facts.in_sync is not None and b.name not in facts.in_sync:
             continue
         if not b.configured & Permission.READ:
             continue

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from understudy_broker.model import GroupState, Mode, Permission
+from understudy_operator.controller.driver import read_isr
 from understudy_operator.controller.observe import ProcessState
 from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
@@ -71,10 +72,11 @@ async def gather(rt: Runtime, handle: GroupHandle) -> RolloutFacts | None:
             name=name, ordinal=ordinal, configured=spec.permission_of(ordinal),
             live=zk[name].live, epoch_applied=st.epoch_applied if st else 0,
             max_offset=st.max_offset if st else 0, has_status=st is not None)
+    in_sync = await read_isr(handle.controller.zk, handle.controller.client, handle.name)
     return RolloutFacts(replicas=spec.replicas,
                         update_revision=(sts.get("status") or {}).get("updateRevision"),
                         pods=pods, brokers=brokers, state=state,
-                        max_lag_bytes=rt.config.max_lag_bytes)
+                        max_lag_bytes=rt.config.max_lag_bytes, in_sync=in_sync)
 
 
 async def roll(rt: Runtime, handle: GroupHandle) -> Step | None:

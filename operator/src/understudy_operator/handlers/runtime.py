@@ -94,12 +94,29 @@ class GroupHandle:
         task.add_done_callback(self.tasks.discard)
 
     async def stop(self) -> None:
-        for task in list(self.tasks):
+        """Cancel this handle's tasks and stop the controller (its session closes, so another
+        replica leads at once)."""
+        await _cancel_until_done(set(self.tasks))
+        stopper = asyncio.get_running_loop().create_task(self.controller.stop(),
+                                                         name=f"stop-controller-{self.name}")
+        while not stopper.done():
+            await asyncio.wait({stopper}, timeout=1.0)
+            # Python 3.11's asyncio.wait_for can swallow a cancellation that arrives just as
+            # its inner future completes; a driver task that lost its cancellation would keep
+            # Controller.stop() waiting forever, so cancel the stragglers again.
+            for task in getattr(self.controller, "_tasks", ()):
+                if isinstance(task, asyncio.Task) and not task.done():
+                    task.cancel()
+        stopper.result()
+
+
+async def _cancel_until_done(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed it."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
             task.cancel()
-        for task in list(self.tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self.controller.stop()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
 
 
 @dataclass
