@@ -266,7 +266,9 @@ def test_two_controllers_on_real_brokers_make_exactly_one_transition_per_event(c
             rec.wait(lambda s, n=n: s[0] == "NORMAL" and s[1] == first_epoch + 4 * n,  # type: ignore[misc]
                      f"NORMAL after cycle {n}")
             if n == 1:  # the leader resigns: the other takes over mid-run
-                os.kill(procs.read_pid(plan.pid_dir, CONTROLLER) or 0, signal.SIGTERM)
+                first = procs.read_pid(plan.pid_dir, CONTROLLER)
+                assert first is not None
+                procs.stop(first, marker="controller")
         time.sleep(1.0)  # time for a stray double transition to show
         with lc.zk_client(plan) as zk:
             data, stat = zk.get(state_path("g1"))
