@@ -46,7 +46,6 @@ import kmock
 import kopf
 import pytest
 from kazoo.client import KazooClient
-from kmock._internal import enums as kmock_enums
 from prometheus_client import generate_latest
 
 from understudy_broker.coordination import BrokerCoordinator
@@ -81,13 +80,13 @@ class Emulator(kmock.KubernetesEmulator):
         if request.resource is not None and isinstance(request.data, dict):
             self._rv += 1
             meta = request.data.setdefault("metadata", {})
-            if request.action == kmock_enums.action.CREATE:
+            if request.action == kmock.action.CREATE:
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("generation", 1)
                 meta.setdefault("creationTimestamp",
                                 datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
                 meta["resourceVersion"] = str(self._rv)
-            elif request.action == kmock_enums.action.UPDATE:
+            elif request.action == kmock.action.UPDATE:
                 meta["resourceVersion"] = str(self._rv)
                 key = (request.resource, request.namespace, request.name)
                 if "spec" in request.data and request.subresource is None:
@@ -96,7 +95,7 @@ class Emulator(kmock.KubernetesEmulator):
                         if current.get("spec") != request.data["spec"]:
                             meta["generation"] = int(
                                 current.get("metadata", {}).get("generation", 1)) + 1
-        if (request.resource is not None and request.action == kmock_enums.action.DELETE
+        if (request.resource is not None and request.action == kmock.action.DELETE
                 and request.resource.plural == "pods" and request.name):
             self.deleted_pods.append(request.name)
         return await super()._handle(request)
