@@ -385,6 +385,8 @@ class PrometheusServer:
         if not windows:
             raise PrometheusError(f"nothing to export: {end - start:.3f} s is less than one scrape interval")
         out.mkdir(parents=True, exist_ok=True)
+        for stale in out.glob("query_range-*.json"):  # an earlier export's chunks
+            stale.unlink()
         promql = selector(metrics)
         files: list[Path] = []
         series: set[str] = set()
@@ -436,8 +438,11 @@ def dump_tsdb(db: Path, out: Path, *, match: str, min_time_ms: int, max_time_ms:
 
 def record_cluster(plan: ClusterPlan, *, interval_s: float, directory: Path | None = None) -> PrometheusServer:
     """Start a Prometheus scraping every process of ``plan`` and return once each target
-    has answered a scrape. Stops it again if that does not happen."""
+    has answered a scrape. Stops it again if that does not happen. The TSDB starts empty:
+    a previous drill's data in the same cluster directory is removed (``local up`` wipes
+    the cluster's own data the same way)."""
     server = PrometheusServer(directory or plan.dir / "prometheus", cluster_targets(plan), interval_s=interval_s)
+    shutil.rmtree(server.data_dir, ignore_errors=True)
     server.start()
     try:
         server.wait_targets_up(timeout=max(30.0, 10 * interval_s))
