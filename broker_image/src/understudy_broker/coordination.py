@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.security import make_digest_acl
 
 from understudy_broker.lease import Lease, lease_clock, lease_duration_s, renewal_interval_s
@@ -43,6 +43,7 @@ from understudy_broker.zklayout import (
     LayoutError,
     config_path,
     decode_state,
+    isr_path,
     live_dir,
     live_path,
     state_path,
@@ -359,6 +360,35 @@ class BrokerCoordinator:
             await self._wrap(self._client.set_async(path, data))
         except KazooException as exc:
             raise CoordinationError(f"publishing status of {self.name}: {exc!r}") from exc
+
+    # ------------------------------------------------------------------ in-sync set
+
+    async def read_isr(self) -> tuple[bytes, int] | None:
+        """``(data, version)`` of ``/groups/<g>/isr``, None when absent."""
+        try:
+            raw, stat = await self._wrap(self._client.get_async(isr_path(self.group)))
+        except NoNodeError:
+            return None
+        except KazooException as exc:
+            raise CoordinationError(f"reading the in-sync record: {exc!r}") from exc
+        return bytes(raw), int(stat.version)
+
+    async def write_isr(self, data: bytes, *, version: int) -> int | None:
+        """Write the ISR record if it is still at ``version`` (create it when ``version``
+        is negative). Returns the new version, or None when the record changed under us
+        (version mismatch, created or deleted by someone else)."""
+        path = isr_path(self.group)
+        try:
+            if version < 0:
+                await self._wrap(self._client.create_async(path, data, acl=self._acl,
+                                                           makepath=True))
+                return 0
+            stat = await self._wrap(self._client.set_async(path, data, version=version))
+            return int(stat.version)
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            return None
+        except KazooException as exc:
+            raise CoordinationError(f"writing the in-sync record: {exc!r}") from exc
 
     # ------------------------------------------------------------------ lease
 

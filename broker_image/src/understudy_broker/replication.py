@@ -24,6 +24,17 @@ master -> slave::
                  every ``metadata_interval_s``: topics and consumer-offset snapshot flow
                  master -> slave this way.
 
+In-sync set (ISR, with an :class:`IsrStore`, i.e. with ZooKeeper): the master keeps
+``/groups/<g>/isr`` = the slaves that hold every acknowledged write. In sync mode a write
+is acknowledged only once *every* ISR member acknowledged it. A member whose link drops,
+or that has not acknowledged a waiting write within ``isr_lag_s``, is removed from the
+record by a versioned write *before* anything is acknowledged without it; a connected
+slave that has caught up with the log end is required by new writes at once and added to
+the record. When the ISR is smaller than ``min_insync``, ``auto_degrade`` acknowledges
+anyway (the record already says who lacks the write) and otherwise the write is refused
+with :class:`NotEnoughReplicasError`. Without a store (static mode) the quorum rule
+below applies: ``min_insync`` connected slaves within ``insync_lag_bytes``.
+
 Pushes may end in the middle of a record: the slave keeps the partial tail and prepends
 it to the next push. Gaps are never papered over: a push whose start differs from the
 slave's end (+ its buffered tail), a heartbeat beyond what the master has (a divergent
@@ -44,7 +55,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from understudy_broker.commitlog import CommitLog, CommitLogError
 
@@ -86,6 +97,25 @@ class NotEnoughReplicasError(ReplicationError):
 
 class ReplicationTimeoutError(ReplicationError):
     """No quorum of slaves acknowledged the offset within ``ack_timeout_s``."""
+
+
+class IsrStore(Protocol):
+    """Where the in-sync set is recorded (ZooKeeper in production)."""
+
+    async def load(self) -> tuple[frozenset[str], int]:
+        """The recorded set and its version; version -1 when there is no record (the
+        returned set is then the one to create it with)."""
+        ...
+
+    async def store(self, members: frozenset[str], *, version: int) -> int:
+        """Write ``members`` if the record is still at ``version`` (-1: create it);
+        returns the new version. Raises :class:`IsrConflictError` on a version
+        mismatch, any other exception when the store is unreachable."""
+        ...
+
+
+class IsrConflictError(ReplicationError):
+    """The ISR record changed under us (another writer); reload its version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +171,9 @@ class ReplicationServer:
         metadata_interval_s: float = 1.0,
         link_timeout_s: float = 3.0,
         chunk_bytes: int = 1 << 20,
+        isr: IsrStore | None = None,
+        isr_lag_s: float = 1.0,
+        isr_retry_s: float = 0.2,
     ) -> None:
         if min_insync < 0:
             raise ValueError("min_insync must be >= 0")
@@ -163,9 +196,24 @@ class ReplicationServer:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._once_connected = False
+        # In-sync set (only with an IsrStore). ``_isr`` is what the record says;
+        # ``_joining`` caught up and is required by waiters before the record shows it;
+        # ``_leaving`` must be removed from the record before a waiter may go on without it.
+        self._isr_store = isr
+        self.isr_lag_s = isr_lag_s
+        self.isr_retry_s = isr_retry_s
+        self._isr: frozenset[str] = frozenset()
+        self._isr_version: int | None = None  # None until loaded
+        self._joining: set[str] = set()
+        self._leaving: set[str] = set()
+        self._isr_wake = asyncio.Event()
+        self.isr_writes = 0
 
     # ---- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:
+        if self._isr_store is not None:
+            task = asyncio.create_task(self._isr_loop(), name="isr")
+            self._tasks.add(task)
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("replication server listening on %s:%d (sync=%s)", self.host, self.port, self.sync)
@@ -190,7 +238,16 @@ class ReplicationServer:
         self._waiters.clear()
 
     # ---- state --------------------------------------------------------------------
+    @property
+    def isr(self) -> frozenset[str] | None:
+        """The in-sync set as recorded (None in static mode or before it is loaded)."""
+        if self._isr_store is None or self._isr_version is None:
+            return None
+        return self._isr
+
     def _in_sync(self, link: _Link) -> bool:
+        if self._isr_store is not None:
+            return link.name in self._isr and link.name not in self._leaving
         return (
             link.connected
             and link.acked >= 0
@@ -225,6 +282,8 @@ class ReplicationServer:
         return self.sync and self.auto_degrade and self._insync_count() < self.min_insync
 
     def _insync_count(self) -> int:
+        if self._isr_store is not None:
+            return len(self._isr - self._leaving)
         return sum(1 for lk in self._links.values() if self._in_sync(lk))
 
     def _quorum(self) -> int:
@@ -249,7 +308,12 @@ class ReplicationServer:
 
     async def wait_replicated(self, end_phys: int) -> None:
         """See the module docstring; returns at once in async mode."""
-        if not self.sync or end_phys <= self._quorum():
+        if not self.sync:
+            return
+        if self._isr_store is not None:
+            await self._wait_isr(end_phys)
+            return
+        if end_phys <= self._quorum():
             return
         if self._insync_count() < self.min_insync:
             if self.auto_degrade:
@@ -269,14 +333,158 @@ class ReplicationServer:
             ) from None
 
     def _release_waiters(self) -> None:
+        if self._isr_store is not None:
+            self._release_isr_waiters()
+            return
         quorum = self._quorum()
         while self._waiters and self._waiters[0][0] <= quorum:
             _end, _n, fut = heapq.heappop(self._waiters)
             if not fut.done():
                 fut.set_result(None)
 
+    # ---- in-sync set ----------------------------------------------------------------
+    def _acked(self, name: str) -> int:
+        link = self._links.get(name)
+        return link.acked if link is not None and link.connected else -1
+
+    def _isr_outcome(self, end: int) -> bool | None:
+        """For a write ending at ``end``: None = keep waiting, True = acknowledge,
+        False = refuse (the ISR is below ``min_insync`` without auto-degrade)."""
+        if self._isr_version is None:
+            return None  # not loaded yet
+        required = (self._isr | self._joining) - self._leaving
+        if any(self._acked(m) < end for m in required):
+            return None
+        if self._leaving & self._isr:
+            return None  # the record still names a slave we would go on without
+        if len(required) >= self.min_insync:
+            return True
+        return self.auto_degrade
+
+    def _release_isr_waiters(self) -> None:
+        while self._waiters:
+            end, _n, fut = self._waiters[0]
+            outcome = self._isr_outcome(end)
+            if outcome is None:
+                return
+            heapq.heappop(self._waiters)
+            if fut.done():
+                continue
+            if outcome:
+                if len((self._isr | self._joining) - self._leaving) < self.min_insync:
+                    self.degraded_acks += 1
+                fut.set_result(None)
+            else:
+                fut.set_exception(NotEnoughReplicasError(
+                    f"{len(self._isr)} slave(s) in sync ({', '.join(sorted(self._isr)) or 'none'})"
+                    f", min_insync is {self.min_insync}"))
+
+    async def _wait_isr(self, end: int) -> None:
+        outcome = self._isr_outcome(end)
+        if outcome is not None:
+            if not outcome:
+                raise NotEnoughReplicasError(
+                    f"{len(self._isr)} slave(s) in sync, min_insync is {self.min_insync}")
+            if len((self._isr | self._joining) - self._leaving) < self.min_insync:
+                self.degraded_acks += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (end, next(self._counter), fut))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ack_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), min(self.isr_lag_s, self.ack_timeout_s))
+            return
+        except TimeoutError:
+            # Members that have not acknowledged within the lag bound leave the ISR (the
+            # record is updated before this write is acknowledged without them).
+            self._evict(end)
+        try:
+            await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise ReplicationTimeoutError(
+                f"offset {end} not acknowledged by the in-sync slaves "
+                f"({', '.join(sorted(self._isr)) or 'none'}) within {self.ack_timeout_s:g}s"
+            ) from None
+
+    def _evict(self, end: int) -> None:
+        lagging = {m for m in (self._isr | self._joining) - self._leaving if self._acked(m) < end}
+        if lagging:
+            log.warning("slave(s) %s did not acknowledge offset %d within %gs: leaving the "
+                        "in-sync set", ", ".join(sorted(lagging)), end, self.isr_lag_s)
+            self._joining -= lagging
+            self._leaving |= lagging
+            self._isr_wake.set()
+            self._release_waiters()
+
+    def _maybe_join(self, link: _Link) -> None:
+        """A connected slave that has every byte of the log joins the ISR."""
+        if (self._isr_store is None or self._isr_version is None or not link.connected
+                or link.name in self._joining or link.acked < self.log.max_phys):
+            return
+        if link.name in self._isr and link.name not in self._leaving:
+            return
+        log.info("slave %s caught up at offset %d: joining the in-sync set", link.name,
+                 link.acked)
+        self._leaving.discard(link.name)
+        self._joining.add(link.name)
+        self._isr_wake.set()
+
+    async def _isr_loop(self) -> None:
+        """Load the record, then write it whenever the wanted set differs from it."""
+        store = self._isr_store
+        if store is None:
+            return
+        while True:
+            try:
+                if self._isr_version is None:
+                    members, version = await store.load()
+                    self._isr, self._isr_version = members, version
+                    log.info("in-sync set %s (record version %d)", sorted(members), version)
+                    for link in self._links.values():
+                        self._maybe_join(link)
+                    if version < 0:
+                        self._isr_wake.set()  # create the record
+                    self._release_waiters()
+                wanted = frozenset((self._isr | self._joining) - self._leaving)
+                if wanted != self._isr or self._isr_version < 0:
+                    new_version = await store.store(wanted, version=self._isr_version)
+                    log.info("in-sync set %s -> %s", sorted(self._isr), sorted(wanted))
+                    self._isr, self._isr_version = wanted, new_version
+                    self.isr_writes += 1
+                    # Whoever changed sides during the write needs another one.
+                    self._joining -= wanted
+                    self._leaving &= wanted
+                    self._release_waiters()
+                    continue
+                self._isr_wake.clear()
+                await self._isr_wake.wait()
+            except asyncio.CancelledError:
+                raise
+            except IsrConflictError as exc:
+                log.warning("in-sync record changed under us (%s); reloading its version", exc)
+                try:
+                    _members, self._isr_version = await store.load()
+                except Exception as exc2:  # unreachable store: retry below
+                    log.warning("reloading the in-sync record failed: %s", exc2)
+                    await asyncio.sleep(self.isr_retry_s)
+            except Exception as exc:  # ZooKeeper unreachable: keep trying, waiters wait
+                log.warning("writing the in-sync record failed: %s; retrying", exc)
+                await asyncio.sleep(self.isr_retry_s)
+
     def _on_links_changed(self) -> None:
         """A link went away: waiters that can no longer be satisfied stop waiting."""
+        if self._isr_store is not None:
+            gone = {n for n, lk in self._links.items() if not lk.connected}
+            leaving = gone & ((self._isr | self._joining) - self._leaving)
+            if leaving:
+                log.warning("slave(s) %s disconnected: leaving the in-sync set",
+                            ", ".join(sorted(leaving)))
+                self._joining -= leaving
+                self._leaving |= leaving
+                self._isr_wake.set()
+            self._release_waiters()
+            return
         self._release_waiters()
         if not self._waiters or self._insync_count() >= self.min_insync:
             return
@@ -333,6 +541,7 @@ class ReplicationServer:
                 if offset != link.acked:
                     link.acked = offset
                     self._release_waiters()
+                self._maybe_join(link)
                 if pusher.done():
                     pusher.result()
                     return

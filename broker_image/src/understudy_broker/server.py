@@ -71,7 +71,7 @@ from understudy_broker.replication import (
     ReplicationServer,
     ReplicationTimeoutError,
 )
-from understudy_broker.zkauthority import ReplicationFacts, ZkAuthority
+from understudy_broker.zkauthority import ReplicationFacts, ZkAuthority, ZkIsrStore
 from understudy_broker.zklayout import GroupConfig, LayoutError
 
 log = logging.getLogger("understudy.broker")
@@ -488,6 +488,11 @@ class Broker:
                 # Topics and consumer offsets reach slaves within this interval; a
                 # topic just created is readable on a slave this much later.
                 metadata_interval_s=METADATA_INTERVAL_S,
+                # With ZooKeeper the master records the in-sync set (docs/failover.md):
+                # a slave that does not acknowledge within the link timeout leaves it
+                # before anything is acknowledged without it.
+                isr=ZkIsrStore(self._zk) if self._zk is not None else None,
+                isr_lag_s=cfg.link_timeout_s,
             )
             await self._repl_server.start()
         else:
@@ -1167,6 +1172,15 @@ class Broker:
         if (moved or self.offsets.backsync_epoch != before) and self._persister is not None:
             self._persister.changed()
         await self._offsets_durable(inline=True)
+        if moved and self._repl_server is not None:
+            # The slaves that were not acting learn the back-synced offsets through the
+            # log too (not waited for: the acting slave already holds them).
+            with contextlib.suppress(CommitLogError, ValueError):
+                self._commits_end = self.log.append([Message(
+                    COMMITS_TOPIC, 0, None,
+                    json.dumps(self.offsets.snapshot(), separators=(",", ":")).encode("utf-8"),
+                    int(time.time() * 1000))]).end_phys
+                self._repl_server.notify_appended()
         self._backsync_persisted = self.offsets.backsync_epoch
         log.info("back-sync from %s at epoch %d persisted (%d offsets moved up)", req.sender,
                  req.epoch, moved)

@@ -49,7 +49,15 @@ from understudy_broker.model import (
     is_isolated,
 )
 from understudy_broker.protocol import BrokerRoute, GroupRoute
-from understudy_broker.zklayout import BrokerStatus, LayoutError, live_dir, status_path
+from understudy_broker.replication import IsrConflictError
+from understudy_broker.zklayout import (
+    BrokerStatus,
+    LayoutError,
+    decode_isr,
+    encode_isr,
+    live_dir,
+    status_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,45 @@ class ReplicationFacts:
     slave_links: tuple[str, ...] = ()
     max_offset: int = 0
     backsync_epoch: int | None = None
+
+
+class ZkIsrStore:
+    """The master's :class:`~understudy_broker.replication.IsrStore`: ``/groups/<g>/isr``
+    through the authority's ZooKeeper session, versioned writes only.
+
+    An absent record is created with the group config's slaves: before this master
+    acknowledged anything, nothing says a slave lacks a write (and it keeps the
+    controller's "no record: trust every slave" meaning). A malformed record counts as
+    empty (trust no slave) and is overwritten by the next write.
+    """
+
+    def __init__(self, authority: ZkAuthority) -> None:
+        self._authority = authority
+
+    def _coord(self) -> BrokerCoordinator:
+        coord = self._authority.coordinator
+        if coord is None:
+            raise CoordinationError("not connected to ZooKeeper yet")
+        return coord
+
+    async def load(self) -> tuple[frozenset[str], int]:
+        coord = self._coord()
+        found = await coord.read_isr()
+        if found is None:
+            cfg = coord.config
+            return frozenset(b.name for b in cfg.slaves) if cfg is not None else frozenset(), -1
+        raw, version = found
+        try:
+            return decode_isr(raw), version
+        except LayoutError as exc:
+            log.error("%s: %s; treating the in-sync set as empty", self._authority.name, exc)
+            return frozenset(), version
+
+    async def store(self, members: frozenset[str], *, version: int) -> int:
+        new = await self._coord().write_isr(encode_isr(members), version=version)
+        if new is None:
+            raise IsrConflictError(f"in-sync record is no longer at version {version}")
+        return new
 
 
 class ZkAuthority:
