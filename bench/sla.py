@@ -131,8 +131,8 @@ def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int]:
 
     t0 = time.monotonic()
     files = readers.list_inputs(spark, [str(folder / form)])
-    parsed = readers.read_parsed(spark, files)
-    states = transforms.group_states(transforms.clean_samples(readers.samples_of(parsed), step_s=STEP_S))
+    parsed = readers.read_parsed(spark, files, keyed=True)  # the job's own path
+    states = transforms.group_states(transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=STEP_S))
     n = len(transforms.incidents(states, step_s=STEP_S).collect())
     return time.monotonic() - t0, n
 

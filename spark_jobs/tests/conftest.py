@@ -21,10 +21,27 @@ SPEC = SynthSpec(groups=3, days=1, step_s=60, incidents=5, seed=7, gaps=3, contr
                  duplicate_fraction=0.002, violation_fraction=0.5)
 
 
+# Test inputs are kilobytes: two partitions everywhere, AQE coalescing what is left, no
+# Hive catalog, no UI, no compression of tiny shuffles, a small driver.
+TEST_CONF = {
+    "spark.default.parallelism": "2",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "2",
+    "spark.sql.catalogImplementation": "in-memory",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.shuffle.compress": "false",
+    "spark.rdd.compress": "false",
+    "spark.driver.memory": "1g",
+    "spark.sql.files.openCostInBytes": "1048576",
+}
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     job.quiet_pandas_warning()
-    session = job.build_session(shuffle_partitions=2, app="understudy-sla-tests")
+    session = job.build_session(shuffle_partitions=2, app="understudy-sla-tests", conf=TEST_CONF)
     try:
         yield session
     finally:

@@ -9,6 +9,7 @@ import pathlib
 from typing import Any
 
 import pytest
+from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
 from understudy_spark import readers, transforms
@@ -28,29 +29,30 @@ def _tag_groups_with_form(parsed: Any) -> Any:
     """Rename group ``g`` to ``<form>/g`` so all three forms run through one pipeline
     (one set of Spark stages) and are still checked one by one."""
     form = F.regexp_extract("source_file", r"/(query_range|dump|openmetrics)/", 1)
-    group = F.concat(form, F.lit("/"), F.col("labels")["group"])
-    labels = F.map_concat(
-        F.map_filter("labels", lambda k, _v: k != "group"), F.create_map(F.lit("group"), group)
-    )
-    return parsed.withColumn("labels", F.when(F.col("labels")["group"].isNotNull(), labels).otherwise(F.col("labels")))
+    return parsed.withColumn("group", F.concat(form, F.lit("/"), F.col("group")))
 
 
 @pytest.fixture(scope="module")
 def results(spark: Any, synthetic: tuple[pathlib.Path, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any], int]:
+    """The job's own path (keyed readers, rejects counted by an Observation in the same
+    pass), run once over all three forms."""
     out, truth = synthetic
     step = float(truth["spec"]["step_s"])
     files = readers.list_inputs(spark, [str(out / form) for form in FORMATS])
     assert sorted({f.form.value for f in files}) == sorted(FORMATS)
-    parsed = _tag_groups_with_form(readers.read_parsed(spark, files))
+    observation = Observation("rejects")
+    parsed = _tag_groups_with_form(readers.read_parsed(spark, files, keyed=True)).observe(
+        observation, F.count(F.when(~F.col("ok"), 1)).alias("rejected")
+    )
     states = transforms.group_states(
-        transforms.clean_samples(readers.samples_of(parsed), step_s=step)
+        transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=step)
     ).cache()
     try:
-        rejected = parsed.where(~F.col("ok")).count()
+        bounds = states.agg(F.min("bucket"), F.max("bucket")).first()  # the one pass over the input
+        assert bounds is not None
+        rejected = int(observation.get["rejected"])
         incidents = transforms.incidents(states, step_s=step).cache()
         found = [r.asDict() for r in incidents.collect()]
-        bounds = states.agg(F.min("bucket"), F.max("bucket")).first()
-        assert bounds is not None
         daily = transforms.daily_sla(
             states, incidents, step_s=step,
             first_bucket=int(bounds[0]), last_bucket=int(bounds[1]), targets=transforms.Targets(),

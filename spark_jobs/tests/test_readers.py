@@ -69,18 +69,19 @@ def test_every_form_reads_to_the_same_samples(spark: Any, tmp_path: pathlib.Path
         _write(tmp_path, name, text)
     inputs = readers.list_inputs(spark, [str(tmp_path / "*")])
     assert sorted(f.form.value for f in inputs) == ["dump", "openmetrics", "openmetrics", "query_range"]
-    parsed = readers.read_parsed(spark, inputs)
-    assert parsed.where("not ok").count() == 0
-    got = sorted(
-        (r.timestamp, r.metric, tuple(sorted(r.labels.items())), r.value)
-        for r in readers.samples_of(parsed).collect()
-    )
-    one = [
-        (dt.datetime.fromtimestamp(t / 1000, tz=dt.UTC).replace(tzinfo=None), "understudy_broker_permission",
-         tuple(sorted(labels.items())), v)
-        for t, v in zip(stamps, values, strict=True)
-    ]
+    rows = readers.read_parsed(spark, inputs).collect()
+    assert [r.raw for r in rows if not r.ok] == []
+    got = sorted((r.timestamp, r.metric, tuple(sorted(r.labels.items())), r.value) for r in rows)
+    when = [dt.datetime.fromtimestamp(t / 1000, tz=dt.UTC).replace(tzinfo=None) for t in stamps]
+    one = [(w, "understudy_broker_permission", tuple(sorted(labels.items())), v)
+           for w, v in zip(when, values, strict=True)]
     assert got == sorted(one * 4)
+    # The job's keyed path reads the same three labels straight from the text.
+    keyed = readers.read_parsed(spark, inputs, keyed=True).collect()
+    assert all(r.ok for r in keyed)
+    assert sorted((r.timestamp, r.group, r.broker, r.role, r.value) for r in keyed) == sorted(
+        [(w, 'g"1', "g-0", "master", v) for w, v in zip(when, values, strict=True)] * 4
+    )
 
 
 BAD_CASES = [

@@ -46,8 +46,70 @@ def ts(i: int) -> dt.datetime:
     return T0 + dt.timedelta(seconds=i * STEP)
 
 
-def one_incident(spark: Any, series: list[tuple[str, dict[str, str], list[float | None]]]) -> Row:
-    rows = T.incidents(states_of(spark, series), step_s=STEP).collect()
+Series = list[tuple[str, dict[str, str], list[float | None]]]
+
+# Scenarios for incidents, timeline and counter resets. Each runs as its own group of one
+# DataFrame, so the whole pipeline runs once for all of them (module fixture) and each test
+# checks its group: groups never see each other (every window is partitioned by group).
+SCENARIOS: dict[str, Series] = {
+    "phases": [  #   0  1  2     3     4  5  6  7  8
+        (T.MODE, CTL, [0, 0, 1, 2, 2, 2, 3, 0, 0]),
+        (T.PERMISSION, MASTER, [3, 3, None, None, 0, 0, 0, 3, 3]),
+        (T.PERMISSION, SLAVE, [0, 0, 0, 1, 1, 1, 0, 0, 0]),
+    ],
+    "gap": [
+        (T.MODE, CTL, [0, 1, None, None, 2, 3, 0, 0]),
+        (T.PERMISSION, MASTER, [3, None, None, None, None, 0, 3, 3]),
+        (T.PERMISSION, SLAVE, [0, 0, None, None, 1, 0, 0, 0]),
+    ],
+    "no_mode": [
+        (T.PERMISSION, MASTER, [3, 3, 0, 0, 0, 0, 3]),
+        (T.PERMISSION, SLAVE, [0, 0, 0, 1, 1, 0, 0]),
+    ],
+    "violation": [
+        (T.MODE, CTL, [0, 1, 2, 2, 2, 3, 0]),
+        (T.PERMISSION, MASTER, [3, None, None, 3, 0, 0, 3]),  # stale lease: master reads in SLAVE_CONSUME
+        (T.PERMISSION, SLAVE, [0, 0, 1, 1, 1, 0, 0]),
+    ],
+    "open": [
+        (T.MODE, CTL, [0, 0, 1, 2, 2]),
+        (T.PERMISSION, MASTER, [3, 3, None, None, None]),
+        (T.PERMISSION, SLAVE, [0, 0, 0, 1, 1]),
+    ],
+    "normal": [(T.MODE, CTL, [0] * 6), (T.PERMISSION, MASTER, [3] * 6), (T.PERMISSION, SLAVE, [0] * 6)],
+    # controller restarts between buckets 3 and 4 (new instance label, counter from 0)
+    "reset": [
+        (T.FAILOVERS, {**CTL, "instance": "ctl-a"}, [0, 1, 1, 2, None, None]),
+        (T.FAILOVERS, {**CTL, "instance": "ctl-b"}, [None, None, None, None, 0, 1]),
+    ],
+    "timeline": [
+        (T.MODE, CTL, [0, 1, 2, None, 0]),
+        (T.PERMISSION, MASTER, [3, None, None, None, 3]),
+        (T.PERMISSION, SLAVE, [0, 0, 1, None, 0]),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def computed(spark: Any) -> dict[str, dict[str, list[Row]]]:
+    """incidents, timeline and failover increases of every scenario, by group."""
+    series = [(metric, {**labels, "group": name}, values)
+              for name, scenario in SCENARIOS.items() for metric, labels, values in scenario]
+    states = states_of(spark, series).cache()
+    try:
+        tables = {
+            "incidents": T.incidents(states, step_s=STEP).collect(),
+            "timeline": T.timeline(states, step_s=STEP).collect(),
+            "increases": T.failover_increases(states).collect(),
+        }
+    finally:
+        states.unpersist()
+    return {table: {name: [r for r in rows if r.group == name] for name in SCENARIOS}
+            for table, rows in tables.items()}
+
+
+def one_incident(computed: dict[str, dict[str, list[Row]]], scenario: str) -> Row:
+    rows = computed["incidents"][scenario]
     assert len(rows) == 1, rows
     return rows[0]
 
@@ -72,89 +134,64 @@ def test_clean_samples_dedupes_drops_staleness_and_merges_label_churn(spark: Any
     assertDataFrameEqual(got, expected)
 
 
-def test_failover_incident_phases_and_durations(spark: Any) -> None:
-    #            0  1  2     3     4  5  6  7  8
-    mode = [0, 0, 1, 2, 2, 2, 3, 0, 0]
-    master = [3, 3, None, None, 0, 0, 0, 3, 3]
-    slave = [0, 0, 0, 1, 1, 1, 0, 0, 0]
-    inc = one_incident(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+def test_failover_incident_phases_and_durations(computed: Any) -> None:
+    inc = one_incident(computed, "phases")
     assert (inc.master_lost_at, inc.reads_restored_at, inc.master_back_at, inc.normal_at) == (ts(2), ts(3), ts(4), ts(7))
     assert inc.read_unavailable_s == 2 * STEP  # bucket 2 (fencing) + bucket 6 (back-sync)
     assert inc.failback_gap_s == STEP
     assert inc.backsync_s == STEP
     assert inc.one_reader_violation_s == 0
     assert inc.unknown_s == 0
+    assert inc.duration_s == 5 * STEP
     assert not inc.open
 
 
-def test_scrape_gap_inside_an_incident_is_unknown_not_unavailable(spark: Any) -> None:
-    mode = [0, 1, None, None, 2, 3, 0, 0]
-    master = [3, None, None, None, None, 0, 3, 3]
-    slave = [0, 0, None, None, 1, 0, 0, 0]
-    inc = one_incident(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+def test_scrape_gap_inside_an_incident_is_unknown_not_unavailable(computed: Any) -> None:
+    inc = one_incident(computed, "gap")
     assert inc.master_lost_at == ts(1)
     assert inc.normal_at == ts(6)
     assert inc.read_unavailable_s == 2 * STEP  # buckets 1 and 5; 2-3 are unknown
     assert inc.unknown_s == 2 * STEP
 
 
-def test_without_a_mode_series_an_incident_is_lost_then_regained_reads(spark: Any) -> None:
-    master = [3, 3, 0, 0, 0, 0, 3]
-    slave = [0, 0, 0, 1, 1, 0, 0]
-    inc = one_incident(spark, [(T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+def test_without_a_mode_series_an_incident_is_lost_then_regained_reads(computed: Any) -> None:
+    inc = one_incident(computed, "no_mode")
     assert (inc.master_lost_at, inc.reads_restored_at, inc.normal_at) == (ts(2), ts(3), ts(6))
     assert inc.read_unavailable_s == 2 * STEP
     assert inc.failback_gap_s == STEP
 
 
-def test_two_readers_inside_an_incident_is_a_one_reader_violation(spark: Any) -> None:
-    mode = [0, 1, 2, 2, 2, 3, 0]
-    master = [3, None, None, 3, 0, 0, 3]  # stale lease: master reads during SLAVE_CONSUME
-    slave = [0, 0, 1, 1, 1, 0, 0]
-    inc = one_incident(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master), (T.PERMISSION, SLAVE, slave)])
+def test_two_readers_inside_an_incident_is_a_one_reader_violation(computed: Any) -> None:
+    inc = one_incident(computed, "violation")
     assert inc.one_reader_violation_s == STEP
     assert inc.normal_at == ts(6)
 
 
-def test_an_incident_still_running_at_the_end_is_open(spark: Any) -> None:
-    inc = one_incident(spark, [(T.MODE, CTL, [0, 0, 1, 2, 2]), (T.PERMISSION, MASTER, [3, 3, None, None, None]),
-                               (T.PERMISSION, SLAVE, [0, 0, 0, 1, 1])])
+def test_an_incident_still_running_at_the_end_is_open(computed: Any) -> None:
+    inc = one_incident(computed, "open")
     assert inc.open
     assert inc.normal_at is None
     assert inc.duration_s == 3 * STEP
 
 
-def test_normal_operation_has_no_incident(spark: Any) -> None:
-    got = T.incidents(states_of(spark, [(T.MODE, CTL, [0] * 6), (T.PERMISSION, MASTER, [3] * 6),
-                                        (T.PERMISSION, SLAVE, [0] * 6)]), step_s=STEP)
-    assert got.count() == 0
+def test_normal_operation_and_counters_alone_have_no_incident(computed: Any) -> None:
+    assert computed["incidents"]["normal"] == []
+    assert computed["incidents"]["reset"] == []
+    assert {r.state for r in computed["timeline"]["normal"]} == {T.STATE_NORMAL}
 
 
-def test_failover_counter_resets_count_from_zero(spark: Any) -> None:
-    # controller restarts between buckets 3 and 4 (new instance label, counter from 0)
-    old, new = {**CTL, "instance": "ctl-a"}, {**CTL, "instance": "ctl-b"}
-    states = states_of(spark, [(T.FAILOVERS, old, [0, 1, 1, 2, None, None]),
-                               (T.FAILOVERS, new, [None, None, None, None, 0, 1])])
-    got = T.failover_increases(states)
-    expected = spark.createDataFrame(
-        [("g", B0 + i, v) for i, v in enumerate([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])], schema=got.schema
-    )
-    assertDataFrameEqual(got, expected)
+def test_failover_counter_resets_count_from_zero(computed: Any) -> None:
+    got = sorted((r.bucket, r.increase) for r in computed["increases"]["reset"])
+    assert got == [(B0 + i, v) for i, v in enumerate([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])]
+    assert computed["increases"]["phases"] == []  # no counter series, no increases
 
 
-def test_timeline_runs_and_holes(spark: Any) -> None:
-    mode = [0, 1, 2, None, 0]
-    master = [3, None, None, None, 3]
-    slave = [0, 0, 1, None, 0]
-    got = T.timeline(states_of(spark, [(T.MODE, CTL, mode), (T.PERMISSION, MASTER, master),
-                                       (T.PERMISSION, SLAVE, slave)]), step_s=STEP)
-    expected = spark.createDataFrame(
-        [("g", s, ts(a), ts(b), (b - a) * STEP) for s, a, b in [
-            (T.STATE_NORMAL, 0, 1), (T.STATE_UNREADABLE, 1, 2), (T.STATE_SLAVE_READ, 2, 3),
-            (T.STATE_UNKNOWN, 3, 4), (T.STATE_NORMAL, 4, 5)]],
-        schema=got.schema,
-    )
-    assertDataFrameEqual(got, expected)
+def test_timeline_runs_and_holes(computed: Any) -> None:
+    got = sorted((r.state, r.start, r.end, r.seconds) for r in computed["timeline"]["timeline"])
+    expected = sorted((s, ts(a), ts(b), (b - a) * STEP) for s, a, b in [
+        (T.STATE_NORMAL, 0, 1), (T.STATE_UNREADABLE, 1, 2), (T.STATE_SLAVE_READ, 2, 3),
+        (T.STATE_UNKNOWN, 3, 4), (T.STATE_NORMAL, 4, 5)])
+    assert got == expected
 
 
 def test_daily_and_monthly_sla_against_targets(spark: Any) -> None:

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -59,12 +59,19 @@ class JobResult:
     seconds: float
 
 
-def build_session(*, master: str | None = None, shuffle_partitions: int = 8, app: str = "understudy-sla") -> SparkSession:
+def build_session(
+    *,
+    master: str | None = None,
+    shuffle_partitions: int = 8,
+    app: str = "understudy-sla",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
     """A SparkSession configured for this job.
 
     Under spark-submit (``PYSPARK_GATEWAY_PORT`` is set) the master and resources come
     from spark-submit. Otherwise it runs in ``local[*]`` bound to 127.0.0.1 with the UI
-    off, as on a developer machine or in CI.
+    off, as on a developer machine or in CI. ``conf`` adds or overrides settings (the
+    tests use it for a small, quick session).
     """
     builder = SparkSession.builder.appName(app)
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
@@ -78,7 +85,7 @@ def build_session(*, master: str | None = None, shuffle_partitions: int = 8, app
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.memory", os.environ.get("UNDERSTUDY_SPARK_DRIVER_MEMORY", "2g"))
         )
-    spark = (
+    builder = (
         builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -86,8 +93,10 @@ def build_session(*, master: str | None = None, shuffle_partitions: int = 8, app
         # Observation node inside it: the rejected-line count would be lost exactly when
         # every line was rejected. Keep the node.
         .config("spark.sql.adaptive.optimizer.excludedRules", _KEEP_OBSERVATIONS)
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -125,7 +134,7 @@ def _join(out: str, name: str) -> str:
 
 
 def _rejected_by_file(spark: SparkSession, files: Sequence[readers.InputFile]) -> dict[str, int]:
-    bad = readers.read_parsed(spark, files).where(~F.col("ok"))
+    bad = readers.read_parsed(spark, files, keyed=True).where(~F.col("ok"))
     rows = bad.groupBy("source_file").agg(F.sum("weight").alias("n")).collect()
     return {str(r["source_file"]): int(r["n"]) for r in rows}
 
@@ -164,7 +173,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
     counts = {form.value: sum(1 for f in files if f.form is form) for form in readers.ExportFormat}
     progress(f"{len(files)} input file(s): " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
-    parsed = readers.read_parsed(spark, files)
+    parsed = readers.read_parsed(spark, files, keyed=True)
     observation = Observation("understudy_sla_input")
     parsed = parsed.observe(
         observation,
@@ -172,7 +181,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
         F.count(F.when(F.col("ok"), 1)).alias("samples"),
         F.min(F.when(~F.col("ok"), F.col("source_file"))).alias("first_bad"),
     )
-    clean = transforms.clean_samples(readers.samples_of(parsed), step_s=config.step_s)
+    clean = transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=config.step_s)
     states = transforms.group_states(clean).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         progress("parsing exports and building per-group states (one pass over the input)")
@@ -214,9 +223,11 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
         frames: dict[str, pd.DataFrame] = {}
         for name, df in tables.items():
             progress(f"writing {name}")
-            ordered = df.orderBy(*ordered_by(name))
+            # One sorted partition: the tables are small, and a global orderBy would cost
+            # an extra sampling job per table.
+            ordered = df.coalesce(1).sortWithinPartitions(*ordered_by(name))
             target = _join(config.out, f"parquet/{name}")
-            ordered.coalesce(1).write.mode("overwrite").parquet(target)
+            ordered.write.mode("overwrite").parquet(target)
             # Read the small result back rather than computing it a second time.
             frames[name] = _pandas(spark.read.schema(df.schema).parquet(target).orderBy(*ordered_by(name)))
             write_text(spark, _join(config.out, f"{name}.csv"), _csv(frames[name]))

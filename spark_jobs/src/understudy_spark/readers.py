@@ -52,6 +52,13 @@ SAMPLES_SCHEMA = StructType(
 # all of its lines; a text line counts one).
 PARSED_COLUMNS = ["timestamp", "metric", "labels", "value", "source_file", "raw", "weight", "ok"]
 
+# The job's hot path needs only three labels. Reading them straight out of the label text
+# (``keyed=True``) instead of building a map per sample halves the parsing cost and the
+# width of every row that crosses the shuffle. ``group`` is null when the label is absent
+# or empty (Prometheus treats an empty label as absent); ``broker``/``role`` are ``""``.
+KEY_LABELS = ("group", "broker", "role")
+KEYED_COLUMNS = ["timestamp", "metric", *KEY_LABELS, "value", "source_file", "raw", "weight", "ok"]
+
 # query_range JSON: {"status": "success", "data": {"resultType": "matrix", "result": [...]}}.
 # Sample pairs are [<unix seconds as a number>, "<value as a string>"]; reading both as
 # strings keeps the number's exact text (Spark's JSON reader renders a number token as its
@@ -96,10 +103,6 @@ _LABEL_SET = rf"\{{\s*(?:{_LABEL_PAIR}\s*(?:,\s*{_LABEL_PAIR}\s*)*,?\s*)?\}}"
 _NUMBER = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[Nn]a[Nn]|[Ii]nf(?:inity)?)"
 _INT_MS = r"-?[0-9]+"
 _TS_ANY = r"-?[0-9]+(?:\.[0-9]+)?"
-# promtool tsdb dump: {__name__="x", a="b"} 91 1795211698960   (timestamp in ms)
-DUMP_LINE = rf"^{_LABEL_SET} +{_NUMBER} +{_INT_MS} *$"
-# exposition: name{a="b"} 91 1795211698960   (text format: ms; OpenMetrics: seconds)
-EXPOSITION_LINE = rf"^{_METRIC_NAME}(?:{_LABEL_SET})? +{_NUMBER} +{_TS_ANY} *$"
 # How an exposition's first sample line starts: a name, labels, a number.
 _EXPOSITION_HEAD = rf"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{{[^\n]*\}})?[ \t]+{_NUMBER}(?:\s|$)"
 # Lines of an exposition that carry no sample and are not errors.
@@ -234,6 +237,33 @@ def _labels_map(label_set: Column) -> Column:
     return F.map_from_arrays(keys, values)
 
 
+def _unescape(v: Column) -> Column:
+    return F.regexp_replace(
+        F.regexp_replace(F.regexp_replace(v, r"\\n", "\n"), r'\\"', '"'), r"\\\\", r"\\"
+    )
+
+
+def _label(label_set: Column, name: str) -> Column:
+    """One label's value out of a label set's text (``{a="b", ...}``), ``""`` when absent.
+
+    The regex walks whole ``name="value"`` pairs from the opening brace (lazily, so it
+    stops at the first pair named ``name``); it can never start matching inside another
+    label's value, whatever that value contains.
+    """
+    rx = rf'^\{{\s*(?:{_LABEL_PAIR}\s*,\s*)*?{name}\s*=\s*"([^"\\]*(?:\\.[^"\\]*)*)"'
+    value = F.regexp_extract(label_set, rx, 1)
+    return F.when(F.instr(value, "\\") > 0, _unescape(value)).otherwise(value)
+
+
+def _key_labels(label_set: Column) -> list[Column]:
+    group = _label(label_set, "group")
+    return [
+        F.when(group != "", group).alias("group"),
+        _label(label_set, "broker").alias("broker"),
+        _label(label_set, "role").alias("role"),
+    ]
+
+
 def _metric_name(label_set: Column) -> Column:
     """The ``__name__`` label of a dump line's label set, or null."""
     name = F.regexp_extract(label_set, _NAME_PAIR_CAPTURE, 1)
@@ -251,23 +281,43 @@ def _split_sample(raw: Column) -> tuple[Column, Column, Column]:
     return head, value_text, ts_text
 
 
-def _finish(df: DataFrame) -> DataFrame:
-    return df.select(*PARSED_COLUMNS)
+def _finish(df: DataFrame, *, keyed: bool) -> DataFrame:
+    return df.select(*(KEYED_COLUMNS if keyed else PARSED_COLUMNS))
 
 
-def read_dump(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
-    """``promtool tsdb dump`` text: one sample per line, timestamp in milliseconds."""
-    lines = spark.read.text(list(paths)).select(
+def _labels(label_set: Column, *, keyed: bool) -> list[Column]:
+    return _key_labels(label_set) if keyed else [_labels_map(label_set).alias("labels")]
+
+
+def _text_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    return spark.read.text(list(paths)).select(
         F.col("value").alias("raw"), F.col("_metadata.file_path").alias("source_file")
     )
+
+
+def _extra(lines: DataFrame) -> list[str]:
+    """Columns a caller carries through parsing (the line id of :func:`locate_first_bad`)."""
+    return [c for c in lines.columns if c not in ("raw", "source_file")]
+
+
+def read_dump(spark: SparkSession, paths: Sequence[str], *, keyed: bool = False) -> DataFrame:
+    """``promtool tsdb dump`` text: one sample per line, timestamp in milliseconds."""
+    return _finish(_parse_dump(_text_lines(spark, paths), keyed=keyed), keyed=keyed)
+
+
+def _parse_dump(lines: DataFrame, *, keyed: bool) -> DataFrame:
+    extra = _extra(lines)
     head, value_text, ts_text = _split_sample(F.col("raw"))
-    parts = lines.select("raw", "source_file", head.alias("head"), value_text.alias("v"), ts_text.alias("t"))
+    parts = lines.select(
+        "raw", "source_file", *extra, head.alias("head"), value_text.alias("v"), ts_text.alias("t")
+    )
     parsed = parts.select(
         "raw",
         "source_file",
+        *extra,
         F.timestamp_millis(F.col("t").try_cast(LongType())).alias("timestamp"),
         _metric_name(F.col("head")).alias("metric"),
-        _labels_map(F.col("head")).alias("labels"),
+        *_labels(F.col("head"), keyed=keyed),
         F.col("v").try_cast(DoubleType()).alias("value"),
         F.lit(1).alias("weight"),
         (F.col("head").rlike(f"^{_LABEL_SET}$") & F.col("t").rlike(f"^{_INT_MS}$")).alias("shape_ok"),
@@ -278,31 +328,36 @@ def read_dump(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         & F.col("timestamp").isNotNull()
         & F.col("value").isNotNull()
     )
-    return _finish(parsed.withColumn("ok", ok))
+    return parsed.withColumn("ok", ok)
 
 
-def read_exposition(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+def read_exposition(spark: SparkSession, paths: Sequence[str], *, keyed: bool = False) -> DataFrame:
     """Text (timestamps in ms) or OpenMetrics (timestamps in s) exposition with timestamps.
 
     Comment lines (``# HELP``, ``# TYPE``, ``# EOF``) and blank lines carry no sample and
     are skipped; a sample line without a timestamp cannot be placed in time and is
     rejected like any malformed line.
     """
-    lines = spark.read.text(list(paths)).select(
-        F.col("value").alias("raw"), F.col("_metadata.file_path").alias("source_file")
-    )
+    return _finish(_parse_exposition(_text_lines(spark, paths), keyed=keyed), keyed=keyed)
+
+
+def _parse_exposition(lines: DataFrame, *, keyed: bool) -> DataFrame:
+    extra = _extra(lines)
     lines = lines.where(~F.col("raw").rlike(EXPOSITION_SKIP))
     head, value_text, ts_text = _split_sample(F.col("raw"))
-    parts = lines.select("raw", "source_file", head.alias("head"), value_text.alias("v"), ts_text.alias("t"))
+    parts = lines.select(
+        "raw", "source_file", *extra, head.alias("head"), value_text.alias("v"), ts_text.alias("t")
+    )
     ts = F.col("t").try_cast(DoubleType())
     ts_ms = F.when(F.abs(ts) < _SECONDS_BELOW, ts * 1000.0).otherwise(ts)
     name = F.regexp_extract("head", f"^({_METRIC_NAME})", 1)
     parsed = parts.select(
         "raw",
         "source_file",
+        *extra,
         F.timestamp_millis(F.round(ts_ms).cast(LongType())).alias("timestamp"),
         name.alias("metric"),
-        _labels_map(F.substring("head", F.length(name) + 1, 1 << 30)).alias("labels"),
+        *_labels(F.substring("head", F.length(name) + 1, 1 << 30), keyed=keyed),
         F.col("v").try_cast(DoubleType()).alias("value"),
         F.lit(1).alias("weight"),
         (
@@ -311,10 +366,10 @@ def read_exposition(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         ).alias("shape_ok"),
     )
     ok = F.col("shape_ok") & F.col("timestamp").isNotNull() & F.col("value").isNotNull()
-    return _finish(parsed.withColumn("ok", ok))
+    return parsed.withColumn("ok", ok)
 
 
-def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool = False) -> DataFrame:
     """HTTP API ``query_range`` JSON (matrix), one document per file.
 
     A document that does not parse, is not ``status: success`` or is not a matrix is one
@@ -325,14 +380,12 @@ def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         F.col("value").alias("text"), F.col("_metadata.file_path").alias("source_file")
     )
     docs = docs.select(
-        "source_file",
-        F.size(F.split("text", "\n")).alias("n_lines"),
-        F.from_json("text", QUERY_RANGE_SCHEMA).alias("doc"),
+        "source_file", "text", F.from_json("text", QUERY_RANGE_SCHEMA).alias("doc")
     )
     doc = F.col("doc")
     docs = docs.select(
         "source_file",
-        "n_lines",
+        "text",
         F.coalesce(doc["data"]["result"], doc["result"]).alias("result"),
         F.coalesce(doc["data"]["resultType"], doc["resultType"]).alias("result_type"),
         doc["status"].alias("status"),
@@ -342,10 +395,17 @@ def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         & (F.col("result_type") == "matrix")
         & F.col("result").isNotNull()
     )
-    bad_docs = docs.where(~doc_ok | doc_ok.isNull()).select(
+    # Lines are counted only in a rejected document (a good one may be gigabytes).
+    n_lines = F.length("text") - F.length(F.replace("text", F.lit("\n"), F.lit(""))) + 1
+    no_labels = (
+        [F.lit(None).cast(StringType()).alias("group"), F.lit("").alias("broker"), F.lit("").alias("role")]
+        if keyed
+        else [F.create_map().cast(MapType(StringType(), StringType())).alias("labels")]
+    )
+    bad_docs = docs.where(~doc_ok | doc_ok.isNull()).withColumn("n_lines", n_lines).select(
         F.lit(None).cast(TimestampType()).alias("timestamp"),
         F.lit(None).cast(StringType()).alias("metric"),
-        F.create_map().cast(MapType(StringType(), StringType())).alias("labels"),
+        *no_labels,
         F.lit(None).cast(DoubleType()).alias("value"),
         "source_file",
         F.lit("document is not query_range matrix JSON").alias("raw"),
@@ -356,22 +416,33 @@ def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     )
     # Project the series' fields before exploding its values: exploding ``s.values`` while
     # keeping ``s`` would copy the whole series into every sample row.
+    labels = F.col("s.metric")
+    if keyed:
+        group = labels["group"]
+        label_cols = [
+            F.when(group != "", group).alias("group"),
+            F.coalesce(labels["broker"], F.lit("")).alias("broker"),
+            F.coalesce(labels["role"], F.lit("")).alias("role"),
+        ]
+    else:
+        label_cols = [F.map_filter(labels, lambda k, _v: k != "__name__").alias("labels")]
+    label_names = list(KEY_LABELS) if keyed else ["labels"]
     series = (
         docs.where(doc_ok)
         .select("source_file", F.explode("result").alias("s"))
         .select(
             "source_file",
-            F.col("s.metric")["__name__"].alias("metric"),
-            F.map_filter("s.metric", lambda k, _v: k != "__name__").alias("labels"),
+            labels["__name__"].alias("metric"),
+            *label_cols,
             F.col("s.values").alias("vals"),
         )
     )
-    samples = series.select("source_file", "metric", "labels", F.explode("vals").alias("pair"))
+    samples = series.select("source_file", "metric", *label_names, F.explode("vals").alias("pair"))
     ts_s = F.col("pair")[0].try_cast(DoubleType())
     parsed = samples.select(
         F.timestamp_millis(F.round(ts_s * 1000.0).cast(LongType())).alias("timestamp"),
         "metric",
-        "labels",
+        *label_names,
         F.col("pair")[1].try_cast(DoubleType()).alias("value"),
         "source_file",
         F.col("pair").alias("pair"),
@@ -384,8 +455,11 @@ def read_query_range(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         & (F.size("pair") == 2)
     )
     # Only a rejected sample needs a printable form.
-    raw = F.when(~ok, F.concat_ws(" ", "metric", F.to_json("labels"), F.to_json("pair")))
-    return _finish(parsed.withColumn("ok", ok).withColumn("raw", raw)).unionByName(_finish(bad_docs))
+    shown = F.to_json(F.struct(*KEY_LABELS)) if keyed else F.to_json("labels")
+    raw = F.when(~ok, F.concat_ws(" ", "metric", shown, F.to_json("pair")))
+    return _finish(parsed.withColumn("ok", ok).withColumn("raw", raw), keyed=keyed).unionByName(
+        _finish(bad_docs, keyed=keyed)
+    )
 
 
 _READERS = {
@@ -395,13 +469,14 @@ _READERS = {
 }
 
 
-def read_parsed(spark: SparkSession, files: Sequence[InputFile]) -> DataFrame:
-    """Every input row with its verdict (``PARSED_COLUMNS``), all forms in one table."""
+def read_parsed(spark: SparkSession, files: Sequence[InputFile], *, keyed: bool = False) -> DataFrame:
+    """Every input row with its verdict, all forms in one table: ``PARSED_COLUMNS``, or
+    with ``keyed=True`` ``KEYED_COLUMNS`` (the three key labels instead of the map)."""
     frames = []
     for form, reader in _READERS.items():
         paths = [f.path for f in files if f.form is form]
         if paths:
-            frames.append(reader(spark, paths))
+            frames.append(reader(spark, paths, keyed=keyed))
     if not frames:
         raise InputError("no input files")
     out = frames[0]
@@ -413,6 +488,11 @@ def read_parsed(spark: SparkSession, files: Sequence[InputFile]) -> DataFrame:
 def samples_of(parsed: DataFrame) -> DataFrame:
     """The accepted rows as the normalised long table (``SAMPLES_SCHEMA``)."""
     return parsed.where(F.col("ok")).select("timestamp", "metric", "labels", "value")
+
+
+def keyed_samples_of(parsed: DataFrame) -> DataFrame:
+    """The accepted rows of a ``keyed=True`` read (``transforms.KEYED_SCHEMA``)."""
+    return parsed.where(F.col("ok")).select("timestamp", "metric", *KEY_LABELS, "value")
 
 
 def locate_first_bad(spark: SparkSession, *, path: str, form: ExportFormat) -> BadLine:
@@ -428,22 +508,24 @@ def locate_first_bad(spark: SparkSession, *, path: str, form: ExportFormat) -> B
         except json.JSONDecodeError as exc:
             return BadLine(path, exc.lineno, f"malformed JSON: {exc.msg}")
         return BadLine(path, 1, _describe_json(document))
-    line_rx = re.compile(DUMP_LINE if form is ExportFormat.DUMP else EXPOSITION_LINE)
-    skip_rx = None if form is ExportFormat.DUMP else re.compile(EXPOSITION_SKIP)
-    rdd = spark.sparkContext.textFile(path).zipWithIndex()
-
-    def rejected(item: tuple[str, int]) -> bool:
-        line = item[0]
-        if skip_rx is not None and skip_rx.match(line):
-            return False
-        return line_rx.match(line) is None
-
-    hits = rdd.filter(rejected).take(1)
-    if not hits:
-        return BadLine(path, None, "a value or timestamp is out of range")
-    line, index = hits[0]
+    # The reader's own verdict on every line, so the line shown is exactly the one the
+    # job rejected; all in the JVM (no Python workers). monotonically_increasing_id is
+    # <partition index> << 33 | <row in partition>, and a file's partitions are its
+    # splits in order, so the line number is the lines of earlier splits + the row + 1.
+    lines = spark.read.text(path).select(
+        F.col("value").alias("raw"),
+        F.lit(path).alias("source_file"),
+        F.monotonically_increasing_id().alias("line_id"),
+    )
+    parse = _parse_dump if form is ExportFormat.DUMP else _parse_exposition
+    first = parse(lines, keyed=True).where(~F.col("ok")).orderBy("line_id").select("raw", "line_id").first()
+    if first is None:
+        return BadLine(path, None, "no rejected line found on a second reading")
+    line_id = int(first["line_id"])
+    split = line_id >> 33
+    before = lines.where(F.col("line_id") < F.lit(split << 33)).count() if split else 0
     what = "dump" if form is ExportFormat.DUMP else "exposition (with timestamp)"
-    return BadLine(path, index + 1, f"malformed {what} line: {line[:120]!r}")
+    return BadLine(path, before + (line_id & ((1 << 33) - 1)) + 1, f"malformed {what} line: {str(first['raw'])[:120]!r}")
 
 
 def _describe_json(document: object) -> str:

@@ -9,7 +9,8 @@ gives every window an explicit frame and uses no Python UDF.
 The pipeline::
 
     samples (timestamp, metric, labels, value)           -- readers.SAMPLES_SCHEMA
-      -> clean_samples   one value per (group, broker, metric, step bucket)
+      -> key_samples     group/broker/role columns (the job's readers emit these directly)
+      -> clean_keyed     one value per (group, broker, metric, step bucket)
       -> group_states    one row per (group, bucket): mode, who can read, known?
       -> incidents       master lost -> reads restored -> master back -> normal
       -> timeline        run-length state timeline per group (for the report)
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, StringType, StructField, StructType, TimestampType
 from pyspark.sql.window import WindowSpec
 
 MODE = "understudy_group_mode"
@@ -40,6 +42,18 @@ PERMISSION = "understudy_broker_permission"
 UP = "up"
 FAILOVERS = "understudy_failover_total"
 CONTRACT_METRICS = (MODE, PERMISSION, UP, FAILOVERS)
+
+# The long table keyed by the labels the SLA uses (``readers.read_parsed(keyed=True)``).
+KEYED_SCHEMA = StructType(
+    [
+        StructField("timestamp", TimestampType(), nullable=False),
+        StructField("metric", StringType(), nullable=False),
+        StructField("group", StringType(), nullable=True),
+        StructField("broker", StringType(), nullable=False),
+        StructField("role", StringType(), nullable=False),
+        StructField("value", DoubleType(), nullable=True),
+    ]
+)
 
 MODE_NORMAL = 0
 MODE_RECOVERING = 3
@@ -100,33 +114,59 @@ def _at(bucket: Column, step_s: float) -> Column:
     return F.timestamp_millis((bucket * F.lit(int(step_s * 1000))).cast("long"))
 
 
+def key_samples(samples: DataFrame) -> DataFrame:
+    """The long table (``readers.SAMPLES_SCHEMA``) keyed by the three labels the SLA
+    uses: ``timestamp, metric, group, broker, role, value`` (``KEYED_SCHEMA``).
+
+    ``instance``/``pod`` and every other label are dropped here, which is what merges the
+    series of a restarted pod with its predecessor. An empty ``group`` is no group.
+    """
+    labels = F.col("labels")
+    group = labels["group"]
+    return samples.select(
+        "timestamp",
+        "metric",
+        F.when(group != "", group).alias("group"),
+        F.coalesce(labels["broker"], F.lit("")).alias("broker"),
+        F.coalesce(labels["role"], F.lit("")).alias("role"),
+        "value",
+    )
+
+
 def clean_samples(samples: DataFrame, *, step_s: float) -> DataFrame:
+    """:func:`clean_keyed` over the long table (``readers.SAMPLES_SCHEMA``)."""
+    return clean_keyed(key_samples(samples), step_s=step_s)
+
+
+def clean_keyed(keyed: DataFrame, *, step_s: float) -> DataFrame:
     """Contract metrics only, one value per (group, broker, role, metric, bucket).
 
-    Output: ``group, broker, role, metric, bucket, value``; ``broker``/``role`` are ``""``
-    for group-level series. Rows are hash-partitioned by ``group`` so every later
-    aggregation and window reuses that one shuffle.
+    Input: ``KEYED_SCHEMA`` (what the job's readers produce directly). Output: ``group,
+    broker, role, metric, bucket, value``; ``broker``/``role`` are ``""`` for group-level
+    series. Rows are hash-partitioned by ``group`` so every later aggregation and window
+    reuses that one shuffle; only the narrow keyed rows cross it.
     """
     step_ms = int(step_s * 1000)
     if step_ms <= 0:
         raise ValueError(f"step must be positive, got {step_s!r} s")
-    labels = F.col("labels")
-    usable = samples.select("timestamp", "metric", "labels", "value").where(
+    usable = keyed.select("timestamp", "metric", "group", "broker", "role", "value").where(
         F.col("metric").isin(*CONTRACT_METRICS)
-        & labels["group"].isNotNull()
+        & F.col("group").isNotNull()
         & F.col("value").isNotNull()
         & ~F.isnan("value")  # staleness marker (or a NaN gauge): not a sample
     )
-    keyed = usable.select(
-        labels["group"].alias("group"),
-        F.coalesce(labels["broker"], F.lit("")).alias("broker"),
-        F.coalesce(labels["role"], F.lit("")).alias("role"),
+    ts_ms = F.unix_millis("timestamp")
+    rows = usable.select(
+        "group",
+        "broker",
+        "role",
         "metric",
-        F.unix_millis("timestamp").alias("ts_ms"),
+        ts_ms.alias("ts_ms"),
+        F.floor(ts_ms / F.lit(step_ms)).alias("bucket"),
         "value",
-    ).withColumn("bucket", F.floor(F.col("ts_ms") / F.lit(step_ms)))
+    )
     deduped = (
-        keyed.repartition("group")
+        rows.repartition("group")
         .groupBy("group", "broker", "role", "metric", "bucket")
         .agg(F.max_by("value", "ts_ms").alias("value"))
     )
