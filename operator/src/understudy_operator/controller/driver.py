@@ -291,8 +291,11 @@ class GroupDriver:
                 await self._sleep(5.0)
 
     async def _sleep(self, seconds: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that races with the event, and Controller.stop() would then wait forever.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
         self._event.clear()
 
     # ------------------------------------------------------------------ leading
