@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import tempfile
 import threading
@@ -539,6 +540,10 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
     if opts.prometheus_interval_s is not None and promrun.missing():
         raise DrillError("--prometheus needs the Debian 'prometheus' package (missing: "
                          + ", ".join(promrun.missing()) + "); run 'make setup'")
+    if opts.prometheus_interval_s is not None:
+        # Prometheus must see every NORMAL between two cycles: in any 3 intervals there is
+        # a whole bucket in which both the controller and the master were scraped.
+        opts = dataclasses.replace(opts, warmup_s=max(opts.warmup_s, 3 * opts.prometheus_interval_s))
     status = status or Status()
     asyncio.get_running_loop().set_exception_handler(_quiet_unretrieved)
     directory = opts.directory or Path(tempfile.mkdtemp(prefix="understudy-drill-"))
