@@ -56,7 +56,7 @@ class DrillCannotRun(click.ClickException):
 @click.option("--rate", type=click.FloatRange(1, 5000), default=200.0, show_default=True, help="Messages per second per group.")
 @click.option("--dwell", type=click.FloatRange(0, 60), default=1.0, show_default=True, help="Seconds of slave-consume before the master comes back.")
 @click.option("--session-timeout-ms", type=click.IntRange(1000, 10000), default=2000, show_default=True, help="Brokers' ZooKeeper session timeout.")
-@click.option("--prometheus", is_flag=True, help="Also record the cluster with a private Prometheus (Debian package) and export it for 'understudy sla report' (query_range JSON and promtool tsdb dump, in <dir>/prometheus/export).")
+@click.option("--prometheus", is_flag=True, help="Also record the cluster with a private Prometheus (Debian package) and export it for 'understudy sla report' (query_range JSON and promtool tsdb dump, in <dir>/prometheus/export). Each fault then waits for at least 3 scrape intervals of NORMAL, so the recording separates the cycles.")
 @click.option("--scrape-interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="With --prometheus: seconds between scrapes (pass the same value to 'sla report --step').")
 def drill(
     cycles: int,
