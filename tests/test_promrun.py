@@ -13,6 +13,8 @@ import os
 import pathlib
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -209,3 +211,25 @@ def test_dumping_something_that_is_not_a_tsdb_names_it(tmp_path: pathlib.Path) -
     with pytest.raises(promrun.PrometheusError, match="promtool tsdb dump"):
         promrun.dump_tsdb(tmp_path / "nothing-here", tmp_path / "out.txt", match=promrun.selector(),
                           min_time_ms=0, max_time_ms=1)
+
+
+# ------------------------------------------------------------------- drill options
+
+def _understudy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from understudy_broker.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+def test_drill_prometheus_without_the_package_exits_3_naming_it_and_starts_nothing(tmp_path: pathlib.Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path / "empty-path")}
+    done = _understudy("drill", "--cycles", "0", "--slaves", "0", "--prometheus", "--dir", str(tmp_path / "d"), env=env)
+    assert done.returncode == 3, done.stderr
+    assert "prometheus" in done.stderr
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "61", "fast"])
+def test_a_bad_scrape_interval_exits_2(value: str) -> None:
+    done = _understudy("drill", "--prometheus", "--scrape-interval", value)
+    assert done.returncode == 2
+    assert "--scrape-interval" in done.stderr
