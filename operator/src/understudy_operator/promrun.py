@@ -218,6 +218,7 @@ class PrometheusServer:
             )
         if self.port == 0:
             self.port = free_port(self.host)
+        self.directory = self.directory.resolve()  # Prometheus runs with cwd = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "prometheus.yml"
         config.write_text(scrape_config(self.targets, interval_s=self.interval_s))
