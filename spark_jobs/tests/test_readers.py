@@ -119,28 +119,3 @@ def test_unknown_format_and_missing_file_are_clear_errors(spark: Any, tmp_path: 
         readers.list_inputs(spark, [path])
     with pytest.raises(InputError, match=r"nothing-here\*: no such file"):
         readers.list_inputs(spark, [str(tmp_path / "nothing-here*")])
-
-
-@pytest.mark.spark
-def test_skip_bad_reports_how_many_lines_were_rejected(spark: Any, tmp_path: pathlib.Path) -> None:
-    good = []
-    for i in range(8):
-        t = T_MS + i * 15000
-        good.append(f'{{__name__="understudy_group_mode", group="g"}} {1 if 2 <= i < 5 else 0} {t}')
-        good.append(f'{{__name__="understudy_broker_permission", group="g", broker="g-0", role="master"}} '
-                    f"{0 if 2 <= i < 5 else 3} {t}")
-    dump = "\n".join([*good[:4], "garbage line", *good[4:], '{__name__="up"} 1 not-a-time']) + "\n"
-    (tmp_path / "in").mkdir()
-    _write(tmp_path / "in", "a.txt", dump)
-    om = f"# TYPE x gauge\n{PERM} 3\nnot a sample at all\n{PERM} 3 {T_MS}\n# EOF\n"
-    _write(tmp_path / "in", "b.om", om)
-    _write(tmp_path / "in", "c.json", '{"status": "success", "data": \n\n')  # 3 lines
-    config = job.JobConfig(inputs=(str(tmp_path / "in"),), out=str(tmp_path / "out"), skip_bad=True)
-    result = job.run(spark, config, progress=lambda _m: None)
-    assert result.rejected_lines == 2 + 2 + 3
-    assert {pathlib.Path(p.split(":", 1)[-1]).name: n for p, n in result.rejected_by_file.items()} == {
-        "a.txt": 2, "b.om": 2, "c.json": 3}
-    assert result.samples == len(good) + 1
-    assert result.incidents == 1
-    summary = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
-    assert "7 rejected input line(s)" in summary

@@ -183,6 +183,8 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
     )
     clean = transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=config.step_s)
     states = transforms.group_states(clean).persist(StorageLevel.MEMORY_AND_DISK)
+    incidents: DataFrame | None = None
+    daily: DataFrame | None = None
     try:
         progress("parsing exports and building per-group states (one pass over the input)")
         bounds = states.agg(
@@ -216,7 +218,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
         daily = transforms.daily_sla(
             states, incidents, step_s=config.step_s, first_bucket=first_bucket,
             last_bucket=last_bucket, targets=config.targets,
-        )
+        ).persist(StorageLevel.MEMORY_AND_DISK)  # written, and summed again into monthly
         monthly = transforms.monthly_sla(daily, targets=config.targets)
         outputs: list[str] = []
         tables = {"incidents": incidents, "daily": daily, "monthly": monthly, "timeline": timeline}
@@ -256,7 +258,9 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             outputs=tuple(outputs), seconds=time.monotonic() - t0,
         )
     finally:
-        states.unpersist()
+        for frame in (daily, incidents, states):
+            if frame is not None:
+                frame.unpersist()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
