@@ -479,9 +479,7 @@ class Producer:
         task.add_done_callback(self._tasks.discard)
 
     async def _send_batch(self, topic: str, items: list[_Pending]) -> None:
-        body = p.ProduceRequest(
-            topic, [p.ProduceMessage(i.queue, i.key, i.body) for i in items]
-        ).encode()
+        body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
         async with self._inflight:
             for attempt in itertools.count():
                 try:

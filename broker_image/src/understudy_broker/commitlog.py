@@ -47,7 +47,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from understudy_broker.cqindex import IndexFileError, QueueIndex
 
@@ -125,13 +125,21 @@ class InvalidMessageError(CommitLogError, ValueError):
 
 
 # ---- value types -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
+    """A record to append. A tuple rather than a dataclass: the broker's produce path
+    builds one per message, and :meth:`CommitLog.append` also takes plain
+    ``(topic, queue, key, body, timestamp_ms)`` tuples (:data:`RecordTuple`), which cost a
+    fraction of an object to build."""
+
     topic: str
     queue: int
     key: bytes | None
     body: bytes
     timestamp_ms: int
+
+
+#: ``(topic, queue, key, body, timestamp_ms)``; :class:`Message` is one.
+RecordTuple = tuple[str, int, bytes | None, bytes, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -684,19 +692,19 @@ class CommitLog:
             self._indexes[(topic, queue)] = ix
         return ix
 
-    def append(self, messages: Sequence[Message]) -> AppendResult:
-        """Append a batch: one write per segment touched, indexes after the log."""
+    def append(self, messages: Sequence[RecordTuple]) -> AppendResult:
+        """Append a batch (:class:`Message` or plain :data:`RecordTuple` items): one write
+        per segment touched, indexes after the log."""
         seg_bytes = self.segment_bytes
         limit = seg_bytes - EOF_MIN
         raws: list[bytes] = []
         sizes: list[int] = []
         topic_bytes = self._topic_bytes
-        for m in messages:
-            raw = topic_bytes(m.topic)
-            if not 0 <= m.queue <= 0xFFFF_FFFF:
-                raise InvalidMessageError(f"queue id {m.queue} out of range")
-            key = m.key
-            size = HEADER_END + len(raw) + (len(key) if key is not None else 0) + len(m.body)
+        for topic, queue, key, body, _ts in messages:
+            raw = topic_bytes(topic)
+            if not 0 <= queue <= 0xFFFF_FFFF:
+                raise InvalidMessageError(f"queue id {queue} out of range")
+            size = HEADER_END + len(raw) + (len(key) if key is not None else 0) + len(body)
             if size > limit:
                 raise MessageTooLargeError(
                     f"record of {size} bytes does not fit in a {seg_bytes}-byte segment"
@@ -710,7 +718,7 @@ class CommitLog:
             raise
 
     def _append_checked(
-        self, messages: Sequence[Message], raws: list[bytes], sizes: list[int]
+        self, messages: Sequence[RecordTuple], raws: list[bytes], sizes: list[int]
     ) -> AppendResult:
         """Encode straight into one preallocated buffer per segment touched.
 
@@ -741,21 +749,19 @@ class CommitLog:
             buf = bytearray((seg_end if roll else stop) - chunk_start)
             view = memoryview(buf)
             for k in range(i, j):
-                m = messages[k]
+                topic, queue, key, body, ts = messages[k]
                 raw = raws[k]
                 size = sizes[k]
-                key = m.key
-                body = m.body
                 tlen = len(raw)
                 klen = -1 if key is None else len(key)
                 o = pos - chunk_start
-                ident = (m.topic, m.queue)
+                ident = (topic, queue)
                 qoff = ends.get(ident)
                 if qoff is None:
                     ix = self._indexes.get(ident)
                     qoff = ix.end if ix is not None else 0
                 ends[ident] = qoff + 1
-                pack_header(buf, o + PREFIX_SIZE, seq, qoff, m.timestamp_ms, m.queue, tlen, klen, len(body))
+                pack_header(buf, o + PREFIX_SIZE, seq, qoff, ts, queue, tlen, klen, len(body))
                 q = o + HEADER_END
                 buf[q : q + tlen] = raw
                 q += tlen
@@ -768,7 +774,7 @@ class CommitLog:
                 if entries is None:
                     entries = pending[ident] = []
                 entries.append((pos, size, crc32(key) if key else 0))
-                offsets.append((m.topic, m.queue, qoff))
+                offsets.append((topic, queue, qoff))
                 seq += 1
                 pos += size
             if roll:

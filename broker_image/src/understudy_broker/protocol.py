@@ -454,21 +454,40 @@ class ProduceRequest:
     messages: Sequence[ProduceMessage]
 
     def encode(self) -> bytes:
-        parts = [_string(self.topic), _PRODUCE_HEAD.pack(len(self.messages))]
-        pack = _PRODUCE_MSG.pack
-        for m in self.messages:
-            if m.key is None:
-                parts.append(pack(m.queue, -1, len(m.body)))
-            else:
-                parts.append(pack(m.queue, len(m.key), len(m.body)))
-                parts.append(m.key)
-            parts.append(m.body)
-        return b"".join(parts)
+        return encode_produce(self.topic, [(m.queue, m.key, m.body) for m in self.messages])
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
         topic, raw = decode_produce(body)
         return cls(topic, [ProduceMessage(q, k, b) for q, k, b in raw])
+
+
+def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]]) -> bytes:
+    """A PRODUCE body from plain ``(queue, key, body)`` tuples, packed into one
+    preallocated buffer (the producer's hot path: no object per message)."""
+    head = _string(topic)
+    msg = _PRODUCE_MSG.size
+    size = len(head) + _PRODUCE_HEAD.size
+    for _q, key, body in messages:
+        size += msg + len(body) + (len(key) if key is not None else 0)
+    buf = bytearray(size)
+    buf[: len(head)] = head
+    pos = len(head)
+    _PRODUCE_HEAD.pack_into(buf, pos, len(messages))
+    pos += _PRODUCE_HEAD.size
+    pack_into = _PRODUCE_MSG.pack_into
+    for queue, key, body in messages:
+        if key is None:
+            pack_into(buf, pos, queue, -1, len(body))
+            pos += msg
+        else:
+            pack_into(buf, pos, queue, len(key), len(body))
+            pos += msg
+            buf[pos : pos + len(key)] = key
+            pos += len(key)
+        buf[pos : pos + len(body)] = body
+        pos += len(body)
+    return bytes(buf)
 
 
 def decode_produce(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]]]:
