@@ -1,0 +1,46 @@
+"""A broker dying under a client leaves no "Future exception was never retrieved" noise:
+requests nobody awaits any more (a ``send()`` whose caller moved on, a ``request()``
+whose write failed) are failed *and* marked retrieved; an awaiting caller still gets the
+ConnectionError."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+import pytest
+
+from understudy_broker import protocol as p
+from understudy_broker.client import Connection
+
+
+async def test_requests_pending_when_the_broker_dies_leave_no_unretrieved_futures(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def silent_broker(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await accepted.put(w)  # reads nothing, answers nothing
+
+    server = await asyncio.start_server(silent_broker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        conn = await Connection.open(f"127.0.0.1:{port}")
+        forgotten = conn.send(p.Op.HEARTBEAT, b"{}")  # the caller never awaits it
+        awaited = asyncio.ensure_future(conn.request(p.Op.HEARTBEAT, b"{}", timeout_s=30))
+        peer = await asyncio.wait_for(accepted.get(), 10)
+        await asyncio.sleep(0)  # let the request be written
+        peer.transport.abort()  # the broker dies: RST, no answer
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(awaited, 10)
+        assert forgotten.done()  # failed; not inspected here, which would retrieve it
+        assert conn.closed
+        await conn.close()
+        del forgotten, awaited
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert "never retrieved" not in caplog.text, caplog.text
