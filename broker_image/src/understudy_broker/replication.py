@@ -380,6 +380,7 @@ class ReplicationServer:
                     f", min_insync is {self.min_insync}"))
 
     async def _wait_isr(self, end: int) -> None:
+        self._evict_disconnected()
         outcome = self._isr_outcome(end)
         if outcome is not None:
             if not outcome:
@@ -472,17 +473,27 @@ class ReplicationServer:
                 log.warning("writing the in-sync record failed: %s; retrying", exc)
                 await asyncio.sleep(self.isr_retry_s)
 
+    def _evict_disconnected(self) -> None:
+        """Members without a link cannot acknowledge: they leave the ISR now.
+
+        Called only when a write is waiting (or about to): the record shrinks lazily,
+        just before the master would go on without someone. A master that merely lost
+        its links (partitioned, resumed after a freeze, shutting down) does not empty the
+        record the controller picks an acting slave from."""
+        members = (self._isr | self._joining) - self._leaving
+        gone = {m for m in members if m not in self._links or not self._links[m].connected}
+        if gone:
+            log.warning("slave(s) %s not connected: leaving the in-sync set",
+                        ", ".join(sorted(gone)))
+            self._joining -= gone
+            self._leaving |= gone
+            self._isr_wake.set()
+
     def _on_links_changed(self) -> None:
         """A link went away: waiters that can no longer be satisfied stop waiting."""
         if self._isr_store is not None:
-            gone = {n for n, lk in self._links.items() if not lk.connected}
-            leaving = gone & ((self._isr | self._joining) - self._leaving)
-            if leaving:
-                log.warning("slave(s) %s disconnected: leaving the in-sync set",
-                            ", ".join(sorted(leaving)))
-                self._joining -= leaving
-                self._leaving |= leaving
-                self._isr_wake.set()
+            if self._waiters:
+                self._evict_disconnected()
             self._release_waiters()
             return
         self._release_waiters()
