@@ -19,7 +19,8 @@ import click
 from prometheus_client import start_http_server
 
 from understudy_broker.zklayout import LayoutError, check_name
-from understudy_operator.controller.driver import Controller, ControllerMetrics
+from understudy_operator.controller.driver import Controller, ControllerMetrics, log_transition
+from understudy_operator.controller.journal import TransitionJournal
 from understudy_operator.controller.liveness import (
     LivenessSource,
     NullLiveness,
@@ -58,10 +59,13 @@ def parse_digest(value: str | None) -> tuple[str, str] | None:
               show_default=True, help="Controller ZooKeeper session timeout, seconds.")
 @click.option("--digest", metavar="USER:PASSWORD", envvar="UNDERSTUDY_ZK_DIGEST",
               help="ZooKeeper digest credentials (env UNDERSTUDY_ZK_DIGEST).")
+@click.option("--transitions-log", type=click.Path(dir_okay=False, path_type=Path),
+              help="Append every transition this controller makes as a JSON line "
+                   "{t_ns, group, mode, epoch, acting, reason} (an audit trail; the drill reads it).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def controller(connect: str, groups: tuple[str, ...], pid_dir: Path | None, http_port: int,
                http_host: str, liveness: str, session_timeout: float, digest: str | None,
-               verbose: bool) -> None:
+               transitions_log: Path | None, verbose: bool) -> None:
     """Run the failover controller: elect a leader per group, watch the brokers, and move
     each group through NORMAL, FENCING, SLAVE_CONSUME and RECOVERING as DESIGN.md says.
     Logs every transition with its reason; SIGTERM resigns and exits cleanly."""
@@ -81,14 +85,15 @@ def controller(connect: str, groups: tuple[str, ...], pid_dir: Path | None, http
     try:
         asyncio.run(_run(connect=connect, groups=groups, pid_dir=pid_dir, http_host=http_host,
                          http_port=http_port, liveness=liveness,
-                         session_timeout=session_timeout, auth=auth))
+                         session_timeout=session_timeout, auth=auth,
+                         transitions_log=transitions_log))
     except OSError as exc:
         raise click.ClickException(f"cannot serve /metrics on {http_host}:{http_port}: {exc}") from exc
 
 
 async def _run(*, connect: str, groups: tuple[str, ...], pid_dir: Path | None, http_host: str,
                http_port: int, liveness: str, session_timeout: float,
-               auth: tuple[str, str] | None) -> None:
+               auth: tuple[str, str] | None, transitions_log: Path | None) -> None:
     loop = asyncio.get_running_loop()
     source: LivenessSource = (
         ProcessTableLiveness(pid_dir, loop) if liveness == "process" and pid_dir is not None
@@ -97,8 +102,10 @@ async def _run(*, connect: str, groups: tuple[str, ...], pid_dir: Path | None, h
     metrics = ControllerMetrics()
     server, thread = start_http_server(http_port, addr=http_host, registry=metrics.registry)
     log.info("metrics on http://%s:%d/metrics", http_host, server.server_port)
+    journal = TransitionJournal(transitions_log) if transitions_log is not None else None
     ctl = Controller(connect, groups=groups, liveness=source, loop=loop,
-                     session_timeout_s=session_timeout, digest_auth=auth, metrics=metrics)
+                     session_timeout_s=session_timeout, digest_auth=auth, metrics=metrics,
+                     on_transition=journal.record if journal is not None else log_transition)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -113,6 +120,8 @@ async def _run(*, connect: str, groups: tuple[str, ...], pid_dir: Path | None, h
         log.info("controller %s resigning", ctl.identity)
     finally:
         await ctl.stop()
+        if journal is not None:
+            journal.close()
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)

@@ -43,10 +43,11 @@ from understudy_broker.model import Mode, Permission
 from understudy_broker.zklayout import LayoutError, decode_state, state_path
 from understudy_operator import promrun
 from understudy_operator.checker import Report, check
-from understudy_operator.history import Fault, HistoryWriter, Perm, read_history
+from understudy_operator.controller.journal import read_transitions
+from understudy_operator.history import Fault, HistoryWriter, ModeChange, Perm, read_history
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
-from understudy_operator.local.plan import ClusterPlan, Features
+from understudy_operator.local.plan import ClusterPlan, Features, transitions_log
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +143,13 @@ class Status:
 
 
 class ModeWatch:
-    """Records every group mode change (ZooKeeper DataWatch) and keeps the latest."""
+    """Keeps each group's latest mode (ZooKeeper DataWatch) so the drill can wait for one.
 
-    def __init__(self, plan: ClusterPlan, writer: HistoryWriter) -> None:
-        self._writer = writer
+    It does not record mode changes: a watch fires with the state current when it is read
+    again, so a short RECOVERING can be missed. The history takes mode changes from the
+    controller's transition journal instead (:func:`merge_transitions`)."""
+
+    def __init__(self, plan: ClusterPlan) -> None:
         self._lock = threading.Lock()
         self._latest: dict[str, tuple[Mode, int]] = {}
         self._client = KazooClient(hosts=plan.zk_connect, timeout=5.0)
@@ -163,10 +167,7 @@ class ModeWatch:
                 log.warning("group %s: unreadable state: %s", group, exc)
                 return
             with self._lock:
-                if self._latest.get(group) == (st.mode, st.epoch):
-                    return
                 self._latest[group] = (st.mode, st.epoch)
-            self._writer.mode(group=group, mode=st.mode, epoch=st.epoch)
 
         return on_change
 
@@ -276,6 +277,17 @@ def perm_events_from_log(
         if end_at is not None:
             out.append(Perm(end_at, group, broker, Permission.NONE, role))
     return out
+
+
+def merge_transitions(plan: ClusterPlan, history: Path) -> int:
+    """Append the controller's transition journal to ``history`` as ``mode`` events
+    (exact times of every versioned state write); returns how many were added."""
+    added = 0
+    with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
+        for t in read_transitions(transitions_log(plan.dir)):
+            writer.record(ModeChange(t.t_ns, t.group, t.mode, t.epoch))
+            added += 1
+    return added
 
 
 def merge_permission_logs(plan: ClusterPlan, history: Path) -> int:
@@ -572,7 +584,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
                 raise DrillError(f"Prometheus did not start: {exc}") from None
         # time.time_ns: the clock the brokers' permission-change logs are written with
         with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
-            watch = ModeWatch(plan, writer) if feats.controller else None
+            watch = ModeWatch(plan) if feats.controller else None
             stop_sampling = asyncio.Event()
             sampler = None
             if not feats.permission_log:  # no log in this build: sample /metrics instead
@@ -620,6 +632,8 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
         finally:
             if prom is not None:
                 await asyncio.to_thread(prom.stop)
+    if feats.controller:
+        await asyncio.to_thread(merge_transitions, plan, history)
     if feats.permission_log:  # complete now: a clean stop writes each broker's last line
         merged = await asyncio.to_thread(merge_permission_logs, plan, history)
         sampling = {"source": "broker permission-change logs", "events": merged}

@@ -127,7 +127,7 @@ async def read_isr(zk: Callable[[Any], Awaitable[Any]], client: KazooClient, gro
 TransitionLog = Callable[[str, GroupState, GroupState], None]
 
 
-def _log_transition(group: str, old: GroupState, new: GroupState) -> None:
+def log_transition(group: str, old: GroupState, new: GroupState) -> None:
     log.warning("group %s: %s/%d -> %s/%d acting=%s: %s", group, old.mode.name, old.epoch,
                 new.mode.name, new.epoch, new.acting or "-", new.reason)
 
@@ -146,7 +146,7 @@ class Controller:
         digest_auth: tuple[str, str] | None = None,
         metrics: ControllerMetrics | None = None,
         identity: str | None = None,
-        on_transition: TransitionLog = _log_transition,
+        on_transition: TransitionLog = log_transition,
     ) -> None:
         self.loop = loop
         self.liveness = liveness

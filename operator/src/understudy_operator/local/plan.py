@@ -245,6 +245,7 @@ def plan_cluster(
                 zk_connect=zk_connect,
                 pid_dir=directory / "pids",
                 http_port=controller_port,
+                journal=transitions_log(directory),
             )
         )
     return ClusterPlan(
@@ -291,11 +292,19 @@ def broker_process(
     return ProcessPlan(name=b.name, argv=tuple(argv), marker=b.name, http_port=b.http_port, group=group.group)
 
 
+def transitions_log(directory: Path) -> Path:
+    """Where the local controller journals its transitions (see controller/journal.py)."""
+    return directory / "logs" / "transitions.jsonl"
+
+
 def controller_process(
-    *, groups: Sequence[str], zk_connect: str, pid_dir: Path, http_port: int
+    *, groups: Sequence[str], zk_connect: str, pid_dir: Path, http_port: int,
+    journal: Path | None = None,
 ) -> ProcessPlan:
     argv = [*understudy_argv(), "controller", "--zk", zk_connect]
     for g in groups:
         argv += ["--group", g]
     argv += ["--pid-dir", str(pid_dir.resolve()), "--http-port", str(http_port)]
+    if journal is not None:
+        argv += ["--transitions-log", str(journal.resolve())]
     return ProcessPlan(name=CONTROLLER, argv=tuple(argv), marker="controller", http_port=http_port)
