@@ -130,8 +130,8 @@ async def test_absent_record_is_created_and_caught_up_slaves_stay_in_it(group: G
     server = await group.master(store, min_insync=1, auto_degrade=False, isr_lag_s=10.0)
     group.slave("s1")
     group.slave("s2")
-    await eventually(lambda: store.members == {"s1", "s2"} and server.isr == {"s1", "s2"},
-                     "record created with the configured slaves")
+    await eventually(lambda: store.members == {"s1", "s2"} and server.isr == {"s1", "s2"}
+                     and linked(server) == 2, "record created with the configured slaves")
     for i in range(10):
         await server.wait_replicated(group.append(f"m{i}".encode()))
     assert store.writes == [frozenset({"s1", "s2"})]  # nothing left, nothing re-written
