@@ -181,9 +181,11 @@ def test_cycles_without_the_needed_parts_are_refused_naming_them(tmp_path: Path)
     assert not (tmp_path / "d").exists()  # refused before starting anything
 
 
-def test_the_cli_exits_3_when_the_build_cannot_run_cycles(tmp_path: Path) -> None:
-    if not missing_prerequisites(lc.probe_features(), cycles=1):
-        pytest.skip("this build has the broker's --zk and the controller: nothing is missing")
+def test_the_cli_exits_3_when_the_build_cannot_run_cycles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pretend to be a build without the broker's ZooKeeper support and the controller.
+    monkeypatch.setattr(lc, "probe_features", lambda: Features(broker_zk=False, controller=False))
     result = CliRunner().invoke(drill, ["--cycles", "1", "--dir", str(tmp_path / "d")])
     assert result.exit_code == 3
     assert "missing" in result.output
