@@ -10,6 +10,10 @@ same number of incidents, and writes ``bench-results/sla.json``. No assertions.
     python bench/sla.py                        # what `make bench` runs
     python bench/sla.py --groups 20 --weeks 1  # a quick look
     python bench/sla.py --month                # add the 30-day size
+
+A 200-group week is ~48M samples per form (~1 GB of dump text a day); on a shared
+2-core machine the Spark side alone runs for hours at those sizes, so use --groups to
+shrink it there and say so next to the figures (docs/sla.md).
 """
 
 from __future__ import annotations
@@ -186,11 +190,13 @@ def main(argv: list[str]) -> int:
                     "spark_samples_per_s": round(samples / spark_s), "duckdb_samples_per_s": round(samples / duck_s),
                     "ratio_spark_vs_duckdb": round(spark_s / duck_s, 2),
                     "incidents_injected": incidents, "incidents_spark": spark_n, "incidents_duckdb": duck_n,
+                    # the machine is shared: read every figure next to its load
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
                 }
                 results.append(row)
                 print(f"{label:>4} {form:<12} {samples:>11} samples  Spark {spark_s:8.1f} s "
                       f"({row['spark_samples_per_s']:>9}/s)  DuckDB {duck_s:8.1f} s  ratio {row['ratio_spark_vs_duckdb']:5.2f}  "
-                      f"incidents {spark_n}/{duck_n}/{incidents}", flush=True)
+                      f"incidents {spark_n}/{duck_n}/{incidents}  load {row['load_avg_1m']}", flush=True)
             if not args.keep:
                 shutil.rmtree(folder, ignore_errors=True)
     finally:

@@ -45,13 +45,15 @@ def _write(tmp: pathlib.Path, name: str, text: str) -> str:
 
 @pytest.mark.spark
 def test_every_form_reads_to_the_same_samples(spark: Any, tmp_path: pathlib.Path) -> None:
-    labels = {"group": 'g"1', "broker": "g-0", "role": "master"}
+    # ``note`` comes first and its value looks like the start of a group label: the keyed
+    # path must skip it as a whole pair and still find the real (escaped) group.
+    labels = {"note": "a, group=", "group": 'g"1', "broker": "g-0", "role": "master"}
     values = [3.0, 0.0, 1.0]
     stamps = [T_MS + i * 15000 for i in range(3)]
     qr = {"status": "success", "data": {"resultType": "matrix", "result": [
         {"metric": {"__name__": "understudy_broker_permission", **labels},
          "values": [[t / 1000, str(int(v))] for t, v in zip(stamps, values, strict=True)]}]}}
-    label_text = 'group="g\\"1", broker="g-0", role="master"'
+    label_text = 'note="a, group=", group="g\\"1", broker="g-0", role="master"'
     dump = "".join(f'{{__name__="understudy_broker_permission", {label_text}}} {v:g} {t}\n'
                    for t, v in zip(stamps, values, strict=True))
     om = "# TYPE understudy_broker_permission gauge\n" + "".join(
