@@ -25,7 +25,7 @@ import logging
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from understudy_broker import protocol as p
 from understudy_broker.model import Permission
@@ -186,9 +186,7 @@ class Connection:
         self._writer.close()
 
     async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
+        await stop_tasks([self._task])
         try:
             await asyncio.wait_for(self._writer.wait_closed(), 1.0)
         except TimeoutError:
@@ -196,6 +194,25 @@ class Connection:
             self._writer.transport.abort()
         except Exception:  # already closed or reset: nothing left to do
             pass
+
+
+async def stop_tasks(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until they have finished.
+
+    Unlike ``with suppress(CancelledError): await task``, this never swallows a
+    cancellation aimed at the *caller*: ``asyncio.wait`` lets it propagate, so a
+    ``close()`` under ``asyncio.wait_for``/``asyncio.timeout`` gives up when told to
+    instead of waiting forever. The tasks' own errors are retrieved (a closing client has
+    nothing left to report them to) so asyncio does not log them as never retrieved.
+    """
+    live = [t for t in tasks if not t.done()]
+    for t in live:
+        t.cancel()
+    if live:
+        await asyncio.wait(live)
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()
 
 
 def failover_order(brokers: Sequence[p.BrokerRoute], need: Permission) -> list[p.BrokerRoute]:
@@ -684,12 +701,8 @@ class Consumer:
         return dict(stored)
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks = []
+        tasks, self._tasks = self._tasks, []
+        await stop_tasks(tasks)
         await self.router.close()
 
     async def __aenter__(self) -> Consumer:
