@@ -31,8 +31,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,11 @@ from understudy_operator.history import Fault, HistoryWriter, ModeChange, Perm, 
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan, Features, transitions_log
+from understudy_operator.workload import CONSUMER_GROUPS, Target, Traffic, TrafficCounts
 
 log = logging.getLogger(__name__)
 
 FAULTS = ("kill", "hang")
-#: Client request timeout: long enough for a failover, short enough that the drill moves on.
-REQUEST_TIMEOUT_S = 5.0
-CONSUMER_GROUPS = ("cg1", "cg2")
 
 
 class DrillError(RuntimeError):
@@ -122,15 +119,13 @@ def missing_prerequisites(features: Features, *, cycles: int) -> list[str]:
     return missing
 
 
-class Status:
+class Status(TrafficCounts):
     """Live progress, fed by the drill and read by the CLI's status line."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.phase = "starting"
         self.cycle = 0
-        self.acked = 0
-        self.delivered = 0
-        self.failed_sends = 0
 
     def line(self) -> str:
         return (
@@ -310,180 +305,10 @@ def merge_permission_logs(plan: ClusterPlan, history: Path) -> int:
     return added
 
 
-# ---------------------------------------------------------------------------- traffic
-
-
-class Traffic:
-    """Producers and consumer groups for every broker group, recording into the history."""
-
-    def __init__(self, plan: ClusterPlan, writer: HistoryWriter, status: Status, opts: DrillOptions) -> None:
-        self.plan = plan
-        self.writer = writer
-        self.status = status
-        self.opts = opts
-        self.producing = asyncio.Event()
-        self.producing.set()
-        self.stop = asyncio.Event()
-        self.generation = 0  # bumped to make consumers restart from the committed offsets
-        self.acked: dict[str, set[str]] = defaultdict(set)
-        self.received: dict[tuple[str, str], set[str]] = defaultdict(set)
-        self.producers: list[asyncio.Task[None]] = []
-        self.consumers: list[asyncio.Task[None]] = []
-        self.delivered = asyncio.Event()  # set on every delivery: wakes the drain
-
-    @staticmethod
-    def topic(group: str) -> str:
-        return f"drill-{group}"
-
-    async def start(self) -> None:
-        from understudy_broker.client import create_topic
-
-        for g in self.plan.groups:
-            bootstrap = self.plan.bootstrap(g.group)
-            await create_topic(bootstrap, topic=self.topic(g.group), queues=self.opts.queues)
-            self.producers.append(asyncio.create_task(self._produce(g.group, bootstrap)))
-            for cg in CONSUMER_GROUPS:
-                self.consumers.append(asyncio.create_task(self._consume(g.group, cg, bootstrap)))
-
-    async def _produce(self, group: str, bootstrap: list[str]) -> None:
-        from understudy_broker.client import Producer
-
-        topic = self.topic(group)
-        producer = Producer(
-            bootstrap, batch_size=16, linger_ms=2, retries=3, max_in_flight=4,
-            request_timeout_s=REQUEST_TIMEOUT_S,
-        )  # fmt: skip
-        outstanding: set[asyncio.Future[tuple[int, int]]] = set()
-        period = 1 / self.opts.rate
-        seq = 0
-        try:
-            while self.producing.is_set():
-                if len(outstanding) > 2000:  # the group cannot take writes now: don't pile up
-                    await asyncio.sleep(0.01)
-                    continue
-                mid = f"{group}-{seq}"
-                seq += 1
-                try:
-                    fut = await producer.send(topic, mid.encode(), key=mid.encode())
-                except Exception as exc:
-                    log.debug("send %s: %s", mid, exc)
-                    self.status.failed_sends += 1
-                    await asyncio.sleep(0.05)
-                    continue
-                outstanding.add(fut)
-                fut.add_done_callback(self._on_ack(group, topic, mid, outstanding))
-                await asyncio.sleep(period)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.flush(), 10)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.close(), 5)
-
-    def _on_ack(
-        self, group: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]]
-    ) -> Callable[[asyncio.Future[tuple[int, int]]], None]:
-        def done(fut: asyncio.Future[tuple[int, int]]) -> None:
-            outstanding.discard(fut)
-            if fut.cancelled() or fut.exception() is not None:
-                self.status.failed_sends += 1
-                return
-            queue, offset = fut.result()
-            self.writer.produce_ack(id=mid, topic=topic, queue=queue, offset=offset)
-            self.acked[group].add(mid)
-            self.status.acked += 1
-
-        return done
-
-    async def _consume(self, group: str, cgroup: str, bootstrap: list[str]) -> None:
-        from understudy_broker.client import Consumer
-
-        topic = self.topic(group)
-        recorded: dict[int, int] = {}  # the committed offset last recorded, per queue
-        while not self.stop.is_set():
-            generation = self.generation
-            consumer = Consumer(
-                bootstrap, group=cgroup, topic=topic, max_wait_ms=200,
-                request_timeout_s=REQUEST_TIMEOUT_S,
-            )  # fmt: skip
-            try:
-                await asyncio.wait_for(consumer.start(), 3 * REQUEST_TIMEOUT_S)
-                # Where a (re)started consumer begins is the broker's committed offset:
-                # recording it is what exposes a commit the brokers lost (a rewind).
-                self._observe_offsets(cgroup, topic, consumer.positions, recorded)
-                last_commit = time.monotonic()
-                while not self.stop.is_set() and generation == self.generation:
-                    for r in await consumer.getmany(timeout_s=0.2):
-                        mid = r.body.decode("utf-8", "replace")
-                        self.writer.deliver(cgroup=cgroup, topic=topic, queue=r.queue, offset=r.offset, id=mid)
-                        self.received[(group, cgroup)].add(mid)
-                        self.status.delivered += 1
-                        self.delivered.set()
-                    if time.monotonic() - last_commit > 0.1:
-                        await self._commit(consumer, cgroup, topic, recorded)
-                        last_commit = time.monotonic()
-                await self._commit(consumer, cgroup, topic, recorded)
-            except Exception as exc:
-                log.info("consumer %s/%s: %s; starting a new one", topic, cgroup, exc)
-                await asyncio.sleep(0.1)
-            finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.close(), 5)
-
-    def _observe_offsets(
-        self, cgroup: str, topic: str, offsets: Mapping[int, int | None], recorded: dict[int, int]
-    ) -> None:
-        for q, off in sorted(offsets.items()):
-            if off is not None and recorded.get(q) != off:
-                recorded[q] = off
-                self.writer.commit(cgroup=cgroup, topic=topic, queue=q, offset=off)
-
-    async def _commit(self, consumer: Any, cgroup: str, topic: str, recorded: dict[int, int]) -> None:
-        try:
-            stored = await asyncio.wait_for(consumer.commit(), REQUEST_TIMEOUT_S)
-        except Exception as exc:
-            log.info("commit %s/%s: %s", topic, cgroup, exc)
-            return
-        self._observe_offsets(cgroup, topic, stored, recorded)
-
-    def drained(self) -> bool:
-        return all(
-            self.acked[g.group] <= self.received[(g.group, cg)]
-            for g in self.plan.groups
-            for cg in CONSUMER_GROUPS
-        )
-
-    async def finish(self, *, drain_timeout: float) -> bool:
-        """Stop producing and wait for the last acknowledgements, then wait until every
-        consumer group has every acked message (or the timeout), then stop consuming.
-        Returns whether the drain completed."""
-        self.producing.clear()
-        await _settle(self.producers, within_s=20)  # flush (<= 10 s) and close (<= 5 s)
-        deadline = time.monotonic() + drain_timeout
-        while not self.drained():
-            self.delivered.clear()
-            try:
-                await asyncio.wait_for(self.delivered.wait(), deadline - time.monotonic())
-            except TimeoutError:
-                break
-        complete = self.drained()
-        await self.shutdown()
-        return complete
-
-    async def shutdown(self) -> None:
-        """Stop every task; bounded, whatever state the clients are in."""
-        self.producing.clear()
-        self.stop.set()
-        await _settle([*self.producers, *self.consumers], within_s=15)
-
-
-async def _settle(tasks: list[asyncio.Task[None]], *, within_s: float) -> None:
-    """Wait for ``tasks`` to end; cancel whatever is still running after ``within_s``."""
-    if not tasks:
-        return
-    _done, pending = await asyncio.wait(tasks, timeout=within_s)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def traffic_targets(plan: ClusterPlan) -> list[Target]:
+    """One traffic stream per broker group, on topic ``drill-<group>``."""
+    return [Target(label=g.group, topic=f"drill-{g.group}", bootstrap=tuple(plan.bootstrap(g.group)))
+            for g in plan.groups]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ cycles
@@ -591,7 +416,10 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None, feature
                 sampler = asyncio.create_task(
                     sample_permissions(plan, writer, stop_sampling, sample_ms=opts.sample_ms)
                 )
-            traffic = Traffic(plan, writer, status, opts)
+            traffic = Traffic(
+                traffic_targets(plan), writer, status, rate=opts.rate, queues=opts.queues,
+                consumer_groups=CONSUMER_GROUPS,
+            )  # fmt: skip
             try:
                 await traffic.start()
                 status.phase = "warming up"
