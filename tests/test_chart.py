@@ -124,6 +124,48 @@ def test_defaults_install_operator_and_three_node_zookeeper() -> None:
     assert not [d for d in docs if d["kind"] in CUSTOM_KINDS]
 
 
+def _zk_env(values: dict[str, Any]) -> dict[str, str]:
+    out = chart().render(values, name="understudy", namespace=NS)
+    docs = [d for path, text in out.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d]
+    (zk,) = by_kind(docs, "StatefulSet")
+    return {e["name"]: e.get("value") for e in zk["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def _crd_session_range() -> tuple[int, int]:
+    crd = yaml.safe_load((ROOT / "crds" / "brokergroup.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    field = spec["properties"]["zookeeper"]["properties"]["sessionTimeoutMs"]
+    return int(field["minimum"]), int(field["maximum"])
+
+
+def test_zookeeper_grants_every_session_timeout_the_crd_allows() -> None:
+    # The image's tickTime default (2000 ms) would raise a 2 s broker session to 4 s.
+    env = _zk_env({})
+    tick = int(env["ZOO_TICK_TIME"])
+    extra = dict(kv.split("=", 1) for kv in env["ZOO_CFG_EXTRA"].split())
+    lo, hi = int(extra["minSessionTimeout"]), int(extra["maxSessionTimeout"])
+    crd_lo, crd_hi = _crd_session_range()
+    assert tick == 200
+    assert 2 * tick <= lo <= crd_lo  # no valid BrokerGroup session is raised...
+    assert hi >= crd_hi  # ...or lowered
+    assert extra["quorumListenOnAllIPs"] == "true"
+    # quorum limits count ticks: about 10 s to join and 4 s of lag, as with the image defaults
+    assert int(env["ZOO_INIT_LIMIT"]) * tick == 10_000
+    assert int(env["ZOO_SYNC_LIMIT"]) * tick == 4_000
+
+
+def test_zookeeper_timing_values_are_rendered() -> None:
+    env = _zk_env({"zookeeper": {"tickTimeMs": 100, "minSessionTimeoutMs": 200, "maxSessionTimeoutMs": 90000}})
+    assert env["ZOO_TICK_TIME"] == "100"
+    assert "minSessionTimeout=200 maxSessionTimeout=90000" in env["ZOO_CFG_EXTRA"]
+
+
+def test_zookeeper_session_floor_below_two_ticks_is_a_clear_error() -> None:
+    # ZooKeeper itself would raise such a floor to 2 ticks; the chart says so instead.
+    with pytest.raises(helm_python.HelmError, match="at least 2 x zookeeper.tickTimeMs"):
+        chart().render({"zookeeper": {"tickTimeMs": 600, "minSessionTimeoutMs": 1000}}, name="understudy", namespace=NS)
+
+
 def test_external_zookeeper() -> None:
     docs = render("external-zk")
     assert by_kind(docs, "StatefulSet") == []
@@ -144,6 +186,10 @@ def test_external_zookeeper_without_connect_is_a_clear_error() -> None:
         ({"operatr": {}}, "operatr"),
         ({"monitoring": {"prometheusRule": {"slaveConsumeFor": "soon"}}}, "slaveConsumeFor"),
         ({"operator": {"watchNamespaces": ["Bad_NS"]}}, "watchNamespaces"),
+        ({"zookeeper": {"tickTimeMs": 10}}, "tickTimeMs"),
+        ({"zookeeper": {"minSessionTimeoutMs": 2000}}, "minSessionTimeoutMs"),
+        ({"zookeeper": {"maxSessionTimeoutMs": 30000}}, "maxSessionTimeoutMs"),
+        ({"zookeeper": {"tickTimeMs": "200"}}, "tickTimeMs"),
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any], where: str) -> None:
