@@ -1,0 +1,134 @@
+"""``understudy workload`` against a real local cluster (ZooKeeper, master, slave and
+controller processes on 127.0.0.1): the history it writes, merged with the brokers'
+permission-change logs exactly as the drill merges them, is judged clean by the shared
+checker; bad input is refused before anything is written."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from understudy_operator.checker import check
+from understudy_operator.cli_workload import parse_bootstrap, workload
+from understudy_operator.drill import merge_permission_logs
+from understudy_operator.history import Perm, ProduceAck, read_history
+from understudy_operator.local import cluster as lc
+from understudy_operator.local import procs
+from understudy_operator.local.plan import ClusterPlan
+from understudy_operator.zkserver import free_port
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    out.append(int(entry.name))
+    return out
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ClusterPlan]:
+    """One group (master + slave) with its controller; stopped by PID whatever happens."""
+    directory = tmp_path / "cluster"
+    try:
+        yield lc.up(directory, groups=1, slaves=1)
+    finally:
+        with contextlib.suppress(Exception):
+            lc.down(directory)
+        for pid in _processes_mentioning(str(directory)):  # anything down() could not stop
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            procs.reap(pid)
+
+
+@pytest.mark.integration
+def test_workload_history_is_judged_clean_by_the_checker(cluster: ClusterPlan, tmp_path: Path) -> None:
+    history = cluster.dir / "history.jsonl"
+    bootstrap = ",".join(cluster.bootstrap(cluster.groups[0].group))
+    result = CliRunner().invoke(
+        workload,
+        ["--bootstrap", bootstrap, "--topic", "wl", "--groups", "2", "--rate", "100",
+         "--duration", "3", "--drain-timeout", "30", "--history", str(history)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["drained"] is True
+    assert summary["acked"] > 0
+    assert summary["delivered"] >= 2 * summary["acked"]
+    assert summary["history"] == str(history)
+
+    lc.down(cluster.dir)  # a clean stop writes each broker's last permission line
+    assert merge_permission_logs(cluster, history) > 0
+    loaded = read_history(history)
+    assert loaded.header["clock"] == "time_ns"  # the brokers' permission logs' clock
+    acks = [e for e in loaded.events if isinstance(e, ProduceAck)]
+    assert len(acks) == summary["acked"]
+    assert all(e.id.startswith("wl-") and e.topic == "wl" for e in acks)
+    assert {e.broker for e in loaded.events if isinstance(e, Perm)} == {b.name for b in cluster.groups[0].brokers}
+    report = check(loaded.events)
+    assert report.ok, report.violations
+    assert report.acked == summary["acked"]
+    assert report.lost_acked == 0
+    assert report.one_reader_violations == 0
+
+
+def test_bootstrap_parsing() -> None:
+    assert parse_bootstrap("a:1,127.0.0.1:9876") == ("a:1", "127.0.0.1:9876")
+    for bad in ("nohost", "a:", ":9", "a:x", "a:70000", "a:1,,b:2"):
+        with pytest.raises(ValueError, match="not HOST:PORT"):
+            parse_bootstrap(bad)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bootstrap", "localhost"], "not HOST:PORT"),
+        (["--bootstrap", "127.0.0.1:1", "--rate", "0"], "--rate"),
+        (["--bootstrap", "127.0.0.1:1", "--groups", "0"], "--groups"),
+    ],
+)
+def test_bad_flags_exit_2_and_write_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    history = tmp_path / "h.jsonl"
+    result = CliRunner().invoke(workload, [*args, "--topic", "t", "--history", str(history)])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not history.exists()
+
+
+def test_an_existing_history_is_never_appended_to(tmp_path: Path) -> None:
+    history = tmp_path / "h.jsonl"
+    history.write_text('{"type":"header","t":1,"clock":"time_ns","version":1}\n')
+    before = history.read_bytes()
+    result = CliRunner().invoke(
+        workload, ["--bootstrap", "127.0.0.1:1", "--topic", "t", "--history", str(history)]
+    )
+    assert result.exit_code == 2
+    assert "already holds a history" in result.output
+    assert history.read_bytes() == before
+
+
+def test_a_missing_history_directory_is_a_clear_error(tmp_path: Path) -> None:
+    history = tmp_path / "nope" / "h.jsonl"
+    result = CliRunner().invoke(workload, ["--bootstrap", "127.0.0.1:1", "--topic", "t", "--history", str(history)])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+@pytest.mark.integration
+def test_no_broker_listening_exits_1_naming_the_topic(tmp_path: Path) -> None:
+    history = tmp_path / "h.jsonl"
+    result = CliRunner().invoke(
+        workload,
+        ["--bootstrap", f"127.0.0.1:{free_port()}", "--topic", "t", "--duration", "0", "--history", str(history)],
+    )
+    assert result.exit_code == 1, result.output
+    assert "cannot create topic 't'" in result.output
