@@ -1,13 +1,17 @@
 """Chaos against a BrokerGroup in kind: delete the master pod, kill -9 its broker, cut it off
-the network; the group must fail over to its slave, come back to NORMAL, and the workload must
-finish without losing acknowledged messages.
+the network; the group must fail over to its slave, come back to NORMAL, and the run must pass
+the same checker as the drill (``understudy_operator.checker.check``).
 
-TODO(e2e): judge each run with the shared checker, ``understudy_operator.checker.check``, over
-one history: the fault/restart/mode events this module records (see ``History`` below) plus the
-workload's produce_ack/deliver/commit events and every broker's perm changes. The workload Job
-does not write a history yet (see manifests/workload.yaml); until it does, the test asserts the
-workload's own counts (consumed >= acknowledged) and the checker's cycle figures from the mode
-events.
+One history per run, on one clock (``time.time_ns``: kind nodes are containers on this host's
+kernel, so the test, the workload pod and the brokers read the same clock):
+- the workload Job's produce_ack/deliver/commit events (``understudy workload``, the drill's
+  traffic code), printed by the Job as a gzip+base64 block and decoded here;
+- every broker's permission changes, from ``GET /permissions`` on its HTTP port (the log is on
+  the broker's PersistentVolume, so it spans restarts and pod deletions); a ``kill-9`` ends the
+  killed incarnation's READ at the kill, as the drill does for its kills;
+- the fault/restart events this test records, and mode events from polling the BrokerGroup's
+  status (every 0.5-1 s: mode times carry that error; READ times come from the brokers' logs).
+The merged history is written to ``$E2E_ARTIFACTS`` (default ``e2e/.artifacts``) for inspection.
 """
 
 from __future__ import annotations
@@ -23,6 +27,16 @@ from typing import Any
 import pytest
 import yaml
 
+from understudy_operator.checker import Report, check
+from understudy_operator.history import Event, Fault, iter_jsonl, parse_events
+from understudy_operator.k8s.zkconfig import HTTP_PORT
+from understudy_operator.workload_history import (
+    broker_perm_events,
+    merge_events,
+    parse_permission_log,
+    parse_workload_logs,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "e2e" / "scripts"
 CLUSTER = os.environ.get("KIND_CLUSTER", "understudy-e2e")
@@ -31,7 +45,8 @@ TAG = "e2e"
 
 pytestmark = pytest.mark.e2e
 GROUP = "orders"
-COUNT = 20000
+RATE = 100  # messages per second
+DURATION_S = 90  # producing time: covers the fault, slave-consume and the failback
 FAILOVER_TIMEOUT_S = 120
 RECOVERY_TIMEOUT_S = 300
 
@@ -112,13 +127,17 @@ def wait_ready(namespace: str, timeout: float) -> dict[str, Any]:
 
 
 class History:
-    """Fault and mode events in the checker's JSONL shape (understudy_operator.history)."""
+    """Fault, restart and mode events in the checker's shape (understudy_operator.history),
+    stamped with ``time.time_ns`` like the workload's and the brokers' events."""
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self.docs: list[dict[str, Any]] = []
 
-    def add(self, kind: str, **fields: Any) -> None:
-        self.events.append({"type": kind, "t": time.monotonic_ns(), **fields})
+    def add(self, event_type: str, /, **fields: Any) -> None:
+        self.docs.append({"type": event_type, "t": time.time_ns(), **fields})
+
+    def events(self) -> list[Event]:
+        return parse_events(self.docs)
 
 
 def start_workload(namespace: str, run: str) -> str:
@@ -127,23 +146,51 @@ def start_workload(namespace: str, run: str) -> str:
         "GROUP": GROUP,
         "NAMESPACE": namespace,
         "IMAGE": f"understudy/broker:{TAG}",
-        "COUNT": str(COUNT),
+        "RATE": str(RATE),
+        "DURATION": str(DURATION_S),
         "RUN": run,
     }.items():
-        text = text.replace(key, value)
+        text = text.replace(f"@{key}@", value)
     subprocess.run(["kubectl", "apply", "-f", "-"], input=text, text=True, check=True, timeout=60)
     return f"workload-{run}"
 
 
-def workload_result(namespace: str, job: str) -> dict[str, dict[str, Any]]:
-    sh("kubectl", "-n", namespace, "wait", f"job/{job}", "--for=condition=complete", "--timeout=600s", timeout=620)
-    logs = sh("kubectl", "-n", namespace, "logs", f"job/{job}").stdout
-    out = {}
-    for line in logs.splitlines():
-        word, _, rest = line.partition(" ")
-        if word in ("PRODUCE", "CONSUME"):
-            out[word] = json.loads(rest)
+def workload_logs(namespace: str, job: str) -> str:
+    """The Job's log once it has finished; a failed Job fails the test with its log."""
+    wait = sh("kubectl", "-n", namespace, "wait", f"job/{job}", "--for=condition=complete",
+              f"--timeout={DURATION_S + 400}s", timeout=DURATION_S + 420, check=False)  # fmt: skip
+    logs = sh("kubectl", "-n", namespace, "logs", f"job/{job}", timeout=120).stdout
+    if wait.returncode != 0:
+        raise AssertionError(f"workload Job {job} did not complete:\n{wait.stderr}\n{logs[-4000:]}")
+    return logs
+
+
+def permission_events(namespace: str, st: dict[str, Any], faults: list[Fault]) -> list[Event]:
+    """Every broker's permission-change log (``GET /permissions`` through the API server's pod
+    proxy) as ``perm`` events."""
+    out: list[Event] = []
+    for b in st["brokers"]:
+        name = b["name"]
+        text = sh("kubectl", "get", "--raw",
+                  f"/api/v1/namespaces/{namespace}/pods/{name}:{HTTP_PORT}/proxy/permissions").stdout  # fmt: skip
+        changes = parse_permission_log(text, source=f"{namespace}/{name} /permissions")
+        out.extend(broker_perm_events(group=GROUP, broker=name, role=b["role"], changes=changes, faults=faults))
     return out
+
+
+def judge(namespace: str, history: History, workload: list[Event], st: dict[str, Any], run: str) -> Report:
+    """Merge the three sources, save the history, run the shared checker, print its figures."""
+    own = history.events()
+    faults = [e for e in own if isinstance(e, Fault)]
+    merged = merge_events(own, workload, permission_events(namespace, st, faults))
+    artifacts = Path(os.environ.get("E2E_ARTIFACTS") or ROOT / "e2e" / ".artifacts")
+    artifacts.mkdir(parents=True, exist_ok=True)
+    saved = artifacts / f"history-{run}.jsonl"
+    saved.write_text("".join(line + "\n" for line in iter_jsonl(merged)))
+    report = check(merged)
+    print(f"history: {saved} ({len(merged)} events)")
+    print(json.dumps(report.to_json(), indent=2))
+    return report
 
 
 @pytest.mark.parametrize("fault", ["delete-pod", "kill-9", "partition"])
@@ -180,15 +227,15 @@ def test_master_fault_fails_over_and_back(namespace: str, fault: str) -> None:
     assert condition(after, "BackSyncComplete") == "True"
     assert after["lastFailover"]["normalAgain"] is not None
 
-    result = workload_result(namespace, job)
-    assert result["PRODUCE"]["acked"] > 0
-    assert result["CONSUME"]["consumed"] >= result["PRODUCE"]["acked"]
+    output = parse_workload_logs(workload_logs(namespace, job))
+    print("workload:", json.dumps(output.summary))
+    assert output.summary["acked"] > 0
+    assert output.summary["drained"] is True, "some consumer group never received every acknowledged message"
 
-    # TODO(e2e): merge the workload's history and the brokers' perm events, then
-    #   report = understudy_operator.checker.check(history.events + workload_events)
-    #   assert report.ok, report.violations
-    from understudy_operator.checker import check
-
-    report = check(history.events)
-    print(json.dumps(report.to_json(), indent=2))
+    report = judge(namespace, history, output.events, status(namespace), fault)
+    assert report.ok, report.violations
+    assert report.acked == output.summary["acked"]
+    assert report.lost_acked == 0
+    assert report.duplicates_rewind == 0
     assert report.one_reader_violations == 0
+    assert len(report.cycles) == 1

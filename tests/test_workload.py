@@ -11,6 +11,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -132,3 +133,45 @@ def test_no_broker_listening_exits_1_naming_the_topic(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1, result.output
     assert "cannot create topic 't'" in result.output
+
+
+MANIFEST = Path(__file__).resolve().parents[1] / "e2e" / "manifests" / "workload.yaml"
+PLACEHOLDERS = {"GROUP", "NAMESPACE", "IMAGE", "RATE", "DURATION", "RUN"}  # e2e/test_chaos.py fills these
+
+
+def _rendered_manifest() -> dict[str, object]:
+    import re
+
+    import yaml
+
+    text = MANIFEST.read_text()
+    assert set(re.findall(r"@([A-Z]+)@", text)) == PLACEHOLDERS
+    values = {"GROUP": "orders", "NAMESPACE": "e2e-x", "IMAGE": "understudy/broker:e2e", "RATE": "100",
+              "DURATION": "90", "RUN": "kill-9"}  # fmt: skip
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    doc = yaml.safe_load(text)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_the_e2e_job_is_valid_kubernetes() -> None:
+    import kubernetes_validate
+
+    for version in ("1.29", "1.33"):
+        kubernetes_validate.validate(_rendered_manifest(), version, strict=True)
+
+
+def test_the_e2e_job_runs_a_workload_command_this_cli_accepts() -> None:
+    import shlex
+
+    doc: Any = _rendered_manifest()
+    script = doc["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    joined = script.replace("\\\n", " ")
+    line = next(ln for ln in joined.splitlines() if ln.strip().startswith("understudy workload"))
+    argv = shlex.split(line.split(">")[0])[2:]
+    ctx = workload.make_context("workload", argv)  # raises click's usage error on a bad flag
+    assert ctx.params["bootstrap"] == ("orders-0.e2e-x.svc:9876", "orders-1.e2e-x.svc:9876")
+    assert ctx.params["history"] == Path("/tmp/history.jsonl")
+    assert "HISTORY-BEGIN" in script
+    assert "HISTORY-END" in script
