@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "local": ("understudy_operator.cli_local:local", "Run a cluster on this machine, no Kubernetes."),
     "group": ("understudy_operator.cli_group:group", "Inspect a group and apply human overrides."),
     "drill": ("understudy_operator.cli_drill:drill", "Failover drill with an invariant checker."),
+    "workload": (
+        "understudy_operator.cli_workload:workload",
+        "Recorded traffic for a fixed time; writes a checker history.",
+    ),
     "controller": ("understudy_operator.cli_controller:controller", "Run the failover controller."),
     "operator": ("understudy_operator.cli_operator:operator_cmd", "Run the Kubernetes operator (kopf)."),
     "sla": ("understudy_spark.cli:sla", "Failover SLA reports from Prometheus exports."),
