@@ -239,7 +239,10 @@ async def test_kill_master_fails_over_and_back(
     await wait_for(lambda: len(written) == 2, "slave-consume")
     st = read_state(admin)
     assert st is not None
-    assert st.acting == "b2"  # highest replicated offset (fake: 100 + ordinal)
+    # Either slave may act: the controller picks among the slaves *eligible at that moment*
+    # (link to the master reported down), and the fakes notice the kill up to a poll apart.
+    # Ranking by offset is covered purely in test_controller_machine.py.
+    assert st.acting in ("b1", "b2")
     assert [s.mode for s in written[:2]] == [Mode.FENCING, Mode.SLAVE_CONSUME]
     assert "process exited" in written[0].reason
     cluster.start("b0")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -40,8 +41,28 @@ class ZooKeeperUnavailable(RuntimeError):
     """ZooKeeper is not installed or did not start; the message says what to do."""
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago on ``host``."""
+    """A port that was free a moment ago on ``host``, chosen below the kernel's ephemeral
+    range: a port handed out by ``bind(0)`` comes from that range, and between choosing it
+    and the server binding it, any outgoing connection (a ZooKeeper client, a replication
+    link) may take it as its local port. Below the range only explicit binds compete."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(50):
+        candidate = rng.randrange(10000, max(10001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, candidate))
+            except OSError:
+                continue
+            return candidate
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
