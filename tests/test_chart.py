@@ -162,7 +162,7 @@ def test_zookeeper_timing_values_are_rendered() -> None:
 
 def test_zookeeper_session_floor_below_two_ticks_is_a_clear_error() -> None:
     # ZooKeeper itself would raise such a floor to 2 ticks; the chart says so instead.
-    with pytest.raises(helm_python.HelmError, match="at least 2 x zookeeper.tickTimeMs"):
+    with pytest.raises(helm_python.HelmError, match=r"at least 2 x zookeeper\.tickTimeMs"):
         chart().render({"zookeeper": {"tickTimeMs": 600, "minSessionTimeoutMs": 1000}}, name="understudy", namespace=NS)
 
 
