@@ -16,8 +16,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,16 +37,6 @@ GROUP = "g1"
 MASTER, S1, S2 = "g1-0", "g1-1", "g1-2"
 
 
-def processes_mentioning(text: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    out.append(int(entry.name))
-    return out
-
-
 @pytest.fixture
 def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     if missing_prerequisites(lc.probe_features(), cycles=1):
@@ -59,14 +47,7 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(Exception):
             lc.down(directory)
-        for pid in processes_mentioning(str(directory)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-            procs.reap(pid)
-        zk_pid = procs.read_pid(directory / "pids", "zookeeper")
-        if zk_pid is not None:
-            procs.stop(zk_pid, marker=str(directory / "zookeeper" / "conf" / "zoo.cfg"))
+        procs.kill_leftovers(directory)
 
 
 def isr(zk: KazooClient) -> frozenset[str] | None:

@@ -5,11 +5,8 @@ integration and the controller), bad input, and the permission scraper's failure
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,18 +41,6 @@ CONTRACT_KEYS = {
 }
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line mentions ``text`` (the drill's state directory)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if text.encode() in (entry / "cmdline").read_bytes():
-                out.append(int(entry.name))
-    return out
-
-
 @pytest.fixture
 def drill_dir(tmp_path: Path) -> Iterator[Path]:
     """A state directory; afterwards nothing started in it may survive (checked, and
@@ -64,14 +49,7 @@ def drill_dir(tmp_path: Path) -> Iterator[Path]:
     try:
         yield directory
     finally:
-        leftovers = processes_mentioning(str(directory))
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            procs.reap(pid)
-        zk_pid = procs.read_pid(directory / "pids", "zookeeper")
-        if zk_pid is not None:
-            procs.stop(zk_pid, marker=str(directory / "zookeeper" / "conf" / "zoo.cfg"))
+        leftovers = procs.kill_leftovers(directory)
         assert leftovers == [], f"the drill left processes running: {leftovers}"
 
 

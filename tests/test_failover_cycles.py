@@ -13,9 +13,6 @@ drain) is checked for everything, lost acknowledged messages included.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,16 +28,6 @@ from understudy_operator.local import procs
 CYCLES = 20
 
 
-def processes_mentioning(text: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    out.append(int(entry.name))
-    return out
-
-
 @pytest.fixture
 def drill_dir(tmp_path: Path) -> Iterator[Path]:
     if missing_prerequisites(lc.probe_features(), cycles=1):
@@ -49,14 +36,7 @@ def drill_dir(tmp_path: Path) -> Iterator[Path]:
     try:
         yield directory
     finally:  # the drill stops its cluster; anything left is a leak, stopped by PID
-        leftovers = processes_mentioning(str(directory))
-        for pid in leftovers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            procs.reap(pid)
-        zk_pid = procs.read_pid(directory / "pids", "zookeeper")
-        if zk_pid is not None:
-            procs.stop(zk_pid, marker=str(directory / "zookeeper" / "conf" / "zoo.cfg"))
+        leftovers = procs.kill_leftovers(directory)
         assert leftovers == [], f"the drill left processes running: {leftovers}"
 
 

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -49,16 +47,6 @@ SESSION_MS = 2000
 # ------------------------------------------------------------------------ fixtures
 
 
-def processes_mentioning(text: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    out.append(int(entry.name))
-    return out
-
-
 @pytest.fixture
 def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     if missing_prerequisites(lc.probe_features(), cycles=1):
@@ -69,14 +57,7 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(Exception):
             lc.down(directory)
-        for pid in processes_mentioning(str(directory)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-            procs.reap(pid)
-        zk_pid = procs.read_pid(directory / "pids", "zookeeper")
-        if zk_pid is not None:
-            procs.stop(zk_pid, marker=str(directory / "zookeeper" / "conf" / "zoo.cfg"))
+        procs.kill_leftovers(directory)
 
 
 class Recorder:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,16 +24,6 @@ from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.zkserver import free_port
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    out.append(int(entry.name))
-    return out
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ClusterPlan]:
     """One group (master + slave) with its controller; stopped by PID whatever happens."""
@@ -45,10 +33,7 @@ def cluster(tmp_path: Path) -> Iterator[ClusterPlan]:
     finally:
         with contextlib.suppress(Exception):
             lc.down(directory)
-        for pid in _processes_mentioning(str(directory)):  # anything down() could not stop
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            procs.reap(pid)
+        procs.kill_leftovers(directory)  # anything down() could not stop
 
 
 @pytest.mark.integration

@@ -188,3 +188,32 @@ def wait_gone(pid: int, *, marker: str, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def mentioning(text: str) -> list[int]:
+    """PIDs whose command line mentions ``text`` (e.g. a cluster's state directory)."""
+    out = []
+    needle = text.encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (entry / "cmdline").read_bytes():
+                    out.append(int(entry.name))
+    return out
+
+
+def kill_leftovers(directory: Path) -> list[int]:
+    """Last-resort cleanup for a local cluster's state directory: kill by PID (woken
+    first, in case it is frozen) every process whose command line names ``directory``,
+    reap our own children, and stop the ZooKeeper recorded in its pid file. Returns the
+    PIDs that were still running, so a caller can treat any as a leak."""
+    leftovers = mentioning(str(directory))
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        reap(pid)
+    zk_pid = read_pid(directory / "pids", "zookeeper")
+    if zk_pid is not None:
+        stop(zk_pid, marker=str(directory / "zookeeper" / "conf" / "zoo.cfg"))
+    return leftovers
