@@ -185,11 +185,16 @@ def cluster(zk: str, tmp_path: Path) -> Iterator[Cluster]:
         c.stop_all()
 
 
-def live(admin: KazooClient) -> list[str]:
+def children(admin: KazooClient, kind: str) -> list[str]:
+    """The group's ``live`` or ``status`` children; none while the parent is not created yet."""
     try:
-        return list(admin.get_children(f"/groups/{GROUP}/live"))
+        return list(admin.get_children(f"/groups/{GROUP}/{kind}"))
     except NoNodeError:
         return []
+
+
+def live(admin: KazooClient) -> list[str]:
+    return children(admin, "live")
 
 
 def read_state(admin: KazooClient) -> GroupState | None:
@@ -498,7 +503,7 @@ async def test_recorded_in_sync_set_limits_the_acting_choice(
     for name in ("b0", "b1", "b2"):
         cluster.start(name)
     await wait_for(lambda: len(live(admin)) == 3, "3 live brokers")
-    await wait_for(lambda: len(admin.get_children(f"/groups/{GROUP}/status")) == 3, "statuses")
+    await wait_for(lambda: len(children(admin, "status")) == 3, "statuses")
     cluster.kill("b0")
     await wait_for(lambda: len(written) == 2, "slave-consume")
     assert written[1].acting == "b1"  # b2 has the higher offset but is not in sync
