@@ -42,6 +42,7 @@ from understudy_broker.zklayout import (
     state_path,
     status_path,
 )
+from understudy_operator.zkserver import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +53,6 @@ SESSION_MS = 2000
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from understudy_broker import protocol as p
+from understudy_operator.zkserver import free_port
 
 UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
 
@@ -32,12 +33,6 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

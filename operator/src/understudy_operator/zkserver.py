@@ -48,20 +48,30 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago on ``host``, chosen below the kernel's ephemeral
     range: a port handed out by ``bind(0)`` comes from that range, and between choosing it
     and the server binding it, any outgoing connection (a ZooKeeper client, a replication
-    link) may take it as its local port. Below the range only explicit binds compete."""
+    link) may take it as its local port. Below the range only explicit binds compete.
+
+    A port is never handed out twice by one process: a broker's three ports are chosen
+    before it binds any of them, so a free-but-already-promised port must not come back.
+    """
     low = _ephemeral_low()
     rng = random.SystemRandom()
     for _ in range(50):
         candidate = rng.randrange(10000, max(10001, low))
+        if candidate in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, candidate))
             except OSError:
                 continue
+            _handed_out.add(candidate)
             return candidate
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
