@@ -121,3 +121,49 @@ def test_unknown_format_and_missing_file_are_clear_errors(spark: Any, tmp_path: 
         readers.list_inputs(spark, [path])
     with pytest.raises(InputError, match=r"nothing-here\*: no such file"):
         readers.list_inputs(spark, [str(tmp_path / "nothing-here*")])
+
+
+@pytest.mark.spark
+def test_query_range_pairs_are_checked_one_by_one(spark: Any, tmp_path: pathlib.Path) -> None:
+    # Pairs are read as their JSON text and cut with string functions: a pair with one or
+    # three elements, or a value that is not a number, is one rejected sample; quoted
+    # seconds and blanks are accepted.
+    t = T_MS / 1000
+    text = (
+        '{"status":"success","data":{"resultType":"matrix","result":[{"metric":'
+        '{"__name__":"up","group":"g","broker":"g-0"},"values":['
+        f'[{t},"1"], [ {t + 15} , "0" ], ["{t + 30}","1"], [{t + 45}], [{t + 60},"1","2"], '
+        f'[{t + 75},"one"], [{t + 90},"NaN"]]}}]}}}}'
+    )
+    files = readers.list_inputs(spark, [_write(tmp_path, "qr.json", text)])
+    rows = readers.read_parsed(spark, files, keyed=True).collect()
+    good = sorted((r.timestamp, r.value) for r in rows if r.ok and r.value == r.value)
+    when = [dt.datetime.fromtimestamp(t + i * 15, tz=dt.UTC).replace(tzinfo=None) for i in range(3)]
+    assert good == list(zip(when, [1.0, 0.0, 1.0], strict=True))
+    assert sum(1 for r in rows if r.ok) == 4  # the three above and the NaN (a staleness marker)
+    bad = sorted(r.raw for r in rows if not r.ok)
+    assert len(bad) == 3
+    assert all(r.startswith('up {"group":"g","broker":"g-0","role":""} [') for r in bad)
+
+
+@pytest.mark.spark
+def test_text_lines_split_the_same_by_bytes_and_by_characters(spark: Any, tmp_path: pathlib.Path) -> None:
+    # The common line is cut by byte offsets, a line with runs of blanks by characters;
+    # multi-byte label values, blanks inside values and runs of blanks between the parts
+    # must all give the same samples, and the verdicts must not depend on whether heads
+    # are parsed once each (broadcast) or on every line.
+    heads = ['{__name__="up", group="gé", broker="b 1"}', '{__name__="up", group="g  two", broker="ü"}']
+    lines = []
+    for i, head in enumerate(heads):
+        lines += [f"{head} 1 {T_MS + i}", f"{head}  0   {T_MS + 15000 + i}  ", f"{head} 1"]
+    lines += ['{__name__="up", group="g" 1 5', "{} 1 2", "garbage"]
+    path = _write(tmp_path, "dump.txt", "\n".join(lines) + "\n")
+    raw = readers._text_lines(spark, [path])
+    once = readers._parse_dump(raw, keyed=True).orderBy("raw").collect()
+    every = readers._parse_dump(raw, keyed=True, per_line=True).orderBy("raw").collect()
+    assert once == every
+    got = sorted((r.group, r.broker, r.value, r.timestamp) for r in once if r.ok)
+    ms = [dt.datetime.fromtimestamp(x / 1000, tz=dt.UTC).replace(tzinfo=None) for x in (T_MS, T_MS + 1, T_MS + 15000, T_MS + 15001)]
+    assert got == sorted([("gé", "b 1", 1.0, ms[0]), ("gé", "b 1", 0.0, ms[2]),
+                          ("g  two", "ü", 1.0, ms[1]), ("g  two", "ü", 0.0, ms[3])])
+    assert sum(1 for r in once if not r.ok) == 5

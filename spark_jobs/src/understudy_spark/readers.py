@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -28,6 +28,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     DoubleType,
     LongType,
     MapType,
@@ -60,14 +61,16 @@ KEY_LABELS = ("group", "broker", "role")
 KEYED_COLUMNS = ["timestamp", "metric", *KEY_LABELS, "value", "source_file", "raw", "weight", "ok"]
 
 # query_range JSON: {"status": "success", "data": {"resultType": "matrix", "result": [...]}}.
-# Sample pairs are [<unix seconds as a number>, "<value as a string>"]; reading both as
-# strings keeps the number's exact text (Spark's JSON reader renders a number token as its
-# literal text when the schema says string).
+# Sample pairs are [<unix seconds as a number>, "<value as a string>"]. Each pair is read
+# as one string: Spark's JSON reader renders a nested array as its JSON text
+# (``[1795211698.96,"3"]``) when the schema says string, which is ~3x cheaper than
+# materialising an array of two strings per sample and exploding it; the text is then cut
+# with string functions (:func:`_pair_parts`).
 _RESULT_SCHEMA = ArrayType(
     StructType(
         [
             StructField("metric", MapType(StringType(), StringType())),
-            StructField("values", ArrayType(ArrayType(StringType()))),
+            StructField("values", ArrayType(StringType())),
         ]
     )
 )
@@ -270,15 +273,37 @@ def _metric_name(label_set: Column) -> Column:
     return F.when(name != "", name)
 
 
-def _split_sample(raw: Column) -> tuple[Column, Column, Column]:
-    """``<head> <value> <timestamp>`` -> the three parts, with string functions only
-    (label values may contain spaces, so split from the right)."""
-    line = F.rtrim(raw)
-    ts_text = F.substring_index(line, " ", -1)
-    rest = F.rtrim(F.left(line, F.greatest(F.length(line) - F.length(ts_text) - 1, F.lit(0))))
+def _sample_parts(lines: DataFrame) -> DataFrame:
+    """``<head> <value> <timestamp>`` -> columns ``head`` (bytes), ``v``, ``t`` next to the
+    line's own columns. Label values may contain spaces, so the line is split from the
+    right; blanks around the parts are trimmed.
+
+    The common line (no two blanks in a row) is cut by byte offsets: ``length`` and a
+    character-indexed ``substring`` walk every UTF-8 character of every line, which cost
+    more than reading the file. A line with a run of blanks takes the character-based
+    path. The head stays bytes here (it is only a key for :func:`_with_heads`); the parts
+    are computed in separate ``select``s so each is computed once per line.
+    """
+    keep = lines.columns
+    a = lines.select(*keep, F.rtrim("raw").alias("_line"))
+    b = a.select(*keep, "_line", F.substring_index("_line", " ", -2).alias("_tail"))
+    simple = F.instr("_line", "  ") == 0
+    fast_head = F.substring(
+        F.col("_line").cast(BinaryType()),
+        F.lit(1),
+        F.greatest(F.octet_length("_line") - F.octet_length("_tail") - 1, F.lit(0)),
+    )
+    # The general path: peel the timestamp, trim, peel the value, trim.
+    ts_text = F.substring_index("_line", " ", -1)
+    rest = F.rtrim(F.substring("_line", F.lit(1), F.greatest(F.length("_line") - F.length(ts_text) - 1, F.lit(0))))
     value_text = F.substring_index(rest, " ", -1)
-    head = F.rtrim(F.left(rest, F.greatest(F.length(rest) - F.length(value_text) - 1, F.lit(0))))
-    return head, value_text, ts_text
+    head = F.rtrim(F.substring(rest, F.lit(1), F.greatest(F.length(rest) - F.length(value_text) - 1, F.lit(0))))
+    return b.select(
+        *keep,
+        F.when(simple, fast_head).otherwise(head.cast(BinaryType())).alias("head"),
+        F.when(simple, F.substring_index("_tail", " ", 1)).otherwise(value_text).alias("v"),
+        F.when(simple, F.substring_index("_tail", " ", -1)).otherwise(ts_text).alias("t"),
+    )
 
 
 def _finish(df: DataFrame, *, keyed: bool) -> DataFrame:
@@ -300,34 +325,80 @@ def _extra(lines: DataFrame) -> list[str]:
     return [c for c in lines.columns if c not in ("raw", "source_file")]
 
 
+# The most distinct series heads (label sets) parsed once each and broadcast to the lines;
+# above it every line parses its own head (same expressions, same verdicts, slower).
+MAX_DISTINCT_HEADS = 200_000
+
+
+def _dump_head(head: Column, *, keyed: bool) -> list[Column]:
+    """What a dump line's head (``{__name__="m", a="b"}``) says: metric, labels, shape."""
+    metric = _metric_name(head)
+    return [
+        metric.alias("metric"),
+        *_labels(head, keyed=keyed),
+        (head.rlike(f"^{_LABEL_SET}$") & metric.isNotNull()).alias("head_ok"),
+    ]
+
+
+def _exposition_head(head: Column, *, keyed: bool) -> list[Column]:
+    """What an exposition line's head (``m{a="b"}`` or ``m``) says: metric, labels, shape."""
+    name = F.regexp_extract(head, f"^({_METRIC_NAME})", 1)
+    return [
+        name.alias("metric"),
+        *_labels(F.substring(head, F.length(name) + 1, 1 << 30), keyed=keyed),
+        head.rlike(f"^{_METRIC_NAME}(?:{_LABEL_SET})?$").alias("head_ok"),
+    ]
+
+
+def _with_heads(parts: DataFrame, describe: Callable[[Column], list[Column]], *, per_line: bool) -> DataFrame:
+    """``parts`` plus what each line's head says (``describe``), head by head.
+
+    An export repeats one label set on every sample of a series: a dump of 200 groups has
+    a few thousand distinct heads over hundreds of millions of lines. So the regexes run
+    once per distinct head, on the driver's small table, which is broadcast back to the
+    lines (one cheap pass to find the heads, one hash lookup per line), instead of five
+    Java regex scans per line. ``per_line`` (or more than ``MAX_DISTINCT_HEADS`` heads)
+    applies the same expressions to every line instead; the verdicts are the same.
+    """
+    if not per_line:
+        spark = parts.sparkSession
+        found = parts.select("head").distinct().limit(MAX_DISTINCT_HEADS + 1).collect()
+        if len(found) <= MAX_DISTINCT_HEADS:
+            heads = spark.createDataFrame([(row[0],) for row in found], "head binary")
+            table = heads.select("head", *describe(F.col("head").cast(StringType())))
+            return parts.join(F.broadcast(table), "head", "left").withColumn(
+                "head_ok", F.coalesce("head_ok", F.lit(False))
+            )
+    return parts.select("*", *describe(F.col("head").cast(StringType())))
+
+
 def read_dump(spark: SparkSession, paths: Sequence[str], *, keyed: bool = False) -> DataFrame:
-    """``promtool tsdb dump`` text: one sample per line, timestamp in milliseconds."""
+    """``promtool tsdb dump`` text: one sample per line, timestamp in milliseconds.
+
+    Runs one quick Spark job at once to collect the distinct series heads (see
+    :func:`_with_heads`); the lines themselves are parsed lazily.
+    """
     return _finish(_parse_dump(_text_lines(spark, paths), keyed=keyed), keyed=keyed)
 
 
-def _parse_dump(lines: DataFrame, *, keyed: bool) -> DataFrame:
+def _parse_dump(lines: DataFrame, *, keyed: bool, per_line: bool = False) -> DataFrame:
     extra = _extra(lines)
-    head, value_text, ts_text = _split_sample(F.col("raw"))
-    parts = lines.select(
-        "raw", "source_file", *extra, head.alias("head"), value_text.alias("v"), ts_text.alias("t")
+    described = _with_heads(
+        _sample_parts(lines), lambda head: _dump_head(head, keyed=keyed), per_line=per_line
     )
-    parsed = parts.select(
+    labels = list(KEY_LABELS) if keyed else ["labels"]
+    parsed = described.select(
         "raw",
         "source_file",
         *extra,
         F.timestamp_millis(F.col("t").try_cast(LongType())).alias("timestamp"),
-        _metric_name(F.col("head")).alias("metric"),
-        *_labels(F.col("head"), keyed=keyed),
+        "metric",
+        *labels,
         F.col("v").try_cast(DoubleType()).alias("value"),
         F.lit(1).alias("weight"),
-        (F.col("head").rlike(f"^{_LABEL_SET}$") & F.col("t").rlike(f"^{_INT_MS}$")).alias("shape_ok"),
+        (F.col("head_ok") & F.col("t").rlike(f"^{_INT_MS}$")).alias("shape_ok"),
     )
-    ok = (
-        F.col("shape_ok")
-        & F.col("metric").isNotNull()
-        & F.col("timestamp").isNotNull()
-        & F.col("value").isNotNull()
-    )
+    ok = F.col("shape_ok") & F.col("timestamp").isNotNull() & F.col("value").isNotNull()
     return parsed.withColumn("ok", ok)
 
 
@@ -336,34 +407,31 @@ def read_exposition(spark: SparkSession, paths: Sequence[str], *, keyed: bool = 
 
     Comment lines (``# HELP``, ``# TYPE``, ``# EOF``) and blank lines carry no sample and
     are skipped; a sample line without a timestamp cannot be placed in time and is
-    rejected like any malformed line.
+    rejected like any malformed line. Like :func:`read_dump`, runs one quick job at once
+    to collect the distinct series heads.
     """
     return _finish(_parse_exposition(_text_lines(spark, paths), keyed=keyed), keyed=keyed)
 
 
-def _parse_exposition(lines: DataFrame, *, keyed: bool) -> DataFrame:
+def _parse_exposition(lines: DataFrame, *, keyed: bool, per_line: bool = False) -> DataFrame:
     extra = _extra(lines)
     lines = lines.where(~F.col("raw").rlike(EXPOSITION_SKIP))
-    head, value_text, ts_text = _split_sample(F.col("raw"))
-    parts = lines.select(
-        "raw", "source_file", *extra, head.alias("head"), value_text.alias("v"), ts_text.alias("t")
+    described = _with_heads(
+        _sample_parts(lines), lambda head: _exposition_head(head, keyed=keyed), per_line=per_line
     )
+    labels = list(KEY_LABELS) if keyed else ["labels"]
     ts = F.col("t").try_cast(DoubleType())
     ts_ms = F.when(F.abs(ts) < _SECONDS_BELOW, ts * 1000.0).otherwise(ts)
-    name = F.regexp_extract("head", f"^({_METRIC_NAME})", 1)
-    parsed = parts.select(
+    parsed = described.select(
         "raw",
         "source_file",
         *extra,
         F.timestamp_millis(F.round(ts_ms).cast(LongType())).alias("timestamp"),
-        name.alias("metric"),
-        *_labels(F.substring("head", F.length(name) + 1, 1 << 30), keyed=keyed),
+        "metric",
+        *labels,
         F.col("v").try_cast(DoubleType()).alias("value"),
         F.lit(1).alias("weight"),
-        (
-            F.col("head").rlike(f"^{_METRIC_NAME}(?:{_LABEL_SET})?$")
-            & F.col("t").rlike(f"^{_TS_ANY}$")
-        ).alias("shape_ok"),
+        (F.col("head_ok") & F.col("t").rlike(f"^{_TS_ANY}$")).alias("shape_ok"),
     )
     ok = F.col("shape_ok") & F.col("timestamp").isNotNull() & F.col("value").isNotNull()
     return parsed.withColumn("ok", ok)
@@ -390,29 +458,23 @@ def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool =
         F.coalesce(doc["data"]["resultType"], doc["resultType"]).alias("result_type"),
         doc["status"].alias("status"),
     )
-    doc_ok = (
+    doc_ok = F.coalesce(
         (F.col("status").isNull() | (F.col("status") == "success"))
         & (F.col("result_type") == "matrix")
-        & F.col("result").isNotNull()
+        & F.col("result").isNotNull(),
+        F.lit(False),
     )
-    # Lines are counted only in a rejected document (a good one may be gigabytes).
+    # Each document is parsed once: a rejected one continues as a single marker series
+    # with a single null sample, which becomes its one rejected row. Its lines are
+    # counted here, before the text is dropped (a good document may be gigabytes; it is
+    # never scanned for newlines).
     n_lines = F.length("text") - F.length(F.replace("text", F.lit("\n"), F.lit(""))) + 1
-    no_labels = (
-        [F.lit(None).cast(StringType()).alias("group"), F.lit("").alias("broker"), F.lit("").alias("role")]
-        if keyed
-        else [F.create_map().cast(MapType(StringType(), StringType())).alias("labels")]
-    )
-    bad_docs = docs.where(~doc_ok | doc_ok.isNull()).withColumn("n_lines", n_lines).select(
-        F.lit(None).cast(TimestampType()).alias("timestamp"),
-        F.lit(None).cast(StringType()).alias("metric"),
-        *no_labels,
-        F.lit(None).cast(DoubleType()).alias("value"),
+    marker = F.array(F.lit(None).cast(_RESULT_SCHEMA.elementType))
+    docs = docs.select(
         "source_file",
-        F.lit("document is not query_range matrix JSON").alias("raw"),
-        F.col("n_lines").alias("weight"),
-        # Not a literal False: the optimizer would prune the branch, and with it the
-        # rows the caller's Observation must count.
-        F.col("n_lines").isNull().alias("ok"),
+        doc_ok.alias("doc_ok"),
+        F.when(doc_ok, F.lit(1)).otherwise(n_lines).alias("weight"),
+        F.when(doc_ok, F.col("result")).otherwise(marker).alias("result"),
     )
     # Project the series' fields before exploding its values: exploding ``s.values`` while
     # keeping ``s`` would copy the whole series into every sample row.
@@ -427,39 +489,77 @@ def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool =
     else:
         label_cols = [F.map_filter(labels, lambda k, _v: k != "__name__").alias("labels")]
     label_names = list(KEY_LABELS) if keyed else ["labels"]
-    series = (
-        docs.where(doc_ok)
-        .select("source_file", F.explode("result").alias("s"))
-        .select(
-            "source_file",
-            labels["__name__"].alias("metric"),
-            *label_cols,
-            F.col("s.values").alias("vals"),
-        )
+    series = docs.select("source_file", "doc_ok", "weight", F.explode("result").alias("s")).select(
+        "source_file",
+        "doc_ok",
+        "weight",
+        labels["__name__"].alias("metric"),
+        *label_cols,
+        F.when(F.col("doc_ok"), F.col("s.values"))
+        .otherwise(F.array(F.lit(None).cast(StringType())))
+        .alias("vals"),
     )
-    samples = series.select("source_file", "metric", *label_names, F.explode("vals").alias("pair"))
-    ts_s = F.col("pair")[0].try_cast(DoubleType())
+    samples = series.select(
+        "source_file", "doc_ok", "weight", "metric", *label_names, F.explode("vals").alias("pair")
+    )
+    ts_text, value_text, pair_ok = _pair_parts(F.col("pair"))
+    ts_s = ts_text.try_cast(DoubleType())
     parsed = samples.select(
         F.timestamp_millis(F.round(ts_s * 1000.0).cast(LongType())).alias("timestamp"),
         "metric",
         *label_names,
-        F.col("pair")[1].try_cast(DoubleType()).alias("value"),
+        value_text.try_cast(DoubleType()).alias("value"),
         "source_file",
-        F.col("pair").alias("pair"),
-        F.lit(1).alias("weight"),
+        "doc_ok",
+        "pair",
+        pair_ok.alias("pair_ok"),
+        "weight",
     )
-    ok = (
-        F.col("timestamp").isNotNull()
+    ok = F.col("doc_ok") & F.coalesce(
+        F.col("pair_ok")
+        & F.col("timestamp").isNotNull()
         & F.col("metric").isNotNull()
-        & F.col("value").isNotNull()
-        & (F.size("pair") == 2)
+        & F.col("value").isNotNull(),
+        F.lit(False),
     )
     # Only a rejected sample needs a printable form.
     shown = F.to_json(F.struct(*KEY_LABELS)) if keyed else F.to_json("labels")
-    raw = F.when(~ok, F.concat_ws(" ", "metric", shown, F.to_json("pair")))
-    return _finish(parsed.withColumn("ok", ok).withColumn("raw", raw), keyed=keyed).unionByName(
-        _finish(bad_docs, keyed=keyed)
+    raw = F.when(~F.col("doc_ok"), F.lit("document is not query_range matrix JSON")).when(
+        ~F.col("ok"), F.concat_ws(" ", "metric", shown, "pair")
     )
+    return _finish(parsed.withColumn("ok", ok).withColumn("raw", raw), keyed=keyed)
+
+
+def _pair_parts(pair: Column) -> tuple[Column, Column, Column]:
+    """A sample pair's JSON text ``[<seconds>,"<value>"]`` -> (seconds text, value text,
+    exactly two elements?).
+
+    The reader re-renders the pair compactly, so the common case is cut at its one comma
+    by byte offsets; anything else (blanks, quoted seconds, an unquoted value) takes a
+    general path that trims and unquotes both parts. String functions only.
+    """
+    first = F.substring_index(pair, ",", 1)
+    last = F.substring_index(pair, ",", -1)
+    one_comma = F.octet_length(first) + F.octet_length(last) + 1 == F.octet_length(pair)
+    compact = (
+        F.startswith(first, F.lit("["))
+        & (F.instr(first, '"') == 0)
+        & F.startswith(last, F.lit('"'))
+        & F.endswith(last, F.lit('"]'))
+    )
+    fast_value = F.substring(last, F.lit(2), F.octet_length(last) - 3)  # ASCII quotes/bracket
+    text = F.trim(pair)
+    g_first = F.substring_index(text, ",", 1)
+    g_last = F.substring_index(text, ",", -1)
+    general_ok = F.startswith(text, F.lit("[")) & F.endswith(text, F.lit("]"))
+    g_ts = F.btrim(F.trim(F.substring(g_first, 2, 1 << 30)), F.lit('"'))
+    g_value = F.btrim(
+        F.trim(F.substring(g_last, 1, F.greatest(F.length(g_last) - 1, F.lit(0)))), F.lit('"')
+    )
+    ts_text = F.when(compact, F.substring(first, 2, 1 << 30)).otherwise(g_ts)
+    value_text = F.when(compact, fast_value).otherwise(g_value)
+    two = one_comma & (compact | general_ok)
+    return ts_text, value_text, two
 
 
 _READERS = {
@@ -518,7 +618,7 @@ def locate_first_bad(spark: SparkSession, *, path: str, form: ExportFormat) -> B
         F.monotonically_increasing_id().alias("line_id"),
     )
     parse = _parse_dump if form is ExportFormat.DUMP else _parse_exposition
-    first = parse(lines, keyed=True).where(~F.col("ok")).orderBy("line_id").select("raw", "line_id").first()
+    first = parse(lines, keyed=True, per_line=True).where(~F.col("ok")).orderBy("line_id").select("raw", "line_id").first()
     if first is None:
         return BadLine(path, None, "no rejected line found on a second reading")
     line_id = int(first["line_id"])
