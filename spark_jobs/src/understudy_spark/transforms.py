@@ -156,21 +156,28 @@ def clean_keyed(keyed: DataFrame, *, step_s: float) -> DataFrame:
         & ~F.isnan("value")  # staleness marker (or a NaN gauge): not a sample
     )
     ts_ms = F.unix_millis("timestamp")
+    # The metric crosses the shuffle and keys the de-duplication as a one-byte code, not
+    # as a ~25-character name; the name is put back after.
+    code = F.lit(None).cast("tinyint")
+    name = F.lit(None).cast(StringType())
+    for i, metric in enumerate(CONTRACT_METRICS):
+        code = F.when(F.col("metric") == metric, F.lit(i).cast("tinyint")).otherwise(code)
+        name = F.when(F.col("m") == i, F.lit(metric)).otherwise(name)
     rows = usable.select(
         "group",
         "broker",
         "role",
-        "metric",
+        code.alias("m"),
         ts_ms.alias("ts_ms"),
         F.floor(ts_ms / F.lit(step_ms)).alias("bucket"),
         "value",
     )
     deduped = (
         rows.repartition("group")
-        .groupBy("group", "broker", "role", "metric", "bucket")
+        .groupBy("group", "broker", "role", "m", "bucket")
         .agg(F.max_by("value", "ts_ms").alias("value"))
     )
-    return deduped.select("group", "broker", "role", "metric", "bucket", "value")
+    return deduped.select("group", "broker", "role", name.alias("metric"), "bucket", "value")
 
 
 def group_states(clean: DataFrame) -> DataFrame:
