@@ -5,15 +5,17 @@ query_range JSON and promtool dump text), then times, over the same files:
 - Spark: read + parse + per-group states + incidents (understudy_spark, local[*]);
 - DuckDB: the same incident definition as one SQL query (single-node reference).
 Prints samples/s and the Spark/DuckDB ratio per size and form, checks both found the
-same number of incidents, and writes ``bench-results/sla.json``. No assertions.
+same number of incidents, prints how time grew against data (linearity), and writes
+``bench-results/sla.json``. No assertions. The largest size is synthesised once; smaller
+sizes are its first days (hard links), and Spark is warmed up on one day first.
 
     python bench/sla.py                        # what `make bench` runs
     python bench/sla.py --groups 20 --weeks 1  # a quick look
     python bench/sla.py --month                # add the 30-day size
 
-A 200-group week is ~48M samples per form (~1 GB of dump text a day); on a shared
-2-core machine the Spark side alone runs for hours at those sizes, so use --groups to
-shrink it there and say so next to the figures (docs/sla.md).
+A 200-group week is ~48M samples per form (~1 GB of dump text a day, ~28 GB for four
+weeks; the bench checks the free disk first). On 2 cores the default sizes take about an
+hour and a half; --groups/--weeks shrink it (say so next to the figures, docs/sla.md).
 """
 
 from __future__ import annotations
@@ -141,6 +143,50 @@ def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int]:
     return time.monotonic() - t0, n
 
 
+def link_prefix(data: pathlib.Path, folder: pathlib.Path, forms: tuple[str, ...], days: int) -> None:
+    """``folder/<form>/`` = hard links to the first ``days`` day files of ``data/<form>/``
+    (one synthesis serves every size; the files are the same bytes)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    for form in forms:
+        (folder / form).mkdir(parents=True)
+        for path in sorted((data / form).iterdir())[:days]:
+            os.link(path, folder / form / path.name)
+
+
+def injected_before(truth: dict[str, Any], days: int) -> int:
+    """Injected incidents that start in the first ``days`` days."""
+    import datetime as dt
+
+    start = dt.datetime.fromisoformat(truth["start"].replace("Z", "+00:00"))
+    cutoff = start + dt.timedelta(days=days)
+    return sum(
+        1 for i in truth["incidents"]
+        if dt.datetime.fromisoformat(i["master_lost_at"].replace("Z", "+00:00")) < cutoff
+    )
+
+
+def linearity(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per engine and form: seconds per million samples at each size, and how each size's
+    time grew against its data (1.0 = exactly linear)."""
+    out: list[dict[str, Any]] = []
+    for form in sorted({r["form"] for r in results}):
+        rows = sorted((r for r in results if r["form"] == form), key=lambda r: r["samples"])
+        for engine in ("spark", "duckdb"):
+            base = rows[0]
+            out.append({
+                "form": form, "engine": engine,
+                "seconds_per_million_samples": {
+                    r["size"]: round(r[f"{engine}_seconds"] / r["samples"] * 1e6, 3) for r in rows
+                },
+                "growth_vs_data": {
+                    r["size"]: round((r[f"{engine}_seconds"] / base[f"{engine}_seconds"])
+                                     / (r["samples"] / base["samples"]), 2)
+                    for r in rows[1:]
+                },
+            })
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=200)
@@ -157,29 +203,61 @@ def main(argv: list[str]) -> int:
     from understudy_spark import job
     from understudy_spark.synth import SynthSpec, synthesize
 
-    sizes = [(f"{w}w", int(w) * 7) for w in args.weeks.split(",") if w.strip()]
+    try:
+        sizes = sorted({(f"{int(w)}w", int(w) * 7) for w in args.weeks.split(",") if w.strip()}, key=lambda s: s[1])
+    except ValueError:
+        ap.error(f"--weeks must be whole numbers separated by commas, got {args.weeks!r}")
     if args.month:
         sizes.append(("30d", 30))
+    if not sizes or args.groups < 1:
+        ap.error("need at least one size and one group")
     forms = tuple(f.strip() for f in args.forms.split(",") if f.strip())
+    if unknown := set(forms) - {"query_range", "dump"}:
+        ap.error(f"--forms: unknown {sorted(unknown)}; choose from query_range, dump")
+    work = pathlib.Path(args.workdir)
+    max_days = max(days for _, days in sizes)
+    # ~6 series per group at one sample per step; dump text ~145 bytes a sample,
+    # query_range ~21: refuse early rather than fill the disk half-way.
+    per_sample = {"dump": 145, "query_range": 21}
+    need = args.groups * 6 * 86400 // STEP_S * max_days * sum(per_sample[f] for f in forms)
+    work.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(work).free
+    say(f"{args.groups} groups x {max_days} days, {', '.join(forms)}: ~{need / 1e9:.1f} GB of exports "
+        f"({free / 1e9:.1f} GB free in {work})")
+    if need > free * 0.9:
+        print(f"bench sla: not enough disk in {work}: need ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free; "
+              "use --groups/--weeks or --workdir", file=sys.stderr)
+        return 2
     os.environ.setdefault("UNDERSTUDY_SPARK_DRIVER_MEMORY", "6g")
     job.quiet_pandas_warning()
+    results: list[dict[str, Any]] = []
+    data = work / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    total_incidents = int(args.groups * max_days / 7 * args.incidents_per_group_week)
+    spec = SynthSpec(groups=args.groups, days=max_days, step_s=STEP_S, incidents=total_incidents, seed=42)
+    say(f"synthesising {args.groups} groups x {max_days} days once; smaller sizes are its first days")
+    t0 = time.monotonic()
+    written = synthesize(spec, out=data, formats=forms,
+                         on_day=lambda d: say(f"  day {d + 1}/{max_days} written"))
+    say(f"synthesised in {time.monotonic() - t0:.1f} s")
+    truth = json.loads((data / "ground_truth.json").read_text())
     say("starting Spark (local[*])")
     spark = job.build_session(shuffle_partitions=max(4, 2 * (os.cpu_count() or 2)), app="understudy-sla-bench")
-    results: list[dict[str, Any]] = []
-    work = pathlib.Path(args.workdir)
     try:
+        # The JVM compiles the hot paths during the first query; without a warm-up the
+        # first size would carry that one-off cost and bend the linearity figures.
+        warm = work / "warmup"
+        link_prefix(data, warm, forms, 1)
+        for form in forms:
+            say(f"warm-up: Spark over one day of {form} (not timed)")
+            run_spark(spark, form, warm)
+        shutil.rmtree(warm, ignore_errors=True)
         for label, days in sizes:
             folder = work / label
-            shutil.rmtree(folder, ignore_errors=True)
-            incidents = int(args.groups * days / 7 * args.incidents_per_group_week)
-            spec = SynthSpec(groups=args.groups, days=days, step_s=STEP_S, incidents=incidents, seed=42)
-            say(f"{label}: synthesising {args.groups} groups x {days} days ({', '.join(forms)})")
-            t0 = time.monotonic()
-            written = synthesize(spec, out=folder, formats=forms,
-                                 on_day=lambda d, days=days: say(f"  day {d + 1}/{days} written"))
-            say(f"{label}: synthesised in {time.monotonic() - t0:.1f} s")
+            link_prefix(data, folder, forms, days)
+            incidents = injected_before(truth, days)
             for form in forms:
-                samples = written.samples[form]
+                samples = sum(written.samples_per_day[form][:days])
                 say(f"{label} {form}: Spark ...")
                 spark_s, spark_n = run_spark(spark, form, folder)
                 say(f"{label} {form}: Spark {spark_s:.1f} s, {spark_n} incidents; DuckDB ...")
@@ -190,21 +268,26 @@ def main(argv: list[str]) -> int:
                     "spark_samples_per_s": round(samples / spark_s), "duckdb_samples_per_s": round(samples / duck_s),
                     "ratio_spark_vs_duckdb": round(spark_s / duck_s, 2),
                     "incidents_injected": incidents, "incidents_spark": spark_n, "incidents_duckdb": duck_n,
-                    # the machine is shared: read every figure next to its load
+                    # the machine may be shared: read every figure next to its load
                     "load_avg_1m": round(os.getloadavg()[0], 2),
                 }
                 results.append(row)
                 print(f"{label:>4} {form:<12} {samples:>11} samples  Spark {spark_s:8.1f} s "
                       f"({row['spark_samples_per_s']:>9}/s)  DuckDB {duck_s:8.1f} s  ratio {row['ratio_spark_vs_duckdb']:5.2f}  "
                       f"incidents {spark_n}/{duck_n}/{incidents}  load {row['load_avg_1m']}", flush=True)
-            if not args.keep:
-                shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
     finally:
         spark.stop()
+        if not args.keep:
+            shutil.rmtree(data, ignore_errors=True)
         out = pathlib.Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        growth = linearity(results) if len({r["size"] for r in results}) > 1 else []
+        for g in growth:
+            print(f"linearity {g['engine']:<6} {g['form']:<12} s per 1M samples {g['seconds_per_million_samples']}  "
+                  f"time growth / data growth {g['growth_vs_data']}", flush=True)
         out.write_text(json.dumps({"benchmark": "sla", "step_s": STEP_S, "cpus": os.cpu_count(),
-                                   "results": results}, indent=2) + "\n")
+                                   "results": results, "linearity": growth}, indent=2) + "\n")
         say(f"wrote {out}")
     return 0
 

@@ -390,6 +390,7 @@ class SynthResult:
 
     files: list[pathlib.Path] = field(default_factory=list)
     samples: dict[str, int] = field(default_factory=dict)
+    samples_per_day: dict[str, list[int]] = field(default_factory=dict)
     duplicates: int = 0
     staleness_markers: int = 0
 
@@ -409,7 +410,7 @@ def synthesize(
     p = plan(spec)
     rng = np.random.default_rng(spec.seed + 1)
     series = [s for g in range(spec.groups) for s in render_group(p, g, rng)]
-    result = SynthResult(samples=dict.fromkeys(formats, 0))
+    result = SynthResult(samples=dict.fromkeys(formats, 0), samples_per_day={f: [] for f in formats})
     ext = {"query_range": "json", "dump": "txt", "openmetrics": "om"}
     for form in formats:
         (out / form).mkdir(parents=True, exist_ok=True)
@@ -426,6 +427,7 @@ def synthesize(
                 result.duplicates += dup
                 result.staleness_markers += stale
             result.samples[form] += n
+            result.samples_per_day[form].append(n)
             result.files.append(path)
         if on_day is not None:
             on_day(day)
