@@ -1,0 +1,66 @@
+"""bench/sla.py: its pure helpers and its answers to bad flags (no Spark is started)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+from types import ModuleType
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_sla", ROOT / "bench" / "sla.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(size: str, form: str, samples: int, spark: float, duck: float) -> dict[str, object]:
+    return {"size": size, "form": form, "samples": samples, "spark_seconds": spark, "duckdb_seconds": duck}
+
+
+def test_linearity_reports_time_growth_against_data_growth() -> None:
+    rows = [_row("1w", "dump", 100, 10.0, 2.0), _row("2w", "dump", 200, 20.0, 6.0),
+            _row("4w", "dump", 400, 30.0, 8.0)]
+    by_engine = {g["engine"]: g for g in _bench().linearity(rows)}
+    assert by_engine["spark"]["growth_vs_data"] == {"2w": 1.0, "4w": 0.75}
+    assert by_engine["duckdb"]["growth_vs_data"] == {"2w": 1.5, "4w": 1.0}
+    assert by_engine["spark"]["seconds_per_million_samples"]["4w"] == 75000.0
+
+
+def test_injected_before_counts_incidents_that_start_in_the_prefix() -> None:
+    truth = {"start": "2026-11-01T00:00:00Z", "incidents": [
+        {"master_lost_at": "2026-11-01T10:00:00Z"}, {"master_lost_at": "2026-11-07T23:59:45Z"},
+        {"master_lost_at": "2026-11-08T00:00:00Z"}]}
+    assert _bench().injected_before(truth, 7) == 2
+
+
+def test_link_prefix_takes_the_first_days(tmp_path: pathlib.Path) -> None:
+    data = tmp_path / "data" / "dump"
+    data.mkdir(parents=True)
+    for day in ("2026-11-03", "2026-11-01", "2026-11-02"):
+        (data / f"{day}.txt").write_text(day)
+    _bench().link_prefix(tmp_path / "data", tmp_path / "1d", ("dump",), 2)
+    assert sorted(p.name for p in (tmp_path / "1d" / "dump").iterdir()) == ["2026-11-01.txt", "2026-11-02.txt"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--weeks", "one"], "--weeks must be whole numbers"),
+    (["--forms", "csv"], "--forms: unknown ['csv']"),
+    (["--groups", "0"], "need at least one size and one group"),
+    (["--groups", "100000000", "--weeks", "4"], "not enough disk"),
+])
+def test_bad_flags_are_clear_errors_before_any_work(tmp_path: pathlib.Path, args: list[str], message: str) -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "sla.py"), *args, "--workdir", str(tmp_path / "w"),
+                          "--out", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert message in run.stderr
+    assert not (tmp_path / "out.json").exists()
+    assert not (tmp_path / "w" / "data").exists()
