@@ -7,8 +7,9 @@ understudy_spark.job``): it never sets a master when spark-submit already did, a
 every output through Spark or the Hadoop FileSystem API, so ``--out`` may be any Hadoop
 path.
 
-Input is read once: rejected lines are counted by a Spark ``Observation`` riding on the
-same pass that builds the per-group states.
+Rejected lines are counted by a Spark ``Observation`` riding on the pass that builds the
+per-group states; text exports get one quick pass before it that collects their distinct
+series heads (see ``readers._with_heads``).
 """
 
 from __future__ import annotations
@@ -173,6 +174,8 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
     counts = {form.value: sum(1 for f in files if f.form is form) for form in readers.ExportFormat}
     progress(f"{len(files)} input file(s): " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
 
+    if any(f.form is not readers.ExportFormat.QUERY_RANGE for f in files):
+        progress("text exports: collecting the distinct series heads (a first, quick pass)")
     parsed = readers.read_parsed(spark, files, keyed=True)
     observation = Observation("understudy_sla_input")
     parsed = parsed.observe(
@@ -186,7 +189,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
     incidents: DataFrame | None = None
     daily: DataFrame | None = None
     try:
-        progress("parsing exports and building per-group states (one pass over the input)")
+        progress("parsing exports and building per-group states")
         bounds = states.agg(
             F.count(F.lit(1)).alias("n"), F.min("bucket").alias("lo"), F.max("bucket").alias("hi")
         ).first()
