@@ -143,6 +143,39 @@ def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int]:
     return time.monotonic() - t0, n
 
 
+# synth renders a whole plan in memory before writing it (~0.85 GB per 200-group day):
+# the exports are written as weekly plans, each with its own seed, one after the other.
+CHUNK_DAYS = 7
+
+
+def synthesize_weeks(
+    synthesize: Any, spec_type: Any, *, groups: int, days: int, forms: tuple[str, ...],
+    out: pathlib.Path, incidents_per_group_week: float,
+) -> tuple[dict[str, list[int]], dict[str, Any]]:
+    """``days`` of exports into ``out/<form>/`` as consecutive weekly syntheses; returns
+    the samples per day and form, and the merged ground truth (its ``incidents``)."""
+    import datetime as dt
+
+    start = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    per_day: dict[str, list[int]] = {f: [] for f in forms}
+    incidents: list[dict[str, Any]] = []
+    for chunk, first in enumerate(range(0, days, CHUNK_DAYS)):
+        n = min(CHUNK_DAYS, days - first)
+        spec = spec_type(
+            groups=groups, days=n, step_s=STEP_S, seed=42 + chunk,
+            incidents=int(groups * n / 7 * incidents_per_group_week),
+            start=(start + dt.timedelta(days=first)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        written = synthesize(spec, out=out, formats=forms,
+                             on_day=lambda d, first=first: say(f"  day {first + d + 1}/{days} written"))
+        for form in forms:
+            per_day[form] += written.samples_per_day[form]
+        incidents += json.loads((out / "ground_truth.json").read_text())["incidents"]
+    truth = {"start": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "incidents": incidents}
+    (out / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+    return per_day, truth
+
+
 def link_prefix(data: pathlib.Path, folder: pathlib.Path, forms: tuple[str, ...], days: int) -> None:
     """``folder/<form>/`` = hard links to the first ``days`` day files of ``data/<form>/``
     (one synthesis serves every size; the files are the same bytes)."""
@@ -233,14 +266,14 @@ def main(argv: list[str]) -> int:
     results: list[dict[str, Any]] = []
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
-    total_incidents = int(args.groups * max_days / 7 * args.incidents_per_group_week)
-    spec = SynthSpec(groups=args.groups, days=max_days, step_s=STEP_S, incidents=total_incidents, seed=42)
-    say(f"synthesising {args.groups} groups x {max_days} days once; smaller sizes are its first days")
+    say(f"synthesising {args.groups} groups x {max_days} days once, a week at a time; "
+        "smaller sizes are its first days")
     t0 = time.monotonic()
-    written = synthesize(spec, out=data, formats=forms,
-                         on_day=lambda d: say(f"  day {d + 1}/{max_days} written"))
+    samples_per_day, truth = synthesize_weeks(
+        synthesize, SynthSpec, groups=args.groups, days=max_days, forms=forms, out=data,
+        incidents_per_group_week=args.incidents_per_group_week,
+    )
     say(f"synthesised in {time.monotonic() - t0:.1f} s")
-    truth = json.loads((data / "ground_truth.json").read_text())
     say("starting Spark (local[*])")
     spark = job.build_session(shuffle_partitions=max(4, 2 * (os.cpu_count() or 2)), app="understudy-sla-bench")
     try:
@@ -257,7 +290,7 @@ def main(argv: list[str]) -> int:
             link_prefix(data, folder, forms, days)
             incidents = injected_before(truth, days)
             for form in forms:
-                samples = sum(written.samples_per_day[form][:days])
+                samples = sum(samples_per_day[form][:days])
                 say(f"{label} {form}: Spark ...")
                 spark_s, spark_n = run_spark(spark, form, folder)
                 say(f"{label} {form}: Spark {spark_s:.1f} s, {spark_n} incidents; DuckDB ...")

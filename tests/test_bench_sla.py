@@ -64,3 +64,19 @@ def test_bad_flags_are_clear_errors_before_any_work(tmp_path: pathlib.Path, args
     assert message in run.stderr
     assert not (tmp_path / "out.json").exists()
     assert not (tmp_path / "w" / "data").exists()
+
+
+def test_weekly_synthesis_writes_consecutive_days_and_merges_the_truth(tmp_path: pathlib.Path) -> None:
+    sys.path.insert(0, str(ROOT / "spark_jobs" / "src"))
+    from understudy_spark.synth import SynthSpec, synthesize
+
+    per_day, truth = _bench().synthesize_weeks(
+        synthesize, SynthSpec, groups=2, days=9, forms=("dump",), out=tmp_path, incidents_per_group_week=2.0
+    )
+    names = sorted(p.name for p in (tmp_path / "dump").iterdir())
+    assert names == [f"2026-11-{d:02d}.txt" for d in range(1, 10)]
+    assert len(per_day["dump"]) == 9
+    assert all(n > 0 for n in per_day["dump"])
+    # 4 incidents in the first week's plan, 1 in the two-day remainder, all kept
+    assert len(truth["incidents"]) == 5
+    assert _bench().injected_before(truth, 7) == 4
