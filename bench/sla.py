@@ -21,6 +21,7 @@ hour and a half; --groups/--weeks shrink it (say so next to the figures, docs/sl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -132,15 +133,24 @@ def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, int]:
         con.close()
 
 
-def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int]:
+def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int, int]:
+    """The job's own path up to the incidents, with its rejected/accepted-line Observation:
+    (seconds, incidents, samples accepted)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
     from understudy_spark import readers, transforms
 
     t0 = time.monotonic()
     files = readers.list_inputs(spark, [str(folder / form)])
-    parsed = readers.read_parsed(spark, files, keyed=True)  # the job's own path
-    states = transforms.group_states(transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=STEP_S))
+    parsed = readers.read_parsed(spark, files, keyed=True)
+    seen = Observation("bench")
+    parsed = parsed.observe(seen, F.count(F.when(F.col("ok"), 1)).alias("samples"))
+    states = transforms.group_states(
+        transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=STEP_S)
+    )
     n = len(transforms.incidents(states, step_s=STEP_S).collect())
-    return time.monotonic() - t0, n
+    return time.monotonic() - t0, n, int(seen.get["samples"])
 
 
 # synth renders a whole plan in memory before writing it (~0.85 GB per 200-group day):
@@ -171,7 +181,7 @@ def synthesize_weeks(
         for form in forms:
             per_day[form] += written.samples_per_day[form]
         incidents += json.loads((out / "ground_truth.json").read_text())["incidents"]
-    truth = {"start": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "incidents": incidents}
+    truth = {"start": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "groups_total": groups, "incidents": incidents}
     (out / "ground_truth.json").write_text(json.dumps(truth, indent=1) + "\n")
     return per_day, truth
 
@@ -230,6 +240,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workdir", default=".understudy/bench-sla")
     ap.add_argument("--out", default="bench-results/sla.json")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic exports")
+    ap.add_argument("--reuse", action="store_true",
+                    help="use the exports a kept or interrupted run left in --workdir (same groups, enough days)")
     args = ap.parse_args(argv)
 
     sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[1] / "spark_jobs" / "src")]
@@ -261,21 +273,33 @@ def main(argv: list[str]) -> int:
         print(f"bench sla: not enough disk in {work}: need ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB free; "
               "use --groups/--weeks or --workdir", file=sys.stderr)
         return 2
-    os.environ.setdefault("UNDERSTUDY_SPARK_DRIVER_MEMORY", "6g")
+    # local[*]: the driver is the executor. One 200-group day of query_range is one JSON
+    # document (~145 MB) parsed in one task; two at once need more than 6 GB of heap.
+    os.environ.setdefault("UNDERSTUDY_SPARK_DRIVER_MEMORY", "12g")
     job.quiet_pandas_warning()
     results: list[dict[str, Any]] = []
     data = work / "data"
-    shutil.rmtree(data, ignore_errors=True)
-    say(f"synthesising {args.groups} groups x {max_days} days once, a week at a time; "
-        "smaller sizes are its first days")
-    t0 = time.monotonic()
-    samples_per_day, truth = synthesize_weeks(
-        synthesize, SynthSpec, groups=args.groups, days=max_days, forms=forms, out=data,
-        incidents_per_group_week=args.incidents_per_group_week,
-    )
-    say(f"synthesised in {time.monotonic() - t0:.1f} s")
+    truth_path = data / "ground_truth.json"
+    kept = json.loads(truth_path.read_text()) if args.reuse and truth_path.exists() else None
+    have = sorted((data / forms[0]).iterdir()) if kept is not None else []
+    if kept is not None and kept.get("groups_total", len(kept.get("groups", []))) == args.groups and len(have) >= max_days:
+        say(f"reusing the exports in {data} ({len(have)} days)")
+        truth = kept
+    else:
+        if args.reuse:
+            say(f"nothing reusable in {data} for {args.groups} groups x {max_days} days; synthesising")
+        shutil.rmtree(data, ignore_errors=True)
+        say(f"synthesising {args.groups} groups x {max_days} days once, a week at a time; "
+            "smaller sizes are its first days")
+        t0 = time.monotonic()
+        _, truth = synthesize_weeks(
+            synthesize, SynthSpec, groups=args.groups, days=max_days, forms=forms, out=data,
+            incidents_per_group_week=args.incidents_per_group_week,
+        )
+        say(f"synthesised in {time.monotonic() - t0:.1f} s")
+    finished = False
     say("starting Spark (local[*])")
-    spark = job.build_session(shuffle_partitions=max(4, 2 * (os.cpu_count() or 2)), app="understudy-sla-bench")
+    spark = job.build_session(shuffle_partitions=64, app="understudy-sla-bench")
     try:
         # The JVM compiles the hot paths during the first query; without a warm-up the
         # first size would carry that one-off cost and bend the linearity figures.
@@ -290,9 +314,8 @@ def main(argv: list[str]) -> int:
             link_prefix(data, folder, forms, days)
             incidents = injected_before(truth, days)
             for form in forms:
-                samples = sum(samples_per_day[form][:days])
                 say(f"{label} {form}: Spark ...")
-                spark_s, spark_n = run_spark(spark, form, folder)
+                spark_s, spark_n, samples = run_spark(spark, form, folder)
                 say(f"{label} {form}: Spark {spark_s:.1f} s, {spark_n} incidents; DuckDB ...")
                 duck_s, duck_n = run_duckdb(form, folder)
                 row = {
@@ -309,9 +332,13 @@ def main(argv: list[str]) -> int:
                       f"({row['spark_samples_per_s']:>9}/s)  DuckDB {duck_s:8.1f} s  ratio {row['ratio_spark_vs_duckdb']:5.2f}  "
                       f"incidents {spark_n}/{duck_n}/{incidents}  load {row['load_avg_1m']}", flush=True)
             shutil.rmtree(folder, ignore_errors=True)
+        finished = True
     finally:
-        spark.stop()
-        if not args.keep:
+        with contextlib.suppress(Exception):  # a JVM that died of OOM cannot be stopped
+            spark.stop()
+        if args.keep or not finished:
+            say(f"exports kept in {data}; rerun with --reuse to skip synthesis")
+        else:
             shutil.rmtree(data, ignore_errors=True)
         out = pathlib.Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
