@@ -109,7 +109,7 @@ SELECT s.metric['__name__'] AS metric, s.metric['group'] AS grp, s.metric['broke
        TRY_CAST(json_extract_string(v, '$[1]') AS DOUBLE) AS value,
        round(TRY_CAST(json_extract_string(v, '$[0]') AS DOUBLE) * 1000)::BIGINT AS ts_ms
 FROM (SELECT unnest(data.result) AS s
-      FROM read_json('{glob}', format = 'auto', maximum_object_size = 4294967295,
+      FROM read_json('{glob}', format = 'auto', maximum_object_size = 536870912,
                      columns = {{'status': 'VARCHAR',
                                  'data': 'STRUCT(resultType VARCHAR, result STRUCT(metric MAP(VARCHAR, VARCHAR), "values" JSON[])[])'}})),
      unnest(s."values") AS t(v)
