@@ -47,16 +47,11 @@ from rich.console import Console
 from rich.table import Table
 
 from understudy_broker.client import Consumer, Producer, create_topic
+from understudy_operator.zkserver import free_port
 
 BODY = b"x" * 1024
 WINDOW = 256
 console = Console(stderr=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
