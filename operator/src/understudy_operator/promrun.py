@@ -24,9 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -40,6 +38,7 @@ from typing import Any
 import yaml
 
 from understudy_operator.local.plan import ClusterPlan
+from understudy_operator.local.procs import stop_group
 from understudy_operator.zkserver import free_port
 
 #: The series an SLA export carries: the metrics contract the job reads, and ``up``.
@@ -264,15 +263,7 @@ class PrometheusServer:
         proc = self.process
         if proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=timeout)
+        stop_group(proc, timeout=timeout)
         self.process = None
         with contextlib.suppress(OSError):
             (self.directory / "prometheus.pid").unlink()

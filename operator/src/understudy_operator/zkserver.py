@@ -12,16 +12,15 @@ that group by PID and waits, so nothing outlives its owner.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from understudy_operator.local.procs import stop_group
 
 JARS = (
     "/usr/share/java/zookeeper.jar",
@@ -187,14 +186,7 @@ class ZooKeeperServer:
         proc = self.process
         if proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=timeout)
+        stop_group(proc, timeout=timeout)
         self.process = None
 
     def __enter__(self) -> ZooKeeperServer:

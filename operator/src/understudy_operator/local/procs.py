@@ -158,6 +158,21 @@ def detach(proc: subprocess.Popen[bytes]) -> None:
     proc.returncode = 0
 
 
+def stop_group(proc: subprocess.Popen[bytes], *, timeout: float) -> None:
+    """Stop a child started in its own process group (``start_new_session``) by its PID:
+    SIGTERM to the group, SIGKILL after ``timeout``, and reap it."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)
+
+
 def send(pid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to one PID; a process that is already gone is not an error."""
     with contextlib.suppress(ProcessLookupError):
