@@ -97,6 +97,18 @@ class RequestError(Exception):
         self.message = message
 
 
+async def _acknowledged(waits: list[Awaitable[None]]) -> None:
+    """Wait until a write may be acknowledged (locally durable, and replicated when
+    replication is synchronous); a replication failure becomes the status the client
+    sees."""
+    try:
+        await asyncio.gather(*waits)
+    except NotEnoughReplicasError as exc:
+        raise RequestError(p.Status.NOT_ENOUGH_REPLICAS, str(exc)) from exc
+    except ReplicationTimeoutError as exc:
+        raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
+
+
 # --------------------------------------------------------------------------- topics
 
 
@@ -1039,12 +1051,7 @@ class Broker:
             self._repl_server.notify_appended()
             if self.cfg.sync:
                 waits.append(self._repl_server.wait_replicated(result.end_phys))
-        try:
-            await asyncio.gather(*waits)
-        except NotEnoughReplicasError as exc:
-            raise RequestError(p.Status.NOT_ENOUGH_REPLICAS, str(exc)) from exc
-        except ReplicationTimeoutError as exc:
-            raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
+        await _acknowledged(waits)
         self.metrics.messages_in(len(messages))
         self.metrics.produce_latency(time.perf_counter() - started)
         return p.ProduceResponse([(q, o) for _t, q, o in result.queue_offsets]).encode()
@@ -1117,12 +1124,7 @@ class Broker:
                 # Unchanged offsets still wait: an earlier commit that moved them may be
                 # in flight to the slaves.
                 waits.append(rs.wait_replicated(self._commits_end))
-        try:
-            await asyncio.gather(*waits)
-        except NotEnoughReplicasError as exc:
-            raise RequestError(p.Status.NOT_ENOUGH_REPLICAS, str(exc)) from exc
-        except ReplicationTimeoutError as exc:
-            raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
+        await _acknowledged(waits)
         return p.OffsetsResponse(stored).encode()
 
     async def _offsets_durable(self, *, inline: bool = False) -> None:
