@@ -145,21 +145,13 @@ def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, int]:
 
 
 def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int, int]:
-    """The job's own path up to the incidents, with its rejected/accepted-line Observation:
-    (seconds, incidents, samples accepted)."""
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
-
-    from understudy_spark import readers, transforms
+    """The job's own path up to the incidents (``job.observed_states``, then
+    ``transforms.incidents``): (seconds, incidents, samples accepted)."""
+    from understudy_spark import job, readers, transforms
 
     t0 = time.monotonic()
     files = readers.list_inputs(spark, [str(folder / form)])
-    parsed = readers.read_parsed(spark, files, keyed=True)
-    seen = Observation("bench")
-    parsed = parsed.observe(seen, F.count(F.when(F.col("ok"), 1)).alias("samples"))
-    states = transforms.group_states(
-        transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=STEP_S)
-    )
+    states, seen = job.observed_states(spark, files, step_s=STEP_S)
     n = len(transforms.incidents(states, step_s=STEP_S).collect())
     return time.monotonic() - t0, n, int(seen.get["samples"])
 

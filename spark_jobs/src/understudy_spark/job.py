@@ -167,6 +167,24 @@ def _csv(frame: pd.DataFrame) -> str:
     return text
 
 
+def observed_states(
+    spark: SparkSession, files: Sequence[readers.InputFile], *, step_s: float
+) -> tuple[DataFrame, Observation]:
+    """The per-group states of ``files`` (keyed readers -> clean -> states, lazily), and
+    the Observation that counts, on the same pass, ``rejected`` input lines (by weight),
+    accepted ``samples`` and the ``first_bad`` file. Also what ``bench/sla.py`` times."""
+    parsed = readers.read_parsed(spark, files, keyed=True)
+    observation = Observation("understudy_sla_input")
+    parsed = parsed.observe(
+        observation,
+        F.coalesce(F.sum(F.when(~F.col("ok"), F.col("weight"))), F.lit(0)).alias("rejected"),
+        F.count(F.when(F.col("ok"), 1)).alias("samples"),
+        F.min(F.when(~F.col("ok"), F.col("source_file"))).alias("first_bad"),
+    )
+    clean = transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=step_s)
+    return transforms.group_states(clean), observation
+
+
 def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobResult:
     """Read, compute, write. Raises :class:`InputError` for input it cannot use."""
     t0 = time.monotonic()
@@ -176,16 +194,8 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
 
     if any(f.form is not readers.ExportFormat.QUERY_RANGE for f in files):
         progress("text exports: collecting the distinct series heads (a first, quick pass)")
-    parsed = readers.read_parsed(spark, files, keyed=True)
-    observation = Observation("understudy_sla_input")
-    parsed = parsed.observe(
-        observation,
-        F.coalesce(F.sum(F.when(~F.col("ok"), F.col("weight"))), F.lit(0)).alias("rejected"),
-        F.count(F.when(F.col("ok"), 1)).alias("samples"),
-        F.min(F.when(~F.col("ok"), F.col("source_file"))).alias("first_bad"),
-    )
-    clean = transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=config.step_s)
-    states = transforms.group_states(clean).persist(StorageLevel.MEMORY_AND_DISK)
+    planned, observation = observed_states(spark, files, step_s=config.step_s)
+    states = planned.persist(StorageLevel.MEMORY_AND_DISK)
     incidents: DataFrame | None = None
     daily: DataFrame | None = None
     try:
