@@ -230,13 +230,7 @@ def _labels_map(label_set: Column) -> Column:
     rest = F.regexp_replace(label_set, _NAME_PAIR + r"\s*,?", "")
     keys = F.regexp_extract_all(rest, F.lit(_LABEL_PAIR_CAPTURE), 1)
     values = F.regexp_extract_all(rest, F.lit(_LABEL_PAIR_CAPTURE), 2)
-
-    def unescape(v: Column) -> Column:
-        return F.regexp_replace(
-            F.regexp_replace(F.regexp_replace(v, r"\\n", "\n"), r'\\"', '"'), r"\\\\", r"\\"
-        )
-
-    values = F.when(F.instr(rest, "\\") > 0, F.transform(values, unescape)).otherwise(values)
+    values = F.when(F.instr(rest, "\\") > 0, F.transform(values, _unescape)).otherwise(values)
     return F.map_from_arrays(keys, values)
 
 
