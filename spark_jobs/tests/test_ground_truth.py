@@ -18,7 +18,8 @@ from understudy_spark.synth import FORMATS
 pytestmark = pytest.mark.spark
 
 TIMES = ("master_lost_at", "reads_restored_at", "master_back_at", "normal_at")
-DURATIONS = ("read_unavailable_s", "failback_gap_s", "one_reader_violation_s", "backsync_s")
+DURATIONS = ("read_unavailable_s", "failback_gap_s", "one_reader_violation_s", "one_reader_unresolved_s",
+             "backsync_s")
 
 
 def _utc(text: str) -> dt.datetime:
@@ -80,6 +81,8 @@ def test_every_injected_incident_is_found_and_nothing_else(
 
     expected = truth["incidents"]
     assert len(expected) >= 3, "the plant must contain incidents"
+    assert any(i["one_reader_violation_s"] for i in expected), "the plant must contain a proven violation"
+    assert any(i["one_reader_unresolved_s"] for i in expected), "the plant must contain a lone two-reader bucket"
     assert len(found) == len(expected), (found, expected)  # none missed, none invented
     tolerance = dt.timedelta(seconds=step)
     for want in expected:
@@ -94,6 +97,9 @@ def test_every_injected_incident_is_found_and_nothing_else(
             assert abs(got[key] - _utc(want[key])) <= tolerance, (key, got, want)
         for key in DURATIONS:
             assert abs(got[key] - want[key]) <= step, (key, got, want)
+        # proven vs unresolved two-reader time is a per-bucket verdict: exact
+        assert (got["one_reader_violation_s"], got["one_reader_unresolved_s"]) == (
+            want["one_reader_violation_s"], want["one_reader_unresolved_s"]), (got, want)
         assert got["unknown_s"] == 0
 
     unknown_by_group: dict[str, float] = {}

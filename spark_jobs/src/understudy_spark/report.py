@@ -251,14 +251,16 @@ def render_summary(*, incidents: pd.DataFrame, monthly: pd.DataFrame, meta: Repo
         f"Period {iso(meta.start)} to {iso(meta.end)}, step {meta.step_s:g} s, "
         f"{meta.samples} samples, {meta.rejected_lines} rejected input line(s).",
         "",
-        "| month | availability | unknown (s) | incidents | over limit | one-reader violation (s) | target met |",
-        "|---|---|---|---|---|---|---|",
+        "| month | availability | unknown (s) | incidents | over limit | one-reader violation (s) "
+        "| two readers, unresolved (s) | target met |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in monthly[monthly["group"] == OVERALL].itertuples(index=False):
         avail = "n/a" if pd.isna(r.read_availability) else f"{100 * float(r.read_availability):.4f}%"
         lines.append(
             f"| {r.month} | {avail} | {float(r.unknown_s):.0f} | {int(r.incidents)} | "
-            f"{int(r.incidents_over_limit)} | {float(r.one_reader_violation_s):.0f} | {'yes' if r.target_met else 'no'} |"
+            f"{int(r.incidents_over_limit)} | {float(r.one_reader_violation_s):.0f} | "
+            f"{float(r.one_reader_unresolved_s):.0f} | {'yes' if r.target_met else 'no'} |"
         )
     missed = monthly[(monthly["group"] != OVERALL) & ~monthly["target_met"].astype(bool)]
     lines += ["", f"Groups missing the target: {len(missed)}."]

@@ -15,7 +15,8 @@ incident, in buckets of one step::
     b0        master dies: FENCING, nobody reads                (master_lost_at)
     b1        SLAVE_CONSUME: the acting slave reads              (reads_restored_at)
     b2        master back under a new pod (label churn), NONE    (master_back_at)
-              [optionally READ for v buckets: a one-reader violation]
+              [optionally READ for v buckets: two readers; the job proves a
+               one-reader violation from v >= 2, one bucket stays unresolved]
     b3        RECOVERING: the slave drops READ, back-sync runs
     b4        NORMAL, master FULL                                 (normal_at)
 """
@@ -354,7 +355,9 @@ def ground_truth(p: Plan) -> dict[str, Any]:
             "normal_at": _iso(spec, i.b4),
             "read_unavailable_s": ((i.b1 - i.b0) + (i.b4 - i.b3)) * step,
             "failback_gap_s": (i.b4 - i.b3) * step,
-            "one_reader_violation_s": i.violation * step,
+            # transforms.group_states: two readers in one bucket alone are unresolved
+            "one_reader_violation_s": (i.violation if i.violation >= 2 else 0) * step,
+            "one_reader_unresolved_s": (1 if i.violation == 1 else 0) * step,
             "backsync_s": (i.b4 - i.b3) * step,
         }
         for i in sorted(p.incidents, key=lambda x: (x.group, x.b0))

@@ -75,6 +75,7 @@ INCIDENT_COLUMNS = [
     "read_unavailable_s",
     "failback_gap_s",
     "one_reader_violation_s",
+    "one_reader_unresolved_s",
     "backsync_s",
     "unknown_s",
     "duration_s",
@@ -105,9 +106,9 @@ def _before(*extra: str) -> WindowSpec:
 
 
 def _whole(*extra: str) -> WindowSpec:
-    return Window.partitionBy("group", *extra).rowsBetween(
-        Window.unboundedPreceding, Window.unboundedFollowing
-    )
+    # Ordered like the other windows (the frame is still the whole partition) so Spark
+    # computes them over one sort instead of sorting the states twice.
+    return _by_group(*extra).rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
 
 
 def _at(bucket: Column, step_s: float) -> Column:
@@ -184,9 +185,16 @@ def group_states(clean: DataFrame) -> DataFrame:
     """One row per (group, bucket) that has any sample.
 
     Output: ``group, bucket, mode, master_read, readers, perm_series, brokers_down,
-    failovers, known, readable``. ``known`` follows DESIGN: the mode series has a sample,
-    or every broker's permission series has one (the broker count is the most permission
-    series the group ever showed at once).
+    failovers, known, readable, violation, unresolved``. ``known`` follows DESIGN: the
+    mode series has a sample, or every broker's permission series has one (the broker
+    count is the most permission series the group ever showed at once).
+
+    Two readers in one bucket are a one-reader ``violation`` only when the next or the
+    previous bucket has two readers too: then one broker's READ sample lies between two
+    READ samples of the other, so both held READ at once. A lone two-reader bucket is
+    ``unresolved``: targets are scraped at different phases, and a clean hand-over (the
+    old reader's last READ sample before it, the new reader's first one after it) lands
+    in one bucket just the same.
     """
     metric, value = F.col("metric"), F.col("value")
     is_perm = metric == PERMISSION
@@ -205,6 +213,13 @@ def group_states(clean: DataFrame) -> DataFrame:
     )
     n_brokers = F.max("perm_series").over(_whole())
     known = F.col("mode").isNotNull() | ((F.col("perm_series") >= n_brokers) & (n_brokers > 0))
+    two = F.col("readers") >= 2
+    w = _by_group()
+    beside = [
+        (F.abs(f("bucket").over(w) - F.col("bucket")) == 1) & (f("readers").over(w) >= 2)
+        for f in (F.lag, F.lead)
+    ]
+    proven = two & F.coalesce(beside[0] | beside[1], F.lit(False))
     return per_bucket.select(
         "group",
         "bucket",
@@ -216,6 +231,8 @@ def group_states(clean: DataFrame) -> DataFrame:
         "failovers",
         known.alias("known"),
         (F.col("readers") >= 1).alias("readable"),
+        proven.alias("violation"),
+        (two & ~proven).alias("unresolved"),
     )
 
 
@@ -239,7 +256,7 @@ def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
     event = F.when(fault, 1).when(healthy, 0)
 
     s = states.select(
-        "group", "bucket", "mode", "master_read", "readers", "known", "readable"
+        "group", "bucket", "mode", "master_read", "known", "readable", "violation", "unresolved"
     ).withColumn("in_incident", F.coalesce(F.last(event, ignorenulls=True).over(_running()), F.lit(0)))
     prev_in = F.lag("in_incident").over(_by_group())
     s = s.withColumn("prev_in", F.coalesce(prev_in, F.lit(0)))
@@ -268,7 +285,8 @@ def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
         ),
         F.count(F.when(unreadable, 1)).alias("unavail_n"),
         F.count(F.when(unreadable & restored, 1)).alias("gap_n"),
-        F.count(F.when(in_inc & (F.col("readers") >= 2), 1)).alias("violation_n"),
+        F.count(F.when(in_inc & F.col("violation"), 1)).alias("violation_n"),
+        F.count(F.when(in_inc & F.col("unresolved"), 1)).alias("unresolved_n"),
         F.count(F.when(in_inc & (mode == MODE_RECOVERING), 1)).alias("backsync_n"),
         F.count(F.when(in_inc & F.col("known"), 1)).alias("known_n"),
     )
@@ -283,6 +301,7 @@ def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
         (F.col("unavail_n") * step).alias("read_unavailable_s"),
         (F.col("gap_n") * step).alias("failback_gap_s"),
         (F.col("violation_n") * step).alias("one_reader_violation_s"),
+        (F.col("unresolved_n") * step).alias("one_reader_unresolved_s"),
         (F.col("backsync_n") * step).alias("backsync_s"),
         ((span_end - F.col("incident") - F.col("known_n")) * step).alias("unknown_s"),
         ((span_end - F.col("incident")) * step).alias("duration_s"),
@@ -294,12 +313,13 @@ def timeline(states: DataFrame, *, step_s: float) -> DataFrame:
     """Run-length state timeline per group: ``group, state, start, end, seconds``.
 
     States: ``normal`` (master reads), ``slave_read`` (only a slave reads),
-    ``unreadable``, ``two_readers`` (one-reader violation) and ``unknown`` (no usable
+    ``unreadable``, ``two_readers`` (a proven one-reader violation; an unresolved
+    two-reader bucket is drawn as the readable state it is) and ``unknown`` (no usable
     sample, including buckets missing altogether between two runs).
     """
     state = (
         F.when(~F.col("known"), STATE_UNKNOWN)
-        .when(F.col("readers") >= 2, STATE_TWO_READERS)
+        .when(F.col("violation"), STATE_TWO_READERS)
         .when(~F.col("readable"), STATE_UNREADABLE)
         .when(F.col("master_read") == 1, STATE_NORMAL)
         .otherwise(STATE_SLAVE_READ)
@@ -367,9 +387,10 @@ def daily_sla(
     """Per group and UTC day inside ``[first_bucket, last_bucket]``.
 
     Output: ``group, day, known_s, unknown_s, read_unavailable_s, one_reader_violation_s,
-    incidents, incidents_over_limit, max_incident_read_unavailable_s, failovers_counted,
-    read_availability, target, target_met``. ``read_availability`` is readable time over
-    *known* time; unknown time is only reported.
+    one_reader_unresolved_s, incidents, incidents_over_limit,
+    max_incident_read_unavailable_s, failovers_counted, read_availability, target,
+    target_met``. ``read_availability`` is readable time over *known* time; unknown time
+    is only reported.
     """
     step_ms = int(step_s * 1000)
     step = F.lit(float(step_s))
@@ -393,13 +414,14 @@ def daily_sla(
     grid = grid.withColumn("expected_n", expected)
 
     per_day = (
-        states.select("group", "bucket", "known", "readable", "readers")
+        states.select("group", "bucket", "known", "readable", "violation", "unresolved")
         .withColumn("day", day_of)
         .groupBy("group", "day")
         .agg(
             F.count(F.when(F.col("known"), 1)).alias("known_n"),
             F.count(F.when(F.col("known") & ~F.col("readable"), 1)).alias("unavail_n"),
-            F.count(F.when(F.col("readers") >= 2, 1)).alias("violation_n"),
+            F.count(F.when(F.col("violation"), 1)).alias("violation_n"),
+            F.count(F.when(F.col("unresolved"), 1)).alias("unresolved_n"),
         )
     )
     limit = F.lit(float(targets.incident_read_unavailable_s))
@@ -436,6 +458,7 @@ def daily_sla(
         ((F.col("expected_n") - known_n) * step).alias("unknown_s"),
         (unavail_n * step).alias("read_unavailable_s"),
         (F.coalesce(F.col("violation_n"), F.lit(0)) * step).alias("one_reader_violation_s"),
+        (F.coalesce(F.col("unresolved_n"), F.lit(0)) * step).alias("one_reader_unresolved_s"),
         F.coalesce(F.col("incidents"), F.lit(0)).alias("incidents"),
         over.alias("incidents_over_limit"),
         F.col("max_incident_read_unavailable_s"),
@@ -453,7 +476,7 @@ def monthly_sla(daily: DataFrame, *, targets: Targets) -> DataFrame:
     """Per group and month (``yyyy-MM``), plus one ``group = "ALL"`` row per month.
 
     Output: ``group, month, known_s, unknown_s, read_unavailable_s,
-    one_reader_violation_s, incidents, incidents_over_limit,
+    one_reader_violation_s, one_reader_unresolved_s, incidents, incidents_over_limit,
     max_incident_read_unavailable_s, failovers_counted, read_availability, target,
     target_met``.
     """
@@ -464,6 +487,7 @@ def monthly_sla(daily: DataFrame, *, targets: Targets) -> DataFrame:
         "unknown_s",
         "read_unavailable_s",
         "one_reader_violation_s",
+        "one_reader_unresolved_s",
         "incidents",
         "incidents_over_limit",
         "max_incident_read_unavailable_s",
@@ -474,6 +498,7 @@ def monthly_sla(daily: DataFrame, *, targets: Targets) -> DataFrame:
         F.sum("unknown_s").alias("unknown_s"),
         F.sum("read_unavailable_s").alias("read_unavailable_s"),
         F.sum("one_reader_violation_s").alias("one_reader_violation_s"),
+        F.sum("one_reader_unresolved_s").alias("one_reader_unresolved_s"),
         F.sum("incidents").alias("incidents"),
         F.sum("incidents_over_limit").alias("incidents_over_limit"),
         F.max("max_incident_read_unavailable_s").alias("max_incident_read_unavailable_s"),
@@ -493,6 +518,7 @@ def monthly_sla(daily: DataFrame, *, targets: Targets) -> DataFrame:
         "unknown_s",
         "read_unavailable_s",
         "one_reader_violation_s",
+        "one_reader_unresolved_s",
         F.col("incidents").cast("long").alias("incidents"),
         F.col("incidents_over_limit").cast("long").alias("incidents_over_limit"),
         "max_incident_read_unavailable_s",
