@@ -58,8 +58,10 @@ WITH clean AS (
 ), s1 AS (
   SELECT *, (mode IS NOT NULL OR (perm_series >= max(perm_series) OVER g AND max(perm_series) OVER g > 0)) AS known,
          readers >= 1 AS readable,
-         max((mode IS NOT NULL)::INT) OVER g = 1 AS has_mode
-  FROM states WINDOW g AS (PARTITION BY grp)
+         max((mode IS NOT NULL)::INT) OVER g = 1 AS has_mode,
+         readers >= 2 AND coalesce((lag(bucket) OVER o = bucket - 1 AND lag(readers) OVER o >= 2)
+                                   OR (lead(bucket) OVER o = bucket + 1 AND lead(readers) OVER o >= 2), false) AS violation
+  FROM states WINDOW g AS (PARTITION BY grp), o AS (PARTITION BY grp ORDER BY bucket)
 ), s2 AS (
   SELECT *,
     CASE WHEN (CASE WHEN has_mode THEN mode IS NOT NULL AND mode <> 0 AND coalesce(master_read, 0) = 0
@@ -85,7 +87,8 @@ SELECT grp AS "group", start AS master_lost_b,
        min(CASE WHEN in_inc = 0 THEN bucket END) AS normal_b,
        count(CASE WHEN in_inc = 1 AND known AND NOT readable THEN 1 END) * {step_s} AS read_unavailable_s,
        count(CASE WHEN in_inc = 1 AND known AND NOT readable AND restored THEN 1 END) * {step_s} AS failback_gap_s,
-       count(CASE WHEN in_inc = 1 AND readers >= 2 THEN 1 END) * {step_s} AS one_reader_violation_s
+       count(CASE WHEN in_inc = 1 AND violation THEN 1 END) * {step_s} AS one_reader_violation_s,
+       count(CASE WHEN in_inc = 1 AND readers >= 2 AND NOT violation THEN 1 END) * {step_s} AS one_reader_unresolved_s
 FROM s6 GROUP BY ALL
 """
 
@@ -119,7 +122,9 @@ FROM (SELECT unnest(data.result) AS s
 DUCKDB_MEMORY = os.environ.get("UNDERSTUDY_BENCH_DUCKDB_MEMORY", "9GB")
 
 
-def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, int]:
+def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, list[dict[str, Any]]]:
+    """The reference over ``folder/<form>/``: (seconds, incident rows as dicts; times as
+    bucket numbers ``*_b``, durations in seconds as in incidents.csv)."""
     import duckdb
 
     ext = {"query_range": "json", "dump": "txt"}[form]
@@ -135,10 +140,11 @@ def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, int]:
     try:
         t0 = time.monotonic()
         con.execute((DUMP_SAMPLES if form == "dump" else QUERY_RANGE_SAMPLES).format(glob=glob))
-        rows = con.execute(
-            INCIDENTS_SQL.format(step_ms=STEP_S * 1000, step_s=STEP_S, mode=MODE, perm=PERM)
-        ).fetchall()
-        return time.monotonic() - t0, len(rows)
+        cur = con.execute(INCIDENTS_SQL.format(step_ms=STEP_S * 1000, step_s=STEP_S, mode=MODE, perm=PERM))
+        rows = cur.fetchall()
+        seconds = time.monotonic() - t0
+        names = [d[0] for d in cur.description]
+        return seconds, [dict(zip(names, row, strict=True)) for row in rows]
     finally:
         con.close()
         shutil.rmtree(spill, ignore_errors=True)
@@ -320,7 +326,8 @@ def main(argv: list[str]) -> int:
                 say(f"{label} {form}: Spark ...")
                 spark_s, spark_n, samples = run_spark(spark, form, folder)
                 say(f"{label} {form}: Spark {spark_s:.1f} s, {spark_n} incidents; DuckDB ...")
-                duck_s, duck_n = run_duckdb(form, folder)
+                duck_s, duck_rows = run_duckdb(form, folder)
+                duck_n = len(duck_rows)
                 row = {
                     "size": label, "days": days, "groups": args.groups, "form": form,
                     "samples": samples, "spark_seconds": round(spark_s, 2), "duckdb_seconds": round(duck_s, 2),
