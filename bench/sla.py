@@ -5,8 +5,8 @@ query_range JSON and promtool dump text), then times, over the same files:
 - Spark: read + parse + per-group states + incidents (understudy_spark, local[*]);
 - DuckDB: the same incident definition as one SQL query (single-node reference).
 Prints samples/s and the Spark/DuckDB ratio per size and form, checks both found the
-same number of incidents, prints how time grew against data (linearity), and writes
-``bench-results/sla.json``. No assertions. The largest size is synthesised once; smaller
+same number of incidents with the same summed durations, prints how time grew against
+data (linearity), and writes ``bench-results/sla.json``. No assertions. The largest size is synthesised once; smaller
 sizes are its first days (hard links), and Spark is warmed up on one day first.
 
     python bench/sla.py                        # what `make bench` runs
@@ -150,16 +150,24 @@ def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, list[dict[str, A
         shutil.rmtree(spill, ignore_errors=True)
 
 
-def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, int, int]:
+def run_spark(spark: Any, form: str, folder: pathlib.Path) -> tuple[float, list[dict[str, Any]], int]:
     """The job's own path up to the incidents (``job.observed_states``, then
-    ``transforms.incidents``): (seconds, incidents, samples accepted)."""
+    ``transforms.incidents``): (seconds, incident rows as dicts, samples accepted)."""
     from understudy_spark import job, readers, transforms
 
     t0 = time.monotonic()
     files = readers.list_inputs(spark, [str(folder / form)])
     states, seen = job.observed_states(spark, files, step_s=STEP_S)
-    n = len(transforms.incidents(states, step_s=STEP_S).collect())
-    return time.monotonic() - t0, n, int(seen.get["samples"])
+    rows = [r.asDict() for r in transforms.incidents(states, step_s=STEP_S).collect()]
+    return time.monotonic() - t0, rows, int(seen.get["samples"])
+
+
+# Summed over all incidents, Spark's and DuckDB's must be equal (the same definition).
+TOTALS = ("read_unavailable_s", "failback_gap_s", "one_reader_violation_s", "one_reader_unresolved_s")
+
+
+def totals(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {key: float(sum(r[key] for r in rows)) for key in TOTALS}
 
 
 # synth renders a whole plan in memory before writing it (~0.85 GB per 200-group day):
@@ -324,23 +332,29 @@ def main(argv: list[str]) -> int:
             incidents = injected_before(truth, days)
             for form in forms:
                 say(f"{label} {form}: Spark ...")
-                spark_s, spark_n, samples = run_spark(spark, form, folder)
+                spark_s, spark_rows, samples = run_spark(spark, form, folder)
+                spark_n = len(spark_rows)
                 say(f"{label} {form}: Spark {spark_s:.1f} s, {spark_n} incidents; DuckDB ...")
                 duck_s, duck_rows = run_duckdb(form, folder)
                 duck_n = len(duck_rows)
+                agree = totals(spark_rows) == totals(duck_rows)
                 row = {
                     "size": label, "days": days, "groups": args.groups, "form": form,
                     "samples": samples, "spark_seconds": round(spark_s, 2), "duckdb_seconds": round(duck_s, 2),
                     "spark_samples_per_s": round(samples / spark_s), "duckdb_samples_per_s": round(samples / duck_s),
                     "ratio_spark_vs_duckdb": round(spark_s / duck_s, 2),
                     "incidents_injected": incidents, "incidents_spark": spark_n, "incidents_duckdb": duck_n,
+                    "totals_spark": totals(spark_rows), "totals_agree": agree,
                     # the machine may be shared: read every figure next to its load
                     "load_avg_1m": round(os.getloadavg()[0], 2),
                 }
                 results.append(row)
                 print(f"{label:>4} {form:<12} {samples:>11} samples  Spark {spark_s:8.1f} s "
                       f"({row['spark_samples_per_s']:>9}/s)  DuckDB {duck_s:8.1f} s  ratio {row['ratio_spark_vs_duckdb']:5.2f}  "
-                      f"incidents {spark_n}/{duck_n}/{incidents}  load {row['load_avg_1m']}", flush=True)
+                      f"incidents {spark_n}/{duck_n}/{incidents} totals {'agree' if agree else 'DIFFER'}  "
+                      f"load {row['load_avg_1m']}", flush=True)
+                if not agree:
+                    say(f"{label} {form}: totals differ: Spark {totals(spark_rows)}, DuckDB {totals(duck_rows)}")
             shutil.rmtree(folder, ignore_errors=True)
         finished = True
     finally:
