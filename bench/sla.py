@@ -26,6 +26,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import time
 from typing import Any
@@ -119,7 +120,9 @@ FROM (SELECT unnest(data.result) AS s
 """
 
 
-DUCKDB_MEMORY = os.environ.get("UNDERSTUDY_BENCH_DUCKDB_MEMORY", "9GB")
+# DuckDB runs after Spark's JVM has exited, so by default it has DuckDB's own default
+# limit (80 % of RAM); set this to cap it lower.
+DUCKDB_MEMORY = os.environ.get("UNDERSTUDY_BENCH_DUCKDB_MEMORY", "")
 
 
 def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, list[dict[str, Any]]]:
@@ -130,11 +133,11 @@ def run_duckdb(form: str, folder: pathlib.Path) -> tuple[float, list[dict[str, A
     ext = {"query_range": "json", "dump": "txt"}[form]
     glob = str(folder / form / f"*.{ext}")
     con = duckdb.connect()
-    # The Spark JVM of the same run keeps its heap: cap DuckDB below the rest of the
-    # machine's memory and let it spill (an in-memory database does not spill by default;
-    # two weeks of 200 groups needed more than 18 GB without).
+    # Let it spill: an in-memory database does not by default, and four weeks of 200
+    # groups of query_range did not fit in 9 GB.
     spill = folder.parent / "duckdb.tmp"
-    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
+    if DUCKDB_MEMORY:
+        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
     con.execute(f"SET temp_directory = '{spill}'")
     con.execute("SET preserve_insertion_order = false")
     try:
@@ -173,6 +176,30 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, float]:
 # synth renders a whole plan in memory before writing it (~0.85 GB per 200-group day):
 # the exports are written as weekly plans, each with its own seed, one after the other.
 CHUNK_DAYS = 7
+
+
+def stop_spark(spark: Any) -> None:
+    """Stop the session and its JVM, so its heap is free for DuckDB. (``spark.stop()``
+    alone leaves the py4j gateway JVM running; it exits when its stdin closes.)"""
+    from pyspark import SparkContext
+
+    with contextlib.suppress(Exception):  # a JVM that died of OOM cannot be stopped
+        spark.stop()
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if gateway is not None:
+        with contextlib.suppress(Exception):
+            gateway.shutdown()
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def synthesize_weeks(
@@ -317,6 +344,7 @@ def main(argv: list[str]) -> int:
     finished = False
     say("starting Spark (local[*])")
     spark = job.build_session(shuffle_partitions=64, app="understudy-sla-bench")
+    spark_runs: dict[tuple[str, str], tuple[float, list[dict[str, Any]], int]] = {}
     try:
         # The JVM compiles the hot paths during the first query; without a warm-up the
         # first size would carry that one-off cost and bend the linearity figures.
@@ -326,15 +354,25 @@ def main(argv: list[str]) -> int:
             say(f"warm-up: Spark over one day of {form} (not timed)")
             run_spark(spark, form, warm)
         shutil.rmtree(warm, ignore_errors=True)
+        # Every Spark run first, then the JVM exits and DuckDB has the machine's memory:
+        # the two never hold memory at the same time (DuckDB needed more than 9 GB for
+        # four weeks of query_range, next to Spark's 12 GB heap on a 23 GB machine).
         for label, days in sizes:
-            folder = work / label
-            link_prefix(data, folder, forms, days)
-            incidents = injected_before(truth, days)
+            link_prefix(data, work / label, forms, days)
             for form in forms:
                 say(f"{label} {form}: Spark ...")
-                spark_s, spark_rows, samples = run_spark(spark, form, folder)
+                spark_runs[label, form] = run_spark(spark, form, work / label)
+                spark_s, spark_rows, samples = spark_runs[label, form]
+                say(f"{label} {form}: Spark {spark_s:.1f} s ({samples / spark_s:.0f} samples/s), "
+                    f"{len(spark_rows)} incidents")
+        stop_spark(spark)
+        for label, days in sizes:
+            folder = work / label
+            incidents = injected_before(truth, days)
+            for form in forms:
+                say(f"{label} {form}: DuckDB ...")
+                spark_s, spark_rows, samples = spark_runs[label, form]
                 spark_n = len(spark_rows)
-                say(f"{label} {form}: Spark {spark_s:.1f} s, {spark_n} incidents; DuckDB ...")
                 duck_s, duck_rows = run_duckdb(form, folder)
                 duck_n = len(duck_rows)
                 agree = totals(spark_rows) == totals(duck_rows)
@@ -358,8 +396,7 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(folder, ignore_errors=True)
         finished = True
     finally:
-        with contextlib.suppress(Exception):  # a JVM that died of OOM cannot be stopped
-            spark.stop()
+        stop_spark(spark)
         if args.keep or not finished:
             say(f"exports kept in {data}; rerun with --reuse to skip synthesis")
         else:
