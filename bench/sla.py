@@ -14,8 +14,9 @@ sizes are its first days (hard links), and Spark is warmed up on one day first.
     python bench/sla.py --month                # add the 30-day size
 
 A 200-group week is ~48M samples per form (~1 GB of dump text a day, ~28 GB for four
-weeks; the bench checks the free disk first). On 2 cores the default sizes take about an
-hour and a half; --groups/--weeks shrink it (say so next to the figures, docs/sla.md).
+weeks; the bench checks the free disk first). On 2 cores the default sizes took 70 minutes
+(16 to synthesise, 54 to run; --reuse skips the first); --groups/--weeks shrink it (say so
+next to the figures, docs/sla.md).
 """
 
 from __future__ import annotations
