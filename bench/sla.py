@@ -6,8 +6,9 @@ query_range JSON and promtool dump text), then times, over the same files:
 - DuckDB: the same incident definition as one SQL query (single-node reference).
 Prints samples/s and the Spark/DuckDB ratio per size and form, checks both found the
 same number of incidents with the same summed durations, prints how time grew against
-data (linearity), and writes ``bench-results/sla.json``. No assertions. The largest size is synthesised once; smaller
-sizes are its first days (hard links), and Spark is warmed up on one day first.
+data (linearity), and writes ``bench-results/sla.json``. No assertions. The largest size
+is synthesised once; smaller sizes are its first days (hard links). Spark is warmed up on
+one day, runs every size, and exits; then DuckDB runs every size.
 
     python bench/sla.py                        # what `make bench` runs
     python bench/sla.py --groups 20 --weeks 1  # a quick look
