@@ -107,9 +107,11 @@ class _Exporter(http.server.BaseHTTPRequestHandler):
     """Serves a permission gauge that counts scrapes (so every sample is distinct)."""
 
     scrapes = itertools.count()
+    served = -1  # the value of the latest answer
 
     def do_GET(self) -> None:
         n = next(self.scrapes)
+        type(self).served = max(type(self).served, n)
         body = (f'understudy_broker_permission{{group="g1",broker="g1-0",role="master"}} {n}\n'
                 'understudy_other_metric 1\n').encode()
         self.send_response(200)
@@ -182,6 +184,22 @@ def test_both_export_forms_carry_the_same_scrapes(prometheus: promrun.Prometheus
     assert pid is not None
     prometheus.stop()
     assert _gone(pid)
+
+
+@pytest.mark.integration
+@needs_prometheus
+def test_an_export_holds_the_state_at_the_call(prometheus: promrun.PrometheusServer, tmp_path: pathlib.Path) -> None:
+    """A drill exports right after its last recovery: whatever a target shows at the call
+    must be in the query_range export too, not only in the dump (which keeps raw
+    samples), or the last incident reads as open there."""
+    prometheus.wait_targets_up(timeout=30)
+    time.sleep(1.0)
+    before_call = _Exporter.served
+    export = prometheus.export(tmp_path / "export")
+    values = [float(v) for qr_file in export.query_range
+              for s in json.loads(qr_file.read_text())["data"]["result"]
+              if s["metric"]["__name__"] == "understudy_broker_permission" for _t, v in s["values"]]
+    assert max(values) > before_call, (max(values), before_call)
 
 
 @pytest.mark.integration

@@ -366,12 +366,20 @@ class PrometheusServer:
         metrics: Sequence[str] = CONTRACT_METRICS,
     ) -> Export:  # fmt: skip
         """Export ``metrics`` from ``start`` (wall seconds; default: when the server
-        started) to ``end`` (default: now, after every target has been scraped once more)
-        as ``query_range-NNN.json`` and ``tsdb-dump.txt`` in ``out``."""
+        started) to ``end`` as ``query_range-NNN.json`` and ``tsdb-dump.txt`` in ``out``.
+
+        ``end`` defaults to two scrape intervals after the call, once every target has
+        been scraped after it. The state at the call is then in a complete bucket of
+        both exports. ``query_range`` keeps only whole buckets before ``end``. A state
+        reached just before the call can be first scraped up to one interval later, and
+        its bucket ends up to one interval after that. With ``end = now``, the last
+        NORMAL of a drill that exported right after its recovery could be missing from
+        ``query_range``: an open incident there, closed in the dump."""
         if start is None:
             start = self.started_at
         if end is None:
-            end = time.time()
+            end = time.time() + 2 * self.interval_s
+            time.sleep(max(0.0, end - time.time()))
             self.wait_scraped_after(end, timeout=max(10.0, 5 * self.interval_s))
         windows = range_windows(start=start, end=end, step_s=self.interval_s)
         if not windows:
