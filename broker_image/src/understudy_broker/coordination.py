@@ -447,8 +447,11 @@ class BrokerCoordinator:
                 log.exception("%s: lease renewal crashed", self.name)
             interval = renewal_interval_s(self._lease.duration) if self._lease.duration > 0 else 0.2
             self._renew_now.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel that lands as
+            # the event is set (stop() sets it), and this loop would then never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._renew_now.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self._renew_now.wait()
 
     # ------------------------------------------------------------------ kazoo async bridge
 

@@ -322,8 +322,11 @@ class ZkAuthority:
                     await coord.publish_status(self.status())
                 except CoordinationError as exc:
                     log.debug("%s: status not published: %s", self._name, exc)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel that lands as
+            # the event is set (stop() sets it), and this loop would then never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._publish_now.wait(), self._publish_interval_s)
+                async with asyncio.timeout(self._publish_interval_s):
+                    await self._publish_now.wait()
 
     async def _peer_routes(self) -> list[BrokerRoute]:
         coord = self._coord
