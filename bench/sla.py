@@ -377,14 +377,15 @@ def main(argv: list[str]) -> int:
                 spark_n = len(spark_rows)
                 duck_s, duck_rows = run_duckdb(form, folder)
                 duck_n = len(duck_rows)
-                agree = totals(spark_rows) == totals(duck_rows)
+                spark_totals, duck_totals = totals(spark_rows), totals(duck_rows)
+                agree = spark_totals == duck_totals
                 row = {
                     "size": label, "days": days, "groups": args.groups, "form": form,
                     "samples": samples, "spark_seconds": round(spark_s, 2), "duckdb_seconds": round(duck_s, 2),
                     "spark_samples_per_s": round(samples / spark_s), "duckdb_samples_per_s": round(samples / duck_s),
                     "ratio_spark_vs_duckdb": round(spark_s / duck_s, 2),
                     "incidents_injected": incidents, "incidents_spark": spark_n, "incidents_duckdb": duck_n,
-                    "totals_spark": totals(spark_rows), "totals_agree": agree,
+                    "totals_spark": spark_totals, "totals_agree": agree,
                     # the machine may be shared: read every figure next to its load
                     "load_avg_1m": round(os.getloadavg()[0], 2),
                 }
@@ -394,7 +395,7 @@ def main(argv: list[str]) -> int:
                       f"incidents {spark_n}/{duck_n}/{incidents} totals {'agree' if agree else 'DIFFER'}  "
                       f"load {row['load_avg_1m']}", flush=True)
                 if not agree:
-                    say(f"{label} {form}: totals differ: Spark {totals(spark_rows)}, DuckDB {totals(duck_rows)}")
+                    say(f"{label} {form}: totals differ: Spark {spark_totals}, DuckDB {duck_totals}")
             shutil.rmtree(folder, ignore_errors=True)
         finished = True
     finally:

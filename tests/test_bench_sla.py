@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import pathlib
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def test_the_duckdb_reference_finds_the_injected_incidents(tmp_path: pathlib.Pat
     bench = _bench()
     spec = SynthSpec(groups=4, days=1, step_s=bench.STEP_S, incidents=8, seed=11, violation_fraction=0.6)
     synthesize(spec, out=tmp_path, formats=(form,))
-    truth = __import__("json").loads((tmp_path / "ground_truth.json").read_text())
+    truth = json.loads((tmp_path / "ground_truth.json").read_text())
     _seconds, rows = bench.run_duckdb(form, tmp_path)
 
     def bucket(text: str) -> int:
