@@ -35,7 +35,6 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.security import make_digest_acl
 
-from understudy_broker.aio import wait_event
 from understudy_broker.lease import Lease, lease_clock, lease_duration_s, renewal_interval_s
 from understudy_broker.model import GroupState
 from understudy_broker.zklayout import (
@@ -448,7 +447,11 @@ class BrokerCoordinator:
                 log.exception("%s: lease renewal crashed", self.name)
             interval = renewal_interval_s(self._lease.duration) if self._lease.duration > 0 else 0.2
             self._renew_now.clear()
-            await wait_event(self._renew_now, interval)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel that lands as
+            # the event is set (stop() sets it), and this loop would then never end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._renew_now.wait()
 
     # ------------------------------------------------------------------ kazoo async bridge
 

@@ -57,7 +57,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from understudy_broker.aio import wait_event
 from understudy_broker.commitlog import CommitLog, CommitLogError
 
 log = logging.getLogger(__name__)
@@ -612,7 +611,8 @@ class ReplicationServer:
                 continue
             await writer.drain()
             link.wake.clear()
-            await wait_event(link.wake, max(0.0, next_meta - loop.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.wake.wait(), max(0.0, next_meta - loop.time()))
 
     def _metadata_frame(self) -> bytes | None:
         """The metadata body, or None (logged) when the broker's callback fails: a bad
@@ -724,7 +724,8 @@ class ReplicationClient:
                 break
             log.info("replication link down (%s); retrying in %.2fs", self.last_error, backoff)
             backoff = self.backoff_initial_s if progressed else min(backoff * 2, self.backoff_max_s)
-            await wait_event(self._stop, backoff)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), backoff)
 
     @property
     def _group_commit(self) -> bool:

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from understudy_broker import protocol as p
-from understudy_broker.aio import wait_event
 from understudy_broker.authority import Authority, StaticAuthority
 from understudy_broker.backsync import backsync_epoch_due, push_until_acknowledged
 from understudy_broker.commitlog import (
@@ -188,7 +187,8 @@ class AppendSignal:
 
     async def wait(self, wait_s: float) -> None:
         event = self._event
-        await wait_event(event, wait_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), wait_s)
 
 
 class GroupCommitter:

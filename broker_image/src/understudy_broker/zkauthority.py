@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 
 from kazoo.exceptions import KazooException, NoNodeError
 
-from understudy_broker.aio import wait_event
 from understudy_broker.coordination import (
     DEFAULT_LINK_TIMEOUT_S,
     BrokerCoordinator,
@@ -323,7 +322,11 @@ class ZkAuthority:
                     await coord.publish_status(self.status())
                 except CoordinationError as exc:
                     log.debug("%s: status not published: %s", self._name, exc)
-            await wait_event(self._publish_now, self._publish_interval_s)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel that lands as
+            # the event is set (stop() sets it), and this loop would then never end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._publish_interval_s):
+                    await self._publish_now.wait()
 
     async def _peer_routes(self) -> list[BrokerRoute]:
         coord = self._coord

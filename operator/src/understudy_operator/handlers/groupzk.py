@@ -18,7 +18,6 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
-from understudy_broker.aio import wait_event
 from understudy_broker.model import GroupState
 from understudy_broker.zklayout import (
     BrokerStatus,
@@ -160,7 +159,8 @@ class GroupZk:
             await self._zk(self.client.exists_async(state_path(group), watch=fire))
         with contextlib.suppress(NoNodeError):
             await self._zk(self.client.get_children_async(live_dir(group), watch=fire))
-        await wait_event(changed, timeout_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout_s)
 
 
 def _delete_group_nodes(url: str, group: str, namespace: str, timeout_s: float) -> str:
