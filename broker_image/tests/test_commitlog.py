@@ -9,18 +9,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from understudy_broker.commitlog import (
-    EOF_MAGIC,
-    EOF_MARKER,
+from understudy_broker.storage.commitlog import (
     CommitLog,
     FlushPolicy,
+    Retention,
+    SegmentInfo,
+    segments_to_delete,
+)
+from understudy_broker.storage.records import (
+    EOF_MAGIC,
+    EOF_MARKER,
     InvalidMessageError,
     Message,
     MessageTooLargeError,
-    Retention,
-    SegmentInfo,
     StoredRecord,
-    segments_to_delete,
 )
 
 SEG = 8 << 10  # small segments so a few hundred records roll several times

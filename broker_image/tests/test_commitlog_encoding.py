@@ -16,15 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from understudy_broker.commitlog import (
+from understudy_broker.storage.commitlog import CommitLog, FlushPolicy, ReplicationCorruptError
+from understudy_broker.storage.records import (
     EOF_MIN,
     HEADER_END,
     PREFIX_SIZE,
     RECORD_MAGIC,
-    CommitLog,
-    FlushPolicy,
     Message,
-    ReplicationCorruptError,
     encode_eof_marker,
     encode_record,
     record_size,

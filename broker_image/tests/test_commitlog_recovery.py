@@ -11,12 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from understudy_broker.commitlog import (
-    CommitLog,
-    CorruptSegmentError,
-    Message,
-    StoredRecord,
-)
+from understudy_broker.storage.commitlog import CommitLog, CorruptSegmentError
+from understudy_broker.storage.records import Message, StoredRecord
 
 SEG = 8 << 10
 SLOW_OK = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

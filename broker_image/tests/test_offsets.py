@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from understudy_broker.offsets import OffsetStore, OffsetStoreCorruptError
+from understudy_broker.storage.offsets import OffsetStore, OffsetStoreCorruptError
 
 
 def test_commit_is_monotonic_and_reset_is_the_only_way_down(tmp_path: Path) -> None:

@@ -8,12 +8,20 @@ one pure function, :func:`effective_permission`, with no I/O and no clock of its
 callers gather the facts (ZooKeeper state, link health, lease validity) and pass them in.
 
 The rules are the ones in DESIGN.md ("Effective permission" and "Read leases").
+
+Two more shared rules live here for the same reason, one copy each: what a topic may be
+called (:func:`check_topic_name`: the codec refuses at the door what the log would refuse
+later) and the shape of a consumer-offset snapshot (:func:`normalize_snapshot`: the offset
+store, the codec's back-sync body and the replicated commit records all validate with it).
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Final
 
 
 class Permission(enum.IntFlag):
@@ -144,3 +152,55 @@ def effective_permission(
     if not health.lease_valid:
         perm &= ~Permission.READ
     return Permission(perm)
+
+
+# --------------------------------------------------------------------------- topics
+
+MAX_TOPIC_BYTES: Final = 200
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+class TopicNameError(ValueError):
+    """A topic name breaks :func:`check_topic_name`; the message says the rule."""
+
+
+def check_topic_name(topic: str) -> str:
+    """Topic names are 1-200 characters of ASCII letters, digits, ``.``, ``_`` and ``-``,
+    and not ``.`` or ``..`` (they become directory names). Returns the name."""
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        raise TopicNameError(
+            f"invalid topic name {topic!r}: 1-{MAX_TOPIC_BYTES} characters of "
+            "A-Z a-z 0-9 . _ - (not '.' or '..')"
+        )
+    return topic
+
+
+# --------------------------------------------------------------------------- offsets
+
+#: Committed offsets: consumer group -> topic -> queue -> next offset to consume.
+Snapshot = dict[str, dict[str, dict[int, int]]]
+
+
+def normalize_snapshot(data: Any) -> Snapshot:
+    """Validate a snapshot (as parsed from JSON: queue keys may be strings).
+
+    Raises ValueError on the wrong shape or negative offsets.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError("offsets must be an object")
+    out: Snapshot = {}
+    for group, topics in data.items():
+        if not isinstance(group, str) or not isinstance(topics, Mapping):
+            raise ValueError(f"group {group!r}: expected an object of topics")
+        for topic, queues in topics.items():
+            if not isinstance(topic, str) or not isinstance(queues, Mapping):
+                raise ValueError(f"{group}/{topic}: expected an object of queues")
+            for queue, offset in queues.items():
+                try:
+                    q = int(queue)
+                except (TypeError, ValueError):
+                    raise ValueError(f"{group}/{topic}: queue {queue!r} is not a number") from None
+                if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0 or q < 0:
+                    raise ValueError(f"{group}/{topic}/{queue}: bad offset {offset!r}")
+                out.setdefault(group, {}).setdefault(topic, {})[q] = offset
+    return out

@@ -24,6 +24,8 @@ import struct
 from array import array
 from pathlib import Path
 
+from understudy_broker.storage.durability import durable_replace, write_all
+
 INDEX_MAGIC = b"UQIX"
 INDEX_VERSION = 1
 
@@ -63,7 +65,7 @@ class QueueIndex:
     def create(cls, path: Path, *, base: int = 0) -> QueueIndex:
         """Create (or overwrite atomically) an empty index starting at ``base``."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, base))
+        durable_replace(path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, base))
         return cls(path, base=base, phys=array("q"), sizes=array("l"))
 
     @classmethod
@@ -130,12 +132,7 @@ class QueueIndex:
         for p, s, h in entries:
             pack(buf, at, p, s, h)
             at += INDEX_ENTRY_SIZE
-        pos = INDEX_HEADER_SIZE + len(self._phys) * INDEX_ENTRY_SIZE
-        view = memoryview(buf)
-        while view:
-            n = os.pwrite(self._fd, view, pos)
-            view = view[n:]
-            pos += n
+        write_all(self._fd, buf, INDEX_HEADER_SIZE + len(self._phys) * INDEX_ENTRY_SIZE)
         self._phys.extend([p for p, _s, _h in entries])
         self._sizes.extend([s for _p, s, _h in entries])
         self._dirty = True
@@ -164,7 +161,7 @@ class QueueIndex:
             INDEX_HEADER_SIZE + cut * INDEX_ENTRY_SIZE,
         )
         new_base = self._base + cut
-        _atomic_write(self.path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, new_base) + raw)
+        durable_replace(self.path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, new_base) + raw)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR)
         del self._phys[:cut]
@@ -183,18 +180,3 @@ class QueueIndex:
             os.close(self._fd)
             self._fd = -1
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

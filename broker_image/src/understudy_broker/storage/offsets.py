@@ -33,20 +33,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from understudy_broker.model import Snapshot, normalize_snapshot
+from understudy_broker.storage.durability import durable_replace
 
 FORMAT = 1
 #: Internal commit-log topic carrying consumer commits to slaves. Clients cannot create,
 #: produce to or read it (``RESERVED_PREFIX``).
 COMMITS_TOPIC = "__understudy_commits"
 RESERVED_PREFIX = "__understudy"
-
-Snapshot = dict[str, dict[str, dict[int, int]]]
-
 
 class OffsetStoreCorruptError(Exception):
     """The offsets file is unreadable; it was not modified."""
@@ -72,35 +71,16 @@ def _parse(path: Path, raw: bytes) -> tuple[Snapshot, int | None]:
         raise OffsetStoreCorruptError(path, str(exc)) from None
 
 
-def normalize_snapshot(data: Any) -> Snapshot:
-    """Validate a snapshot (as parsed from JSON: queue keys may be strings).
-
-    Raises ValueError on the wrong shape or negative offsets.
-    """
-    if not isinstance(data, Mapping):
-        raise ValueError("offsets must be an object")
-    out: Snapshot = {}
-    for group, topics in data.items():
-        if not isinstance(group, str) or not isinstance(topics, Mapping):
-            raise ValueError(f"group {group!r}: expected an object of topics")
-        for topic, queues in topics.items():
-            if not isinstance(topic, str) or not isinstance(queues, Mapping):
-                raise ValueError(f"{group}/{topic}: expected an object of queues")
-            for queue, offset in queues.items():
-                try:
-                    q = int(queue)
-                except (TypeError, ValueError):
-                    raise ValueError(f"{group}/{topic}: queue {queue!r} is not a number") from None
-                if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0 or q < 0:
-                    raise ValueError(f"{group}/{topic}/{queue}: bad offset {offset!r}")
-                out.setdefault(group, {}).setdefault(topic, {})[q] = offset
-    return out
-
-
 def encode_commit_record(group: str, topic: str, offsets: Mapping[int, int]) -> bytes:
     """The body of a :data:`COMMITS_TOPIC` record: ``{group: {topic: {queue: offset}}}``."""
     doc = {group: {topic: {str(q): off for q, off in offsets.items()}}}
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def encode_snapshot_record(snapshot: Snapshot) -> bytes:
+    """The body of a :data:`COMMITS_TOPIC` record carrying a whole snapshot (after a
+    back-sync, so slaves that were not acting learn the merged offsets)."""
+    return json.dumps(snapshot, separators=(",", ":")).encode("utf-8")
 
 
 def decode_commit_record(body: bytes) -> Snapshot:
@@ -120,6 +100,7 @@ class OffsetStore:
         self._offsets = offsets
         self.backsync_epoch = backsync_epoch
         self._dirty = False
+        self._version = 0  # bumped by every change: what a GroupCommit waits for
         self._write_lock = threading.Lock()  # one writer of the file at a time
         self._generation = 0  # of the last encoded snapshot
         self._written = 0  # generation on disk
@@ -138,6 +119,15 @@ class OffsetStore:
     def dirty(self) -> bool:
         return self._dirty
 
+    @property
+    def version(self) -> int:
+        """Grows with every change of the stored offsets or back-sync epoch."""
+        return self._version
+
+    def _changed(self) -> None:
+        self._dirty = True
+        self._version += 1
+
     def get(self, group: str, topic: str, queue: int) -> int | None:
         return self._offsets.get(group, {}).get(topic, {}).get(queue)
 
@@ -150,7 +140,7 @@ class OffsetStore:
         if current is not None and offset <= current:
             return current
         queues[queue] = offset
-        self._dirty = True
+        self._changed()
         return offset
 
     def reset(self, group: str, topic: str, queue: int, offset: int) -> None:
@@ -158,7 +148,7 @@ class OffsetStore:
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
         self._offsets.setdefault(group, {}).setdefault(topic, {})[queue] = offset
-        self._dirty = True
+        self._changed()
 
     def snapshot(self) -> Snapshot:
         return {g: {t: dict(qs) for t, qs in ts.items()} for g, ts in self._offsets.items()}
@@ -178,7 +168,7 @@ class OffsetStore:
                         moved += 1
         if epoch is not None and (self.backsync_epoch is None or epoch > self.backsync_epoch):
             self.backsync_epoch = epoch
-            self._dirty = True
+            self._changed()
         return moved
 
     def persist(self) -> None:
@@ -223,24 +213,10 @@ class OffsetStore:
         return self._generation, data
 
     def _write(self, generation: int, data: bytes) -> None:
-        """Atomic replace (tmp, fsync, rename, fsync directory); skips stale snapshots."""
+        """Atomic replace (:func:`.durability.durable_replace`); skips stale snapshots."""
         with self._write_lock:
             if generation <= self._written:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            durable_replace(self.path, data)
             self._written = generation

@@ -15,19 +15,7 @@ Layout on disk (``<dir>/commitlog/<base offset, 20 digits>`` and ``<dir>/index/.
   the record goes to the next segment's base. Every sealed segment therefore ends with
   a marker and is exactly ``segment_bytes`` long; the active one grows as written.
 
-Record (all big-endian; sizes derived with ``calcsize``)::
-
-    RECORD_PREFIX   total length | magic | crc32 of every byte after the crc field
-    RECORD_HEADER   seq | queue offset | timestamp ms | queue | topic len | key len | body len
-    topic (utf-8) | key (absent when key len == -1) | body
-
-End-of-file marker::
-
-    EOF_MARKER      total length (= rest of the segment) | EOF magic | next sequence number
-    zero bytes up to the segment end
-
-The marker carries the next sequence number so a log whose active segment is empty
-still knows where the sequence continues.
+The record and end-of-file marker layout is :mod:`.records` (one definition, one walker).
 
 Durability: ``FlushPolicy(mode="batch")`` fdatasyncs after each append call;
 ``mode="interval"`` leaves it to the caller (``needs_flush``/``flush``, which may run in a
@@ -40,60 +28,42 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 import threading
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
-from understudy_broker.cqindex import IndexFileError, QueueIndex
-
-RECORD_MAGIC = 0xDAA320A7
-EOF_MAGIC = 0xCBD43194
-
-RECORD_PREFIX = struct.Struct(
-    ">"
-    "I"  # total record length in bytes, this field included
-    "I"  # magic: RECORD_MAGIC
-    "I"  # crc32 over every byte that follows this field (header rest + topic + key + body)
+from understudy_broker.storage.durability import fsync_dir
+from understudy_broker.storage.index import IndexFileError, QueueIndex
+from understudy_broker.storage.records import (
+    CRC_FROM,
+    EOF_MAGIC,
+    EOF_MARKER,
+    EOF_MIN,
+    HEADER_END,
+    PREFIX_SIZE,
+    RECORD_HEADER,
+    RECORD_MAGIC,
+    RECORD_PREFIX,
+    CommitLogError,
+    InvalidMessageError,
+    MessageTooLargeError,
+    RecordTuple,
+    StoredRecord,
+    Walked,
+    decode_record,
+    topic_bytes,
+    walk,
 )
-RECORD_HEADER = struct.Struct(
-    ">"
-    "Q"  # sequence number: global, +1 per record, never reused
-    "Q"  # queue offset: logical position of the record inside its (topic, queue)
-    "q"  # timestamp, ms since the Unix epoch (producer's or broker's clock)
-    "I"  # queue id
-    "H"  # topic length in bytes (utf-8)
-    "i"  # key length in bytes; -1 means "no key" (distinct from an empty key)
-    "I"  # body length in bytes
-)
-EOF_MARKER = struct.Struct(
-    ">"
-    "I"  # total marker length: from here to the end of the segment
-    "I"  # magic: EOF_MAGIC
-    "Q"  # sequence number the next record will carry
-)
-PREFIX_SIZE = RECORD_PREFIX.size
-HEADER_END = PREFIX_SIZE + RECORD_HEADER.size
-EOF_MIN = EOF_MARKER.size
-_LEN_MAGIC = struct.Struct(">II")  # the two fields records and markers share
-_CRC_HEADER = struct.Struct(">I" + RECORD_HEADER.format[1:])  # crc, then RECORD_HEADER
-_CRC_FROM = PREFIX_SIZE  # the CRC covers everything after the prefix
 
-MAX_TOPIC_BYTES = 200
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _SEGMENT_RE = re.compile(r"^\d{20}$")
 _PRESERVED_TAIL_SEGMENTS = 3
 
 
 # ---- errors ------------------------------------------------------------------------
-class CommitLogError(Exception):
-    """Base class of commit-log errors."""
-
-
 class CorruptSegmentError(CommitLogError):
     """A sealed segment is damaged; nothing was truncated. An operator decides."""
 
@@ -104,10 +74,6 @@ class CorruptSegmentError(CommitLogError):
         self.reason = reason
 
 
-class CorruptRecordError(CommitLogError):
-    """A record read back from disk fails its checks."""
-
-
 class ReplicationGapError(CommitLogError):
     """Replicated bytes do not start at this log's end."""
 
@@ -116,45 +82,7 @@ class ReplicationCorruptError(CommitLogError):
     """Replicated bytes hold an invalid or inconsistent record; none of it was written."""
 
 
-class MessageTooLargeError(CommitLogError, ValueError):
-    """A message cannot fit in one segment."""
-
-
-class InvalidMessageError(CommitLogError, ValueError):
-    """Topic name, queue id or key length out of range."""
-
-
 # ---- value types -------------------------------------------------------------------
-class Message(NamedTuple):
-    """A record to append. A tuple rather than a dataclass: the broker's produce path
-    builds one per message, and :meth:`CommitLog.append` also takes plain
-    ``(topic, queue, key, body, timestamp_ms)`` tuples (:data:`RecordTuple`), which cost a
-    fraction of an object to build."""
-
-    topic: str
-    queue: int
-    key: bytes | None
-    body: bytes
-    timestamp_ms: int
-
-
-#: ``(topic, queue, key, body, timestamp_ms)``; :class:`Message` is one.
-RecordTuple = tuple[str, int, bytes | None, bytes, int]
-
-
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    topic: str
-    queue: int
-    queue_offset: int
-    seq: int
-    timestamp_ms: int
-    key: bytes | None
-    body: bytes
-    phys_offset: int
-    size: int
-
-
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     start_phys: int
@@ -201,158 +129,7 @@ class SegmentInfo:
     modified_ms: int
 
 
-@dataclass(slots=True)
-class _Scanned:
-    """One item found while walking the byte stream."""
-
-    phys: int
-    size: int
-    is_marker: bool
-    seq: int = 0
-    queue_offset: int = 0
-    queue: int = 0
-    topic: str = ""
-    key_hash: int = 0
-
-
-@dataclass(slots=True)
-class _ScanResult:
-    items: list[_Scanned] = field(default_factory=list)
-    valid_end: int = 0  # physical offset after the last whole valid item
-    error: str | None = None  # why scanning stopped before the data ended
-
-
 # ---- pure helpers -------------------------------------------------------------------
-def validate_topic(topic: str) -> bytes:
-    """The topic's utf-8 bytes, or :class:`InvalidMessageError` (names become directories)."""
-    raw = topic.encode("utf-8")
-    if not raw or len(raw) > MAX_TOPIC_BYTES or not _TOPIC_RE.match(topic) or topic in (".", ".."):
-        raise InvalidMessageError(
-            f"invalid topic name {topic!r}: 1-{MAX_TOPIC_BYTES} characters of A-Z a-z 0-9 . _ -"
-        )
-    return raw
-
-
-def record_size(*, topic_len: int, key: bytes | None, body_len: int) -> int:
-    return HEADER_END + topic_len + (len(key) if key is not None else 0) + body_len
-
-
-def encode_record(
-    *, seq: int, queue_offset: int, message: Message, topic_raw: bytes
-) -> tuple[bytes, ...]:
-    """The pieces of one record (join them to get its bytes)."""
-    key = message.key
-    klen = -1 if key is None else len(key)
-    rest = RECORD_HEADER.pack(
-        seq,
-        queue_offset,
-        message.timestamp_ms,
-        message.queue,
-        len(topic_raw),
-        klen,
-        len(message.body),
-    )
-    crc = zlib.crc32(rest)
-    crc = zlib.crc32(topic_raw, crc)
-    if key:
-        crc = zlib.crc32(key, crc)
-    crc = zlib.crc32(message.body, crc)
-    size = HEADER_END + len(topic_raw) + max(klen, 0) + len(message.body)
-    prefix = RECORD_PREFIX.pack(size, RECORD_MAGIC, crc)
-    if key:
-        return (prefix, rest, topic_raw, key, message.body)
-    return (prefix, rest, topic_raw, message.body)
-
-
-def encode_eof_marker(*, length: int, next_seq: int) -> bytes:
-    return EOF_MARKER.pack(length, EOF_MAGIC, next_seq) + bytes(length - EOF_MIN)
-
-
-def decode_record(buf: memoryview, pos: int, phys: int) -> StoredRecord:
-    """Decode and CRC-check the record at ``buf[pos:]``."""
-    if len(buf) - pos < HEADER_END:
-        raise CorruptRecordError(f"record at {phys}: truncated header")
-    size, magic, crc = RECORD_PREFIX.unpack_from(buf, pos)
-    if magic != RECORD_MAGIC or size < HEADER_END or pos + size > len(buf):
-        raise CorruptRecordError(f"record at {phys}: bad magic or length")
-    if zlib.crc32(buf[pos + _CRC_FROM : pos + size]) != crc:
-        raise CorruptRecordError(f"record at {phys}: CRC mismatch")
-    seq, qoff, ts, queue, tlen, klen, blen = RECORD_HEADER.unpack_from(buf, pos + PREFIX_SIZE)
-    p = pos + HEADER_END
-    topic = bytes(buf[p : p + tlen]).decode("utf-8")
-    p += tlen
-    key: bytes | None = None
-    if klen >= 0:
-        key = bytes(buf[p : p + klen])
-        p += klen
-    body = bytes(buf[p : p + blen])
-    return StoredRecord(topic, queue, qoff, seq, ts, key, body, phys, size)
-
-
-def scan(
-    buf: memoryview, *, start_phys: int, segment_bytes: int, verify: bool = True
-) -> _ScanResult:
-    """Walk whole records and markers in ``buf`` (which starts at ``start_phys``).
-
-    Stops at the end of the data, at an incomplete item (``error`` None: more bytes may
-    come) or at an invalid one (``error`` says why). This is the slave's per-record hot
-    path, hence one ``unpack_from`` for the CRC and the header together and the segment
-    end recomputed only when a segment boundary is crossed.
-    """
-    out = _ScanResult(valid_end=start_phys)
-    items = out.items
-    n = len(buf)
-    pos = 0
-    unpack_len_magic = _LEN_MAGIC.unpack_from
-    unpack_crc_header = _CRC_HEADER.unpack_from
-    crc32 = zlib.crc32
-    seg_end = (start_phys // segment_bytes + 1) * segment_bytes
-    while pos < n:
-        phys = start_phys + pos
-        if phys >= seg_end:
-            seg_end = (phys // segment_bytes + 1) * segment_bytes
-        if n - pos < _LEN_MAGIC.size:
-            break
-        size, magic = unpack_len_magic(buf, pos)
-        if magic == RECORD_MAGIC:
-            if size < HEADER_END or size + EOF_MIN > seg_end - phys:
-                out.error = f"record at {phys} has impossible length {size}"
-                break
-            if n - pos < size:
-                break
-            crc, seq, qoff, _ts, queue, tlen, klen, blen = unpack_crc_header(buf, pos + 8)
-            if verify and crc32(buf[pos + _CRC_FROM : pos + size]) != crc:
-                out.error = f"record at {phys} fails its CRC"
-                break
-            if HEADER_END + tlen + max(klen, 0) + blen != size or klen < -1:
-                out.error = f"record at {phys}: field lengths disagree with record length"
-                break
-            t0 = pos + HEADER_END
-            try:
-                topic = str(buf[t0 : t0 + tlen], "utf-8")
-            except UnicodeDecodeError:
-                out.error = f"record at {phys}: topic is not utf-8"
-                break
-            khash = crc32(buf[t0 + tlen : t0 + tlen + klen]) if klen > 0 else 0
-            items.append(_Scanned(phys, size, False, seq, qoff, queue, topic, khash))
-        elif magic == EOF_MAGIC:
-            if size != seg_end - phys or size < EOF_MIN:
-                out.error = (
-                    f"end-of-file marker at {phys} has length {size}, expected {seg_end - phys}"
-                )
-                break
-            if n - pos < size:
-                break
-            (_, _, next_seq) = EOF_MARKER.unpack_from(buf, pos)
-            items.append(_Scanned(phys, size, True, seq=next_seq))
-        else:
-            out.error = f"bad magic 0x{magic:08x} at {phys}"
-            break
-        pos += size
-        out.valid_end = start_phys + pos
-    return out
-
-
 def segments_to_delete(
     segments: Sequence[SegmentInfo],
     *,
@@ -420,7 +197,8 @@ class CommitLog:
         self._min_phys = 0
         self._next_seq = 0
         self._indexes: dict[tuple[str, int], QueueIndex] = {}
-        self._topic_raw: dict[str, bytes] = {}
+        self._topic_raw: dict[str, bytes] = {}  # validated names, encoded
+        self._topic_names: dict[bytes, str] = {}  # validated names, decoded (walk cache)
         self._lock = threading.Lock()
         self._unsynced: list[int] = []  # dup'd fds of sealed segments not yet fsynced
         self._flushed_phys = 0
@@ -484,14 +262,15 @@ class CommitLog:
             return
         self._min_phys = bases[0]
         first_scanned = max(0, len(bases) - _PRESERVED_TAIL_SEGMENTS)
-        items: list[_Scanned] = []
+        items: list[Walked] = []
         truncated = 0
         end = bases[first_scanned]
         for i in range(first_scanned, len(bases)):
             base = bases[i]
             path = self._log_dir / _segment_name(base)
             data = path.read_bytes()
-            res = scan(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes)
+            res = walk(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes,
+                       topics=self._topic_names)
             last = i == len(bases) - 1
             if not last and res.valid_end != base + self.segment_bytes:
                 raise CorruptSegmentError(
@@ -522,11 +301,11 @@ class CommitLog:
         )
         self.recovery = RecoveryReport(truncated, len(items), rebuilt)
 
-    def _load_indexes(self, *, scan_start: int, scanned: list[_Scanned], truncated: int) -> int:
+    def _load_indexes(self, *, scan_start: int, scanned: list[Walked], truncated: int) -> int:
         """Open every index; make each agree with the log. Returns indexes repaired."""
         root = self.directory / "index"
         root.mkdir(parents=True, exist_ok=True)
-        expected: dict[tuple[str, int], list[_Scanned]] = {}
+        expected: dict[tuple[str, int], list[Walked]] = {}
         for s in scanned:
             expected.setdefault((s.topic, s.queue), []).append(s)
         repaired = 0
@@ -570,7 +349,7 @@ class CommitLog:
 
     @staticmethod
     def _repair_index(
-        index: QueueIndex, scan_start: int, items: list[_Scanned]
+        index: QueueIndex, scan_start: int, items: list[Walked]
     ) -> Literal["ok", "repaired", "rebuild"]:
         """Make ``index`` agree with the scanned tail of the log.
 
@@ -599,7 +378,7 @@ class CommitLog:
         for ix in self._indexes.values():
             ix.close()
         self._indexes.clear()
-        found: dict[tuple[str, int], list[_Scanned]] = {}
+        found: dict[tuple[str, int], list[Walked]] = {}
         for item in self._iter_log_items():
             if not item.is_marker:
                 found.setdefault((item.topic, item.queue), []).append(item)
@@ -613,13 +392,14 @@ class CommitLog:
             self._indexes[key] = index
         return len(keys)
 
-    def _iter_log_items(self) -> Iterator[_Scanned]:
+    def _iter_log_items(self) -> Iterator[Walked]:
         for base in self._segments:
             path = self._log_dir / _segment_name(base)
             if not path.exists():
                 continue
             data = path.read_bytes()
-            res = scan(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes)
+            res = walk(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes,
+                       topics=self._topic_names)
             if res.error is not None or res.valid_end - base != len(data):
                 raise CorruptSegmentError(path, res.valid_end - base, res.error or "torn record")
             yield from res.items
@@ -630,7 +410,7 @@ class CommitLog:
         created = not path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         if created:
-            _fsync_dir(self._log_dir)
+            fsync_dir(self._log_dir)
         with self._lock:
             if self._write_fd >= 0:
                 self._unsynced.append(self._write_fd)
@@ -681,7 +461,7 @@ class CommitLog:
     def _topic_bytes(self, topic: str) -> bytes:
         raw = self._topic_raw.get(topic)
         if raw is None:
-            raw = validate_topic(topic)
+            raw = topic_bytes(topic)
             self._topic_raw[topic] = raw
         return raw
 
@@ -769,7 +549,7 @@ class CommitLog:
                     buf[q : q + klen] = key
                     q += klen
                 buf[q : q + len(body)] = body
-                pack_prefix(buf, o, size, RECORD_MAGIC, crc32(view[o + _CRC_FROM : o + size]))
+                pack_prefix(buf, o, size, RECORD_MAGIC, crc32(view[o + CRC_FROM : o + size]))
                 entries = pending.get(ident)
                 if entries is None:
                     entries = pending[ident] = []
@@ -873,98 +653,44 @@ class CommitLog:
     def _check_replicated(
         self, view: memoryview, start_phys: int
     ) -> tuple[int, int, dict[tuple[str, int], list[tuple[int, int, int]]], str | None]:
-        """One pass over replicated bytes: frame, CRC and continuity checks fused.
+        """Check replicated bytes: :func:`.records.walk` (framing, CRC, names), then
+        continuity of the sequence and of every queue's offsets with this log.
 
         Returns ``(end of the whole valid prefix, next seq, index entries, problem)``;
         ``problem`` says why checking stopped early (None: data ended, possibly in the
-        middle of a record that the caller resends). This is the slave's per-record hot
-        path, so unlike :func:`scan` it builds no per-record objects and decodes and
-        validates each distinct topic once per call.
+        middle of a record that the caller resends).
         """
-        seg_bytes = self.segment_bytes
-        n = len(view)
-        pos = 0
+        walked = walk(view, start_phys=start_phys, segment_bytes=self.segment_bytes,
+                      topics=self._topic_names)
         seq = self._next_seq
         ends: dict[tuple[str, int], int] = {}
         pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-        topics: dict[bytes, str] = {}
-        unpack_len_magic = _LEN_MAGIC.unpack_from
-        unpack_crc_header = _CRC_HEADER.unpack_from
-        crc32 = zlib.crc32
-        seg_end = (start_phys // seg_bytes + 1) * seg_bytes
-        problem: str | None = None
-        while pos < n:
-            phys = start_phys + pos
-            if phys >= seg_end:
-                seg_end = (phys // seg_bytes + 1) * seg_bytes
-            if n - pos < _LEN_MAGIC.size:
-                break
-            size, magic = unpack_len_magic(view, pos)
-            if magic == RECORD_MAGIC:
-                if size < HEADER_END or size + EOF_MIN > seg_end - phys:
-                    problem = f"record at {phys} has impossible length {size}"
-                    break
-                if n - pos < size:
-                    break
-                crc, rseq, qoff, _ts, queue, tlen, klen, blen = unpack_crc_header(view, pos + 8)
-                if crc32(view[pos + _CRC_FROM : pos + size]) != crc:
-                    problem = f"record at {phys} fails its CRC"
-                    break
-                if HEADER_END + tlen + max(klen, 0) + blen != size or klen < -1:
-                    problem = f"record at {phys}: field lengths disagree with record length"
-                    break
-                t0 = pos + HEADER_END
-                traw = bytes(view[t0 : t0 + tlen])
-                topic = topics.get(traw)
-                if topic is None:
-                    try:
-                        topic = str(traw, "utf-8")
-                        self._topic_bytes(topic)
-                    except UnicodeDecodeError:
-                        problem = f"record at {phys}: topic is not utf-8"
-                        break
-                    except InvalidMessageError as exc:
-                        problem = f"record at {phys}: {exc}"
-                        break
-                    topics[traw] = topic
-                ident = (topic, queue)
-                qend = ends.get(ident)
-                if qend is None:
-                    ix = self._indexes.get(ident)
-                    qend = ix.end if ix is not None else 0
-                if rseq != seq or qoff != qend:
-                    problem = (
-                        f"record at {phys} has seq {rseq}/queue offset {qoff}, "
-                        f"expected {seq}/{qend} (diverged from the master)"
-                    )
-                    break
-                ends[ident] = qend + 1
-                khash = crc32(view[t0 + tlen : t0 + tlen + klen]) if klen > 0 else 0
-                entries = pending.get(ident)
-                if entries is None:
-                    entries = pending[ident] = []
-                entries.append((phys, size, khash))
-                seq += 1
-            elif magic == EOF_MAGIC:
-                if size != seg_end - phys or size < EOF_MIN:
-                    problem = (
-                        f"end-of-file marker at {phys} has length {size}, "
-                        f"expected {seg_end - phys}"
-                    )
-                    break
-                if n - pos < size:
-                    break
-                (_, _, next_seq) = EOF_MARKER.unpack_from(view, pos)
-                if next_seq != seq:
-                    problem = (
-                        f"end-of-file marker at {phys} says next seq {next_seq}, expected {seq}"
-                    )
-                    break
-            else:
-                problem = f"bad magic 0x{magic:08x} at {phys}"
-                break
-            pos += size
-        return start_phys + pos, seq, pending, problem
+        indexes = self._indexes
+        good_end = start_phys
+        for phys, size, is_marker, rseq, qoff, queue, topic, khash in walked.items:
+            if is_marker:
+                if rseq != seq:
+                    return good_end, seq, pending, (
+                        f"end-of-file marker at {phys} says next seq {rseq}, expected {seq}")
+                good_end = phys + size
+                continue
+            ident = (topic, queue)
+            qend = ends.get(ident)
+            if qend is None:
+                ix = indexes.get(ident)
+                qend = ix.end if ix is not None else 0
+            if rseq != seq or qoff != qend:
+                return good_end, seq, pending, (
+                    f"record at {phys} has seq {rseq}/queue offset {qoff}, "
+                    f"expected {seq}/{qend} (diverged from the master)")
+            ends[ident] = qend + 1
+            entries = pending.get(ident)
+            if entries is None:
+                entries = pending[ident] = []
+            entries.append((phys, size, khash))
+            seq += 1
+            good_end = phys + size
+        return good_end, seq, pending, walked.error
 
     def read_raw(self, start_phys: int, max_bytes: int) -> bytes:
         """Raw log bytes from ``start_phys`` (within one segment), for the replication push."""
@@ -1104,7 +830,7 @@ class CommitLog:
                 os.close(fd)
             (self._log_dir / _segment_name(base)).unlink()
             self._segments.remove(base)
-        _fsync_dir(self._log_dir)
+        fsync_dir(self._log_dir)
         self._min_phys = new_min
         return len(doomed)
 
@@ -1126,10 +852,3 @@ class CommitLog:
             ix.close()
         self._indexes.clear()
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,0 +1,124 @@
+"""One broker's data directory, opened: the commit log, consumer offsets and topics, and the
+group commits that make them durable.
+
+Why this module exists: the server needs three stores that are opened, recovered, flushed
+and closed together, and whose durability rules (a produce is acknowledged after its
+bytes are flushed, a commit after the offsets file is) must be applied the same way on
+every path. :class:`Store` is that unit; it knows nothing of requests or replication.
+
+Layout of the data directory::
+
+    commitlog/<base offset>    segments (:mod:`.commitlog`)
+    index/<topic>/<queue>      per-queue indexes (:mod:`.index`)
+    offsets.json               committed consumer offsets (:mod:`.offsets`)
+    topics.json                topic -> queue count (:mod:`.topics`)
+    permissions.jsonl          the permission-change log (written by the broker, not here)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from understudy_broker.storage.commitlog import CommitLog, FlushPolicy, Retention
+from understudy_broker.storage.durability import GroupCommit
+from understudy_broker.storage.offsets import RESERVED_PREFIX, OffsetStore
+from understudy_broker.storage.topics import TopicRegistry
+
+log = logging.getLogger(__name__)
+
+
+class Store:
+    """Open with :meth:`open`, close with :meth:`close`.
+
+    ``flush_before_ack`` (``--flush batch``): :meth:`log_durable` waits for an fdatasync
+    covering the write (group commit: one fdatasync, run in a worker thread, covers every
+    batch appended before it began). Otherwise the log is flushed every
+    ``flush_interval_ms`` by :meth:`run_interval_flush` and :meth:`log_durable` returns at
+    once (a crash may lose the last interval of acknowledged writes).
+    """
+
+    def __init__(
+        self,
+        log_: CommitLog,
+        offsets: OffsetStore,
+        topics: TopicRegistry,
+        *,
+        flush_before_ack: bool,
+        on_log_flush: Callable[[], None],
+    ) -> None:
+        self.log = log_
+        self.offsets = offsets
+        self.topics = topics
+        self.flush_before_ack = flush_before_ack
+        self._on_log_flush = on_log_flush
+        self.log_commit = GroupCommit(self._flush_log, mark=lambda: log_.max_phys,
+                                      flushed=log_.max_phys)
+        self.offsets_commit = GroupCommit(offsets.persist_async, mark=lambda: offsets.version,
+                                          flushed=offsets.version)
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        *,
+        segment_bytes: int,
+        flush: FlushPolicy,
+        retention: Retention,
+        flush_before_ack: bool,
+        on_log_flush: Callable[[], None] = lambda: None,
+    ) -> Store:
+        """Open (and recover) the log, then the offsets and topics. Topics seen in the log
+        but missing from the registry (a crash between the two) are re-registered so their
+        data stays addressable."""
+        directory.mkdir(parents=True, exist_ok=True)
+        log_ = CommitLog.open(directory, segment_bytes=segment_bytes, flush=flush,
+                              retention=retention)
+        try:
+            rec = log_.recovery
+            if rec.truncated_bytes or rec.indexes_rebuilt:
+                log.warning("recovered the log: truncated %d torn bytes, rebuilt %d indexes",
+                            rec.truncated_bytes, rec.indexes_rebuilt)
+            offsets = OffsetStore.open(directory / "offsets.json")
+            topics = TopicRegistry(directory / "topics.json")
+            topics.merge({t: n for t, n in log_.topics().items()
+                          if not t.startswith(RESERVED_PREFIX)})
+        except BaseException:
+            log_.close()
+            raise
+        return cls(log_, offsets, topics, flush_before_ack=flush_before_ack,
+                   on_log_flush=on_log_flush)
+
+    async def _flush_log(self) -> None:
+        await asyncio.to_thread(self.log.flush)
+        self._on_log_flush()
+
+    async def log_durable(self, end_phys: int) -> None:
+        """Return once the log up to ``end_phys`` may be acknowledged (see the class
+        docstring); raises ``OSError`` when the flush fails."""
+        if self.flush_before_ack:
+            await self.log_commit.durable(end_phys)
+
+    async def offsets_durable(self) -> None:
+        """Return once every offset change made so far is on disk; raises ``OSError``."""
+        await self.offsets_commit.durable()
+
+    async def run_interval_flush(self, interval_s: float) -> None:
+        """The ``--flush interval`` flusher: fdatasync the log when something was written
+        and the interval passed. Runs until cancelled; a failed flush is logged."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if not self.log.needs_flush():
+                continue
+            try:
+                await self.log_commit.durable()
+            except OSError as exc:
+                log.error("flush failed: %s", exc)
+
+    def close(self) -> None:
+        """Flush the log and its indexes and close every file (blocking)."""
+        self.log.flush()
+        self.log.flush_indexes()
+        self.log.close()
