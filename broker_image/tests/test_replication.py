@@ -6,42 +6,27 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from understudy_broker.commitlog import (
+from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
+from understudy_broker.replication.master import ReplicationServer
+from understudy_broker.replication.slave import ReplicationClient
+from understudy_broker.replication.wire import HEARTBEAT, METADATA_OFFSET, PUSH_HEADER, encode_hello
+from understudy_broker.storage.commitlog import (
     CommitLog,
     FlushPolicy,
-    Message,
     ReplicationCorruptError,
     ReplicationGapError,
 )
-from understudy_broker.replication import (
-    HEARTBEAT,
-    METADATA_OFFSET,
-    PUSH_HEADER,
-    NotEnoughReplicasError,
-    ReplicationClient,
-    ReplicationServer,
-    ReplicationTimeoutError,
-    encode_hello,
-)
+from understudy_broker.storage.records import Message
+from understudy_harness.testing import eventually
 
 SEG = 8 << 10
-
-
-async def eventually(cond: Callable[[], bool], what: str, limit_s: float = 15.0) -> None:
-    """Wait for ``cond`` (not a timing assertion: the timeout only bounds a hang)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def files_of(root: Path) -> dict[str, bytes]:

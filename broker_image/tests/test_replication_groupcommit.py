@@ -10,26 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from understudy_broker.commitlog import CommitLog, FlushPolicy, Message
-from understudy_broker.replication import ReplicationClient, ReplicationServer
+from understudy_broker.replication.master import ReplicationServer
+from understudy_broker.replication.slave import ReplicationClient
+from understudy_broker.storage.commitlog import CommitLog, FlushPolicy
+from understudy_broker.storage.records import Message
+from understudy_harness.testing import eventually
 
 SEG = 64 << 10
-
-
-async def eventually(cond: Callable[[], bool], what: str, limit_s: float = 15.0) -> None:
-    """Wait for ``cond`` (the limit only bounds a hang; it is not a timing assertion)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class FlushRecorder:

@@ -7,22 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from understudy_broker.commitlog import CommitLog, FlushPolicy, Message
-from understudy_broker.replication import (
-    HEARTBEAT,
+from understudy_broker.replication.isr import (
     IsrConflictError,
     NotEnoughReplicasError,
-    ReplicationClient,
-    ReplicationServer,
     ReplicationTimeoutError,
-    encode_hello,
 )
+from understudy_broker.replication.master import ReplicationServer
+from understudy_broker.replication.slave import ReplicationClient
+from understudy_broker.replication.wire import HEARTBEAT, encode_hello
+from understudy_broker.storage.commitlog import CommitLog, FlushPolicy
+from understudy_broker.storage.records import Message
+from understudy_harness.testing import eventually
 
 SEG = 8 << 10
 
@@ -53,14 +54,6 @@ class MemoryIsr:
         self.members, self.version = members, self.version + 1
         self.writes.append(members)
         return self.version
-
-
-async def eventually(cond: Callable[[], bool], what: str, limit_s: float = 15.0) -> None:
-    for _ in range(int(limit_s / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Group:

@@ -1,46 +1,14 @@
-"""Master -> slave replication of the commit log (DESIGN "Wire protocol and storage").
+"""The master's side of replication: accept slaves, push log bytes, count acknowledgements.
 
-Why this module exists: invariant 3 (no acknowledged message lost when a master dies
-with synchronous replication) rests on two things done here: the master acknowledges a
-produce only after enough slaves report that they persisted its bytes
-(:meth:`ReplicationServer.wait_replicated`), and a slave only reports an offset after
-:meth:`CommitLog.append_replicated` wrote (and, with ``FlushPolicy(mode="batch")``,
-fsynced) every byte below it. The slave copies the master's byte stream at the master's
-physical offsets, so its segment files are byte-identical and its indexes rebuild equal.
-
-Protocol on the replication port (big-endian; one TCP connection per slave):
-
-slave -> master::
-
-    HELLO      magic b"UQRS" | version | name length, then the name (utf-8, 1-255 bytes)
-    HEARTBEAT  8-byte max physical offset: right after HELLO, every ~100 ms, and after
-               every write. It is the acknowledgement: everything below it is persisted.
-
-master -> slave::
-
-    PUSH_HEADER  start offset (8) | length (4), then ``length`` raw log bytes
-    metadata     the same header with start offset ``METADATA_OFFSET`` (2**64-1) and a
-                 JSON body ``{"max_phys": N, "data": <metadata()>}`` sent on connect and
-                 every ``metadata_interval_s``: topics and consumer-offset snapshot flow
-                 master -> slave this way.
-
-In-sync set (ISR, with an :class:`IsrStore`, i.e. with ZooKeeper): the master keeps
-``/groups/<g>/isr`` = the slaves that hold every acknowledged write. In sync mode a write
-is acknowledged only once *every* ISR member acknowledged it. A member whose link drops,
-or that has not acknowledged a waiting write within ``isr_lag_s``, is removed from the
-record by a versioned write *before* anything is acknowledged without it; a connected
-slave that has caught up with the log end is required by new writes at once and added to
-the record. When the ISR is smaller than ``min_insync``, ``auto_degrade`` acknowledges
-anyway (the record already says who lacks the write) and otherwise the write is refused
-with :class:`NotEnoughReplicasError`. Without a store (static mode) the quorum rule
-below applies: ``min_insync`` connected slaves within ``insync_lag_bytes``.
+Why this module exists: invariant 3 (no acknowledged message lost when a master dies with
+synchronous replication) rests on :meth:`ReplicationServer.wait_replicated`: a produce or a
+commit is acknowledged only after the slaves the in-sync rules (:mod:`.isr`) require report
+that they persisted its bytes. The wire format is :mod:`.wire`.
 
 Pushes may end in the middle of a record: the slave keeps the partial tail and prepends
-it to the next push. Gaps are never papered over: a push whose start differs from the
-slave's end (+ its buffered tail), a heartbeat beyond what the master has (a divergent
-slave tail) or an offset the master no longer stores drops the link with a log line,
-and the slave reconnects with capped backoff. Both sides cap frame sizes *before*
-reading a body.
+it to the next push. Gaps are never papered over: a heartbeat beyond what the master has
+(a divergent slave tail) or an offset the master no longer stores drops the link with a
+log line, and the slave reconnects.
 """
 
 from __future__ import annotations
@@ -49,73 +17,34 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import json
 import logging
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from understudy_broker.commitlog import CommitLog, CommitLogError
+from understudy_broker.replication import isr as rules
+from understudy_broker.replication.isr import (
+    IsrConflictError,
+    IsrStore,
+    NotEnoughReplicasError,
+    ReplicationTimeoutError,
+)
+from understudy_broker.replication.wire import (
+    HEARTBEAT,
+    HELLO,
+    MAX_PUSH_BYTES,
+    PUSH_HEADER,
+    ReplicationError,
+    ReplicationProtocolError,
+    decode_hello_name,
+    encode_metadata,
+    hello_name_length,
+)
+from understudy_broker.storage.commitlog import CommitLog
+from understudy_broker.storage.records import CommitLogError
 
 log = logging.getLogger(__name__)
-
-HELLO_MAGIC = b"UQRS"
-PROTOCOL_VERSION = 1
-HELLO = struct.Struct(
-    ">"
-    "4s"  # magic b"UQRS"
-    "H"  # protocol version
-    "H"  # slave name length in bytes (1-255), the name follows
-)
-HEARTBEAT = struct.Struct(
-    ">Q"  # slave's max physical offset: all bytes below are persisted on the slave
-)
-PUSH_HEADER = struct.Struct(
-    ">"
-    "Q"  # start physical offset of the bytes that follow, or METADATA_OFFSET
-    "I"  # number of bytes that follow
-)
-METADATA_OFFSET = (1 << 64) - 1
-MAX_NAME_BYTES = 255
-MAX_PUSH_BYTES = 8 << 20
-MAX_METADATA_BYTES = 16 << 20
-
-
-class ReplicationError(Exception):
-    """Base class of replication errors."""
-
-
-class ReplicationProtocolError(ReplicationError):
-    """A peer sent something the protocol does not allow; the link is dropped."""
-
-
-class NotEnoughReplicasError(ReplicationError):
-    """Fewer slaves are in sync than ``min_insync`` and auto-degrade is off."""
-
-
-class ReplicationTimeoutError(ReplicationError):
-    """No quorum of slaves acknowledged the offset within ``ack_timeout_s``."""
-
-
-class IsrStore(Protocol):
-    """Where the in-sync set is recorded (ZooKeeper in production)."""
-
-    async def load(self) -> tuple[frozenset[str], int]:
-        """The recorded set and its version; version -1 when there is no record (the
-        returned set is then the one to create it with)."""
-        ...
-
-    async def store(self, members: frozenset[str], *, version: int) -> int:
-        """Write ``members`` if the record is still at ``version`` (-1: create it);
-        returns the new version. Raises :class:`IsrConflictError` on a version
-        mismatch, any other exception when the store is unreachable."""
-        ...
-
-
-class IsrConflictError(ReplicationError):
-    """The ISR record changed under us (another writer); reload its version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +71,6 @@ class _Link:
     metadata_due: bool = False  # push_metadata_now() asked for a frame before the interval
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     writer: asyncio.StreamWriter | None = None
-
-
-def quorum_offset(acked: list[int], min_insync: int) -> int:
-    """The highest offset that at least ``min_insync`` of ``acked`` have reached (-1 if none)."""
-    if min_insync <= 0:
-        return 1 << 63
-    if len(acked) < min_insync:
-        return -1
-    return sorted(acked, reverse=True)[min_insync - 1]
 
 
 class ReplicationServer:
@@ -288,7 +208,7 @@ class ReplicationServer:
 
     def _quorum(self) -> int:
         acked = [lk.acked for lk in self._links.values() if lk.connected and lk.acked >= 0]
-        return quorum_offset(acked, self.min_insync)
+        return rules.quorum_offset(acked, self.min_insync)
 
     # ---- master API ---------------------------------------------------------------
     def notify_appended(self) -> None:
@@ -352,14 +272,12 @@ class ReplicationServer:
         False = refuse (the ISR is below ``min_insync`` without auto-degrade)."""
         if self._isr_version is None:
             return None  # not loaded yet
-        required = (self._isr | self._joining) - self._leaving
-        if any(self._acked(m) < end for m in required):
-            return None
-        if self._leaving & self._isr:
-            return None  # the record still names a slave we would go on without
-        if len(required) >= self.min_insync:
-            return True
-        return self.auto_degrade
+        return rules.write_outcome(
+            recorded=self._isr, joining=self._joining, leaving=self._leaving, acked=self._acked,
+            end=end, min_insync=self.min_insync, auto_degrade=self.auto_degrade)
+
+    def _required(self) -> frozenset[str]:
+        return rules.required(self._isr, self._joining, self._leaving)
 
     def _release_isr_waiters(self) -> None:
         while self._waiters:
@@ -371,7 +289,7 @@ class ReplicationServer:
             if fut.done():
                 continue
             if outcome:
-                if len((self._isr | self._joining) - self._leaving) < self.min_insync:
+                if len(self._required()) < self.min_insync:
                     self.degraded_acks += 1
                 fut.set_result(None)
             else:
@@ -386,7 +304,7 @@ class ReplicationServer:
             if not outcome:
                 raise NotEnoughReplicasError(
                     f"{len(self._isr)} slave(s) in sync, min_insync is {self.min_insync}")
-            if len((self._isr | self._joining) - self._leaving) < self.min_insync:
+            if len(self._required()) < self.min_insync:
                 self.degraded_acks += 1
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -409,7 +327,7 @@ class ReplicationServer:
             ) from None
 
     def _evict(self, end: int) -> None:
-        lagging = {m for m in (self._isr | self._joining) - self._leaving if self._acked(m) < end}
+        lagging = rules.lagging(self._required(), acked=self._acked, end=end)
         if lagging:
             log.warning("slave(s) %s did not acknowledge offset %d within %gs: leaving the "
                         "in-sync set", ", ".join(sorted(lagging)), end, self.isr_lag_s)
@@ -420,10 +338,10 @@ class ReplicationServer:
 
     def _maybe_join(self, link: _Link) -> None:
         """A connected slave that has every byte of the log joins the ISR."""
-        if (self._isr_store is None or self._isr_version is None or not link.connected
-                or link.name in self._joining or link.acked < self.log.max_phys):
-            return
-        if link.name in self._isr and link.name not in self._leaving:
+        if self._isr_store is None or self._isr_version is None or not rules.joins(
+                name=link.name, connected=link.connected, acked=link.acked,
+                log_end=self.log.max_phys, recorded=self._isr, joining=self._joining,
+                leaving=self._leaving):
             return
         log.info("slave %s caught up at offset %d: joining the in-sync set", link.name,
                  link.acked)
@@ -447,7 +365,7 @@ class ReplicationServer:
                     if version < 0:
                         self._isr_wake.set()  # create the record
                     self._release_waiters()
-                wanted = frozenset((self._isr | self._joining) - self._leaving)
+                wanted = self._required()
                 if wanted != self._isr or self._isr_version < 0:
                     new_version = await store.store(wanted, version=self._isr_version)
                     log.info("in-sync set %s -> %s", sorted(self._isr), sorted(wanted))
@@ -480,8 +398,8 @@ class ReplicationServer:
         just before the master would go on without someone. A master that merely lost
         its links (partitioned, resumed after a freeze, shutting down) does not empty the
         record the controller picks an acting slave from."""
-        members = (self._isr | self._joining) - self._leaving
-        gone = {m for m in members if m not in self._links or not self._links[m].connected}
+        gone = {m for m in self._required()
+                if m not in self._links or not self._links[m].connected}
         if gone:
             log.warning("slave(s) %s not connected: leaving the in-sync set",
                         ", ".join(sorted(gone)))
@@ -598,9 +516,9 @@ class ReplicationServer:
             now = loop.time()
             if now >= next_meta or link.metadata_due:
                 link.metadata_due = False
-                body = self._metadata_frame()
-                if body is not None:
-                    writer.write(PUSH_HEADER.pack(METADATA_OFFSET, len(body)) + body)
+                frame = self._metadata_frame()
+                if frame is not None:
+                    writer.write(frame)
                 next_meta = now + self.metadata_interval_s
             if link.push_pos < self.log.max_phys:
                 data = self.log.read_raw(link.push_pos, self.chunk_bytes)
@@ -615,242 +533,17 @@ class ReplicationServer:
                 await asyncio.wait_for(link.wake.wait(), max(0.0, next_meta - loop.time()))
 
     def _metadata_frame(self) -> bytes | None:
-        """The metadata body, or None (logged) when the broker's callback fails: a bad
-        metadata snapshot must not stop the log bytes from flowing."""
+        """The metadata frame, or None (logged) when the broker's callback fails or the
+        frame is too large: a bad metadata snapshot must not stop the log bytes flowing."""
         try:
-            body = json.dumps(
-                {"max_phys": self.log.max_phys, "data": self.metadata()},
-                separators=(",", ":"),
-            ).encode("utf-8")
+            return encode_metadata(self.log.max_phys, self.metadata())
+        except ValueError as exc:
+            log.error("%s; not sent", exc)
         except Exception:
             log.exception("metadata callback failed; skipping this metadata frame")
-            return None
-        if len(body) > MAX_METADATA_BYTES:
-            log.error("metadata of %d bytes exceeds %d; not sent", len(body), MAX_METADATA_BYTES)
-            return None
-        return body
+        return None
 
 
 async def _read_hello(reader: asyncio.StreamReader) -> str:
-    magic, version, nlen = HELLO.unpack(await reader.readexactly(HELLO.size))
-    if magic != HELLO_MAGIC:
-        raise ReplicationProtocolError(f"not a replication hello (magic {magic!r})")
-    if version != PROTOCOL_VERSION:
-        raise ReplicationProtocolError(
-            f"replication protocol version {version}, this master speaks {PROTOCOL_VERSION}"
-        )
-    if not 1 <= nlen <= MAX_NAME_BYTES:
-        raise ReplicationProtocolError(f"slave name length {nlen} out of range")
-    try:
-        return (await reader.readexactly(nlen)).decode("utf-8")
-    except UnicodeDecodeError:
-        raise ReplicationProtocolError("slave name is not utf-8") from None
-
-
-def encode_hello(name: str) -> bytes:
-    raw = name.encode("utf-8")
-    if not 1 <= len(raw) <= MAX_NAME_BYTES:
-        raise ValueError(f"slave name must be 1-{MAX_NAME_BYTES} bytes")
-    return HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, len(raw)) + raw
-
-
-class ReplicationClient:
-    """The slave's side: one connection to the master, reconnecting with capped backoff."""
-
-    def __init__(
-        self,
-        log: CommitLog,
-        *,
-        master_host: str,
-        master_port: int,
-        name: str,
-        on_metadata: Callable[[dict[str, Any]], None],
-        on_append: Callable[[], None],
-        heartbeat_s: float = 0.1,
-        link_timeout_s: float = 3.0,
-        backoff_initial_s: float = 0.1,
-        backoff_max_s: float = 2.0,
-    ) -> None:
-        self.log = log
-        self.master_host = master_host
-        self.master_port = master_port
-        self.name = name
-        self._hello = encode_hello(name)
-        self.on_metadata = on_metadata
-        self.on_append = on_append
-        self.heartbeat_s = heartbeat_s
-        self.link_timeout_s = link_timeout_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self.connected = False
-        self.master_offset: int | None = None
-        self.sessions = 0  # connections made (for status and tests)
-        self.last_error: str | None = None
-        self._stop = asyncio.Event()
-        self._writer: asyncio.StreamWriter | None = None
-
-    @property
-    def lag_bytes(self) -> int:
-        if self.master_offset is None:
-            return 0
-        return max(0, self.master_offset - self.log.max_phys)
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._writer is not None:
-            self._writer.close()
-
-    async def run(self) -> None:
-        backoff = self.backoff_initial_s
-        while not self._stop.is_set():
-            progressed = False
-            try:
-                progressed = await self._session()
-            except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-                self.last_error = f"connection: {exc!r}"
-            except TimeoutError:
-                self.last_error = f"no data from the master for {self.link_timeout_s:g}s"
-            except (ReplicationError, CommitLogError) as exc:
-                self.last_error = str(exc)
-                log.error(
-                    "replication from %s:%d dropped: %s", self.master_host, self.master_port, exc
-                )
-            finally:
-                self.connected = False
-                if self._writer is not None:
-                    self._writer.close()
-                    self._writer = None
-            if self._stop.is_set():
-                break
-            log.info("replication link down (%s); retrying in %.2fs", self.last_error, backoff)
-            backoff = self.backoff_initial_s if progressed else min(backoff * 2, self.backoff_max_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), backoff)
-
-    @property
-    def _group_commit(self) -> bool:
-        """Batch flush policy: acknowledge only fsynced bytes, fsyncing off the loop."""
-        return self.log.flush_policy.mode == "batch"
-
-    def _durable_offset(self) -> int:
-        """What this slave may acknowledge: written bytes, or with a ``batch`` flush
-        policy only the fsynced ones."""
-        return self.log.flushed_phys if self._group_commit else self.log.max_phys
-
-    async def _session(self) -> bool:
-        """One connection; returns whether any bytes were replicated."""
-        if self._group_commit and self.log.flushed_phys < self.log.max_phys:
-            # A previous session may have appended bytes it never fsynced: the hello
-            # offset is an acknowledgement too.
-            await self._fsync()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.master_host, self.master_port), self.link_timeout_s
-        )
-        self._writer = writer
-        writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
-        await writer.drain()
-        self.connected = True
-        self.sessions += 1
-        heartbeats = asyncio.create_task(self._heartbeats(writer))
-        syncer: asyncio.Task[None] | None = None
-        wanted = asyncio.Event()  # set by the reader when appended bytes need an fsync
-        if self._group_commit:
-            syncer = asyncio.create_task(self._syncer(writer, wanted))
-        progressed = False
-        pending = b""
-        try:
-            while not self._stop.is_set():
-                async with asyncio.timeout(self.link_timeout_s):
-                    header = await reader.readexactly(PUSH_HEADER.size)
-                start, length = PUSH_HEADER.unpack(header)
-                if start == METADATA_OFFSET:
-                    self._metadata(await self._read_body(reader, length, MAX_METADATA_BYTES))
-                    continue
-                expected = self.log.max_phys + len(pending)
-                if start != expected:
-                    raise ReplicationProtocolError(
-                        f"master pushed bytes from {start}, but this slave ends at {expected}: gap"
-                    )
-                body = await self._read_body(reader, length, MAX_PUSH_BYTES)
-                data = pending + body if pending else body
-                before = self.log.max_phys
-                after = self.log.append_replicated(before, data, defer_sync=syncer is not None)
-                pending = data[after - before :]
-                if len(pending) > self.log.segment_bytes:
-                    raise ReplicationProtocolError("partial record larger than a segment")
-                self.master_offset = max(self.master_offset or 0, start + length)
-                if after > before:
-                    progressed = True
-                    if syncer is None:
-                        writer.write(HEARTBEAT.pack(after))
-                    else:
-                        # Group commit: the syncer fsyncs everything appended so far in
-                        # a worker thread while this loop keeps reading and appending;
-                        # one fsync then acknowledges every push that arrived meanwhile.
-                        wanted.set()
-                    self.on_append()
-        finally:
-            for task in (heartbeats, syncer):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
-            failure = syncer.exception() if syncer is not None and not syncer.cancelled() else None
-            if failure is not None:
-                raise failure  # a failed fsync is the reason the link dropped
-        return progressed
-
-    async def _fsync(self) -> None:
-        """``CommitLog.flush`` in a worker thread; a failure becomes a ReplicationError."""
-        try:
-            await asyncio.to_thread(self.log.flush)
-        except OSError as exc:
-            raise ReplicationError(f"fsync of replicated bytes failed: {exc}") from exc
-
-    async def _syncer(self, writer: asyncio.StreamWriter, wanted: asyncio.Event) -> None:
-        """fdatasync appended bytes off the event loop, then acknowledge them.
-
-        A failed fsync closes the link at once (the reader then stops on its next read)
-        and is raised as :class:`ReplicationError`: nothing unsynced is acknowledged,
-        and the next session retries the fsync before its hello.
-        """
-        acked = self.log.flushed_phys
-        while True:
-            await wanted.wait()
-            wanted.clear()
-            try:
-                await self._fsync()
-            except ReplicationError:
-                writer.close()
-                raise
-            durable = self.log.flushed_phys
-            if durable > acked:
-                acked = durable
-                writer.write(HEARTBEAT.pack(durable))
-
-    async def _read_body(self, reader: asyncio.StreamReader, length: int, cap: int) -> bytes:
-        if length > cap:
-            raise ReplicationProtocolError(f"frame of {length} bytes exceeds the {cap}-byte limit")
-        async with asyncio.timeout(self.link_timeout_s):
-            return await reader.readexactly(length)
-
-    def _metadata(self, body: bytes) -> None:
-        try:
-            doc = json.loads(body.decode("utf-8"))
-            max_phys = doc["max_phys"]
-            data = doc["data"]
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ReplicationProtocolError(f"bad metadata frame: {exc}") from None
-        if not isinstance(max_phys, int) or not isinstance(data, dict):
-            raise ReplicationProtocolError("bad metadata frame: wrong field types")
-        self.master_offset = max_phys
-        try:
-            self.on_metadata(data)
-        except Exception:
-            log.exception("on_metadata callback failed; replication continues")
-
-    async def _heartbeats(self, writer: asyncio.StreamWriter) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_s)
-            writer.write(HEARTBEAT.pack(self._durable_offset()))
-            await writer.drain()
+    nlen = hello_name_length(await reader.readexactly(HELLO.size))
+    return decode_hello_name(await reader.readexactly(nlen))

@@ -1,0 +1,243 @@
+"""The slave's side of replication: copy the master's log byte for byte, acknowledge what
+is durable, reconnect when the link drops.
+
+Why this module exists: a slave reports an offset only after
+:meth:`CommitLog.append_replicated` wrote (and, with ``FlushPolicy(mode="batch")``,
+fsynced) every byte below it — that report is what the master's acknowledgement waits for
+(invariant 3). The slave copies the master's byte stream at the master's physical offsets,
+so its segment files are byte-identical and its indexes rebuild equal. A push whose start
+differs from the slave's end (+ its buffered tail) drops the link; the slave reconnects
+with jittered, capped backoff (:class:`~understudy_broker.retry.Backoff`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from understudy_broker.replication.wire import (
+    HEARTBEAT,
+    MAX_METADATA_BYTES,
+    MAX_PUSH_BYTES,
+    METADATA_OFFSET,
+    PUSH_HEADER,
+    ReplicationError,
+    ReplicationProtocolError,
+    check_body_length,
+    decode_metadata,
+    encode_hello,
+)
+from understudy_broker.retry import Backoff
+from understudy_broker.storage.commitlog import CommitLog
+from understudy_broker.storage.durability import GroupCommit
+from understudy_broker.storage.records import CommitLogError
+
+log = logging.getLogger(__name__)
+
+
+class ReplicationClient:
+    """The slave's side: one connection to the master, reconnecting with jittered, capped
+    backoff."""
+
+    def __init__(
+        self,
+        log: CommitLog,
+        *,
+        master_host: str,
+        master_port: int,
+        name: str,
+        on_metadata: Callable[[dict[str, Any]], None],
+        on_append: Callable[[], None],
+        heartbeat_s: float = 0.1,
+        link_timeout_s: float = 3.0,
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 2.0,
+    ) -> None:
+        self.log = log
+        self.master_host = master_host
+        self.master_port = master_port
+        self.name = name
+        self._hello = encode_hello(name)
+        self.on_metadata = on_metadata
+        self.on_append = on_append
+        self.heartbeat_s = heartbeat_s
+        self.link_timeout_s = link_timeout_s
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
+        # Group commit of replicated bytes (batch flush policy): one fsync in a worker
+        # thread acknowledges every push appended before it began.
+        self._commit = GroupCommit(self._flush, mark=lambda: log.max_phys,
+                                   flushed=log.flushed_phys)
+        self.connected = False
+        self.master_offset: int | None = None
+        self.sessions = 0  # connections made (for status and tests)
+        self.last_error: str | None = None
+        self._stop = asyncio.Event()
+        self._writer: asyncio.StreamWriter | None = None
+
+    @property
+    def lag_bytes(self) -> int:
+        if self.master_offset is None:
+            return 0
+        return max(0, self.master_offset - self.log.max_phys)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.close()
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            progressed = False
+            try:
+                progressed = await self._session()
+            except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+                self.last_error = f"connection: {exc!r}"
+            except TimeoutError:
+                self.last_error = f"no data from the master for {self.link_timeout_s:g}s"
+            except (ReplicationError, CommitLogError) as exc:
+                self.last_error = str(exc)
+                log.error(
+                    "replication from %s:%d dropped: %s", self.master_host, self.master_port, exc
+                )
+            finally:
+                self.connected = False
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+            if self._stop.is_set():
+                break
+            if progressed:
+                self._backoff.reset()
+            delay = self._backoff.next()
+            log.info("replication link down (%s); retrying in %.2fs", self.last_error, delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stop.wait()
+
+    @property
+    def _group_commit(self) -> bool:
+        """Batch flush policy: acknowledge only fsynced bytes, fsyncing off the loop."""
+        return self.log.flush_policy.mode == "batch"
+
+    def _durable_offset(self) -> int:
+        """What this slave may acknowledge: written bytes, or with a ``batch`` flush
+        policy only the fsynced ones."""
+        return self.log.flushed_phys if self._group_commit else self.log.max_phys
+
+    async def _session(self) -> bool:
+        """One connection; returns whether any bytes were replicated."""
+        if self._group_commit and self.log.flushed_phys < self.log.max_phys:
+            # A previous session may have appended bytes it never fsynced: the hello
+            # offset is an acknowledgement too.
+            await self._fsync()
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.master_host, self.master_port), self.link_timeout_s
+        )
+        self._writer = writer
+        writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
+        await writer.drain()
+        self.connected = True
+        self.sessions += 1
+        heartbeats = asyncio.create_task(self._heartbeats(writer))
+        syncer: asyncio.Task[None] | None = None
+        wanted = asyncio.Event()  # set by the reader when appended bytes need an fsync
+        if self._group_commit:
+            syncer = asyncio.create_task(self._syncer(writer, wanted))
+        progressed = False
+        pending = b""
+        try:
+            while not self._stop.is_set():
+                async with asyncio.timeout(self.link_timeout_s):
+                    header = await reader.readexactly(PUSH_HEADER.size)
+                start, length = PUSH_HEADER.unpack(header)
+                if start == METADATA_OFFSET:
+                    self._on_metadata_frame(
+                        await self._read_body(reader, length, MAX_METADATA_BYTES))
+                    continue
+                expected = self.log.max_phys + len(pending)
+                if start != expected:
+                    raise ReplicationProtocolError(
+                        f"master pushed bytes from {start}, but this slave ends at {expected}: gap"
+                    )
+                body = await self._read_body(reader, length, MAX_PUSH_BYTES)
+                data = pending + body if pending else body
+                before = self.log.max_phys
+                after = self.log.append_replicated(before, data, defer_sync=syncer is not None)
+                pending = data[after - before :]
+                if len(pending) > self.log.segment_bytes:
+                    raise ReplicationProtocolError("partial record larger than a segment")
+                self.master_offset = max(self.master_offset or 0, start + length)
+                if after > before:
+                    progressed = True
+                    if syncer is None:
+                        writer.write(HEARTBEAT.pack(after))
+                    else:
+                        # Group commit: the syncer fsyncs everything appended so far in
+                        # a worker thread while this loop keeps reading and appending;
+                        # one fsync then acknowledges every push that arrived meanwhile.
+                        wanted.set()
+                    self.on_append()
+        finally:
+            for task in (heartbeats, syncer):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            failure = syncer.exception() if syncer is not None and not syncer.cancelled() else None
+            if failure is not None:
+                raise failure  # a failed fsync is the reason the link dropped
+        return progressed
+
+    async def _flush(self) -> None:
+        await asyncio.to_thread(self.log.flush)
+
+    async def _fsync(self) -> None:
+        """Make every appended byte durable (group commit); a failure becomes a
+        ReplicationError."""
+        try:
+            await self._commit.durable()
+        except OSError as exc:
+            raise ReplicationError(f"fsync of replicated bytes failed: {exc}") from exc
+
+    async def _syncer(self, writer: asyncio.StreamWriter, wanted: asyncio.Event) -> None:
+        """fdatasync appended bytes off the event loop, then acknowledge them.
+
+        A failed fsync closes the link at once (the reader then stops on its next read)
+        and is raised as :class:`ReplicationError`: nothing unsynced is acknowledged,
+        and the next session retries the fsync before its hello.
+        """
+        acked = self.log.flushed_phys
+        while True:
+            await wanted.wait()
+            wanted.clear()
+            try:
+                await self._fsync()
+            except ReplicationError:
+                writer.close()
+                raise
+            durable = self.log.flushed_phys
+            if durable > acked:
+                acked = durable
+                writer.write(HEARTBEAT.pack(durable))
+
+    async def _read_body(self, reader: asyncio.StreamReader, length: int, cap: int) -> bytes:
+        check_body_length(length, cap)
+        async with asyncio.timeout(self.link_timeout_s):
+            return await reader.readexactly(length)
+
+    def _on_metadata_frame(self, body: bytes) -> None:
+        max_phys, data = decode_metadata(body)
+        self.master_offset = max_phys
+        try:
+            self.on_metadata(data)
+        except Exception:
+            log.exception("on_metadata callback failed; replication continues")
+
+    async def _heartbeats(self, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            writer.write(HEARTBEAT.pack(self._durable_offset()))
+            await writer.drain()

@@ -1,0 +1,116 @@
+"""The replication protocol's frames: what a slave and its master say on the replication
+port, as ``struct`` layouts and pure encode/decode functions (no sockets, no asyncio).
+
+Why this module exists: the master (:mod:`.master`) and the slave (:mod:`.slave`) must
+agree to the byte, and a peer that sends something else must be caught with one clear
+error before anything is allocated for it. Protocol (big-endian; one TCP connection per
+slave):
+
+slave -> master::
+
+    HELLO      magic b"UQRS" | version | name length, then the name (utf-8, 1-255 bytes)
+    HEARTBEAT  8-byte max physical offset: right after HELLO, every ~100 ms, and after
+               every write. It is the acknowledgement: everything below it is persisted.
+
+master -> slave::
+
+    PUSH_HEADER  start offset (8) | length (4), then ``length`` raw log bytes
+    metadata     the same header with start offset ``METADATA_OFFSET`` (2**64-1) and a
+                 JSON body ``{"max_phys": N, "data": {...}}`` sent on connect and every
+                 metadata interval: topics and the consumer-offset snapshot flow
+                 master -> slave this way.
+
+Both sides cap frame sizes (:data:`MAX_PUSH_BYTES`, :data:`MAX_METADATA_BYTES`) *before*
+reading a body.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+HELLO_MAGIC = b"UQRS"
+PROTOCOL_VERSION = 1
+HELLO = struct.Struct(
+    ">"
+    "4s"  # magic b"UQRS"
+    "H"  # protocol version
+    "H"  # slave name length in bytes (1-255), the name follows
+)
+HEARTBEAT = struct.Struct(
+    ">Q"  # slave's max physical offset: all bytes below are persisted on the slave
+)
+PUSH_HEADER = struct.Struct(
+    ">"
+    "Q"  # start physical offset of the bytes that follow, or METADATA_OFFSET
+    "I"  # number of bytes that follow
+)
+METADATA_OFFSET = (1 << 64) - 1
+MAX_NAME_BYTES = 255
+MAX_PUSH_BYTES = 8 << 20
+MAX_METADATA_BYTES = 16 << 20
+
+
+class ReplicationError(Exception):
+    """Base class of replication errors."""
+
+
+class ReplicationProtocolError(ReplicationError):
+    """A peer sent something the protocol does not allow; the link is dropped."""
+
+
+def encode_hello(name: str) -> bytes:
+    raw = name.encode("utf-8")
+    if not 1 <= len(raw) <= MAX_NAME_BYTES:
+        raise ValueError(f"slave name must be 1-{MAX_NAME_BYTES} bytes")
+    return HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, len(raw)) + raw
+
+
+def hello_name_length(head: bytes) -> int:
+    """Check a HELLO header; returns the length of the name that follows."""
+    magic, version, nlen = HELLO.unpack(head)
+    if magic != HELLO_MAGIC:
+        raise ReplicationProtocolError(f"not a replication hello (magic {magic!r})")
+    if version != PROTOCOL_VERSION:
+        raise ReplicationProtocolError(
+            f"replication protocol version {version}, this master speaks {PROTOCOL_VERSION}"
+        )
+    if not 1 <= nlen <= MAX_NAME_BYTES:
+        raise ReplicationProtocolError(f"slave name length {nlen} out of range")
+    return int(nlen)
+
+
+def decode_hello_name(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReplicationProtocolError("slave name is not utf-8") from None
+
+
+def check_body_length(length: int, cap: int) -> None:
+    """Refuse a frame body before reading it: a peer's announcement allocates nothing."""
+    if length > cap:
+        raise ReplicationProtocolError(f"frame of {length} bytes exceeds the {cap}-byte limit")
+
+
+def encode_metadata(max_phys: int, data: dict[str, Any]) -> bytes:
+    """A metadata frame (header included); ``ValueError`` when it would exceed
+    :data:`MAX_METADATA_BYTES`."""
+    body = json.dumps({"max_phys": max_phys, "data": data}, separators=(",", ":")).encode("utf-8")
+    if len(body) > MAX_METADATA_BYTES:
+        raise ValueError(f"metadata of {len(body)} bytes exceeds {MAX_METADATA_BYTES}")
+    return PUSH_HEADER.pack(METADATA_OFFSET, len(body)) + body
+
+
+def decode_metadata(body: bytes) -> tuple[int, dict[str, Any]]:
+    """``(max_phys, data)`` of a metadata body; :class:`ReplicationProtocolError` otherwise."""
+    try:
+        doc = json.loads(body.decode("utf-8"))
+        max_phys = doc["max_phys"]
+        data = doc["data"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ReplicationProtocolError(f"bad metadata frame: {exc}") from None
+    if not isinstance(max_phys, int) or not isinstance(data, dict):
+        raise ReplicationProtocolError("bad metadata frame: wrong field types")
+    return max_phys, data
