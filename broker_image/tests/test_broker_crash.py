@@ -15,10 +15,10 @@ from understudy_broker.client import Consumer, Producer, create_topic
 pytestmark = pytest.mark.integration
 
 
-async def test_kill9_mid_stream_keeps_every_acknowledged_record(cluster: Any) -> None:
+async def test_kill9_mid_stream_keeps_every_acknowledged_record(brokers: Any) -> None:
     # A lone master with asynchronous replication: acknowledgement = local fsync
     # (--flush batch, group commit), which is what this test checks.
-    master = cluster.master(extra=["--async", "--flush", "batch"])
+    master = brokers.master(extra=["--async", "--flush", "batch"])
     await create_topic([master.address], topic="crash", queues=3)
 
     acked: dict[tuple[int, int], bytes] = {}

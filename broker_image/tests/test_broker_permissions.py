@@ -29,16 +29,17 @@ from understudy_broker.client import (
     create_topic,
 )
 from understudy_broker.model import Permission
+from understudy_harness.testing import raw_request
 
 pytestmark = pytest.mark.integration
 UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
 
 
 @pytest.fixture(scope="module")
-def group(module_cluster: Any) -> dict[str, Any]:
-    m = module_cluster.master("m", start=False)
-    s = module_cluster.slave(m, "s", start=False)
-    n = module_cluster.slave(m, "n", start=False)
+def group(module_brokers: Any) -> dict[str, Any]:
+    m = module_brokers.master("m", start=False)
+    s = module_brokers.slave(m, "s", start=False)
+    n = module_brokers.slave(m, "n", start=False)
     m.extra += ["--permission", "WRITE", "--async",
                 "--peer", f"s={s.address}", "--peer", f"n={n.address}"]
     s.extra += ["--permission", "READ", "--peer", f"m={m.address}", "--peer", f"n={n.address}"]
@@ -66,33 +67,33 @@ async def _until_everyone_knows(addresses: list[str], topic: str) -> None:
     raise TimeoutError(f"topic {topic} did not reach every broker")
 
 
-async def test_slave_refuses_produce_with_not_master(group: dict[str, Any], wire: Any) -> None:
+async def test_slave_refuses_produce_with_not_master(group: dict[str, Any]) -> None:
     body = p.ProduceRequest("perm", [p.ProduceMessage(0, None, b"x")]).encode()
     for name in ("s", "n"):
-        frame = await wire.raw_request(group[name].address, p.Op.PRODUCE, body)
+        frame = await raw_request(group[name].address, p.Op.PRODUCE, body)
         assert frame.status == p.Status.NOT_MASTER, name
         assert "slave" in p.error_message(frame)
-    frame = await wire.raw_request(
+    frame = await raw_request(
         group["s"].address, p.Op.CREATE_TOPIC, p.CreateTopicRequest("x", 1).encode()
     )
     assert frame.status == p.Status.NOT_MASTER
 
 
-async def test_broker_without_read_refuses_reads(group: dict[str, Any], wire: Any) -> None:
+async def test_broker_without_read_refuses_reads(group: dict[str, Any]) -> None:
     pull = p.PullRequest("perm", 0, 0, 1 << 16, 0).encode()
     commit = p.CommitOffsetRequest("g", "perm", {0: 1}).encode()
     fetch = p.FetchOffsetRequest("g", "perm", [0]).encode()
     for name in ("m", "n"):  # WRITE-only master, NONE slave
         for op, body in ((p.Op.PULL, pull), (p.Op.COMMIT_OFFSET, commit), (p.Op.FETCH_OFFSET, fetch)):
-            frame = await wire.raw_request(group[name].address, op, body)
+            frame = await raw_request(group[name].address, op, body)
             assert frame.status == p.Status.NO_PERMISSION, (name, op)
             assert "READ" in p.error_message(frame)
-    frame = await wire.raw_request(group["s"].address, p.Op.PULL, pull)
+    frame = await raw_request(group["s"].address, p.Op.PULL, pull)
     assert frame.status == p.Status.OK
 
 
-async def test_route_lists_every_broker_with_effective_permission(group: dict[str, Any], wire: Any) -> None:
-    frame = await wire.raw_request(group["n"].address, p.Op.GET_ROUTE, p.GetRouteRequest().encode())
+async def test_route_lists_every_broker_with_effective_permission(group: dict[str, Any]) -> None:
+    frame = await raw_request(group["n"].address, p.Op.GET_ROUTE, p.GetRouteRequest().encode())
     route = json.loads(frame.body)
     assert route["topics"]["perm"] == {"queues": 2, "groups": ["default"]}
     [g] = route["groups"]

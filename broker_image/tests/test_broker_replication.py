@@ -14,6 +14,7 @@ import pytest
 from understudy_broker import protocol as p
 from understudy_broker.client import Consumer, Producer, create_topic
 from understudy_broker.model import Permission
+from understudy_harness.testing import raw_request, wait_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -61,17 +62,17 @@ def _segments(data_dir: Path) -> list[str]:
     return sorted(p.name for p in (data_dir / "commitlog").iterdir())
 
 
-async def test_slave_restarted_mid_stream_catches_up_byte_identical(cluster: Any, wire: Any) -> None:
-    master = cluster.master(
+async def test_slave_restarted_mid_stream_catches_up_byte_identical(brokers: Any) -> None:
+    master = brokers.master(
         extra=["--sync", "--auto-degrade", "--segment-bytes", SEGMENT, "--max-frame-bytes", MAX_FRAME]
     )
-    slave = cluster.slave(master, extra=["--segment-bytes", SEGMENT, "--max-frame-bytes", MAX_FRAME])
+    slave = brokers.slave(master, extra=["--segment-bytes", SEGMENT, "--max-frame-bytes", MAX_FRAME])
     await create_topic([master.address], topic="rep", queues=3)
 
     stream = asyncio.create_task(_produce(master.address, "rep", 4000, tag=b"a"))
     # Kill the slave while the stream runs, then bring it back.
     while not stream.done():
-        frame = await wire.raw_request(slave.address, p.Op.HEARTBEAT, b"{}")
+        frame = await raw_request(slave.address, p.Op.HEARTBEAT, b"{}")
         if p.HeartbeatResponse.decode(frame.body).max_phys > 1_500_000:
             break
         await asyncio.sleep(0.02)
@@ -82,7 +83,7 @@ async def test_slave_restarted_mid_stream_catches_up_byte_identical(cluster: Any
     acked = await stream
     assert len(acked) == 4000
 
-    end = await wire.wait_caught_up(master, slave)
+    end = await wait_caught_up(master.address, slave.address)
     assert end > 4_000_000  # several 1 MiB segments, so EOF markers were replicated too
     assert slave.starts == 2
     assert master.stop() == 0
@@ -98,10 +99,10 @@ async def test_slave_restarted_mid_stream_catches_up_byte_identical(cluster: Any
     assert match == names
 
 
-async def test_sync_master_killed_after_acks_loses_nothing(cluster: Any) -> None:
-    master = cluster.master(start=False)
+async def test_sync_master_killed_after_acks_loses_nothing(brokers: Any) -> None:
+    master = brokers.master(start=False)
     # The slave holds READ (static mode) so clients can read what it persisted.
-    slave = cluster.slave(master, start=False)
+    slave = brokers.slave(master, start=False)
     master.extra += ["--sync", "--no-auto-degrade", "--peer", f"s={slave.address}"]
     slave.extra += ["--permission", "READ", "--peer", f"m={master.address}"]
     master.start()

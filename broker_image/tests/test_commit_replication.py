@@ -16,8 +16,9 @@ from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, Connection
 from understudy_broker.config import BrokerConfig
 from understudy_broker.model import Permission, Role
-from understudy_broker.offsets import COMMITS_TOPIC
-from understudy_broker.server import Broker
+from understudy_broker.server.broker import Broker
+from understudy_broker.server.replica import MasterReplica
+from understudy_broker.storage.offsets import COMMITS_TOPIC
 
 pytestmark = pytest.mark.integration
 
@@ -55,15 +56,15 @@ async def commit(conn: Connection, offsets: dict[int, int]) -> dict[int, int | N
 
 
 async def start_slave(root: Path, master: Broker) -> Broker:
-    port = master._repl_server.port if master._repl_server is not None else 0
-    slave = Broker(slave_cfg(root, port))
+    slave = Broker(slave_cfg(root, master.listening.replication_port or 0))
     await slave.start()
     return slave
 
 
 async def wait_linked(master: Broker) -> None:
-    rs = master._repl_server
-    assert rs is not None
+    replica = master.parts.replica
+    assert isinstance(replica, MasterReplica)
+    rs = replica.server
     for _ in range(500):
         if any(lk.in_sync for lk in rs.links()):
             return
@@ -81,7 +82,7 @@ async def test_sync_commit_is_on_the_slave_when_acknowledged(
         for n in range(1, 30):
             assert await commit(conn, {0: n, 1: 2 * n}) == {0: n, 1: 2 * n}
             # No sleep: the acknowledgement itself guarantees the slave has applied it.
-            assert (slave.offsets.get("cg", "t", 0), slave.offsets.get("cg", "t", 1)) == (n, 2 * n)
+            assert (slave.store.offsets.get("cg", "t", 0), slave.store.offsets.get("cg", "t", 1)) == (n, 2 * n)
         # A commit that moves nothing is answered with the stored values.
         assert await commit(conn, {0: 3}) == {0: 29}
     finally:
@@ -117,8 +118,8 @@ async def test_restarted_slave_rebuilds_commits_from_its_log(
     slave = Broker(replace(slave_cfg(tmp_path, 1), master=("127.0.0.1", 1)))
     await slave.start()
     try:
-        assert slave.offsets.get("cg", "t", 0) == 41
-        assert COMMITS_TOPIC not in slave.topics.snapshot()
+        assert slave.store.offsets.get("cg", "t", 0) == 41
+        assert COMMITS_TOPIC not in slave.store.topics.snapshot()
     finally:
         await slave.stop()
 

@@ -3,6 +3,7 @@ input the decoder must reject with a clear error."""
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 
@@ -11,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from understudy_broker import protocol as p
+from understudy_broker.storage.records import InvalidMessageError, topic_bytes
 
-topics = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=30)
+topics = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=30).filter(
+    lambda t: t not in (".", ".."))
 queues = st.integers(min_value=0, max_value=p.MAX_QUEUES)
 offsets = st.integers(min_value=0, max_value=(1 << 63) - 1)
 keys = st.none() | st.binary(max_size=40)
@@ -230,6 +233,34 @@ def test_invalid_topic_requests_are_bad_request(body: bytes) -> None:
     with pytest.raises(p.FrameError) as info:
         p.CreateTopicRequest.decode(body)
     assert info.value.code is p.Status.BAD_REQUEST
+
+
+@pytest.mark.parametrize("name", ["café", ".", "..", "naïve", "x" * 201, "a/b", ""])
+def test_names_the_log_refuses_are_refused_by_the_codec(name: str) -> None:
+    """One topic-name rule: CREATE_TOPIC used to accept names such as 'café' (the codec
+    checked ``isalnum()``) that every later produce refused (the log checks ASCII)."""
+    with pytest.raises(p.FrameError) as info:
+        p.CreateTopicRequest.decode(json.dumps({"topic": name, "queues": 1}).encode())
+    assert info.value.code is p.Status.BAD_REQUEST
+    with pytest.raises(InvalidMessageError):
+        topic_bytes(name)
+
+
+@given(st.text(max_size=210))
+def test_the_codec_accepts_exactly_the_topic_names_the_log_stores(topic: str) -> None:
+    refusal: p.Status | None = None
+    try:
+        p.CreateTopicRequest.decode(json.dumps({"topic": topic, "queues": 1}).encode())
+    except p.FrameError as exc:
+        refusal = exc.code
+    assert refusal in (None, p.Status.BAD_REQUEST)
+    codec_ok = refusal is None
+    try:
+        topic_bytes(topic)
+        log_ok = True
+    except InvalidMessageError:
+        log_ok = False
+    assert codec_ok == log_ok
 
 
 def test_error_response_carries_the_message() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, Consumer, Producer, create_topic
+from understudy_harness.testing import raw_request, read_frame
 
 pytestmark = pytest.mark.integration
 
@@ -19,9 +20,9 @@ MAX_FRAME = 64 * 1024
 
 
 @pytest.fixture(scope="module")
-def broker(module_cluster: Any) -> Any:
+def broker(module_brokers: Any) -> Any:
     # A lone master, asynchronous replication: no slave is needed to acknowledge.
-    return module_cluster.master(
+    return module_brokers.master(
         "bad-input", extra=["--async", "--max-frame-bytes", str(MAX_FRAME)]
     )
 
@@ -40,7 +41,7 @@ async def _stored(address: str, topic: str, count: int) -> list[bytes]:
     return sorted(out)
 
 
-async def _send_raw_and_read(wire: Any, address: str, data: bytes) -> tuple[p.Frame | None, bool]:
+async def _send_raw_and_read(address: str, data: bytes) -> tuple[p.Frame | None, bool]:
     """Write ``data``; return the broker's answer (if any) and whether it closed."""
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -48,7 +49,7 @@ async def _send_raw_and_read(wire: Any, address: str, data: bytes) -> tuple[p.Fr
         writer.write(data)
         await writer.drain()
         try:
-            frame: p.Frame | None = await wire.read_frame(reader, timeout_s=3)
+            frame: p.Frame | None = await read_frame(reader, timeout_s=3)
         except ConnectionError:
             frame = None
         closed = (await asyncio.wait_for(reader.read(1), 3)) == b""
@@ -80,7 +81,7 @@ BAD_INPUTS = {
 }
 
 
-async def test_bad_frames_get_an_error_and_a_closed_connection_only(broker: Any, wire: Any) -> None:
+async def test_bad_frames_get_an_error_and_a_closed_connection_only(broker: Any) -> None:
     await create_topic([broker.address], topic="safe", queues=2)
     async with Producer([broker.address]) as prod:
         futs = [await prod.send("safe", b"before-%d" % i) for i in range(50)]
@@ -92,13 +93,13 @@ async def test_bad_frames_get_an_error_and_a_closed_connection_only(broker: Any,
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         for name, (data, status) in BAD_INPUTS.items():
-            frame, closed = await _send_raw_and_read(wire, broker.address, data)
+            frame, closed = await _send_raw_and_read(broker.address, data)
             assert frame is not None, name
             assert frame.status == status, (name, frame)
             assert p.error_message(frame), name
             assert closed, name
         writer.write(p.encode_frame(request_id=99, op=p.Op.HEARTBEAT, body=b"{}"))
-        hb = await wire.read_frame(reader)
+        hb = await read_frame(reader)
         assert hb.request_id == 99
         assert hb.status == p.Status.OK
     finally:
@@ -111,9 +112,9 @@ async def test_bad_frames_get_an_error_and_a_closed_connection_only(broker: Any,
     assert await _stored(broker.address, "safe", 50) == sorted(b"before-%d" % i for i in range(50))
 
 
-async def test_oversized_frame_is_refused_before_its_body_is_sent(broker: Any, wire: Any) -> None:
+async def test_oversized_frame_is_refused_before_its_body_is_sent(broker: Any) -> None:
     # Only the header: the broker must answer without waiting for 1 GiB of body.
-    frame, closed = await _send_raw_and_read(wire, broker.address, _header_only(1 << 30))
+    frame, closed = await _send_raw_and_read(broker.address, _header_only(1 << 30))
     assert frame is not None
     assert frame.status == p.Status.TOO_LARGE
     assert frame.request_id == 42
@@ -121,14 +122,14 @@ async def test_oversized_frame_is_refused_before_its_body_is_sent(broker: Any, w
     assert closed
 
 
-async def test_truncated_frame_then_hangup_leaves_the_broker_serving(broker: Any, wire: Any) -> None:
+async def test_truncated_frame_then_hangup_leaves_the_broker_serving(broker: Any) -> None:
     host, port = broker.address.rsplit(":", 1)
     _reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(p.encode_frame(request_id=1, op=p.Op.HEARTBEAT, body=b'{"sender": "x"}')[:-5])
     await writer.drain()
     writer.close()
     await writer.wait_closed()
-    frame = await wire.raw_request(broker.address, p.Op.HEARTBEAT, b"{}")
+    frame = await raw_request(broker.address, p.Op.HEARTBEAT, b"{}")
     assert frame.status == p.Status.OK
 
 
@@ -151,19 +152,19 @@ async def test_truncated_frame_then_hangup_leaves_the_broker_serving(broker: Any
     ],
 )
 async def test_well_framed_but_invalid_requests_get_a_status_and_keep_the_connection(
-    broker: Any, wire: Any, op: int, body: bytes, status: p.Status
+    broker: Any, op: int, body: bytes, status: p.Status
 ) -> None:
     await create_topic([broker.address], topic="safe", queues=2)
     host, port = broker.address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         writer.write(p.encode_frame(request_id=3, op=op, body=body))
-        frame = await wire.read_frame(reader)
+        frame = await read_frame(reader)
         assert frame.status == status, p.error_message(frame)
         assert frame.request_id == 3
         # same connection still works
         writer.write(p.encode_frame(request_id=4, op=p.Op.HEARTBEAT, body=b"{}"))
-        ok = await wire.read_frame(reader)
+        ok = await read_frame(reader)
         assert (ok.request_id, ok.status) == (4, p.Status.OK)
         assert json.loads(ok.body)["role"] == "master"
     finally:
@@ -183,3 +184,18 @@ async def test_message_over_the_frame_limit_fails_alone(broker: Any) -> None:
         fine = await prod.send("big", b"small")
         assert (await fine)[0] == 0
     assert await _stored(broker.address, "big", 1) == [b"small"]
+
+
+async def test_a_topic_name_the_log_would_refuse_is_refused_at_create(broker: Any) -> None:
+    """'café' passed CREATE_TOPIC (the codec checked ``isalnum()``) and then every produce
+    to it failed (the log checks ASCII): now the one rule refuses it at once and nothing
+    is created."""
+    for name in ("café", ".."):
+        body = json.dumps({"topic": name, "queues": 1}).encode()
+        frame = await raw_request(broker.address, p.Op.CREATE_TOPIC, body)
+        assert frame.status == p.Status.BAD_REQUEST, name
+        assert "invalid topic name" in p.error_message(frame)
+    route = p.RouteResponse.decode(
+        (await raw_request(broker.address, p.Op.GET_ROUTE, p.GetRouteRequest().encode())).body)
+    assert "café" not in route.topics
+    assert ".." not in route.topics

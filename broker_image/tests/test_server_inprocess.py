@@ -6,35 +6,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import BrokerError, Connection, Producer, create_topic
+from understudy_broker.client import BrokerError, Connection, Producer, Router, create_topic
 from understudy_broker.config import BrokerConfig
-from understudy_broker.model import Health, Permission, Role
-from understudy_broker.protocol import BrokerRoute, GroupRoute
-from understudy_broker.server import Broker
+from understudy_broker.ha.authority import StaticAuthority
+from understudy_broker.model import Permission, Role
+from understudy_broker.server.broker import Broker
 
 pytestmark = pytest.mark.integration
 
 
-class SettableAuthority:
-    """A real Authority whose permission and epoch the test sets (the shape the HA
-    issue's ZooKeeper authority will have)."""
+class SettableAuthority(StaticAuthority):
+    """A real (static) Authority whose permission and epoch the test sets, the way a
+    coordinated broker's change with the group state."""
 
     def __init__(self) -> None:
+        self.address = ""
+        super().__init__(name="m", group="g", role=Role.MASTER, configured=Permission.FULL,
+                         address=lambda: self.address)
         self.perm = Permission.FULL
         self._epoch = 5
-        self._listeners: list[Callable[[], None]] = []
-        self.address = ""
-
-    role = Role.MASTER
-    name = "m"
-    group = "g"
 
     def effective(self) -> Permission:
         return self.perm
@@ -46,21 +43,6 @@ class SettableAuthority:
         self.perm, self._epoch = perm, epoch
         for fn in self._listeners:
             fn()
-
-    def subscribe(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
-
-    def update_health(self, health: Health) -> None:
-        return None
-
-    async def route(self) -> list[GroupRoute]:
-        return [GroupRoute("g", [BrokerRoute("m", self.address, "master", int(self.perm), self._epoch)])]
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
 
 
 @pytest.fixture
@@ -185,3 +167,50 @@ async def test_stop_persists_offsets_and_reopen_keeps_data(tmp_path: Path) -> No
         await conn.close()
     finally:
         await again.stop()
+
+
+async def test_a_failed_flush_is_an_internal_error_and_the_broker_keeps_serving(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Storage raises OSError (it does not know the protocol); the server maps a failed
+    fdatasync to INTERNAL for the produce that waited for it, and nothing else breaks."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="disk", queues=1)
+    log = broker.store.log
+    healthy = log.flush
+
+    def full_disk() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log, "flush", full_disk)
+    conn = await Connection.open(addr)
+    try:
+        body = p.ProduceRequest("disk", [p.ProduceMessage(0, None, b"x")]).encode()
+        with pytest.raises(BrokerError) as info:
+            await conn.request(p.Op.PRODUCE, body)
+        assert info.value.status == p.Status.INTERNAL
+        assert "No space left on device" in str(info.value)
+        assert p.HeartbeatResponse.decode(await conn.request(p.Op.HEARTBEAT, b"{}")).role == "master"
+        monkeypatch.setattr(log, "flush", healthy)
+        resp = p.ProduceResponse.decode(await conn.request(p.Op.PRODUCE, body))
+        assert [q for q, _o in resp.offsets] == [0]
+    finally:
+        await conn.close()
+
+
+async def test_a_failed_connection_is_dropped_but_not_its_replacement(served: Any) -> None:
+    """With one pull loop per queue, every loop reports the same lost connection. The first
+    report drops it and the loop reconnects; a later report of the *old* connection used to
+    close the fresh one (Router.failed dropped whatever was current)."""
+    _broker, _auth, addr = served
+    router = Router([addr])
+    try:
+        old = await router.connection(Permission.READ)
+        await router.failed(Permission.READ, old)
+        assert old.closed
+        fresh = await router.connection(Permission.READ)
+        assert fresh is not old
+        await router.failed(Permission.READ, old)  # a second loop, same failure
+        assert not fresh.closed
+        assert await router.connection(Permission.READ) is fresh
+    finally:
+        await router.close()

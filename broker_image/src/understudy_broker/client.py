@@ -10,7 +10,8 @@ broker holding WRITE, reads to one holding READ.
 * :class:`Connection`: one TCP connection, requests pipelined by request id.
 * :class:`Router`: routes, connection per purpose (write/read), failover order.
 * :class:`Producer`: per-topic batches (a batch may span queues), linger, a window of
-  in-flight batches, retries with exponential backoff on retriable errors. Retries can
+  in-flight batches, retries with jittered exponential backoff
+  (:class:`~understudy_broker.retry.Backoff`) on retriable errors. Retries can
   duplicate a message (at-least-once) and, with more than one batch in flight, reorder.
 * :class:`Consumer`: one long-poll pull loop per queue, prefetch, at-least-once
   ``commit()`` of what was delivered, resuming from the group's committed offsets.
@@ -25,10 +26,12 @@ import logging
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from understudy_broker import protocol as p
 from understudy_broker.model import Permission
+from understudy_broker.retry import Backoff
+from understudy_broker.tasks import stop_tasks
 
 log = logging.getLogger("understudy.client")
 
@@ -121,6 +124,16 @@ class Connection:
 
         The timeout covers writing too: a frozen broker (SIGSTOP, a VM pause) that stops
         reading cannot hold the caller beyond ``timeout_s``."""
+        frame = await self.exchange(op, body, epoch=epoch, timeout_s=timeout_s)
+        if frame.status != p.Status.OK:
+            raise BrokerError(frame.status, p.error_message(frame), address=self.address)
+        return frame.body
+
+    async def exchange(
+        self, op: p.Op, body: bytes, *, epoch: int = 0, timeout_s: float = 30.0
+    ) -> p.Frame:
+        """Send and wait for the response frame, whatever its status (a ``TIMEOUT``
+        :class:`BrokerError` when none arrives within ``timeout_s``)."""
         rid, fut = self._send(op, body, epoch=epoch)
         try:
             async with asyncio.timeout(timeout_s):
@@ -136,9 +149,7 @@ class Connection:
             if not fut.done():
                 self._pending.pop(rid, None)
                 fut.cancel()
-        if frame.status != p.Status.OK:
-            raise BrokerError(frame.status, p.error_message(frame), address=self.address)
-        return frame.body
+        return frame
 
     async def _read_loop(self) -> None:
         reason: BaseException = ConnectionError(f"connection to {self.address} closed by peer")
@@ -187,6 +198,8 @@ class Connection:
 
     async def close(self) -> None:
         await stop_tasks([self._task])
+        if self._closed is None:  # the read loop was cancelled before it ever ran
+            self._fail_all(ConnectionError(f"connection to {self.address} closed"))
         try:
             await asyncio.wait_for(self._writer.wait_closed(), 1.0)
         except TimeoutError:
@@ -196,23 +209,26 @@ class Connection:
             pass
 
 
-async def stop_tasks(tasks: Sequence[asyncio.Task[Any]]) -> None:
-    """Cancel ``tasks`` and wait until they have finished.
-
-    Unlike ``with suppress(CancelledError): await task``, this never swallows a
-    cancellation aimed at the *caller*: ``asyncio.wait`` lets it propagate, so a
-    ``close()`` under ``asyncio.wait_for``/``asyncio.timeout`` gives up when told to
-    instead of waiting forever. The tasks' own errors are retrieved (a closing client has
-    nothing left to report them to) so asyncio does not log them as never retrieved.
-    """
-    live = [t for t in tasks if not t.done()]
-    for t in live:
-        t.cancel()
-    if live:
-        await asyncio.wait(live)
-    for t in tasks:
-        if t.done() and not t.cancelled():
-            t.exception()
+async def request_once(
+    address: str,
+    op: p.Op,
+    body: bytes = b"",
+    *,
+    epoch: int = 0,
+    timeout_s: float = 5.0,
+    max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
+) -> p.Frame:
+    """One request on a fresh connection, closed afterwards; returns the response frame
+    whatever its status. For the few callers that talk to one broker once: a broker
+    probing a peer, an acting slave pushing back-sync, tools and tests. Raises
+    ``OSError``/``TimeoutError`` when the broker cannot be reached, :class:`BrokerError`
+    (``TIMEOUT``) when it does not answer in time."""
+    conn = await Connection.open(address, max_frame_bytes=max_frame_bytes,
+                                 connect_timeout_s=timeout_s)
+    try:
+        return await conn.exchange(op, body, epoch=epoch, timeout_s=timeout_s)
+    finally:
+        await conn.close()
 
 
 def failover_order(brokers: Sequence[p.BrokerRoute], need: Permission) -> list[p.BrokerRoute]:
@@ -342,10 +358,15 @@ class Router:
         conn = self._conns.get(need)
         return None if conn is None or conn.closed else conn.address
 
-    async def failed(self, need: Permission) -> None:
-        """The connection for ``need`` was refused or lost: drop it and re-learn the route."""
-        conn = self._conns.pop(need, None)
+    async def failed(self, need: Permission, conn: Connection | None) -> None:
+        """``conn`` (used for ``need``) was refused or lost: drop it and re-learn the route.
+
+        Only that connection is dropped: with one pull loop per queue, several loops see
+        the same failure, and the first one may already have opened a fresh connection
+        that the others must not close. ``conn`` is ``None`` when connecting failed."""
         if conn is not None:
+            if self._conns.get(need) is conn:
+                del self._conns[need]
             await conn.close()
         with contextlib.suppress(ConnectionError):
             await self.refresh()
@@ -375,17 +396,21 @@ async def create_topic(bootstrap: Sequence[str], *, topic: str, queues: int) -> 
 async def _with_retries(
     router: Router, need: Permission, op: p.Op, body: bytes, *, retries: int = 5
 ) -> bytes:
+    backoff = Backoff(0.05, 1.0)
     for attempt in itertools.count():
+        conn: Connection | None = None
         try:
-            return await router.request(need, op, body)
+            conn = await router.connection(need)
+            return await conn.request(op, body, epoch=router.epoch,
+                                      timeout_s=router.request_timeout_s)
         except BrokerError as exc:
             if not exc.retriable or attempt >= retries:
                 raise
         except (ConnectionError, OSError, TimeoutError):
             if attempt >= retries:
                 raise
-        await router.failed(need)
-        await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+        await router.failed(need, conn)
+        await backoff.sleep()
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -497,8 +522,10 @@ class Producer:
 
     async def _send_batch(self, topic: str, items: list[_Pending]) -> None:
         body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
+        backoff = Backoff(self.retry_backoff_s, 2.0)
         async with self._inflight:
             for attempt in itertools.count():
+                conn: Connection | None = None
                 try:
                     conn = await self.router.connection(Permission.WRITE)
                     if self.acks == 0:
@@ -531,8 +558,8 @@ class Producer:
                         return
                     error = exc
                 log.info("produce to %s retrying (%d): %s", topic, attempt + 1, error)
-                await self.router.failed(Permission.WRITE)
-                await asyncio.sleep(min(self.retry_backoff_s * 2**attempt, 2.0))
+                await self.router.failed(Permission.WRITE, conn)
+                await backoff.sleep()
 
     async def flush(self) -> None:
         """Send every buffered message and wait until all are acknowledged or failed."""
@@ -633,29 +660,30 @@ class Consumer:
         self._started = True
 
     async def _pull_loop(self, queue: int, offset: int) -> None:
-        attempt = 0
+        backoff = Backoff(0.1, 2.0)
+        router = self.router
         while True:
             req = p.PullRequest(self.topic, queue, offset, self.max_bytes, self.max_wait_ms)
+            conn: Connection | None = None
             try:
-                resp = p.PullResponse.decode(
-                    await self.router.request(Permission.READ, p.Op.PULL, req.encode())
-                )
+                conn = await router.connection(Permission.READ)
+                resp = p.PullResponse.decode(await conn.request(
+                    p.Op.PULL, req.encode(), epoch=router.epoch,
+                    timeout_s=router.request_timeout_s))
             except BrokerError as exc:
                 if not exc.retriable:
                     await self._buffer.put(exc)
                     return
-                attempt += 1
                 log.info("pull %s/%d: %s; re-routing", self.topic, queue, exc)
-                await self.router.failed(Permission.READ)
-                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+                await router.failed(Permission.READ, conn)
+                await backoff.sleep()
                 continue
             except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
-                attempt += 1
                 log.info("pull %s/%d: %s; reconnecting", self.topic, queue, exc)
-                await self.router.failed(Permission.READ)
-                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+                await router.failed(Permission.READ, conn)
+                await backoff.sleep()
                 continue
-            attempt = 0
+            backoff.reset()
             if resp.records:
                 await self._buffer.put(
                     [

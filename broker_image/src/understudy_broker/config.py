@@ -14,6 +14,7 @@ from pathlib import Path
 
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
+from understudy_broker.zklayout import GroupConfig, LayoutError
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -97,14 +98,6 @@ def parse_peer(text: str) -> Peer:
     return Peer(name, host, port)
 
 
-def parse_digest(text: str) -> tuple[str, str]:
-    """``USER:PASSWORD`` (both non-empty; the password may contain ``:``)."""
-    user, sep, password = text.partition(":")
-    if not sep or not user or not password:
-        raise ConfigError("--zk-digest: expected USER:PASSWORD")
-    return user, password
-
-
 def validate(cfg: BrokerConfig) -> None:
     """Raise :class:`ConfigError` for the first invalid setting."""
     ports = {"--port": cfg.port, "--http-port": cfg.http_port}
@@ -168,3 +161,26 @@ def _validate_coordination(cfg: BrokerConfig) -> None:
         raise ConfigError("--port 0 cannot be used with --zk: the group config names the port")
     if not 500 <= cfg.zk_session_timeout_ms <= 600_000:
         raise ConfigError("--zk-session-timeout-ms must be 500-600000")
+
+
+def spec_mismatch(cfg: BrokerConfig, group: GroupConfig) -> str | None:
+    """Why this broker's flags contradict its BrokerSpec in the group config, or None.
+    (Ports and role come from the flags; the config is what clients and the controller
+    are told.)"""
+    try:
+        spec = group.broker(cfg.name)
+    except LayoutError as exc:
+        return str(exc)
+    problems = []
+    if spec.role is not cfg.role:
+        problems.append(f"role {spec.role.value} (ordinal {spec.ordinal}), flags say {cfg.role.value}")
+    if spec.port != cfg.port:
+        problems.append(f"--port {spec.port}, flags say {cfg.port}")
+    if cfg.role is Role.MASTER and spec.replication_port != cfg.replication_port:
+        problems.append(
+            f"--replication-port {spec.replication_port}, flags say {cfg.replication_port}")
+    if cfg.http_port is not None and spec.http_port != cfg.http_port:
+        problems.append(f"--http-port {spec.http_port}, flags say {cfg.http_port}")
+    if not problems:
+        return None
+    return f"group {group.group!r} config for broker {cfg.name!r} says " + "; ".join(problems)

@@ -12,7 +12,7 @@ and turns ZooKeeper's threads and callbacks into plain facts on the broker's asy
   already applied is refused (logged and ignored), malformed documents are logged and
   ignored, never fatal;
 - :meth:`BrokerCoordinator.publish_status` for the broker's ~1 s status refresh;
-- the read lease (:mod:`understudy_broker.lease`) renewed by a cheap ``sync`` + ``get`` of
+- the read lease (:mod:`understudy_broker.ha.lease`) renewed by a cheap ``sync`` + ``get`` of
   ``state`` every lease/3, and at once whenever a new epoch is applied;
 - optional digest authentication, with digest ACLs on every node it creates.
 
@@ -33,10 +33,12 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
-from kazoo.security import make_digest_acl
 
-from understudy_broker.lease import Lease, lease_clock, lease_duration_s, renewal_interval_s
+from understudy_broker.ha.lease import Lease, lease_clock, lease_duration_s, renewal_interval_s
 from understudy_broker.model import GroupState
+from understudy_broker.retry import Backoff
+from understudy_broker.tasks import stop_tasks
+from understudy_broker.zkclient import Digest, digest_acl, kazoo_future, make_client
 from understudy_broker.zklayout import (
     BrokerStatus,
     GroupConfig,
@@ -80,7 +82,7 @@ class BrokerCoordinator:
         session_timeout_s: float,
         loop: asyncio.AbstractEventLoop,
         on_change: Callable[[], None],
-        digest_auth: tuple[str, str] | None = None,
+        digest_auth: Digest | None = None,
         address: str = "",
         link_timeout_s: float = DEFAULT_LINK_TIMEOUT_S,
         clock: Callable[[], float] = lease_clock,
@@ -93,15 +95,8 @@ class BrokerCoordinator:
         self._address = address
         self._link_timeout_s = link_timeout_s
         self._clock = clock
-        auth = None
-        self._acl: list[Any] | None = None
-        if digest_auth is not None:
-            user, password = digest_auth
-            auth = [("digest", f"{user}:{password}")]
-            self._acl = [make_digest_acl(user, password, all=True)]
-        self._client = KazooClient(
-            hosts=connect, timeout=session_timeout_s, auth_data=auth, default_acl=self._acl
-        )
+        self._acl = digest_acl(digest_auth)
+        self._client = make_client(connect, timeout_s=session_timeout_s, digest=digest_auth)
         self._zk_live = False
         self._lost_at: float | None = self._clock()
         self._registered = False
@@ -184,11 +179,7 @@ class BrokerCoordinator:
     async def stop(self) -> None:
         """Close the session (the ephemeral node disappears at once) and stop tasks."""
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         self._tasks.clear()
         if self._lapse_timer is not None:
             self._lapse_timer.cancel()
@@ -317,6 +308,7 @@ class BrokerCoordinator:
         """Create ``live/<broker>`` for the current session; if a previous session's node
         is still there (a restart within the session timeout), wait for it to expire."""
         path = live_path(self.group, self.name)
+        backoff = Backoff(0.2, 2.0)
         while not self._stopping:
             sid = self.session_id
             try:
@@ -333,7 +325,7 @@ class BrokerCoordinator:
                 continue
             except KazooException as exc:
                 log.warning("%s: cannot register yet (%r); retrying", self.name, exc)
-                await asyncio.sleep(0.2)
+                await backoff.sleep()
                 continue
             break
         if self._stopping:
@@ -458,31 +450,3 @@ class BrokerCoordinator:
     def _wrap(self, async_result: Any) -> asyncio.Future[Any]:
         return kazoo_future(self._loop, async_result)
 
-
-def kazoo_future(loop: asyncio.AbstractEventLoop, async_result: Any) -> asyncio.Future[Any]:
-    """An asyncio future completed on ``loop`` when a kazoo ``IAsyncResult`` is (its value,
-    or its exception). The kazoo thread only calls ``loop.call_soon_threadsafe``."""
-    fut: asyncio.Future[Any] = loop.create_future()
-
-    def settle(result: Any) -> None:
-        try:
-            value = result.get_nowait()
-        except BaseException as exc:  # delivered to the awaiting coroutine
-            with contextlib.suppress(RuntimeError):  # loop closed
-                loop.call_soon_threadsafe(_set_exception, fut, exc)
-        else:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_set_result, fut, value)
-
-    async_result.rawlink(settle)
-    return fut
-
-
-def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)

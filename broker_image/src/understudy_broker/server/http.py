@@ -1,4 +1,4 @@
-"""The broker's HTTP side port: ``/metrics``, ``/healthz``, ``/readyz``.
+"""The broker's HTTP side port: ``/metrics``, ``/healthz``, ``/readyz``, ``/permissions``.
 
 Why this module exists: Prometheus scrapes and Kubernetes probes need plain HTTP, but
 the broker needs no web framework for three GET endpoints. This is a deliberately tiny
@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from understudy_broker.ha.permlog import CONTENT_TYPE, read_changes
 
 MAX_REQUEST_HEAD = 8192
 
@@ -88,3 +91,26 @@ class HttpSidePort:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+class BrokerHttpPort(HttpSidePort):
+    """The broker's side port: ``/metrics``, ``/healthz``, ``/readyz`` and ``/permissions``
+    (the permission-change log as JSON lines, every incarnation of this broker)."""
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry,
+        ready: Callable[[], tuple[bool, str]],
+        host: str,
+        port: int,
+        permissions: Path,
+    ) -> None:
+        super().__init__(registry=registry, ready=ready, host=host, port=port)
+        self._permissions = permissions
+
+    def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+        if path.split("?", 1)[0] == "/permissions" and method in ("GET", "HEAD"):
+            body = "".join(c.to_json() + "\n" for c in read_changes(self._permissions))
+            return 200, CONTENT_TYPE, body.encode()
+        return super().respond(method, path)

@@ -1,4 +1,4 @@
-"""The ZooKeeper-backed :class:`~understudy_broker.authority.Authority`.
+"""The ZooKeeper-backed :class:`~understudy_broker.ha.authority.Authority`.
 
 Why this module exists: with coordination, a broker's effective permission is no longer
 its configuration but ``model.effective_permission`` over the group state it applied from
@@ -16,10 +16,11 @@ This class plugs that into the broker server behind the same interface as
   fence) and otherwise every ``publish_interval_s``;
 - the route comes from the ZooKeeper config plus the brokers' published statuses.
 
-The replication layer supplies its facts through :meth:`ZkAuthority.set_facts_source`
-(master link, connected slaves, max offset, persisted back-sync epoch); ``ready`` is
-derived here: a master in SLAVE_CONSUME/RECOVERING, without READ, with the acting slave
-connected.
+The broker lends its replication facts (master link, connected slaves, max offset,
+persisted back-sync epoch) and its consumer-offset snapshot through :meth:`ZkAuthority.attach`;
+``ready`` is derived here (a master in SLAVE_CONSUME/RECOVERING, without READ, with the
+acting slave connected), and an acting slave's back-sync push is driven from here
+(:class:`~understudy_broker.ha.backsync.BackSyncer`) whenever the applied state changes.
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kazoo.exceptions import KazooException, NoNodeError
 
-from understudy_broker.coordination import (
+from understudy_broker.ha.authority import BrokerHooks, BrokerIdentity, ReplicationFacts
+from understudy_broker.ha.backsync import BackSyncer
+from understudy_broker.ha.coordinator import (
     DEFAULT_LINK_TIMEOUT_S,
     BrokerCoordinator,
     CoordinationError,
-    kazoo_future,
 )
+from understudy_broker.ha.lease import lease_clock
+from understudy_broker.ha.permlog import lapse_time_ns
 from understudy_broker.model import (
     Health,
     Mode,
@@ -49,9 +53,12 @@ from understudy_broker.model import (
     is_isolated,
 )
 from understudy_broker.protocol import BrokerRoute, GroupRoute
-from understudy_broker.replication import IsrConflictError
+from understudy_broker.replication.isr import IsrConflictError, IsrStore
+from understudy_broker.tasks import stop_tasks
+from understudy_broker.zkclient import Digest, kazoo_future
 from understudy_broker.zklayout import (
     BrokerStatus,
+    GroupConfig,
     LayoutError,
     decode_isr,
     encode_isr,
@@ -67,18 +74,8 @@ Listener = Callable[[], None]
 REPUBLISH_AFTER_S = 0.2
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicationFacts:
-    """What the replication layer knows, for the status document."""
-
-    master_link: bool = False
-    slave_links: tuple[str, ...] = ()
-    max_offset: int = 0
-    backsync_epoch: int | None = None
-
-
 class ZkIsrStore:
-    """The master's :class:`~understudy_broker.replication.IsrStore`: ``/groups/<g>/isr``
+    """The master's :class:`~understudy_broker.replication.isr.IsrStore`: ``/groups/<g>/isr``
     through the authority's ZooKeeper session, versioned writes only.
 
     An absent record is created with the group config's slaves: before this master
@@ -116,7 +113,7 @@ class ZkIsrStore:
         return new
 
 
-class ZkAuthority:
+class ZkAuthority(BrokerIdentity):
     """Permission from ZooKeeper state + health + read lease (see module docstring).
 
     ``role`` and ``configured`` come from the broker's own configuration and are
@@ -136,7 +133,7 @@ class ZkAuthority:
         session_timeout_s: float,
         link_timeout_s: float = DEFAULT_LINK_TIMEOUT_S,
         fence_after_s: float | None = None,
-        digest_auth: tuple[str, str] | None = None,
+        digest_auth: Digest | None = None,
         publish_interval_s: float = 1.0,
         route_cache_s: float = 0.5,
     ) -> None:
@@ -154,6 +151,7 @@ class ZkAuthority:
         self._route_cache_s = route_cache_s
         self._health = Health()
         self._facts: Callable[[], ReplicationFacts] = ReplicationFacts
+        self._backsync: BackSyncer | None = None
         self._listeners: list[Listener] = []
         self._coord: BrokerCoordinator | None = None
         self._last: tuple[Permission, int] = (Permission.NONE, 0)
@@ -163,18 +161,6 @@ class ZkAuthority:
         self._route_cache: tuple[float, list[BrokerRoute]] | None = None
 
     # ------------------------------------------------------------------ Authority
-
-    @property
-    def role(self) -> Role:
-        return self._role
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def group(self) -> str:
-        return self._group
 
     @property
     def coordinator(self) -> BrokerCoordinator | None:
@@ -223,9 +209,66 @@ class ZkAuthority:
         )
         self._changed()
 
-    def set_facts_source(self, source: Callable[[], ReplicationFacts]) -> None:
-        """Where the status document's replication fields come from."""
-        self._facts = source
+    def attach(self, hooks: BrokerHooks) -> None:
+        """Where the status document's replication fields and back-sync's offsets come
+        from; call before :meth:`start`."""
+        self._facts = hooks.facts
+        self._backsync = BackSyncer(
+            role=self._role, name=self._name, group=self._group,
+            state=lambda: self._coord.state if self._coord is not None else None,
+            has_read=lambda: bool(self.effective() & Permission.READ),
+            master=self._master_client_address, offsets=hooks.offsets,
+        )
+
+    def _master_client_address(self) -> tuple[str, int] | None:
+        cfg = self._coord.config if self._coord is not None else None
+        if cfg is None:
+            return None
+        return cfg.master.host, cfg.master.port
+
+    def advertised_address(self) -> str:
+        """The address in this broker's BrokerSpec of the group config (a pod's DNS name
+        while it listens on 0.0.0.0), else ``host:port``."""
+        cfg = self._coord.config if self._coord is not None else None
+        if cfg is not None:
+            with contextlib.suppress(LayoutError):
+                return cfg.broker(self._name).address
+        return self._address_now()
+
+    def ready(self, *, master_link: bool | None) -> tuple[bool, str]:
+        state = self._coord.state if self._coord is not None else None
+        if state is None:
+            return False, "no group state applied yet"
+        return True, (f"{self._role.value} {self.effective().label} "
+                      f"{state.mode.name} epoch {state.epoch}")
+
+    def isr_store(self) -> IsrStore | None:
+        return ZkIsrStore(self)
+
+    def lease_lapsed_at_ns(self) -> int | None:
+        coord = self._coord
+        if coord is None or coord.lease_valid():
+            return None
+        lease = coord.lease
+        if lease.granted_at is None:
+            return None
+        # The lapse timer (or the request that noticed) fired after the lease ran out;
+        # READ ended at the lapse itself, since every request checks the lease.
+        return lapse_time_ns(now_ns=time.time_ns(), now_clock=lease_clock(),
+                             lapsed_at_clock=lease.granted_at + lease.duration)
+
+    async def wait_config(self, timeout_s: float) -> GroupConfig | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            cfg = self._coord.config if self._coord is not None else None
+            if cfg is not None:
+                return cfg
+            if loop.time() >= deadline:
+                log.warning("group %s has no config in ZooKeeper yet; enforcing NONE until it "
+                            "has a state", self._group)
+                return None
+            await asyncio.sleep(0.02)
 
     def facts_changed(self) -> None:
         """The replication facts changed (a slave linked, back-synced offsets persisted):
@@ -244,16 +287,16 @@ class ZkAuthority:
         self._task = loop.create_task(self._publish_loop(), name=f"status-{self._name}")
 
     async def stop(self) -> None:
+        if self._backsync is not None:
+            await self._backsync.stop()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task])
             self._task = None
         if self._coord is not None:
             await self._coord.stop()
 
     async def route(self) -> list[GroupRoute]:
-        me = BrokerRoute(self._name, self._address_now(), self._role.value,
+        me = BrokerRoute(self._name, self.advertised_address(), self._role.value,
                          int(self.effective()), self.epoch())
         now = time.monotonic()
         if self._route_cache is None or now - self._route_cache[0] > self._route_cache_s:
@@ -285,6 +328,8 @@ class ZkAuthority:
             self._publish_now.set()
             for listener in self._listeners:
                 listener()
+        if self._backsync is not None:
+            self._backsync.on_state()
 
     def status(self) -> BrokerStatus:
         """The status document this broker would publish now."""

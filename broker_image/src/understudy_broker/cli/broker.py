@@ -3,7 +3,7 @@
 Why this module exists: it is the process entry point the operator, the local cluster,
 the tests and people all use. It turns flags into a validated
 :class:`~understudy_broker.config.BrokerConfig` (bad flags exit 2 with a message naming
-the flag), runs the :class:`~understudy_broker.server.Broker` on uvloop when available,
+the flag), runs the :class:`~understudy_broker.server.broker.Broker` on uvloop when available,
 and turns SIGTERM/SIGINT into a clean stop (in-flight requests finish, log and offsets
 are flushed, exit 0).
 """
@@ -23,13 +23,13 @@ import click
 from understudy_broker.config import (
     BrokerConfig,
     ConfigError,
-    parse_digest,
     parse_hostport,
     parse_peer,
     validate,
 )
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
+from understudy_broker.zkclient import parse_digest
 
 #: Slave master-link timeout. With coordination it bounds how soon a hung master is
 #: fenced (the controller needs the slave's link down), so it is shorter there.
@@ -98,11 +98,21 @@ def _config_from_flags(
                         else DEFAULT_LINK_TIMEOUT_ZK_MS if zk else DEFAULT_LINK_TIMEOUT_MS) / 1000,
         zk=zk,
         zk_session_timeout_ms=zk_session_timeout_ms,
-        zk_digest=parse_digest(zk_digest) if zk_digest else None,
+        zk_digest=_digest(zk_digest),
     )
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+def _digest(text: str | None) -> tuple[str, str] | None:
+    if not text:
+        return None
+    try:
+        return parse_digest(text)
+    except ValueError as exc:
+        raise ConfigError(f"--zk-digest: {exc}") from None
+
+
+@click.command(short_help="Run a broker (master or slave).",
+               context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data-dir", required=True, type=click.Path(file_okay=False), help="Log, indexes, offsets and topics live here.")
 @click.option("--port", required=True, type=int, help="Client port (0 = pick a free one; not with --zk).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -175,9 +185,9 @@ def _run_on_best_loop(cfg: BrokerConfig) -> None:
 
 
 async def _run(cfg: BrokerConfig) -> None:
-    from understudy_broker.server import Broker, probe_peer
+    from understudy_broker.server.broker import Broker
 
-    server = Broker(cfg, peer_probe=probe_peer)
+    server = Broker(cfg)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

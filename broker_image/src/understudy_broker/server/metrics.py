@@ -1,8 +1,9 @@
 """The broker's Prometheus series, on a registry of its own.
 
 Why this module exists: metric names and labels are a public contract (DESIGN, "Metrics
-contract"): the Spark SLA jobs, dashboards and alert rules read them. They are declared
-once, here, on a per-server ``CollectorRegistry`` (never the global default), so several
+contract"): the Spark SLA jobs, dashboards and alert rules read them. The names come from
+:mod:`understudy_broker.metric_names`; the series are declared once, here, on a per-server
+``CollectorRegistry`` (never the global default), so several
 brokers can live in one process (tests, local mode) without colliding.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from understudy_broker import metric_names as names
 from understudy_broker.model import Permission
 
 
@@ -21,31 +23,31 @@ class BrokerMetrics:
         self.group = group
         self.broker = broker
         self._permission = Gauge(
-            "understudy_broker_permission",
+            names.BROKER_PERMISSION,
             "Effective permission the broker enforces (0 NONE, 1 READ, 2 WRITE, 3 FULL).",
             ["group", "broker", "role"],
             registry=self.registry,
         ).labels(group=group, broker=broker, role=role)
         self._in = Counter(
-            "understudy_messages_in",
+            names.counter_base(names.MESSAGES_IN_TOTAL),
             "Messages appended by produce requests.",
             ["group", "broker"],
             registry=self.registry,
         ).labels(group=group, broker=broker)
         self._out = Counter(
-            "understudy_messages_out",
+            names.counter_base(names.MESSAGES_OUT_TOTAL),
             "Messages delivered by pull requests.",
             ["group", "broker"],
             registry=self.registry,
         ).labels(group=group, broker=broker)
         self._lag = Gauge(
-            "understudy_replication_lag_bytes",
+            names.REPLICATION_LAG_BYTES,
             "Bytes of log a slave is behind its master (reported by both sides).",
             ["group", "broker"],
             registry=self.registry,
         )
         self._latency = Histogram(
-            "understudy_produce_latency_seconds",
+            names.PRODUCE_LATENCY_SECONDS,
             "Produce request time from receipt to acknowledgement (append, flush, replication).",
             ["group", "broker"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
@@ -53,7 +55,7 @@ class BrokerMetrics:
         ).labels(group=group, broker=broker)
 
         self._flushes = Counter(
-            "understudy_log_flushes",
+            names.counter_base(names.LOG_FLUSHES_TOTAL),
             "fdatasync calls made for acknowledgements (group commit: fewer than produce requests).",
             ["group", "broker"],
             registry=self.registry,

@@ -8,7 +8,7 @@ still at the epoch the broker applied) is younger than the lease duration, and t
 duration is shorter than the earliest moment the controller could hand READ to someone
 else. This module is the pure part: the one function that derives the duration, the
 clock it is measured on, and the lease value itself. The renewal round trip lives in
-:mod:`understudy_broker.coordination`.
+:mod:`understudy_broker.ha.coordinator`.
 
 Why the bound holds: a lease is granted from the moment the confirming request was
 *sent*. The controller hands READ away from a broker it cannot hear only after that

@@ -1,4 +1,4 @@
-"""The per-broker permission-change log: ``<data-dir>/permissions.jsonl`` and ``/permissions``.
+"""The per-broker permission-change log: ``<data-dir>/permissions.jsonl``.
 
 Why this module exists: invariant 1 ("one reader") is judged after the fact from every
 broker's own record of when it held effective READ (DESIGN "Checker definitions"). Metrics
@@ -31,9 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from prometheus_client import CollectorRegistry
-
-from understudy_broker.httpserver import HttpSidePort
 from understudy_broker.model import Permission
 
 log = logging.getLogger(__name__)
@@ -165,25 +162,3 @@ def read_changes(path: Path) -> Iterator[PermissionChange]:
             except PermissionLogError as exc:
                 log.warning("%s:%d skipped: %s", path, number, exc)
 
-
-class BrokerHttpPort(HttpSidePort):
-    """The broker's side port: ``/metrics``, ``/healthz``, ``/readyz`` and ``/permissions``
-    (the permission-change log as JSON lines, every incarnation of this broker)."""
-
-    def __init__(
-        self,
-        *,
-        registry: CollectorRegistry,
-        ready: Callable[[], tuple[bool, str]],
-        host: str,
-        port: int,
-        permissions: Path,
-    ) -> None:
-        super().__init__(registry=registry, ready=ready, host=host, port=port)
-        self._permissions = permissions
-
-    def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
-        if path.split("?", 1)[0] == "/permissions" and method in ("GET", "HEAD"):
-            body = "".join(c.to_json() + "\n" for c in read_changes(self._permissions))
-            return 200, CONTENT_TYPE, body.encode()
-        return super().respond(method, path)

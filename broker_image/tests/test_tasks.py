@@ -1,4 +1,5 @@
-"""Closing a client never swallows the caller's cancellation (pure asyncio, no sockets)."""
+"""Stopping background tasks never swallows the caller's cancellation, and a task that
+lost its cancellation is cancelled again (pure asyncio, no sockets)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from understudy_broker.client import stop_tasks
+from understudy_broker.tasks import stop_tasks
 
 
 async def test_stop_tasks_cancels_and_retrieves_errors() -> None:
@@ -43,3 +44,25 @@ async def test_a_timeout_around_close_is_honoured_even_if_a_task_lingers() -> No
     release.set()
     await asyncio.wait([t])
     assert t.cancelled()
+
+
+async def test_a_task_that_swallowed_its_cancellation_is_cancelled_again() -> None:
+    """On Python 3.11 ``asyncio.wait_for`` can lose a cancellation; the task then runs on
+    after one ``cancel()``. ``stop_tasks`` cancels it again instead of waiting forever."""
+    seen = 0
+
+    async def swallows_once() -> None:
+        nonlocal seen
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                seen += 1
+                if seen >= 2:
+                    raise
+
+    t = asyncio.create_task(swallows_once())
+    await asyncio.sleep(0)
+    await stop_tasks([t], recancel_after_s=0.05)
+    assert t.cancelled()
+    assert seen == 2

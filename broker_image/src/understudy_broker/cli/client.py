@@ -82,7 +82,8 @@ bootstrap_option = click.option(
 )
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(short_help="Produce messages to a topic.",
+               context_settings={"help_option_names": ["-h", "--help"]})
 @bootstrap_option
 @click.option("--topic", "-t", required=True)
 @click.option("--count", "-n", type=click.IntRange(min=1), default=10_000, show_default=True)
@@ -188,7 +189,8 @@ async def _produce(
     }
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(short_help="Consume messages as a consumer group.",
+               context_settings={"help_option_names": ["-h", "--help"]})
 @bootstrap_option
 @click.option("--topic", "-t", required=True)
 @click.option("--group", "-g", required=True, help="Consumer group.")
@@ -282,7 +284,8 @@ def _report(summary: dict[str, Any], *, as_json: bool, title: str) -> None:
     Console().print(table)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(short_help="Create and inspect topics.",
+             context_settings={"help_option_names": ["-h", "--help"]})
 def topic() -> None:
     """Create and inspect topics."""
 

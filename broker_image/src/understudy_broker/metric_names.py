@@ -1,0 +1,84 @@
+"""The Prometheus metric names that alerts, dashboards and SLA jobs may rely on.
+
+Why this module exists: DESIGN.md's metrics contract is public — the Spark jobs, the Grafana
+dashboards and the PrometheusRule all read these names, and the broker, the controller and
+the operator export them. Keeping them in one place (the broker package is the shared
+contract every other package already depends on) lets the exporters register exactly these
+names and lets a test parse every PromQL expression the chart ships and reject any name
+that is not listed here, so a renamed metric breaks the build instead of silently emptying
+a dashboard or muting an alert.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- DESIGN.md "Metrics contract": brokers and controllers -------------------------------
+BROKER_PERMISSION: Final = "understudy_broker_permission"  # gauge {group,broker,role} 0-3
+GROUP_MODE: Final = "understudy_group_mode"  # gauge {group}: 0 NORMAL .. 3 RECOVERING
+GROUP_EPOCH: Final = "understudy_group_epoch"  # gauge {group}
+FAILOVER_TOTAL: Final = "understudy_failover_total"  # counter {group}
+FAILOVER_PHASE_SECONDS: Final = "understudy_failover_phase_seconds"  # histogram {group,phase}
+MESSAGES_IN_TOTAL: Final = "understudy_messages_in_total"  # counter {group,broker}
+MESSAGES_OUT_TOTAL: Final = "understudy_messages_out_total"  # counter {group,broker}
+REPLICATION_LAG_BYTES: Final = "understudy_replication_lag_bytes"  # gauge {group,broker}
+PRODUCE_LATENCY_SECONDS: Final = "understudy_produce_latency_seconds"  # histogram {group,broker}
+
+# --- exported too, not (yet) read by jobs or dashboards ----------------------------------
+LOG_FLUSHES_TOTAL: Final = "understudy_log_flushes_total"  # counter {group,broker}
+GROUP_DEGRADED: Final = "understudy_group_degraded"  # gauge {group}: master and slaves down
+CONTROLLER_TRANSITIONS_TOTAL: Final = "understudy_controller_transitions_total"  # {group,to}
+
+# --- the operator's own metrics ------------------------------------------------------------
+OPERATOR_RECONCILE_DURATION_SECONDS: Final = "understudy_operator_reconcile_duration_seconds"
+"""Histogram {handler}: wall time of one kopf handler invocation."""
+OPERATOR_DECISIONS_TOTAL: Final = "understudy_operator_decisions_total"
+"""Counter {group,decision}: controller decisions applied (a mode transition, an override)."""
+OPERATOR_ERRORS_TOTAL: Final = "understudy_operator_errors_total"
+"""Counter {handler,kind}: handler failures (temporary or permanent)."""
+OPERATOR_LEADING_GROUPS: Final = "understudy_operator_leading_groups"
+"""Gauge: number of groups whose controller election this operator replica holds."""
+
+# Prometheus' own series, always present for a scraped target.
+UP: Final = "up"
+
+HISTOGRAMS: Final[frozenset[str]] = frozenset(
+    {FAILOVER_PHASE_SECONDS, PRODUCE_LATENCY_SECONDS, OPERATOR_RECONCILE_DURATION_SECONDS}
+)
+"""Histograms expose ``_bucket``, ``_sum`` and ``_count`` series instead of the bare name."""
+
+BASE_NAMES: Final[frozenset[str]] = frozenset(
+    {
+        BROKER_PERMISSION,
+        GROUP_MODE,
+        GROUP_EPOCH,
+        FAILOVER_TOTAL,
+        FAILOVER_PHASE_SECONDS,
+        MESSAGES_IN_TOTAL,
+        MESSAGES_OUT_TOTAL,
+        REPLICATION_LAG_BYTES,
+        PRODUCE_LATENCY_SECONDS,
+        OPERATOR_RECONCILE_DURATION_SECONDS,
+        OPERATOR_DECISIONS_TOTAL,
+        OPERATOR_ERRORS_TOTAL,
+        OPERATOR_LEADING_GROUPS,
+        UP,
+    }
+)
+
+
+def series_names() -> frozenset[str]:
+    """Every series name a PromQL expression may select: the base names, with histograms
+    expanded to their ``_bucket``/``_sum``/``_count`` series (the bare histogram name is not a
+    series and is therefore not included)."""
+    names = set(BASE_NAMES - HISTOGRAMS)
+    for hist in HISTOGRAMS:
+        names.update({f"{hist}_bucket", f"{hist}_sum", f"{hist}_count"})
+    return frozenset(names)
+
+
+def counter_base(name: str) -> str:
+    """The name to register a counter under: prometheus_client appends ``_total`` itself."""
+    if not name.endswith("_total"):
+        raise ValueError(f"{name} is not a counter name (no _total suffix)")
+    return name[: -len("_total")]

@@ -1,0 +1,338 @@
+"""The broker process: storage, a replication role and an authority, served on a client port.
+
+Why this module exists: it is the composition root of a broker and owns its lifecycle:
+:meth:`Broker.start` opens the data directory (:class:`~understudy_broker.storage.store.Store`),
+builds the role's half (:class:`~.replica.MasterReplica` or :class:`~.replica.SlaveReplica`),
+starts the authority that decides the effective permission
+(:mod:`understudy_broker.ha.authority`: static, or ZooKeeper with read leases and
+back-sync), and serves requests (:class:`~.requests.Requests` behind a
+:class:`~.connections.ClientPort`); :meth:`Broker.stop` undoes it in order, flushing log
+and offsets. What happens to one request is in :mod:`.requests`; this module only wires.
+
+Around the parts it keeps the facts that cross them: every change of effective
+permission is written to the permission log (:mod:`understudy_broker.ha.permlog`), updates
+the metric and wakes long-polls; losing READ closes consumer sessions so consumers
+re-route at once; housekeeping persists offsets, applies retention and reports
+replication health and lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from understudy_broker import protocol as p
+from understudy_broker.config import BrokerConfig, ConfigError, spec_mismatch
+from understudy_broker.ha.authority import (
+    Authority,
+    BrokerHooks,
+    PeerProbe,
+    ReplicationFacts,
+    authority_for,
+    probe_peer,
+)
+from understudy_broker.ha.permlog import FILE_NAME as PERMISSION_LOG
+from understudy_broker.ha.permlog import PermissionLog
+from understudy_broker.model import Permission, Role
+from understudy_broker.replication.master import ReplicationServer
+from understudy_broker.server.connections import ClientPort
+from understudy_broker.server.http import BrokerHttpPort
+from understudy_broker.server.metrics import BrokerMetrics
+from understudy_broker.server.replica import (
+    METADATA_INTERVAL_S,
+    MasterReplica,
+    Replica,
+    SlaveReplica,
+)
+from understudy_broker.server.requests import AppendSignal, Requests
+from understudy_broker.storage.commitlog import FlushPolicy, Retention
+from understudy_broker.storage.store import Store
+from understudy_broker.tasks import stop_tasks
+
+log = logging.getLogger("understudy.broker")
+
+RETENTION_EVERY_S = 10.0
+HOUSEKEEPING_EVERY_S = 0.25
+#: How long a coordinated broker waits at start for the group config (to check its ports).
+CONFIG_WAIT_S = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """Where a started broker listens (ports resolved when 0 was asked)."""
+
+    host: str
+    port: int
+    http_port: int | None
+    replication_port: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What exists only while the broker runs."""
+
+    store: Store
+    replica: Replica
+    requests: Requests
+
+
+class Broker:
+    """One broker: open with :meth:`start`, stop with :meth:`stop`. ``authority`` defaults
+    to the one its configuration asks for (:func:`~understudy_broker.ha.authority.authority_for`)."""
+
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        *,
+        authority: Authority | None = None,
+        peer_probe: PeerProbe = probe_peer,
+    ) -> None:
+        self.cfg = cfg
+        self.authority: Authority = authority or authority_for(
+            cfg, address=lambda: f"{cfg.host}:{self.listening.port}", peer_probe=peer_probe)
+        self.metrics = BrokerMetrics(group=cfg.group, broker=cfg.name, role=cfg.role.value)
+        self._signal = AppendSignal()
+        self._permlog = PermissionLog(cfg.data_dir / PERMISSION_LOG, group=cfg.group,
+                                      broker=cfg.name)
+        self._port = ClientPort(handle=self._handle, epoch=self.authority.epoch,
+                                max_frame_bytes=cfg.max_frame_bytes)
+        self._http: BrokerHttpPort | None = None  # only with --http-port
+        self._parts: _Parts | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._had_read = False
+        self._backsync_persisted: int | None = None
+        self._last_facts: tuple[bool, tuple[str, ...], int | None] | None = None
+        self._stopping = False
+
+    # ---- parts ----------------------------------------------------------------------
+
+    @property
+    def parts(self) -> _Parts:
+        if self._parts is None:
+            raise RuntimeError("broker not started")
+        return self._parts
+
+    @property
+    def store(self) -> Store:
+        return self.parts.store
+
+    @property
+    def listening(self) -> Listening:
+        return Listening(
+            host=self.cfg.host,
+            port=self._port.port or self.cfg.port,
+            http_port=self._http.port if self._http is not None else None,
+            replication_port=self._parts.replica.port if self._parts is not None else None,
+        )
+
+    async def _handle(self, frame: p.Frame) -> bytes:
+        return await self.parts.requests.handle(frame)
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> Listening:
+        cfg = self.cfg
+        store = Store.open(
+            cfg.data_dir,
+            segment_bytes=cfg.segment_bytes,
+            flush=self._flush_policy(),
+            retention=Retention(
+                max_bytes=cfg.retention_bytes,
+                max_age_s=None if cfg.retention_hours is None else cfg.retention_hours * 3600,
+            ),
+            flush_before_ack=cfg.flush == "batch",
+            on_log_flush=self.metrics.log_flushed,
+        )
+        self._backsync_persisted = store.offsets.backsync_epoch
+        replica: Replica | None = None
+        try:
+            self._permlog.open()
+            self.authority.subscribe(self._on_authority_change)
+            self.authority.attach(BrokerHooks(facts=self._facts, offsets=store.offsets.snapshot))
+            await self.authority.start()
+            group = await self.authority.wait_config(CONFIG_WAIT_S)
+            if group is not None and (problem := spec_mismatch(cfg, group)) is not None:
+                raise ConfigError(problem)
+            replica = self._replica(store)
+            self._parts = _Parts(store, replica, Requests(
+                cfg=cfg, authority=self.authority, store=store, replica=replica,
+                signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,
+                backsync_persisted=self._on_backsync_persisted,
+            ))
+            await replica.start()
+            await self._port.start(cfg.host, cfg.port)
+            if cfg.http_port is not None:
+                self._http = BrokerHttpPort(
+                    registry=self.metrics.registry, ready=self._ready, host=cfg.host,
+                    port=cfg.http_port, permissions=self._permlog.path,
+                )
+                await self._http.start()
+        except BaseException:
+            await self._abort_start(store, replica)
+            raise
+        self._spawn(self._housekeeping(), "housekeeping")
+        if cfg.flush == "interval":
+            self._spawn(store.run_interval_flush(cfg.flush_interval_ms / 1000), "flush")
+        self._on_authority_change()
+        return self.listening
+
+    async def _abort_start(self, store: Store, replica: Replica | None) -> None:
+        """Undo a start that failed part way (a config contradicting the flags, a port in
+        use): nothing started is left running, no file is left open."""
+        self._port.close()
+        if self._http is not None:
+            await self._http.stop()
+        if replica is not None:
+            with contextlib.suppress(Exception):
+                await replica.stop()
+        with contextlib.suppress(Exception):
+            await self.authority.stop()
+        self._permlog.close()
+        store.close()
+        self._parts = None
+
+    def _replica(self, store: Store) -> Replica:
+        cfg = self.cfg
+        if cfg.role is Role.MASTER:
+            server = ReplicationServer(
+                store.log,
+                host=cfg.host,
+                port=cfg.replication_port or 0,
+                sync=cfg.sync,
+                min_insync=cfg.min_insync_replicas,
+                auto_degrade=cfg.auto_degrade,
+                metadata=lambda: {"topics": store.topics.snapshot(),
+                                  "offsets": store.offsets.snapshot()},
+                ack_timeout_s=cfg.ack_timeout_s,
+                metadata_interval_s=METADATA_INTERVAL_S,
+                # With ZooKeeper the master records the in-sync set (docs/failover.md):
+                # a slave that does not acknowledge within the link timeout leaves it
+                # before anything is acknowledged without it.
+                isr=self.authority.isr_store(),
+                isr_lag_s=cfg.link_timeout_s,
+            )
+            return MasterReplica(store, server, sync=cfg.sync, slaves_assigned=bool(cfg.peers))
+        if cfg.master is None:
+            raise ConfigError("a slave needs a master address")
+        return SlaveReplica(store, name=cfg.name, master=cfg.master,
+                            link_timeout_s=cfg.link_timeout_s, on_data=self._signal.fire)
+
+    def _flush_policy(self) -> FlushPolicy:
+        """On a master the broker flushes (group commit: one fdatasync for many concurrent
+        batches), so the log never fsyncs inside ``append``. On a slave the replication
+        client acknowledges what ``append_replicated`` returned, so with ``--flush batch``
+        the log must be fsynced before that (invariant 3; the client's own group commit)."""
+        cfg = self.cfg
+        if cfg.role is Role.SLAVE and cfg.flush == "batch":
+            return FlushPolicy(mode="batch", interval_ms=cfg.flush_interval_ms)
+        return FlushPolicy(mode="interval", interval_ms=cfg.flush_interval_ms)
+
+    async def stop(self, *, grace_s: float = 5.0) -> None:
+        """Stop accepting, let in-flight requests finish, flush log and offsets."""
+        self._stopping = True
+        self._port.close()
+        self._signal.fire()  # long-polls return now
+        await self._port.stop(grace_s=grace_s)
+        if self._http is not None:
+            await self._http.stop()
+        parts = self._parts
+        if parts is not None:
+            await parts.replica.stop()
+        await stop_tasks(list(self._background))
+        await self.authority.stop()
+        self._permlog.record(Permission.NONE, self.authority.epoch())
+        self._permlog.close()
+        if parts is not None:
+            try:
+                await parts.store.offsets_durable()
+            except OSError as exc:
+                log.error("persisting consumer offsets at stop failed: %s", exc)
+            parts.store.close()
+            self._parts = None
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- permission changes ---------------------------------------------------------
+
+    def _on_authority_change(self) -> None:
+        """Called on the loop whenever effective permission or epoch may have changed
+        (state applied, session lost, lease lapsed, slave links changed)."""
+        eff = self.authority.effective()
+        epoch = self.authority.epoch()
+        has_read = bool(eff & Permission.READ)
+        self.metrics.set_permission(eff)
+        lost_read = self._had_read and not has_read
+        # A lease lapse noticed late (a timer after a pause) is logged at the lapse itself.
+        self._permlog.record(eff, epoch,
+                             t_ns=self.authority.lease_lapsed_at_ns() if lost_read else None)
+        self._signal.fire()  # long-polls re-check their permission
+        if lost_read:
+            self._spawn(self._port.close_consumer_sessions(
+                still_lost=lambda: not self.authority.effective() & Permission.READ),
+                "close-consumer-sessions")
+        self._had_read = has_read
+
+    def _ready(self) -> tuple[bool, str]:
+        if self._stopping:
+            return False, "stopping"
+        link = self._parts.replica.master_link if self._parts is not None else None
+        return self.authority.ready(master_link=link)
+
+    # ---- facts for coordination -----------------------------------------------------
+
+    def _facts(self) -> ReplicationFacts:
+        """What the authority publishes in this broker's status."""
+        parts = self._parts
+        if parts is None:
+            return ReplicationFacts(backsync_epoch=self._backsync_persisted)
+        master_link, slave_links = parts.replica.facts()
+        return ReplicationFacts(
+            master_link=master_link,
+            slave_links=slave_links,
+            max_offset=parts.store.log.max_phys,
+            backsync_epoch=self._backsync_persisted,
+        )
+
+    def _on_backsync_persisted(self, epoch: int | None) -> None:
+        self._backsync_persisted = epoch
+        self._publish_if_facts_changed()
+
+    def _publish_if_facts_changed(self) -> None:
+        f = self._facts()
+        key = (f.master_link, f.slave_links, f.backsync_epoch)
+        if key != self._last_facts:
+            self._last_facts = key
+            self.authority.facts_changed()
+
+    # ---- housekeeping ---------------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        store = self.parts.store
+        last_persist = last_retention = time.monotonic()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_EVERY_S)
+            now = time.monotonic()
+            if now - last_persist >= self.cfg.offsets_persist_interval_s:
+                last_persist = now
+                if store.offsets_commit.pending:
+                    try:
+                        await store.offsets_durable()
+                    except OSError as exc:
+                        log.error("persisting consumer offsets failed: %s", exc)
+            if now - last_retention >= RETENTION_EVERY_S:
+                last_retention = now
+                deleted = store.log.apply_retention(int(time.time() * 1000))
+                if deleted:
+                    log.info("retention deleted %d segment(s)", deleted)
+            self.parts.replica.refresh(self.authority, self._report_lag)
+            self._publish_if_facts_changed()
+
+    def _report_lag(self, broker: str, lag_bytes: int) -> None:
+        self.metrics.replication_lag(broker=broker, lag_bytes=lag_bytes)

@@ -1,0 +1,276 @@
+"""A broker's replication role: what a master or a slave does with the data it stores.
+
+Why this module exists: a master pushes its log to its slaves and waits for them before it
+acknowledges; a slave appends what its master pushes, adopts the master's topics and
+consumer offsets, and reports whether it still hears the master. The request handlers and
+the broker's lifecycle must not branch on the role for each of those, so each role is one
+class behind the same :class:`Replica` interface: :class:`MasterReplica` and
+:class:`SlaveReplica`.
+
+Consumer commits travel master -> slave as records of the internal topic
+:data:`~understudy_broker.storage.offsets.COMMITS_TOPIC` (so the synchronous replication
+acknowledgement covers a commit exactly as it covers a produce); a slave applies them in
+log order with :meth:`OffsetStore.merge` (maximum per key, so replays are harmless).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from understudy_broker.ha.authority import Authority
+from understudy_broker.model import Health
+from understudy_broker.replication.master import ReplicationServer
+from understudy_broker.replication.slave import ReplicationClient
+from understudy_broker.storage.offsets import (
+    COMMITS_TOPIC,
+    decode_commit_record,
+    encode_snapshot_record,
+)
+from understudy_broker.storage.records import CommitLogError, Message
+from understudy_broker.storage.store import Store
+from understudy_broker.tasks import stop_tasks
+
+log = logging.getLogger(__name__)
+
+#: How often the master pushes topics and consumer offsets to its slaves: a topic just
+#: created is readable on a slave at most this much later (sooner when pushed at once).
+METADATA_INTERVAL_S = 0.25
+
+
+class Replica(Protocol):
+    """The role-specific half of a broker."""
+
+    @property
+    def port(self) -> int | None:
+        """The replication port a master listens on (``None`` on a slave)."""
+        ...
+
+    @property
+    def master_link(self) -> bool | None:
+        """A slave's replication connection (``None`` on a master), for readiness."""
+        ...
+
+    def appended(self) -> None:
+        """Bytes were appended locally (a produce): push them."""
+        ...
+
+    async def replicated(self, end_phys: int) -> None:
+        """Return once a write ending at ``end_phys`` may be acknowledged as far as
+        replication goes (raises the replication layer's errors)."""
+        ...
+
+    def metadata_changed(self) -> None:
+        """Topics changed: tell slaves now rather than at the next interval."""
+        ...
+
+    def record_commits(self, body: bytes | None) -> int:
+        """Record consumer commits for the slaves (``body``: a commit record, ``None`` when
+        nothing moved). Returns the log offset a synchronous acknowledgement must wait for
+        (the last commit record's end, even when nothing moved now: an earlier commit that
+        moved these offsets may still be in flight), 0 for nothing to wait for."""
+        ...
+
+    def snapshot_offsets(self) -> None:
+        """Record the whole offsets snapshot for slaves (after a back-sync), not waited for."""
+        ...
+
+    def facts(self) -> tuple[bool, tuple[str, ...]]:
+        """``(hears its master, connected slave names)`` for the status document."""
+        ...
+
+    def refresh(self, authority: Authority, lag: Callable[[str, int], None]) -> None:
+        """Periodic: report replication health to ``authority`` and lag to ``lag``."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class MasterReplica:
+    """A master: a :class:`ReplicationServer` over the store's log, plus the commit records
+    that carry consumer offsets to the slaves."""
+
+    def __init__(self, store: Store, server: ReplicationServer, *, sync: bool,
+                 slaves_assigned: bool) -> None:
+        self._store = store
+        self._server = server
+        self._sync = sync
+        self._slaves_assigned = slaves_assigned
+        self._commits_end = 0  # log end of the last commit record appended
+
+    @property
+    def server(self) -> ReplicationServer:
+        return self._server
+
+    @property
+    def port(self) -> int | None:
+        return self._server.port
+
+    @property
+    def master_link(self) -> bool | None:
+        return None
+
+    def appended(self) -> None:
+        self._server.notify_appended()
+
+    async def replicated(self, end_phys: int) -> None:
+        if self._sync:
+            await self._server.wait_replicated(end_phys)
+
+    def metadata_changed(self) -> None:
+        self._server.push_metadata_now()
+
+    def record_commits(self, body: bytes | None) -> int:
+        if body is not None:
+            record = Message(COMMITS_TOPIC, 0, None, body, int(time.time() * 1000))
+            self._commits_end = self._store.log.append([record]).end_phys
+            self._server.notify_appended()
+        return self._commits_end
+
+    def snapshot_offsets(self) -> None:
+        body = encode_snapshot_record(self._store.offsets.snapshot())
+        try:
+            self._commits_end = self._store.log.append([Message(
+                COMMITS_TOPIC, 0, None, body, int(time.time() * 1000))]).end_phys
+        except (CommitLogError, ValueError) as exc:
+            log.error("recording the back-synced offsets for the slaves failed: %s", exc)
+            return
+        self._server.notify_appended()
+
+    def facts(self) -> tuple[bool, tuple[str, ...]]:
+        return False, tuple(sorted(lk.name for lk in self._server.links() if lk.connected))
+
+    def refresh(self, authority: Authority, lag: Callable[[str, int], None]) -> None:
+        server = self._server
+        authority.update_health(Health(
+            slaves_assigned=self._slaves_assigned,
+            slave_connected=server.slave_connected,
+            slave_once_connected=server.slave_once_connected,
+        ))
+        for link in server.links():
+            lag(link.name, link.lag_bytes)
+
+    async def start(self) -> None:
+        await self._server.start()
+
+    async def stop(self) -> None:
+        await self._server.stop()
+
+
+class SlaveReplica:
+    """A slave: a :class:`ReplicationClient` copying the master's log into the store, the
+    master's topics and offsets adopted from its metadata, and the replicated commit
+    records applied in order. ``on_data`` is called whenever replicated data arrived (to
+    wake long-polls)."""
+
+    def __init__(self, store: Store, *, name: str, master: tuple[str, int],
+                 link_timeout_s: float, on_data: Callable[[], None]) -> None:
+        self._store = store
+        self._name = name
+        self._link_timeout_s = link_timeout_s
+        self._on_data = on_data
+        self._heard: tuple[int, float] | None = None  # (replication session, when)
+        self._commits_applied = 0  # next COMMITS_TOPIC offset to apply
+        self._task: asyncio.Task[None] | None = None
+        self.client = ReplicationClient(
+            store.log, master_host=master[0], master_port=master[1], name=name,
+            on_metadata=self._on_metadata, on_append=self._on_replicated,
+            link_timeout_s=link_timeout_s,
+        )
+        self.apply_commit_records()  # commits replicated after offsets.json was written
+
+    @property
+    def port(self) -> int | None:
+        return None
+
+    @property
+    def master_link(self) -> bool | None:
+        return self.client.connected
+
+    def appended(self) -> None:
+        return None
+
+    async def replicated(self, end_phys: int) -> None:
+        return None
+
+    def metadata_changed(self) -> None:
+        return None
+
+    def record_commits(self, body: bytes | None) -> int:
+        return 0  # an acting slave keeps commits in its offsets file; back-sync returns them
+
+    def snapshot_offsets(self) -> None:
+        return None
+
+    def facts(self) -> tuple[bool, tuple[str, ...]]:
+        return self._master_link_up(), ()
+
+    def refresh(self, authority: Authority, lag: Callable[[str, int], None]) -> None:
+        lag(self._name, int(self.client.lag_bytes))
+
+    def _heard_from_master(self) -> None:
+        self._heard = (self.client.sessions, time.monotonic())
+
+    def _master_link_up(self) -> bool:
+        """The link counts as up only while the master is *heard* (metadata every 0.25 s,
+        data): a TCP connection to a frozen master is accepted by its kernel and proves
+        nothing, and reporting it as a link would keep the controller from fencing."""
+        rc = self.client
+        if not rc.connected or self._heard is None:
+            return False
+        session, at = self._heard
+        return session == rc.sessions and time.monotonic() - at < self._link_timeout_s
+
+    def _on_metadata(self, data: Mapping[str, Any]) -> None:
+        self._heard_from_master()
+        topics = data.get("topics")
+        if isinstance(topics, dict):
+            self._store.topics.merge({str(k): int(v) for k, v in topics.items()})
+        snapshot = data.get("offsets")
+        if snapshot is not None:
+            # Written by housekeeping within the persist interval.
+            self._store.offsets.merge(snapshot)
+
+    def _on_replicated(self, *_args: object) -> None:
+        self._heard_from_master()
+        self.apply_commit_records()
+        self._on_data()
+
+    def apply_commit_records(self) -> None:
+        """Apply the consumer commits replicated as :data:`COMMITS_TOPIC` records (maximum
+        per key, so replays after a restart are harmless)."""
+        lg = self._store.log
+        end = lg.queue_end(COMMITS_TOPIC, 0)
+        pos = max(self._commits_applied, lg.queue_start(COMMITS_TOPIC, 0))
+        while pos < end:
+            try:
+                records = lg.read(COMMITS_TOPIC, 0, pos, max_bytes=1 << 20, max_records=4096)
+            except CommitLogError as exc:
+                log.error("reading replicated commits at offset %d failed: %s", pos, exc)
+                break
+            if not records:
+                break
+            for rec in records:
+                try:
+                    self._store.offsets.merge(decode_commit_record(rec.body))
+                except ValueError as exc:
+                    log.error("skipping a malformed commit record at offset %d: %s",
+                              rec.queue_offset, exc)
+            pos = records[-1].queue_offset + 1
+        self._commits_applied = pos
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.client.run(),
+                                                            name=f"replicate-{self._name}")
+
+    async def stop(self) -> None:
+        await self.client.stop()
+        task, self._task = self._task, None
+        if task is not None:
+            await stop_tasks([task])
+

@@ -1,0 +1,343 @@
+"""Request handling: one method per operation, each checked against the effective permission.
+
+Why this module exists: this is where network input meets stored data, so it owns the
+rules that protect the data: a slave never writes (invariant 2), a broker without READ
+never serves a read, a request stamped with an older epoch is refused, a write is
+acknowledged only once it is durable and replicated as configured (invariant 3), and a
+committed offset never moves back (invariant 4). :meth:`Requests.handle` maps an
+operation to its handler and returns the response body or raises :class:`RequestError`
+with the status the client sees; transport lives in :mod:`.connections`.
+
+PRODUCE appends synchronously (no await before ``CommitLog.append``), so batches from one
+connection land in the order they were sent; durability (group commit) and replication
+are awaited afterwards, in parallel. PULL long-polls on an :class:`AppendSignal` fired by
+local appends, by replicated data on a slave, and by every permission change (a waiting
+poll re-checks READ when it wakes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from understudy_broker import protocol as p
+from understudy_broker.config import BrokerConfig
+from understudy_broker.ha.authority import Authority
+from understudy_broker.model import Permission, Role
+from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
+from understudy_broker.server.metrics import BrokerMetrics
+from understudy_broker.server.replica import Replica
+from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
+from understudy_broker.storage.records import CommitLogError
+from understudy_broker.storage.store import Store
+
+log = logging.getLogger("understudy.broker")
+
+PULL_MAX_RECORDS = 4096
+#: Operations that make a connection a consumer session (closed when READ is lost).
+CONSUMER_OPS = frozenset({p.Op.PULL, p.Op.COMMIT_OFFSET, p.Op.FETCH_OFFSET})
+
+
+class RequestError(Exception):
+    """A request that is answered with a non-OK status."""
+
+    def __init__(self, status: p.Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class AppendSignal:
+    """Wakes every long-poll waiter when the log grows (or permission changes)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, wait_s: float) -> None:
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await event.wait()
+
+
+async def acknowledged(waits: Sequence[Awaitable[None]]) -> None:
+    """Wait until a write may be acknowledged (locally durable, and replicated when
+    replication is synchronous); a storage or replication failure becomes the status the
+    client sees."""
+    try:
+        await asyncio.gather(*waits)
+    except NotEnoughReplicasError as exc:
+        raise RequestError(p.Status.NOT_ENOUGH_REPLICAS, str(exc)) from exc
+    except ReplicationTimeoutError as exc:
+        raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
+    except OSError as exc:
+        raise RequestError(p.Status.INTERNAL, f"flush failed: {exc}") from exc
+
+
+Handler = Callable[[p.Frame], Awaitable[bytes]]
+
+
+class Requests:
+    """The handlers of one broker. ``backsync_persisted`` is called with the epoch of a
+    back-sync the master just made durable (it goes into the broker's status)."""
+
+    def __init__(
+        self,
+        *,
+        cfg: BrokerConfig,
+        authority: Authority,
+        store: Store,
+        replica: Replica,
+        signal: AppendSignal,
+        metrics: BrokerMetrics,
+        stopping: Callable[[], bool],
+        backsync_persisted: Callable[[int | None], None],
+    ) -> None:
+        self._cfg = cfg
+        self._authority = authority
+        self._store = store
+        self._replica = replica
+        self._signal = signal
+        self._metrics = metrics
+        self._stopping = stopping
+        self._backsync_persisted = backsync_persisted
+        self._handlers: dict[int, Handler] = {
+            p.Op.CREATE_TOPIC: self._create_topic,
+            p.Op.PRODUCE: self._produce,
+            p.Op.PULL: self._pull,
+            p.Op.COMMIT_OFFSET: self._commit_offset,
+            p.Op.FETCH_OFFSET: self._fetch_offset,
+            p.Op.GET_ROUTE: self._get_route,
+            p.Op.HEARTBEAT: self._heartbeat,
+            p.Op.BACKSYNC_OFFSETS: self._backsync,
+        }
+
+    async def handle(self, frame: p.Frame) -> bytes:
+        """The response body for ``frame``; raises :class:`RequestError` or
+        ``protocol.FrameError`` for an error answer."""
+        if frame.is_response:
+            raise RequestError(p.Status.BAD_FRAME, "a broker does not accept responses")
+        handler = self._handlers.get(frame.op)
+        if handler is None:
+            raise RequestError(p.Status.UNKNOWN_OPERATION, f"operation {frame.op} is not supported")
+        return await handler(frame)
+
+    # ---- checks ---------------------------------------------------------------------
+
+    def _check_epoch(self, frame: p.Frame) -> None:
+        current = self._authority.epoch()
+        if frame.epoch and frame.epoch < current:
+            raise RequestError(
+                p.Status.STALE_EPOCH,
+                f"request epoch {frame.epoch} is older than this broker's epoch {current}",
+            )
+
+    def _require_write(self, frame: p.Frame) -> None:
+        if self._authority.role is not Role.MASTER:
+            raise RequestError(p.Status.NOT_MASTER, f"{self._cfg.name} is a slave: it never writes")
+        if not self._authority.effective() & Permission.WRITE:
+            raise RequestError(
+                p.Status.NO_PERMISSION,
+                f"{self._cfg.name} has no WRITE permission "
+                f"(effective {self._authority.effective().label})",
+            )
+        self._check_epoch(frame)
+
+    def _require_read(self, frame: p.Frame) -> None:
+        if not self._authority.effective() & Permission.READ:
+            raise RequestError(
+                p.Status.NO_PERMISSION,
+                f"{self._cfg.name} has no READ permission "
+                f"(effective {self._authority.effective().label})",
+            )
+        self._check_epoch(frame)
+
+    def _queues(self, topic: str) -> int:
+        n = self._store.topics.get(topic)
+        if n is None:
+            raise RequestError(p.Status.UNKNOWN_TOPIC, f"unknown topic {topic!r}")
+        return n
+
+    # ---- handlers -------------------------------------------------------------------
+
+    async def _create_topic(self, frame: p.Frame) -> bytes:
+        self._require_write(frame)
+        req = p.CreateTopicRequest.decode(frame.body)
+        if req.topic.startswith(RESERVED_PREFIX):
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"topic names starting with {RESERVED_PREFIX!r} are reserved")
+        topics = self._store.topics
+        try:
+            created = topics.create(req.topic, req.queues)
+        except OSError as exc:
+            raise RequestError(p.Status.INTERNAL, f"recording the topic: {exc}") from exc
+        self._replica.metadata_changed()  # slaves learn the topic now
+        return p.CreateTopicResponse(req.topic, topics.get(req.topic) or req.queues,
+                                     created).encode()
+
+    async def _produce(self, frame: p.Frame) -> bytes:
+        started = time.perf_counter()
+        self._require_write(frame)
+        topic, raw = p.decode_produce(frame.body)
+        queues = self._queues(topic)
+        if not raw:
+            return p.ProduceResponse([]).encode()
+        now_ms = int(time.time() * 1000)
+        bad = [q for q, _k, _b in raw if q >= queues]
+        if bad:
+            raise RequestError(
+                p.Status.BAD_REQUEST,
+                f"queue {bad[0]} does not exist: topic {topic!r} has {queues} queues",
+            )
+        # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
+        messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
+        # No await before the append: batches of one connection keep their order.
+        try:
+            result = self._store.log.append(messages)
+        except (CommitLogError, ValueError) as exc:
+            raise RequestError(p.Status.BAD_REQUEST, str(exc)) from exc
+        except OSError as exc:
+            raise RequestError(p.Status.INTERNAL, f"appending: {exc}") from exc
+        self._signal.fire()
+        self._replica.appended()
+        await acknowledged([self._store.log_durable(result.end_phys),
+                            self._replica.replicated(result.end_phys)])
+        self._metrics.messages_in(len(messages))
+        self._metrics.produce_latency(time.perf_counter() - started)
+        return p.ProduceResponse([(q, o) for _t, q, o in result.queue_offsets]).encode()
+
+    async def _pull(self, frame: p.Frame) -> bytes:
+        self._require_read(frame)
+        req = p.PullRequest.decode(frame.body)
+        queues = self._queues(req.topic)
+        if req.queue >= queues:
+            raise RequestError(
+                p.Status.BAD_REQUEST,
+                f"queue {req.queue} does not exist: topic {req.topic!r} has {queues} queues",
+            )
+        lg = self._store.log
+        # Keep the response inside the frame limit the client most likely uses.
+        max_bytes = max(1, min(req.max_bytes, self._cfg.max_frame_bytes // 2))
+        deadline = time.monotonic() + min(req.max_wait_ms, 60_000) / 1000
+        while True:
+            start = lg.queue_start(req.topic, req.queue)
+            end = lg.queue_end(req.topic, req.queue)
+            offset = max(req.offset, start)
+            records = lg.read(
+                req.topic, req.queue, offset, max_bytes=max_bytes, max_records=PULL_MAX_RECORDS
+            )
+            remaining = deadline - time.monotonic()
+            if records or remaining <= 0 or self._stopping():
+                break
+            await self._signal.wait(remaining)
+            self._require_read(frame)  # permission may have changed while waiting
+        next_offset = records[-1].queue_offset + 1 if records else offset
+        self._metrics.messages_out(len(records))
+        return p.PullResponse(
+            next_offset,
+            start,
+            end if not records else max(end, next_offset),
+            [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in records],
+        ).encode()
+
+    async def _commit_offset(self, frame: p.Frame) -> bytes:
+        self._require_read(frame)
+        req = p.CommitOffsetRequest.decode(frame.body)
+        queues = self._queues(req.topic)
+        bad = [q for q in req.offsets if q >= queues]
+        if bad:
+            raise RequestError(p.Status.BAD_REQUEST, f"queue {bad[0]} does not exist")
+        offsets = self._store.offsets
+        stored: dict[int, int | None] = {}
+        moved: dict[int, int] = {}
+        for q, off in req.offsets.items():
+            before = offsets.get(req.group, req.topic, q)
+            stored[q] = kept = offsets.commit(req.group, req.topic, q, off)
+            if kept != before:
+                moved[q] = kept
+        # The commit travels to slaves as a log record, so the sync acknowledgement (and
+        # the in-sync set) covers it exactly as it covers a produce.
+        body = encode_commit_record(req.group, req.topic, moved) if moved else None
+        try:
+            commits_end = self._replica.record_commits(body)
+        except (CommitLogError, ValueError, OSError) as exc:
+            raise RequestError(p.Status.INTERNAL, f"recording the commit: {exc}") from exc
+        waits = [self._offsets_durable()]
+        if commits_end:
+            waits.append(self._replica.replicated(commits_end))
+        await acknowledged(waits)
+        return p.OffsetsResponse(stored).encode()
+
+    async def _offsets_durable(self) -> None:
+        """Acknowledge offsets only once they are on disk: a master killed right after
+        acknowledging a commit restarts with it, and back-sync (maximum per key) can then
+        only move offsets forward."""
+        try:
+            await self._store.offsets_durable()
+        except OSError as exc:
+            raise RequestError(p.Status.INTERNAL, f"persisting consumer offsets: {exc}") from exc
+
+    async def _fetch_offset(self, frame: p.Frame) -> bytes:
+        self._require_read(frame)
+        req = p.FetchOffsetRequest.decode(frame.body)
+        self._queues(req.topic)
+        offsets = self._store.offsets
+        return p.OffsetsResponse(
+            {q: offsets.get(req.group, req.topic, q) for q in req.queues}
+        ).encode()
+
+    async def _get_route(self, frame: p.Frame) -> bytes:
+        req = p.GetRouteRequest.decode(frame.body)
+        topics = self._store.topics.snapshot()
+        if req.topic is not None:
+            topics = {req.topic: topics[req.topic]} if req.topic in topics else {}
+        groups = await self._authority.route()
+        names = [g.group for g in groups]
+        return p.RouteResponse(groups, topics, {t: names for t in topics}).encode()
+
+    async def _backsync(self, frame: p.Frame) -> bytes:
+        """BACKSYNC_OFFSETS on the master: no READ needed (the master is NONE until this
+        completes). Merge (maximum per key: nothing moves back), persist, then answer; a
+        push tagged with an epoch older than the one applied is refused as stale."""
+        if self._authority.role is not Role.MASTER:
+            raise RequestError(p.Status.NOT_MASTER,
+                               f"{self._cfg.name} is a slave: back-sync goes to the master")
+        req = p.BackSyncRequest.decode(frame.body)
+        if req.group != self._cfg.group:
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"back-sync for group {req.group!r} sent to group {self._cfg.group!r}")
+        current = self._authority.epoch()
+        if req.epoch < current or (frame.epoch and frame.epoch < current):
+            raise RequestError(
+                p.Status.STALE_EPOCH,
+                f"back-sync tagged epoch {req.epoch} is older than this broker's epoch {current}",
+            )
+        offsets = self._store.offsets
+        moved = offsets.merge(req.offsets, epoch=req.epoch)
+        await self._offsets_durable()
+        if moved:
+            # The slaves that were not acting learn the back-synced offsets through the
+            # log too (not waited for: the acting slave already holds them).
+            self._replica.snapshot_offsets()
+        log.info("back-sync from %s at epoch %d persisted (%d offsets moved up)", req.sender,
+                 req.epoch, moved)
+        self._backsync_persisted(offsets.backsync_epoch)
+        return p.BackSyncResponse(req.epoch, moved, offsets.backsync_epoch or req.epoch).encode()
+
+    async def _heartbeat(self, frame: p.Frame) -> bytes:
+        p.HeartbeatRequest.decode(frame.body)
+        return p.HeartbeatResponse(
+            self._cfg.name,
+            self._cfg.group,
+            self._authority.role.value,
+            int(self._authority.effective()),
+            self._authority.epoch(),
+            self._store.log.max_phys,
+        ).encode()

@@ -1,0 +1,75 @@
+"""The project's one way to build a ZooKeeper client and to await it from asyncio.
+
+Why this module exists: brokers (:mod:`understudy_broker.ha.coordinator`) and the operator's
+gateway (:mod:`understudy_operator.zk`) all talk to ZooKeeper through kazoo. They must
+authenticate the same way, put the same digest ACL on every node they create, and never
+block the event loop on kazoo's threads. One factory (:func:`make_client`), one credential
+parser (:func:`parse_digest`, behind every ``--zk-digest``/``--digest`` flag) and one bridge
+from kazoo's ``IAsyncResult`` to an asyncio future (:func:`kazoo_future`) keep those
+rules in one place. This is the broker package's lowest ZooKeeper layer; the operator
+imports it only from its own ``zk`` module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.security import ACL, make_digest_acl
+
+#: ``(user, password)`` of a ZooKeeper digest identity.
+Digest = tuple[str, str]
+
+
+def parse_digest(text: str) -> Digest:
+    """``USER:PASSWORD`` (both non-empty; the password may contain ``:``); ``ValueError``
+    with a message naming the expected shape otherwise."""
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise ValueError("expected USER:PASSWORD")
+    return user, password
+
+
+def digest_acl(digest: Digest | None) -> list[ACL] | None:
+    """The ACL every node created with ``digest`` gets: all rights for that identity only
+    (brokers, controllers and the operator share it). ``None`` without credentials."""
+    return None if digest is None else [make_digest_acl(*digest, all=True)]
+
+
+def make_client(connect: str, *, timeout_s: float, digest: Digest | None = None) -> KazooClient:
+    """A (not yet started) client for ``host:port[,...][/chroot]`` that authenticates with
+    ``digest`` and gives the nodes it creates :func:`digest_acl`."""
+    auth = None if digest is None else [("digest", f"{digest[0]}:{digest[1]}")]
+    return KazooClient(hosts=connect, timeout=timeout_s, auth_data=auth,
+                       default_acl=digest_acl(digest))
+
+
+def kazoo_future(loop: asyncio.AbstractEventLoop, async_result: Any) -> asyncio.Future[Any]:
+    """An asyncio future completed on ``loop`` when a kazoo ``IAsyncResult`` is (its value,
+    or its exception). The kazoo thread only calls ``loop.call_soon_threadsafe``."""
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any) -> None:
+        try:
+            value = result.get_nowait()
+        except BaseException as exc:  # delivered to the awaiting coroutine
+            with contextlib.suppress(RuntimeError):  # loop closed
+                loop.call_soon_threadsafe(_set_exception, fut, exc)
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_set_result, fut, value)
+
+    async_result.rawlink(settle)
+    return fut
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

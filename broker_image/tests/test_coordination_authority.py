@@ -1,0 +1,110 @@
+"""ZkAuthority: the broker's permission from ZooKeeper state + lease, behind B's interface."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from understudy_broker.ha.authority import Authority, BrokerHooks, ReplicationFacts
+from understudy_broker.ha.zkauthority import ZkAuthority
+from understudy_broker.model import GroupState, Health, Mode, Permission, Role
+from understudy_broker.zklayout import (
+    BrokerSpec,
+    BrokerStatus,
+    GroupConfig,
+    config_path,
+    encode_state,
+    state_path,
+    status_path,
+)
+from understudy_harness.testing import eventually
+
+pytestmark = pytest.mark.integration
+
+GROUP = "g1"
+
+
+@pytest.fixture
+def admin(admin: KazooClient) -> KazooClient:
+    """The shared admin client, with this module's group config written."""
+    cfg = GroupConfig(group=GROUP, brokers=(
+        BrokerSpec("m", 0, "127.0.0.1", 1, 2, 3, Permission.FULL),
+        BrokerSpec("s", 1, "127.0.0.1", 4, 5, 6, Permission.READ),
+    )).validate()
+    admin.create(config_path(GROUP), cfg.to_json(), makepath=True)
+    return admin
+
+
+@pytest.fixture
+async def pair(zk: str, admin: KazooClient) -> AsyncIterator[tuple[ZkAuthority, ZkAuthority]]:
+    m = ZkAuthority(connect=zk, group=GROUP, name="m", role=Role.MASTER,
+                    configured=Permission.FULL, address="127.0.0.1:1", session_timeout_s=2.0,
+                    publish_interval_s=0.2)
+    s = ZkAuthority(connect=zk, group=GROUP, name="s", role=Role.SLAVE,
+                    configured=Permission.READ, address=lambda: "127.0.0.1:4",
+                    session_timeout_s=2.0, publish_interval_s=0.2)
+    s.attach(BrokerHooks(facts=lambda: ReplicationFacts(master_link=True, max_offset=17),
+                         offsets=dict))
+    m.attach(BrokerHooks(facts=lambda: ReplicationFacts(slave_links=("s",)), offsets=dict))
+    await m.start()
+    try:
+        await s.start()
+        try:
+            yield m, s
+        finally:
+            await s.stop()
+    finally:
+        await m.stop()
+
+
+async def test_unknown_state_is_none_then_follows_zookeeper(
+        pair: tuple[ZkAuthority, ZkAuthority], admin: KazooClient) -> None:
+    m, s = pair
+    authority: Authority = m  # B's interface, structurally
+    changes: list[tuple[Permission, int]] = []
+    authority.subscribe(lambda: changes.append((m.effective(), m.epoch())))
+    assert m.effective() is Permission.NONE  # no state yet: never the static fallback
+    assert m.epoch() == 0
+    admin.create(state_path(GROUP), encode_state(GroupState(Mode.NORMAL, 1)), makepath=True)
+    await eventually(lambda: m.effective() is Permission.FULL, "master FULL")
+    assert changes[-1] == (Permission.FULL, 1)
+    assert s.effective() is Permission.NONE
+    admin.set(state_path(GROUP), encode_state(GroupState(Mode.SLAVE_CONSUME, 2, acting="s")))
+    await eventually(lambda: s.effective() is Permission.READ, "slave READ")
+    await eventually(lambda: m.effective() is Permission.NONE, "master NONE")
+    assert m.epoch() == s.epoch() == 2
+    # The master is ready for back-sync: isolated at this epoch with the acting slave linked.
+    await eventually(lambda: BrokerStatus.from_json(admin.get(status_path(GROUP, "m"))[0]).ready,
+                   "master status ready")
+    st = BrokerStatus.from_json(admin.get(status_path(GROUP, "s"))[0])
+    assert (st.effective, st.epoch_applied, st.master_link, st.max_offset) == (
+        Permission.READ, 2, True, 17)
+    admin.set(state_path(GROUP), encode_state(GroupState(Mode.RECOVERING, 3, acting="s")))
+    await eventually(lambda: s.effective() is Permission.NONE, "slave drops READ in RECOVERING")
+
+
+async def test_route_lists_the_group_from_zookeeper(
+        pair: tuple[ZkAuthority, ZkAuthority], admin: KazooClient) -> None:
+    m, s = pair
+    admin.create(state_path(GROUP), encode_state(GroupState(Mode.NORMAL, 1)), makepath=True)
+    await eventually(lambda: m.effective() is Permission.FULL, "master FULL")
+    await eventually(lambda: BrokerStatus.from_json(
+        admin.get(status_path(GROUP, "m"))[0]).effective is Permission.FULL, "m's status")
+    routes = await s.route()
+    assert len(routes) == 1
+    by_name = {b.name: b for b in routes[0].brokers}
+    assert by_name["s"].address == "127.0.0.1:4"
+    assert by_name["m"].permission == int(Permission.FULL)
+    assert by_name["m"].reachable
+
+
+async def test_health_from_replication_notifies(pair: tuple[ZkAuthority, ZkAuthority],
+                                                admin: KazooClient) -> None:
+    m, _ = pair
+    admin.create(state_path(GROUP), encode_state(GroupState(Mode.NORMAL, 1)), makepath=True)
+    await eventually(lambda: m.effective() is Permission.FULL, "master FULL")
+    m.update_health(Health(slaves_assigned=True, slave_connected=True, slave_once_connected=True))
+    assert m.effective() is Permission.FULL  # ZooKeeper live: never isolated
+    assert m.status().slave_once_connected
