@@ -14,6 +14,8 @@ rules but does no I/O. This module does the I/O and nothing else, per group:
   ``BadVersionError`` means someone else moved: re-read and decide again, never apply the
   stale decision;
 - the initial state ``{NORMAL, epoch 1}`` when a group has a config and no state;
+- every ZooKeeper call through the operator's one gateway (:mod:`understudy_operator.zk`),
+  including :meth:`~understudy_operator.zk.ZkGateway.observe_group`, the read it decides on;
 - Prometheus series for the groups this controller leads (and only those).
 
 Threading: kazoo callbacks only call ``loop.call_soon_threadsafe``; everything else runs on
@@ -28,33 +30,26 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
-from kazoo.security import make_digest_acl
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from understudy_broker.coordination import kazoo_future
+from understudy_broker import metric_names as names
 from understudy_broker.model import GroupState, Mode
+from understudy_broker.retry import Backoff
+from understudy_broker.tasks import stop_tasks
 from understudy_broker.zklayout import (
-    BrokerStatus,
-    GroupConfig,
-    LayoutError,
     config_path,
     controller_path,
-    decode_state,
-    encode_state,
     live_dir,
     state_path,
     status_path,
 )
-from understudy_broker.zklayout import decode_isr as decode_isr  # re-exported for cli_group
-from understudy_broker.zklayout import isr_path as isr_path
+from understudy_operator import zk as zkio
 from understudy_operator.controller.liveness import LivenessSource
 from understudy_operator.controller.machine import PHASES, Decision, Memory, decide, initial_state
-from understudy_operator.controller.observe import BrokerView, Observation
+from understudy_operator.zk import Digest
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +67,19 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.mode = Gauge("understudy_group_mode", "Group mode: 0 NORMAL, 1 FENCING, "
+        self.mode = Gauge(names.GROUP_MODE, "Group mode: 0 NORMAL, 1 FENCING, "
                           "2 SLAVE_CONSUME, 3 RECOVERING", ["group"], registry=r)
-        self.epoch = Gauge("understudy_group_epoch", "Group state epoch", ["group"], registry=r)
-        self.failovers = Counter("understudy_failover_total",
+        self.epoch = Gauge(names.GROUP_EPOCH, "Group state epoch", ["group"], registry=r)
+        self.failovers = Counter(names.counter_base(names.FAILOVER_TOTAL),
                                  "Failovers: reads handed to a slave (FENCING -> SLAVE_CONSUME)",
                                  ["group"], registry=r)
-        self.phase = Histogram("understudy_failover_phase_seconds",
+        self.phase = Histogram(names.FAILOVER_PHASE_SECONDS,
                                "Failover phase durations (detect, fence, switch, backsync)",
                                ["group", "phase"], buckets=PHASE_BUCKETS, registry=r)
-        self.degraded = Gauge("understudy_group_degraded",
+        self.degraded = Gauge(names.GROUP_DEGRADED,
                               "1 when the group's master and every slave are down", ["group"],
                               registry=r)
-        self.transitions = Counter("understudy_controller_transitions_total",
+        self.transitions = Counter(names.counter_base(names.CONTROLLER_TRANSITIONS_TOTAL),
                                    "State transitions written by this controller",
                                    ["group", "to"], registry=r)
 
@@ -109,21 +104,6 @@ class ControllerMetrics:
                 self.transitions.remove(group, mode.name)
 
 
-async def read_isr(zk: Callable[[Any], Awaitable[Any]], client: KazooClient, group: str
-                   ) -> frozenset[str] | None:
-    """The recorded in-sync set, ``None`` when there is no record. A malformed record
-    counts as an empty set: no slave is trusted to hold every acknowledged commit."""
-    try:
-        raw, _ = await zk(client.get_async(isr_path(group)))
-    except NoNodeError:
-        return None
-    try:
-        return decode_isr(raw)
-    except LayoutError as exc:
-        log.error("group %s: %s; trusting no slave", group, exc)
-        return frozenset()
-
-
 TransitionLog = Callable[[str, GroupState, GroupState], None]
 
 
@@ -143,7 +123,7 @@ class Controller:
         liveness: LivenessSource,
         loop: asyncio.AbstractEventLoop,
         session_timeout_s: float = 4.0,
-        digest_auth: tuple[str, str] | None = None,
+        digest_auth: Digest | None = None,
         metrics: ControllerMetrics | None = None,
         identity: str | None = None,
         on_transition: TransitionLog = log_transition,
@@ -153,18 +133,19 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
         self.on_transition = on_transition
-        auth = [("digest", f"{digest_auth[0]}:{digest_auth[1]}")] if digest_auth else None
-        self.acl = [make_digest_acl(*digest_auth, all=True)] if digest_auth else None
-        self.client = KazooClient(hosts=connect, timeout=session_timeout_s, auth_data=auth,
-                                  default_acl=self.acl)
+        self.zk = zkio.gateway(connect, timeout_s=session_timeout_s, digest=digest_auth)
         self.generation = 0  # bumped on every session loss: leadership is per session
         self.drivers = [GroupDriver(self, g) for g in groups]
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
     async def start(self, *, connect_timeout_s: float = 10.0) -> None:
-        self.client.add_listener(self._listener)
-        await asyncio.to_thread(self.client.start, connect_timeout_s)
+        self.zk.add_listener(self._listener)
+        try:
+            await self.zk.start(timeout_s=connect_timeout_s)
+        except zkio.ZkUnavailable:
+            self.zk.remove_listener(self._listener)
+            raise
         self.liveness.subscribe(self._on_process_exit)
         for d in self.drivers:
             self._tasks.append(self.loop.create_task(d.run(), name=f"controller-{d.group}"))
@@ -172,37 +153,26 @@ class Controller:
     async def stop(self) -> None:
         """Resign: stop deciding, then close the session so followers take over at once."""
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         self._tasks.clear()
         for d in self.drivers:
             self.metrics.forget(d.group)
         self.liveness.close()
-        await asyncio.to_thread(self._close)
-
-    def _close(self) -> None:
-        self.client.remove_listener(self._listener)
-        self.client.stop()
-        self.client.close()
+        self.zk.remove_listener(self._listener)
+        await self.zk.stop()
 
     def leading(self, group: str) -> bool:
         return any(d.group == group and d.is_leader for d in self.drivers)
-
-    async def zk(self, async_result: Any) -> Any:
-        return await kazoo_future(self.loop, async_result)
 
     def _listener(self, state: str) -> None:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._on_zk_state, state)
 
     def _on_zk_state(self, state: str) -> None:
-        if state == KazooState.LOST:
+        if state == zkio.LOST:
             self.generation += 1
             log.warning("controller %s: ZooKeeper session lost; leadership dropped", self.identity)
-        elif state == KazooState.SUSPENDED:
+        elif state == zkio.SUSPENDED:
             log.warning("controller %s: ZooKeeper connection suspended", self.identity)
         for d in self.drivers:
             d.wake()
@@ -230,17 +200,18 @@ class GroupDriver:
         self._node_gen = -1
         self._degraded = False
 
-    def wake(self) -> None:
+    def wake(self, *_: Any) -> None:
         self._event.set()
 
-    def _wake_threadsafe(self, *_: Any) -> Any:
+    def _wake_threadsafe(self, *_: Any) -> None:
+        """A one-shot kazoo watch callback (kazoo's thread): wake the loop."""
         with contextlib.suppress(RuntimeError):
             self.c.loop.call_soon_threadsafe(self.wake)
-        return None
 
     # ------------------------------------------------------------------ election
 
     async def run(self) -> None:
+        backoff = Backoff(0.2, 2.0)
         while True:
             try:
                 gen = await self._campaign()
@@ -248,15 +219,16 @@ class GroupDriver:
                 self.memory = Memory()  # a new leader starts its timers afresh
                 log.info("controller %s leads group %s", self.c.identity, self.group)
                 self.c.metrics.lead(self.group)
+                backoff.reset()
                 await self._lead(gen)
             except asyncio.CancelledError:
                 raise
-            except KazooException as exc:
+            except zkio.ZkError as exc:
                 log.warning("group %s: ZooKeeper error %r; retrying", self.group, exc)
-                await asyncio.sleep(0.2)
+                await backoff.sleep()
             except Exception:  # a driver must keep driving; the bug is logged loudly
                 log.exception("group %s: controller loop crashed; restarting it", self.group)
-                await asyncio.sleep(0.5)
+                await backoff.sleep()
             finally:
                 if self.is_leader:
                     log.info("controller %s no longer leads group %s", self.c.identity, self.group)
@@ -265,19 +237,21 @@ class GroupDriver:
 
     async def _campaign(self) -> int:
         """Return (with the session generation) once this controller leads the group."""
+        zk = self.c.zk
         base = controller_path(self.group)
         while True:
             gen = self.c.generation
-            if not self.c.client.connected:
+            if not zk.connected:
                 await self._sleep(0.2)
                 continue
             if self._node is None or self._node_gen != gen:
-                self._node = await self.c.zk(self.c.client.create_async(
-                    f"{base}/c-", self.c.identity.encode(), acl=self.c.acl, ephemeral=True,
-                    sequence=True, makepath=True))
+                self._node = await zk.create(f"{base}/c-", self.c.identity.encode(),
+                                             ephemeral=True, sequence=True)
                 self._node_gen = gen
+            if self._node is None:  # a sequential node always gets a new name
+                continue
             mine = self._node.rsplit("/", 1)[1]
-            children = sorted(await self.c.zk(self.c.client.get_children_async(base)))
+            children = sorted(await zk.children(base))
             if mine not in children:
                 self._node = None
                 continue
@@ -286,8 +260,7 @@ class GroupDriver:
                 return gen
             pred = f"{base}/{children[idx - 1]}"
             self._event.clear()
-            stat = await self.c.zk(self.c.client.exists_async(pred, watch=self._wake_threadsafe))
-            if stat is not None:
+            if await zk.exists(pred, watch=self._wake_threadsafe):
                 await self._sleep(5.0)
 
     async def _sleep(self, seconds: float) -> None:
@@ -300,27 +273,27 @@ class GroupDriver:
 
     # ------------------------------------------------------------------ leading
 
-    def _arm_watches(self) -> None:
+    async def _arm_watches(self) -> None:
         if self._watches_armed:
             return
         self._watches_armed = True
-        client = self.c.client
-        client.DataWatch(config_path(self.group), self._wake_threadsafe)
-        client.DataWatch(state_path(self.group), self._wake_threadsafe)
-        with contextlib.suppress(KazooException):
-            client.ensure_path(live_dir(self.group), acl=self.c.acl)
-        client.ChildrenWatch(live_dir(self.group), self._wake_threadsafe)
+        zk = self.c.zk
+        await zk.data_watch(config_path(self.group), self.wake)
+        await zk.data_watch(state_path(self.group), self.wake)
+        with contextlib.suppress(zkio.ZkError):
+            await zk.ensure_path(live_dir(self.group))
+        await zk.children_watch(live_dir(self.group), self.wake)
 
-    def _arm_status_watches(self, names: set[str]) -> None:
+    async def _arm_status_watches(self, names: set[str]) -> None:
         for name in names - self._watched_status:
             self._watched_status.add(name)
-            self.c.client.DataWatch(status_path(self.group, name), self._wake_threadsafe)
+            await self.c.zk.data_watch(status_path(self.group, name), self.wake)
 
     async def _lead(self, gen: int) -> None:
-        await asyncio.to_thread(self._arm_watches)
+        await self._arm_watches()
         while self.c.generation == gen:
             self._event.clear()
-            if not self.c.client.connected:
+            if not self.c.zk.connected:
                 await self._sleep(0.2)
                 continue
             recheck = await self.check_once()
@@ -330,35 +303,28 @@ class GroupDriver:
 
     async def check_once(self) -> float:
         """Observe, decide, write. Returns seconds until the next periodic check (0: now)."""
-        client = self.c.client
-        try:
-            raw_cfg, _ = await self.c.zk(client.get_async(config_path(self.group)))
-        except NoNodeError:
-            return 1.0
-        try:
-            config = GroupConfig.from_json(raw_cfg)
-        except LayoutError as exc:
-            log.error("group %s: malformed config, not deciding: %s", self.group, exc)
+        zk = self.c.zk
+        config = await zk.read_config(
+            self.group, warn=lambda msg: log.error("%s; not deciding", msg))
+        if config is None:
             return 1.0
         interval = config.failover.check_interval_ms / 1000.0
         names = {b.name for b in config.brokers}
         if names != self.brokers:
             self.brokers = names
             self.c.liveness.track(names)
-            await asyncio.to_thread(self._arm_status_watches, names)
-        try:
-            raw_state, stat = await self.c.zk(client.get_async(state_path(self.group)))
-        except NoNodeError:
+            await self._arm_status_watches(names)
+        state, version = await zk.read_state(
+            self.group, warn=lambda msg: log.error(
+                "%s; not deciding (override with 'understudy group force-mode')", msg))
+        if version < 0:
             await self._create_initial()
             return 0
-        try:
-            state = decode_state(raw_state)
-        except LayoutError as exc:
-            log.error("group %s: malformed state, not deciding (override with "
-                      "'understudy group force-mode'): %s", self.group, exc)
+        if state is None:
             return interval
         self.c.metrics.set_state(self.group, state)
-        obs = await self._observe(config)
+        obs = await zk.observe_group(self.group, [b.name for b in config.brokers],
+                                     process=self.c.liveness.process_state)
         decision = decide(config, state, obs, self.memory)
         self.last_decision = decision
         self.c.metrics.degraded.labels(self.group).set(1 if decision.degraded else 0)
@@ -373,12 +339,9 @@ class GroupDriver:
             self._degraded = decision.degraded
             self.memory = decision.memory
             return min(interval, decision.recheck_in) if decision.recheck_in is not None else interval
-        try:
-            await self.c.zk(client.set_async(state_path(self.group), encode_state(decision.target),
-                                             version=stat.version))
-        except BadVersionError:
+        if not await zk.write_state(self.group, decision.target, version=version):
             log.info("group %s: state moved under us (version %d); re-reading", self.group,
-                     stat.version)
+                     version)
             return 0
         self.memory = decision.memory
         self.c.metrics.set_state(self.group, decision.target)
@@ -389,39 +352,5 @@ class GroupDriver:
         return 0
 
     async def _create_initial(self) -> None:
-        st = initial_state(time.time())
-        try:
-            await self.c.zk(self.c.client.create_async(
-                state_path(self.group), encode_state(st), acl=self.c.acl, makepath=True))
-        except NodeExistsError:
-            return
-        log.warning("group %s: created initial state NORMAL/1", self.group)
-
-    async def _observe(self, config: GroupConfig) -> Observation:
-        client = self.c.client
-        try:
-            live = set(await self.c.zk(client.get_children_async(live_dir(self.group))))
-        except NoNodeError:
-            live = set()
-        views: dict[str, BrokerView] = {}
-        for spec in config.brokers:
-            status: BrokerStatus | None = None
-            version = -1
-            try:
-                raw, zstat = await self.c.zk(client.get_async(status_path(self.group, spec.name)))
-                version = zstat.version
-                status = BrokerStatus.from_json(raw)
-            except NoNodeError:
-                pass
-            except LayoutError as exc:
-                log.warning("group %s: ignoring malformed status of %s: %s", self.group, spec.name,
-                            exc)
-            views[spec.name] = BrokerView(
-                name=spec.name,
-                zk_live=spec.name in live,
-                process=self.c.liveness.process_state(spec.name),
-                status=status,
-                status_version=version,
-            )
-        in_sync = await read_isr(self.c.zk, client, self.group)
-        return Observation(now=time.monotonic(), wall=time.time(), brokers=views, in_sync=in_sync)
+        if await self.c.zk.create_state(self.group, initial_state(time.time())):
+            log.warning("group %s: created initial state NORMAL/1", self.group)

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import kopf
-from kazoo.exceptions import KazooException
 
 from understudy_operator.handlers.delete import finalize
+from understudy_operator.handlers.metrics import OperatorMetrics
 from understudy_operator.handlers.pods import route
 from understudy_operator.handlers.reconcile import reconcile
 from understudy_operator.handlers.rolling import roll
@@ -34,8 +34,8 @@ from understudy_operator.handlers.runtime import (
 )
 from understudy_operator.handlers.status import on_transition, refresh, watch_state
 from understudy_operator.k8s.builders import LABEL_GROUP
-from understudy_operator.kube import BROKERGROUPS, KubeClient, KubeError
-from understudy_operator.opmetrics import OperatorMetrics
+from understudy_operator.k8s.kube import BROKERGROUPS, KubeClient, KubeError
+from understudy_operator.zk import ZkError
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         try:
             with rt.metrics.timed("status"):
                 await refresh(rt, handle, body)
-        except (KazooException, KubeError) as exc:
+        except (ZkError, KubeError) as exc:
             # The next tick retries; kopf's own retry would wait a minute.
             log.warning("group %s/%s: status refresh failed: %r", handle.namespace,
                         handle.name, exc)

@@ -20,14 +20,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from kazoo.exceptions import KazooException
 
-from understudy_operator.handlers.groupzk import delete_group_nodes
+from understudy_broker.zklayout import controller_path, group_path
 from understudy_operator.handlers.reconcile import parse
 from understudy_operator.handlers.runtime import Runtime
 from understudy_operator.k8s.builders import selector_labels
+from understudy_operator.k8s.kube import PODS, PVCS, STATEFULSETS, KubeError
 from understudy_operator.k8s.spec import DEFAULT_CHROOT, PvcRetention, SpecError
-from understudy_operator.kube import PODS, PVCS, STATEFULSETS, KubeError
+from understudy_operator.zk import ZkError, ZkUnavailable, open_gateway
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ async def _finalize(rt: Runtime, *, body: Mapping[str, Any]) -> str:
     if url is not None:
         try:
             done.append(await delete_group_nodes(url=url, group=name, namespace=namespace))
-        except KazooException as exc:
+        except (ZkError, ZkUnavailable) as exc:
             raise kopf.TemporaryError(f"cannot remove ZooKeeper nodes: {exc}", delay=5) from exc
     else:
         done.append("no ZooKeeper known for the group; nothing removed there")
@@ -104,3 +104,19 @@ async def _finalize(rt: Runtime, *, body: Mapping[str, Any]) -> str:
     log.info("group %s/%s deleted: %s", namespace, name, summary)
     return summary
 
+
+async def delete_group_nodes(*, url: str, group: str, namespace: str,
+                             timeout_s: float = 10.0) -> str:
+    """Remove ``/groups/<group>`` and ``/controllers/<group>`` (recursively) under ``url``'s
+    chroot, unless the stored config names brokers of another namespace (a same-named group
+    elsewhere). Returns what was done, in words; raises :data:`ZkError` or
+    :class:`ZkUnavailable` when ZooKeeper cannot be reached."""
+    async with open_gateway(url, timeout_s=timeout_s, connect_timeout_s=timeout_s) as zk:
+        cfg = await zk.read_config(group)
+        if cfg is not None:
+            foreign = [b.host for b in cfg.brokers if not b.host.endswith(f".{namespace}.svc")]
+            if foreign:
+                return (f"kept {group_path(group)}: its config belongs to brokers outside "
+                        f"namespace {namespace} ({', '.join(foreign)})")
+        await zk.delete_group(group)
+    return f"deleted {group_path(group)} and {controller_path(group)}"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from understudy_operator.handlers.runtime import Runtime
-from understudy_operator.kube import KubeError
+from understudy_operator.k8s.kube import KubeError
 
 log = logging.getLogger(__name__)
 

@@ -22,22 +22,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from kazoo.exceptions import KazooException
 
 from understudy_broker.model import GroupState, Mode
 from understudy_operator.controller.driver import Controller
 from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
 from understudy_operator.k8s.builders import LABEL_GROUP, LABEL_SERVICE, build_all
-from understudy_operator.k8s.spec import MAX_SLAVES, BrokerGroupSpec, SpecError, parse_spec
-from understudy_operator.k8s.status import (
-    Condition,
-    compute_conditions,
-    compute_status,
-    merge_conditions,
-)
-from understudy_operator.k8s.zkconfig import broker_name, encode_zk_config
-from understudy_operator.kube import (
+from understudy_operator.k8s.kube import (
     BROKERGROUPS,
     CRDS,
     SERVICEMONITOR_CRD,
@@ -46,8 +37,17 @@ from understudy_operator.kube import (
     STATEFULSETS,
     KubeError,
 )
-from understudy_operator.podliveness import PodLiveness
-from understudy_operator.rollout import plan_scale
+from understudy_operator.k8s.podliveness import PodLiveness
+from understudy_operator.k8s.rollout import plan_scale
+from understudy_operator.k8s.spec import MAX_SLAVES, BrokerGroupSpec, SpecError, parse_spec
+from understudy_operator.k8s.status import (
+    Condition,
+    compute_conditions,
+    compute_status,
+    merge_conditions,
+)
+from understudy_operator.k8s.zkconfig import broker_name, encode_zk_config
+from understudy_operator.zk import ZkError
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ async def reconcile(rt: Runtime, *, body: Mapping[str, Any]) -> None:
     seconds (kopf's default for an unexpected error would be a minute)."""
     try:
         await _reconcile(rt, body=body)
-    except KazooException as exc:
+    except ZkError as exc:
         raise kopf.TemporaryError(f"ZooKeeper: {exc!r}", delay=5) from exc
     except KubeError as exc:
         raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=5) from exc

@@ -1,7 +1,7 @@
 """Applying rollout steps: gather facts, ask the pure planner, delete one pod (or hand off).
 
 Why this module exists: with ``updateStrategy: OnDelete`` a new StatefulSet revision reaches a
-broker only when its pod is deleted, and the order matters (``understudy_operator.rollout``).
+broker only when its pod is deleted, and the order matters (``understudy_operator.k8s.rollout``).
 This module is the thin I/O around that planner, run by the leader of the group only.
 
 The planned handoff of the master, step by step, and why each is safe:
@@ -27,15 +27,14 @@ import time
 from typing import Any
 
 from understudy_broker.model import GroupState, Mode, Permission
-from understudy_operator.controller.driver import read_isr
 from understudy_operator.controller.observe import ProcessState
 from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
 from understudy_operator.k8s.builders import selector_labels
+from understudy_operator.k8s.kube import PODS, STATEFULSETS
+from understudy_operator.k8s.podliveness import pod_ready
+from understudy_operator.k8s.rollout import BrokerFacts, PodFacts, RolloutFacts, Step, plan_rollout
 from understudy_operator.k8s.zkconfig import broker_name
-from understudy_operator.kube import PODS, STATEFULSETS
-from understudy_operator.podliveness import pod_ready
-from understudy_operator.rollout import BrokerFacts, PodFacts, RolloutFacts, Step, plan_rollout
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +62,20 @@ async def gather(rt: Runtime, handle: GroupHandle) -> RolloutFacts | None:
                                           labels=selector_labels(handle.name))
             if (f := pod_facts(p)) is not None]
     names = [broker_name(handle.name, o) for o in range(spec.replicas)]
-    zk = await handle.zk.read_brokers(handle.name, names)
+    obs = await handle.zk.observe_group(handle.name, names)
     state, _ = await handle.zk.read_state(handle.name)
     brokers = {}
     for ordinal, name in enumerate(names):
-        st = zk[name].status
+        view = obs.view(name)
+        st = view.status
         brokers[name] = BrokerFacts(
             name=name, ordinal=ordinal, configured=spec.permission_of(ordinal),
-            live=zk[name].live, epoch_applied=st.epoch_applied if st else 0,
+            live=view.zk_live, epoch_applied=st.epoch_applied if st else 0,
             max_offset=st.max_offset if st else 0, has_status=st is not None)
-    in_sync = await read_isr(handle.controller.zk, handle.controller.client, handle.name)
     return RolloutFacts(replicas=spec.replicas,
                         update_revision=(sts.get("status") or {}).get("updateRevision"),
                         pods=pods, brokers=brokers, state=state,
-                        max_lag_bytes=rt.config.max_lag_bytes, in_sync=in_sync)
+                        max_lag_bytes=rt.config.max_lag_bytes, in_sync=obs.in_sync)
 
 
 async def roll(rt: Runtime, handle: GroupHandle) -> Step | None:
@@ -156,11 +155,12 @@ async def handoff(rt: Runtime, handle: GroupHandle, step: Step) -> None:
             log.info("group %s: state moved during the handoff (%s); the controller continues",
                      group, current.mode.name if current else None)
             return
-        seen = (await zk.read_brokers(group, [master, step.acting]))
-        mst = seen[master].status
+        seen = await zk.observe_group(group, [master, step.acting],
+                                      process=handle.liveness.process_state)
+        mst = seen.view(master).status
         proof = _proof(fencing, mst.epoch_applied if mst else None,
-                       mst.effective if mst else None, seen[master].live,
-                       handle.liveness.process_state(master))
+                       mst.effective if mst else None, seen.view(master).zk_live,
+                       seen.view(master).process)
         if proof is not None:
             break
         left = deadline - time.monotonic()
@@ -170,7 +170,7 @@ async def handoff(rt: Runtime, handle: GroupHandle, step: Step) -> None:
                         master, rt.config.handoff_timeout_s)
             return
         await zk.wait_change(group, master, timeout_s=min(left, 1.0))
-    if not seen[step.acting].live:
+    if not seen.view(step.acting).zk_live:
         log.warning("group %s: %s left before the handoff; the controller picks a reader",
                     group, step.acting)
         return

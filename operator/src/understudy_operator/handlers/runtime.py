@@ -19,14 +19,15 @@ from typing import Any, Final
 import kopf
 
 from understudy_broker.model import GroupState
+from understudy_broker.tasks import stop_tasks
 from understudy_operator.controller.driver import Controller
-from understudy_operator.handlers import groupzk
+from understudy_operator.handlers.metrics import OperatorMetrics
+from understudy_operator.k8s.kube import KubeClient
+from understudy_operator.k8s.podliveness import PodLiveness
+from understudy_operator.k8s.rollout import DEFAULT_MAX_LAG_BYTES
 from understudy_operator.k8s.spec import BrokerGroupSpec
 from understudy_operator.k8s.status import FailoverTimes
-from understudy_operator.kube import KubeClient
-from understudy_operator.opmetrics import OperatorMetrics
-from understudy_operator.podliveness import PodLiveness
-from understudy_operator.rollout import DEFAULT_MAX_LAG_BYTES
+from understudy_operator.zk import ZkGateway
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,9 @@ class GroupHandle:
         return self.controller.leading(self.name)
 
     @property
-    def zk(self) -> groupzk.GroupZk:
-        return groupzk.GroupZk(self.controller)
+    def zk(self) -> ZkGateway:
+        """The group controller's ZooKeeper session (one per group per operator replica)."""
+        return self.controller.zk
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         """Run ``coro`` in the background, owned by this handle (cancelled by :meth:`stop`)."""
@@ -96,27 +98,8 @@ class GroupHandle:
     async def stop(self) -> None:
         """Cancel this handle's tasks and stop the controller (its session closes, so another
         replica leads at once)."""
-        await _cancel_until_done(set(self.tasks))
-        stopper = asyncio.get_running_loop().create_task(self.controller.stop(),
-                                                         name=f"stop-controller-{self.name}")
-        while not stopper.done():
-            await asyncio.wait({stopper}, timeout=1.0)
-            # Python 3.11's asyncio.wait_for can swallow a cancellation that arrives just as
-            # its inner future completes; a driver task that lost its cancellation would keep
-            # Controller.stop() waiting forever, so cancel the stragglers again.
-            for task in getattr(self.controller, "_tasks", ()):
-                if isinstance(task, asyncio.Task) and not task.done():
-                    task.cancel()
-        stopper.result()
-
-
-async def _cancel_until_done(tasks: set[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed it."""
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=1.0)
+        await stop_tasks(set(self.tasks))
+        await self.controller.stop()  # stops its drivers the same way
 
 
 @dataclass

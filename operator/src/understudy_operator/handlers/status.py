@@ -10,15 +10,11 @@ announced as Events from here (the leader writes the transition, so it tells).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
-
-from kazoo.exceptions import KazooException
 
 from understudy_broker.model import GroupState, Mode
 from understudy_broker.zklayout import state_path
@@ -26,11 +22,12 @@ from understudy_operator.handlers import events
 from understudy_operator.handlers.reconcile import parse, spec_error_text
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
 from understudy_operator.k8s.builders import selector_labels
+from understudy_operator.k8s.kube import BROKERGROUPS, PODS, KubeError, is_subset
+from understudy_operator.k8s.podliveness import pod_ready
 from understudy_operator.k8s.spec import SpecError
 from understudy_operator.k8s.status import BrokerObservation, FailoverTimes, compute_status
 from understudy_operator.k8s.zkconfig import broker_name
-from understudy_operator.kube import BROKERGROUPS, PODS, KubeError, is_subset
-from understudy_operator.podliveness import pod_ready
+from understudy_operator.zk import ZkError
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +74,7 @@ async def refresh(rt: Runtime, handle: GroupHandle, body: Mapping[str, Any] | No
         name = handle.name
         state, _ = await handle.zk.read_state(name)
         names = [broker_name(name, o) for o in range(spec.replicas)]
-        zk = await handle.zk.read_brokers(name, names)
+        obs = await handle.zk.observe_group(name, names)
         for gone in await handle.zk.prune_statuses(name, set(names)):
             log.info("group %s/%s: removed the status of scaled-away broker %s",
                      handle.namespace, name, gone)
@@ -88,10 +85,11 @@ async def refresh(rt: Runtime, handle: GroupHandle, body: Mapping[str, Any] | No
         }
         for pod in pods.values():
             handle.liveness.observe(pod)
-        master = zk[names[0]].status
+        master = obs.view(names[0]).status
         brokers = []
         for ordinal, bname in enumerate(names):
-            st = zk[bname].status
+            view = obs.view(bname)
+            st = view.status
             lag = None
             if ordinal and st is not None and master is not None:
                 lag = max(0, master.max_offset - st.max_offset)
@@ -100,8 +98,8 @@ async def refresh(rt: Runtime, handle: GroupHandle, body: Mapping[str, Any] | No
                 name=bname, ordinal=ordinal, configured=spec.permission_of(ordinal),
                 # A broker without a live node publishes nothing: its last status is stale
                 # (a dead master's says FULL forever), so its permission is unknown.
-                effective=st.effective if st is not None and zk[bname].live else None,
-                live=zk[bname].live,
+                effective=st.effective if st is not None and view.zk_live else None,
+                live=view.zk_live,
                 ready=bpod is not None and pod_ready(bpod), replication_lag_bytes=lag))
         handle.failover_times = advance_failover_times(handle.failover_times, handle.last_mode,
                                                        state)
@@ -161,22 +159,18 @@ def watch_state(rt: Runtime, handle: GroupHandle) -> None:
     if handle.state_watch_armed:
         return
     handle.state_watch_armed = True
-    loop = asyncio.get_running_loop()
 
-    def spawn_refresh() -> None:
+    def spawn_refresh(_data: bytes | None) -> None:
         if handle.leading and not handle.status_lock.locked():
             handle.spawn(_refresh_logged(rt, handle), name=f"status-{handle.name}")
 
-    def changed(*_: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closing
-            loop.call_soon_threadsafe(spawn_refresh)
-
-    handle.controller.client.DataWatch(state_path(handle.name), changed)
+    handle.spawn(handle.zk.data_watch(state_path(handle.name), spawn_refresh),
+                 name=f"watch-state-{handle.name}")
 
 
 async def _refresh_logged(rt: Runtime, handle: GroupHandle) -> None:
     try:
         await refresh(rt, handle)
-    except (KazooException, KubeError) as exc:
+    except (ZkError, KubeError) as exc:
         log.warning("group %s/%s: status refresh after a state change failed: %r",
                     handle.namespace, handle.name, exc)

@@ -7,53 +7,46 @@ everything this module knows lives in the state directory (``cluster.json`` and 
 files) and in ZooKeeper; nothing is kept in memory between commands.
 
 Status comes from ZooKeeper (``/groups/<g>/state`` and each broker's ``status`` node) and
-the pid table; a broker that publishes no ZooKeeper status (the static build, before the
-HA integration) is asked for its ``/metrics`` instead.
+the pid table; a running broker that has published no ZooKeeper status yet is asked for its
+``/metrics`` instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import shutil
 import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError
-
-from understudy_broker.model import Permission
-from understudy_broker.zklayout import (
-    BrokerStatus,
-    FailoverPolicy,
-    LayoutError,
-    config_path,
-    decode_state,
-    live_path,
-    state_path,
-    status_path,
-)
+from understudy_broker import metric_names
+from understudy_broker.model import GroupState, Permission
+from understudy_broker.zklayout import BrokerStatus, FailoverPolicy
+from understudy_operator.controller.observe import Observation
 from understudy_operator.local import procs
 from understudy_operator.local.plan import (
     CONTROLLER,
     STATE_FILE,
     ZOOKEEPER,
     ClusterPlan,
-    Features,
     PlanError,
     ProcessPlan,
     plan_cluster,
 )
-from understudy_operator.zkserver import ZooKeeperServer, ZooKeeperUnavailable, free_port
+from understudy_operator.local.ports import free_port
+from understudy_operator.local.zkserver import ZooKeeperServer, ZooKeeperUnavailable
+from understudy_operator.zk import ZkError, ZkGateway, ZkUnavailable, with_gateway
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 #: The private ZooKeeper's ``tickTime``. The server expires sessions in tick-sized buckets,
 #: so a hung broker's ephemeral node goes up to one tick after its session timeout: 200 ms
@@ -95,7 +88,7 @@ class ClusterStatus:
     zk: str
     zk_alive: bool
     controller_pid: int | None
-    controller_alive: bool | None  # None: this build has no controller
+    controller_alive: bool
     groups: tuple[GroupRow, ...]
 
     def to_json(self) -> dict[str, object]:
@@ -129,18 +122,6 @@ class ClusterStatus:
         }
 
 
-def probe_features() -> Features:
-    """What this build can run: the broker's ``--zk`` flag and the controller command."""
-    broker_zk = False
-    with contextlib.suppress(ImportError):
-        from understudy_broker.cli_broker import broker
-
-        broker_zk = any("--zk" in p.opts for p in broker.params)
-    controller = importlib.util.find_spec("understudy_operator.cli_controller") is not None
-    permission_log = importlib.util.find_spec("understudy_broker.permlog") is not None
-    return Features(broker_zk=broker_zk, controller=controller, permission_log=permission_log)
-
-
 def _quiet(_msg: str) -> None:
     pass
 
@@ -156,16 +137,15 @@ def up(
     sync: bool = True,
     session_timeout_ms: int = 2000,
     failover: FailoverPolicy | None = None,
-    features: Features | None = None,
+    coordinated: bool = True,
     timeout: float = 60.0,
     progress: Progress = _quiet,
 ) -> ClusterPlan:
     """Start ZooKeeper, the brokers and the controller; return once every group is
-    NORMAL (or, without a controller, once every broker answers ``/healthz``). On any
-    failure everything started so far is stopped again."""
+    NORMAL (uncoordinated, see :attr:`ClusterPlan.coordinated`: once every broker answers
+    ``/healthz``). On any failure everything started so far is stopped again."""
     directory = directory.resolve()
     _claim(directory)
-    feats = features or probe_features()
     zk = ZooKeeperServer(directory / ZOOKEEPER, tick_ms=ZK_TICK_MS)
     progress("starting ZooKeeper")
     try:
@@ -182,7 +162,7 @@ def up(
             groups=groups,
             slaves=slaves,
             sync=sync,
-            features=feats,
+            coordinated=coordinated,
             port=free_port,
             zk_port=zk.port,
             session_timeout_ms=session_timeout_ms,
@@ -200,10 +180,9 @@ def up(
         for p in plan.brokers:
             progress(f"waiting for broker {p.name}")
             _wait_healthy(plan, p, deadline=deadline)
-        controller = next((p for p in plan.processes if p.name == CONTROLLER), None)
-        if controller is None:
-            progress("no controller in this build: groups run without failover")
+        if not plan.coordinated:
             return plan
+        controller = plan.process(CONTROLLER)
         progress("starting the controller")
         _spawn(plan, controller)
         for g in plan.groups:
@@ -260,32 +239,28 @@ def _markers(plan: ClusterPlan) -> list[tuple[str, str]]:
     return [(p.name, p.marker) for p in plan.processes] + [(ZOOKEEPER, zk_marker)]
 
 
-@contextlib.contextmanager
-def zk_client(plan: ClusterPlan, *, chroot: bool = True, timeout: float = 5.0) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=plan.zk_connect if chroot else plan.zk_hosts, timeout=timeout)
+def _zk(plan: ClusterPlan, work: Callable[[ZkGateway], Awaitable[T]], *, chroot: bool = True,
+        timeout: float = 5.0) -> T:
+    """Run ``work`` with a gateway to this cluster's ZooKeeper (its chroot, or the root)."""
     try:
-        client.start(timeout=timeout)
-    except Exception as exc:
-        client.close()
+        return with_gateway(plan.zk_connect if chroot else plan.zk_hosts, work, timeout_s=timeout)
+    except ZkUnavailable as exc:
         raise LocalError(
             f"cannot reach this cluster's ZooKeeper at {plan.zk_hosts} ({exc}); "
             f"is it up? ('understudy local status --dir {plan.dir}')"
         ) from None
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def _write_configs(plan: ClusterPlan) -> None:
-    with zk_client(plan, chroot=False) as root:
-        root.ensure_path(plan.chroot)
-    with zk_client(plan) as zk:
+    async def create_chroot(zk: ZkGateway) -> None:
+        await zk.ensure_path(plan.chroot)
+
+    async def write(zk: ZkGateway) -> None:
         for g in plan.groups:
-            path = config_path(g.group)
-            zk.ensure_path(path)
-            zk.set(path, g.to_json())
+            await zk.write_config(g.group, g.to_json())
+
+    _zk(plan, create_chroot, chroot=False)
+    _zk(plan, write)
 
 
 def _spawn(plan: ClusterPlan, p: ProcessPlan) -> int:
@@ -334,12 +309,12 @@ def wait_mode(
     plan: ClusterPlan, group: str, mode: str, *, deadline: float, watch: ProcessPlan | None = None
 ) -> None:
     """Wait until ``/groups/<group>/state`` says ``mode``; fail early if ``watch`` dies."""
-    with zk_client(plan) as zk:
+
+    async def wait(zk: ZkGateway) -> None:
         while True:
-            with contextlib.suppress(NoNodeError, LayoutError):
-                data, _ = zk.get(state_path(group))
-                if decode_state(data).mode.name == mode:
-                    return
+            state, _ = await zk.read_state(group, warn=lambda _msg: None)
+            if state is not None and state.mode.name == mode:
+                return
             if watch is not None:
                 info = procs.inspect(procs.read_pid(plan.pid_dir, watch.name), marker=watch.marker)
                 if info is None or not info.alive:
@@ -348,7 +323,9 @@ def wait_mode(
                     )
             if time.monotonic() > deadline:
                 raise LocalError(f"group {group} did not reach {mode} in time")
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
+
+    _zk(plan, wait)
 
 
 # -------------------------------------------------------------------------- status
@@ -360,16 +337,22 @@ def status(directory: Path) -> ClusterStatus:
     zk_info = procs.inspect(procs.read_pid(plan.pid_dir, ZOOKEEPER), marker=zk_marker)
     zk_alive = zk_info is not None and zk_info.alive
     ctl_pid = procs.read_pid(plan.pid_dir, CONTROLLER)
-    ctl_alive: bool | None = None
-    if plan.features.controller:
-        info = procs.inspect(ctl_pid, marker="controller")
-        ctl_alive = info is not None and info.alive
-    rows = []
+    info = procs.inspect(ctl_pid, marker="controller")
+    ctl_alive = info is not None and info.alive
+    seen: dict[str, tuple[GroupState | None, Observation | None]] = {
+        g.group: (None, None) for g in plan.groups}
     if zk_alive:
-        with zk_client(plan) as zk:
-            rows = [_group_row(plan, g.group, zk) for g in plan.groups]
-    else:
-        rows = [_group_row(plan, g.group, None) for g in plan.groups]
+
+        async def read(zk: ZkGateway) -> None:
+            for g in plan.groups:
+                state, _ = await zk.read_state(g.group, warn=lambda _msg: None)
+                obs = await zk.observe_group(g.group, [b.name for b in g.brokers],
+                                             warn=lambda _msg: None)
+                seen[g.group] = (state, obs)
+
+        with contextlib.suppress(LocalError, ZkError):
+            _zk(plan, read)
+    rows = [_group_row(plan, g.group, *seen[g.group]) for g in plan.groups]
     return ClusterStatus(
         dir=plan.dir,
         zk=plan.zk_connect,
@@ -380,18 +363,18 @@ def status(directory: Path) -> ClusterStatus:
     )
 
 
-def _group_row(plan: ClusterPlan, group: str, zk: KazooClient | None) -> GroupRow:
+def _group_row(plan: ClusterPlan, group: str, state: GroupState | None,
+               obs: Observation | None) -> GroupRow:
     cfg = next(g for g in plan.groups if g.group == group)
     mode = epoch = acting = None
+    if state is not None:
+        mode, epoch, acting = state.mode.name, state.epoch, state.acting
     statuses: dict[str, BrokerStatus] = {}
-    if zk is not None:
-        with contextlib.suppress(NoNodeError, LayoutError, KazooException):
-            state = decode_state(zk.get(state_path(group))[0])
-            mode, epoch, acting = state.mode.name, state.epoch, state.acting
+    if obs is not None:
         for b in cfg.brokers:
-            with contextlib.suppress(NoNodeError, LayoutError, KazooException):
-                if zk.exists(live_path(group, b.name)) is not None:
-                    statuses[b.name] = BrokerStatus.from_json(zk.get(status_path(group, b.name))[0])
+            view = obs.view(b.name)
+            if view.zk_live and view.status is not None:
+                statuses[b.name] = view.status
     master_offset = statuses[cfg.master.name].max_offset if cfg.master.name in statuses else None
     brokers = []
     for b in cfg.brokers:
@@ -437,14 +420,14 @@ def _metric_values(text: str, name: str) -> list[float]:
 
 def permission_from_metrics(text: str) -> Permission | None:
     """``understudy_broker_permission`` from a Prometheus exposition (0-3)."""
-    values = _metric_values(text, "understudy_broker_permission")
+    values = _metric_values(text, metric_names.BROKER_PERMISSION)
     if not values or not 0 <= int(values[0]) <= 3:
         return None
     return Permission(int(values[0]))
 
 
 def lag_from_metrics(text: str) -> int | None:
-    values = _metric_values(text, "understudy_replication_lag_bytes")
+    values = _metric_values(text, metric_names.REPLICATION_LAG_BYTES)
     return int(max(values)) if values else None
 
 

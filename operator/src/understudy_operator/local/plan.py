@@ -45,15 +45,6 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Features:
-    """What the installed build can do; decided once by probing, passed in as data."""
-
-    broker_zk: bool  # `understudy broker` has --zk (the HA integration has landed)
-    controller: bool  # `understudy controller` exists
-    permission_log: bool = False  # brokers write <data-dir>/permissions.jsonl
-
-
-@dataclass(frozen=True, slots=True)
 class ProcessPlan:
     """One process of the cluster: its name (pid/log file stem), argv and the marker
     (an argv element) that identifies it in ``/proc``."""
@@ -71,7 +62,10 @@ class ClusterPlan:
     zk_port: int
     groups: tuple[GroupConfig, ...]
     processes: tuple[ProcessPlan, ...]
-    features: Features
+    #: Brokers take their permission from ZooKeeper and a controller runs (the product).
+    #: ``False`` runs static brokers without failover: only tests that need two readers
+    #: on purpose ask for it.
+    coordinated: bool = True
     chroot: str = DEFAULT_CHROOT
     session_timeout_ms: int = 2000
     controller_http_port: int | None = None
@@ -126,7 +120,7 @@ class ClusterPlan:
             "chroot": self.chroot,
             "sessionTimeoutMs": self.session_timeout_ms,
             "controllerHttpPort": self.controller_http_port,
-            "features": {"brokerZk": self.features.broker_zk, "controller": self.features.controller},
+            "coordinated": self.coordinated,
             "groups": [json.loads(g.to_json()) for g in self.groups],
             "processes": [
                 {
@@ -161,10 +155,7 @@ class ClusterPlan:
                 chroot=str(doc["chroot"]),
                 session_timeout_ms=int(doc["sessionTimeoutMs"]),
                 controller_http_port=doc.get("controllerHttpPort"),
-                features=Features(
-                    broker_zk=bool(doc["features"]["brokerZk"]),
-                    controller=bool(doc["features"]["controller"]),
-                ),
+                coordinated=bool(doc.get("coordinated", True)),
                 groups=tuple(GroupConfig.from_json(json.dumps(g).encode()) for g in doc["groups"]),
                 processes=tuple(
                     ProcessPlan(
@@ -193,8 +184,8 @@ def plan_cluster(
     groups: int,
     slaves: int,
     sync: bool,
-    features: Features,
     port: Callable[[], int],
+    coordinated: bool = True,
     zk_port: int,
     session_timeout_ms: int = 2000,
     failover: FailoverPolicy | None = None,
@@ -202,7 +193,7 @@ def plan_cluster(
 ) -> ClusterPlan:
     """Name and wire the cluster: groups ``g1..gN``, brokers ``gK-0`` (master) and
     ``gK-1..gK-M`` (slaves, configured READ so they may act for reads). ``port`` hands
-    out free ports."""
+    out free ports. ``coordinated=False``: see :attr:`ClusterPlan.coordinated`."""
     if not 1 <= groups <= 50:
         raise PlanError(f"--groups must be 1-50, got {groups}")
     if not 0 <= slaves <= 8:
@@ -232,12 +223,12 @@ def plan_cluster(
         )
     zk_connect = f"{HOST}:{zk_port}{chroot}"
     procs = [
-        broker_process(g, b, directory=directory, zk_connect=zk_connect, features=features)
+        broker_process(g, b, directory=directory, zk_connect=zk_connect if coordinated else None)
         for g in configs
         for b in g.brokers
     ]
     controller_port = None
-    if features.controller:
+    if coordinated:
         controller_port = port()
         procs.append(
             controller_process(
@@ -253,7 +244,7 @@ def plan_cluster(
         zk_port=zk_port,
         groups=tuple(configs),
         processes=tuple(procs),
-        features=features,
+        coordinated=coordinated,
         chroot=chroot,
         session_timeout_ms=session_timeout_ms,
         controller_http_port=controller_port,
@@ -261,9 +252,10 @@ def plan_cluster(
 
 
 def broker_process(
-    group: GroupConfig, b: BrokerSpec, *, directory: Path, zk_connect: str, features: Features
+    group: GroupConfig, b: BrokerSpec, *, directory: Path, zk_connect: str | None
 ) -> ProcessPlan:
-    """The ``understudy broker`` command for one broker of ``group``."""
+    """The ``understudy broker`` command for one broker of ``group`` (coordinated by the
+    ZooKeeper at ``zk_connect``; static without one)."""
     argv = [
         *understudy_argv(),
         "broker",
@@ -287,7 +279,7 @@ def broker_process(
     for peer in group.brokers:
         if peer.name != b.name:
             argv += ["--peer", f"{peer.name}={peer.address}"]
-    if features.broker_zk:
+    if zk_connect is not None:
         argv += ["--zk", zk_connect, "--zk-session-timeout-ms", str(group.session_timeout_ms)]
     return ProcessPlan(name=b.name, argv=tuple(argv), marker=b.name, http_port=b.http_port, group=group.group)
 

@@ -19,6 +19,7 @@ import click
 from prometheus_client import start_http_server
 
 from understudy_broker.zklayout import LayoutError, check_name
+from understudy_operator.cli.options import digest_option
 from understudy_operator.controller.driver import Controller, ControllerMetrics, log_transition
 from understudy_operator.controller.journal import TransitionJournal
 from understudy_operator.controller.liveness import (
@@ -26,21 +27,13 @@ from understudy_operator.controller.liveness import (
     NullLiveness,
     ProcessTableLiveness,
 )
+from understudy_operator.zk import Digest
 
 log = logging.getLogger("understudy.controller")
 
 
-def parse_digest(value: str | None) -> tuple[str, str] | None:
-    """``user:password`` -> ``(user, password)``."""
-    if value is None:
-        return None
-    user, sep, password = value.partition(":")
-    if not sep or not user or not password:
-        raise click.BadParameter("expected USER:PASSWORD", param_hint="--digest")
-    return user, password
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(short_help="Run the failover controller.",
+               context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--zk", "connect", required=True, metavar="HOST:PORT[/CHROOT]",
               help="ZooKeeper connect string, with the chroot (e.g. 127.0.0.1:2181/understudy).")
 @click.option("--group", "groups", multiple=True, required=True, metavar="G",
@@ -57,14 +50,13 @@ def parse_digest(value: str | None) -> tuple[str, str] | None:
                    "nowhere (ZooKeeper signals only).")
 @click.option("--session-timeout", type=click.FloatRange(0.5, 60), default=4.0,
               show_default=True, help="Controller ZooKeeper session timeout, seconds.")
-@click.option("--digest", metavar="USER:PASSWORD", envvar="UNDERSTUDY_ZK_DIGEST",
-              help="ZooKeeper digest credentials (env UNDERSTUDY_ZK_DIGEST).")
+@digest_option
 @click.option("--transitions-log", type=click.Path(dir_okay=False, path_type=Path),
               help="Append every transition this controller makes as a JSON line "
                    "{t_ns, group, mode, epoch, acting, reason} (an audit trail; the drill reads it).")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def controller(connect: str, groups: tuple[str, ...], pid_dir: Path | None, http_port: int,
-               http_host: str, liveness: str, session_timeout: float, digest: str | None,
+               http_host: str, liveness: str, session_timeout: float, digest: Digest | None,
                transitions_log: Path | None, verbose: bool) -> None:
     """Run the failover controller: elect a leader per group, watch the brokers, and move
     each group through NORMAL, FENCING, SLAVE_CONSUME and RECOVERING as DESIGN.md says.
@@ -81,7 +73,7 @@ def controller(connect: str, groups: tuple[str, ...], pid_dir: Path | None, http
             raise click.BadParameter(str(exc), param_hint="--group") from None
     if liveness == "process" and pid_dir is None:
         raise click.UsageError("--liveness process needs --pid-dir")
-    auth = parse_digest(digest)
+    auth = digest
     try:
         asyncio.run(_run(connect=connect, groups=groups, pid_dir=pid_dir, http_host=http_host,
                          http_port=http_port, liveness=liveness,

@@ -7,6 +7,8 @@ Why this module exists: the chart's contract is one command line
 finds the API server credentials the way kopf does (service account in a pod, else kubeconfig,
 or ``--server`` for a local proxy or emulator), serves ``/metrics`` and kopf's liveness probe,
 and runs :func:`understudy_operator.handlers.app.run`. Bad flags are click usage errors.
+kopf and the handlers are imported when the command runs, not when ``understudy --help``
+lists it.
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ import os
 import re
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import kopf
-from prometheus_client import start_http_server
 
-from understudy_operator.handlers.app import make_settings, run
-from understudy_operator.handlers.runtime import OperatorConfig
-from understudy_operator.opmetrics import OperatorMetrics
+if TYPE_CHECKING:
+    import kopf
 
 log = logging.getLogger("understudy.operator")
 
@@ -47,6 +46,10 @@ def split_zk(value: str) -> tuple[str, str | None]:
 def connection_info(server: str | None, *, insecure: bool) -> kopf.ConnectionInfo:
     """API credentials: ``--server`` as given, else the pod's service account, else the
     kubeconfig (the same discovery as kopf's own login handlers)."""
+    import kopf
+
+    from understudy_operator.handlers.app import make_settings
+
     if server is not None:
         return kopf.ConnectionInfo(server=server, insecure=insecure or None)
     settings = make_settings()
@@ -59,7 +62,8 @@ def connection_info(server: str | None, *, insecure: bool) -> kopf.ConnectionInf
         "(set KUBECONFIG or pass --server URL)")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(short_help="Run the Kubernetes operator (kopf).",
+               context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--zk", "zk", metavar="HOST:PORT[,...][/CHROOT]",
               help="Default ZooKeeper for groups whose spec names none; its chroot is the "
                    "default for groups without spec.zookeeper.chroot.")
@@ -105,6 +109,12 @@ def operator_cmd(zk: str | None, all_namespaces: bool, namespaces: tuple[str, ..
     are safe: one decides per group. Stops cleanly on SIGTERM."""
     if all_namespaces == bool(namespaces):
         raise click.UsageError("pass exactly one of --all-namespaces or --namespace NS ...")
+    from prometheus_client import start_http_server
+
+    from understudy_operator.handlers.app import run
+    from understudy_operator.handlers.metrics import OperatorMetrics
+    from understudy_operator.handlers.runtime import OperatorConfig
+
     connect: str | None = None
     chroot: str | None = None
     if zk is not None:

@@ -2,7 +2,7 @@
 
 Why this module exists: the alerts and the failover-SLA dashboard read the operator's own
 series (reconcile durations, decisions, errors, groups led) and the group series of the
-controllers it runs. The names are pinned in :mod:`understudy_operator.k8s.metric_names`; this
+controllers it runs. The names are pinned in :mod:`understudy_broker.metric_names`; this
 module registers exactly those, next to the controllers' series, in one registry owned by the
 running operator (no process-global registry, so tests can run several operators side by side).
 """
@@ -17,17 +17,10 @@ from typing import Final
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from understudy_broker import metric_names as names
 from understudy_operator.controller.driver import ControllerMetrics
-from understudy_operator.k8s import metric_names as names
 
 RECONCILE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-def _base(name: str, suffix: str) -> str:
-    """prometheus_client adds ``_total`` to counters itself."""
-    if not name.endswith(suffix):
-        raise ValueError(f"{name} does not end with {suffix}")
-    return name[: -len(suffix)]
 
 
 class OperatorMetrics:
@@ -42,11 +35,11 @@ class OperatorMetrics:
             "Wall time of one operator handler invocation", ["handler"],
             buckets=RECONCILE_BUCKETS, registry=r)
         self.decisions = Counter(
-            _base(names.OPERATOR_DECISIONS_TOTAL, "_total"),
+            names.counter_base(names.OPERATOR_DECISIONS_TOTAL),
             "Decisions applied: mode transitions, rollout steps, scaling", ["group", "decision"],
             registry=r)
         self.errors = Counter(
-            _base(names.OPERATOR_ERRORS_TOTAL, "_total"),
+            names.counter_base(names.OPERATOR_ERRORS_TOTAL),
             "Handler failures by kind (temporary, permanent, invalid-spec, unexpected)",
             ["handler", "kind"], registry=r)
         self.leading = Gauge(

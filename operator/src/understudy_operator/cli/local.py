@@ -44,7 +44,8 @@ def _fail(exc: Exception) -> LocalUsageError:
     return LocalUsageError(str(exc))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(short_help="Run a cluster on this machine, no Kubernetes.",
+             context_settings={"help_option_names": ["-h", "--help"]})
 def local() -> None:
     """Run a cluster on this machine: a private ZooKeeper, broker groups (g1-0 is the
     master of g1, g1-1.. its slaves) and the failover controller, as detached processes
@@ -68,7 +69,6 @@ def local() -> None:
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for NORMAL.")
 def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms: int, timeout: float) -> None:
     """Start the cluster; return once every group is NORMAL."""
-    features = lc.probe_features()
     try:
         with _err.status("starting") as live:
             plan = lc.up(
@@ -77,22 +77,11 @@ def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms
                 slaves=slaves,
                 sync=sync,
                 session_timeout_ms=session_timeout_ms,
-                features=features,
                 timeout=timeout,
                 progress=lambda msg: live.update(msg),
             )
     except (lc.LocalError, PlanError) as exc:
         raise _fail(exc) from None
-    if not features.controller:
-        _err.print(
-            "[yellow]note:[/] 'understudy controller' is not in this build: brokers run "
-            "without failover (no group state, no slave-consume)."
-        )
-    if not features.broker_zk:
-        _err.print(
-            "[yellow]note:[/] 'understudy broker' has no --zk flag in this build: brokers run "
-            "with static permissions and do not register in ZooKeeper."
-        )
     _out.print(lc.describe(plan))
     _out.print(f"stop it with: understudy local down --dir {plan.dir}")
 
@@ -111,7 +100,7 @@ def status(directory: Path, as_json: bool) -> None:
         click.echo(json.dumps(st.to_json(), indent=2))
         return
     zk = "[green]up[/]" if st.zk_alive else "[red]down[/]"
-    ctl = {None: "not in this build", True: "[green]up[/]", False: "[red]down[/]"}[st.controller_alive]
+    ctl = "[green]up[/]" if st.controller_alive else "[red]down[/]"
     _out.print(f"state {st.dir}   zookeeper {st.zk} {zk}   controller {ctl}")
     for g in st.groups:
         mode = g.mode or "no state"

@@ -1,0 +1,372 @@
+"""The operator side's one door to ZooKeeper.
+
+Why this module exists: the failover controller, the kopf handlers, ``understudy group``,
+the local cluster and the drill all read and write the same znodes (DESIGN "ZooKeeper
+layout"). Before this module each built its own ``KazooClient``, and the read that turns
+``live`` + ``status`` + ``isr`` into the controller's :class:`Observation` existed three
+times. Now:
+
+* :func:`open_gateway` is the only way to a session (built by the project's one factory,
+  :func:`understudy_broker.zkclient.make_client`, so digest credentials and ACLs are the
+  same everywhere); :class:`ZkGateway` makes every call awaitable on the caller's loop,
+  and hands watch callbacks to that loop (kazoo's threads never touch its state);
+* every group document is read and written here once: config, state (versioned writes
+  only), statuses, the in-sync record, and :meth:`ZkGateway.observe_group` — the one read
+  the controller decides on, the status handler reports and ``group status`` shows.
+
+No other operator module imports kazoo (an import-linter contract in ``make lint``): they
+catch :data:`ZkError` and use the gateway. The documents' shapes are
+:mod:`understudy_broker.zklayout`; this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+
+from understudy_broker import zkclient
+from understudy_broker.model import GroupState
+from understudy_broker.zkclient import digest_acl, kazoo_future, make_client
+from understudy_broker.zklayout import (
+    BrokerStatus,
+    GroupConfig,
+    LayoutError,
+    config_path,
+    controller_path,
+    decode_isr,
+    decode_state,
+    encode_state,
+    group_path,
+    isr_path,
+    live_dir,
+    state_path,
+    status_dir,
+    status_path,
+)
+from understudy_operator.controller.observe import BrokerView, Observation, ProcessState
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: ``(user, password)`` of a ZooKeeper digest identity, and its one parser (for the
+#: ``--zk-digest`` flags): the operator's modules take both from here.
+Digest = zkclient.Digest
+parse_digest = zkclient.parse_digest
+#: Any ZooKeeper failure (unreachable, session expired, refused): what callers catch.
+ZkError: Final = KazooException
+#: Session states a listener receives.
+LOST: Final = KazooState.LOST
+SUSPENDED: Final = KazooState.SUSPENDED
+CONNECTED: Final = KazooState.CONNECTED
+
+
+class ZkUnavailable(RuntimeError):
+    """ZooKeeper could not be reached within the connect timeout; the message says where."""
+
+
+Warn = Callable[[str], None]
+
+
+def _log_warning(message: str) -> None:
+    log.warning("%s", message)
+
+
+class ZkGateway:
+    """Awaitable ZooKeeper calls over one kazoo session (see the module docstring).
+
+    Every coroutine must run on the loop that created the gateway's callers' tasks; watch
+    callbacks are called on the loop passed to :meth:`data_watch` (the running one by
+    default)."""
+
+    def __init__(self, client: KazooClient, *, digest: Digest | None = None) -> None:
+        self.client = client
+        self.acl = digest_acl(digest)
+
+    # ------------------------------------------------------------------ session
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.client.connected)
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """``listener`` gets every session state (:data:`CONNECTED`, :data:`SUSPENDED`,
+        :data:`LOST`) on kazoo's thread: it must only hand it to a loop."""
+        self.client.add_listener(listener)
+
+    def remove_listener(self, listener: Callable[[str], None]) -> None:
+        self.client.remove_listener(listener)
+
+    async def start(self, *, timeout_s: float) -> None:
+        try:
+            await asyncio.to_thread(self.client.start, timeout_s)
+        except Exception as exc:  # kazoo raises its own timeout type, not TimeoutError
+            await asyncio.to_thread(self._close)
+            raise ZkUnavailable(f"ZooKeeper not reachable within {timeout_s:g}s: {exc!r}") from exc
+
+    async def stop(self) -> None:
+        """Close the session: its ephemeral nodes (and election nodes) go at once."""
+        await asyncio.to_thread(self._close)
+
+    def _close(self) -> None:
+        self.client.stop()
+        self.client.close()
+
+    async def _call(self, async_result: Any) -> Any:
+        return await kazoo_future(asyncio.get_running_loop(), async_result)
+
+    # ------------------------------------------------------------------ nodes
+
+    async def get(self, path: str) -> tuple[bytes, int] | None:
+        """``(data, version)``, or ``None`` when the node does not exist."""
+        try:
+            raw, stat = await self._call(self.client.get_async(path))
+        except NoNodeError:
+            return None
+        return bytes(raw), int(stat.version)
+
+    async def children(self, path: str, *, watch: Callable[..., Any] | None = None) -> list[str]:
+        """The children (``[]`` when the node does not exist)."""
+        try:
+            return list(await self._call(self.client.get_children_async(path, watch=watch)))
+        except NoNodeError:
+            return []
+
+    async def exists(self, path: str, *, watch: Callable[..., Any] | None = None) -> bool:
+        return await self._call(self.client.exists_async(path, watch=watch)) is not None
+
+    async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
+                     sequence: bool = False) -> str | None:
+        """Create (with parents); returns the path created, ``None`` when it exists."""
+        try:
+            created = await self._call(self.client.create_async(
+                path, data, acl=self.acl, ephemeral=ephemeral, sequence=sequence,
+                makepath=True))
+        except NodeExistsError:
+            return None
+        return str(created)
+
+    async def set_data(self, path: str, data: bytes, *, version: int = -1) -> bool:
+        """Write ``data`` if the node is still at ``version`` (-1: any); ``False`` when
+        someone else wrote it first (or it was deleted)."""
+        try:
+            await self._call(self.client.set_async(path, data, version=version))
+        except (BadVersionError, NoNodeError):
+            return False
+        return True
+
+    async def delete(self, path: str, *, recursive: bool = False) -> bool:
+        """Delete (with children when ``recursive``); ``False`` when it did not exist."""
+        if recursive:
+            try:
+                await asyncio.to_thread(self.client.delete, path, recursive=True)
+            except NoNodeError:
+                return False
+            return True
+        try:
+            await self._call(self.client.delete_async(path))
+        except NoNodeError:
+            return False
+        return True
+
+    async def ensure_path(self, path: str) -> None:
+        await asyncio.to_thread(self.client.ensure_path, path, acl=self.acl)
+
+    async def data_watch(self, path: str, on_change: Callable[[bytes | None], None],
+                         loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Call ``on_change(data)`` on ``loop`` (the running one by default) now and whenever
+        the node changes; kazoo's DataWatch re-arms itself. Arming reads the node once, in a
+        worker thread, so the loop never blocks on ZooKeeper."""
+        target = loop or asyncio.get_running_loop()
+
+        def fired(data: bytes | None, *_: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                target.call_soon_threadsafe(on_change, data)
+
+        await asyncio.to_thread(self.client.DataWatch, path, fired)
+
+    async def children_watch(self, path: str, on_change: Callable[[list[str]], None],
+                             loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Call ``on_change(children)`` on ``loop`` now and whenever they change."""
+        target = loop or asyncio.get_running_loop()
+
+        def fired(children: list[str]) -> None:
+            with contextlib.suppress(RuntimeError):
+                target.call_soon_threadsafe(on_change, list(children))
+
+        await asyncio.to_thread(self.client.ChildrenWatch, path, fired)
+
+    # ------------------------------------------------------------------ group documents
+
+    async def read_config(self, group: str, *, warn: Warn = _log_warning) -> GroupConfig | None:
+        """The group config; ``None`` when absent or malformed (``warn`` says why)."""
+        found = await self.get(config_path(group))
+        if found is None:
+            return None
+        try:
+            return GroupConfig.from_json(found[0])
+        except LayoutError as exc:
+            warn(f"group {group}: malformed config: {exc}")
+            return None
+
+    async def write_config(self, group: str, data: bytes) -> bool:
+        """Store ``data`` as the group config unless it is already there; True if written."""
+        path = config_path(group)
+        found = await self.get(path)
+        if found is None:
+            if await self.create(path, data) is not None:
+                return True
+            found = await self.get(path)
+        if found is not None and found[0] == data:
+            return False
+        return await self.set_data(path, data)
+
+    async def read_state(self, group: str, *, warn: Warn = _log_warning
+                         ) -> tuple[GroupState | None, int]:
+        """The state and its znode version: ``(None, -1)`` when absent, ``(None, version)``
+        when present but malformed (``warn`` says why; an override can outbid it)."""
+        found = await self.get(state_path(group))
+        if found is None:
+            return None, -1
+        raw, version = found
+        try:
+            return decode_state(raw), version
+        except LayoutError as exc:
+            warn(f"group {group}: malformed state: {exc}")
+            return None, version
+
+    async def write_state(self, group: str, new: GroupState, *, version: int) -> bool:
+        """A versioned state write (DESIGN: "every transition is a ZK write with the
+        expected znode version"); ``False`` when someone else moved the state first."""
+        return await self.set_data(state_path(group), encode_state(new), version=version)
+
+    async def create_state(self, group: str, new: GroupState) -> bool:
+        """The first state of a group; ``False`` when one exists already."""
+        return await self.create(state_path(group), encode_state(new)) is not None
+
+    async def read_isr(self, group: str, *, warn: Warn = _log_warning) -> frozenset[str] | None:
+        """The recorded in-sync set, ``None`` when there is no record. A malformed record
+        counts as an empty set: no slave is trusted to hold every acknowledged commit."""
+        found = await self.get(isr_path(group))
+        if found is None:
+            return None
+        try:
+            return decode_isr(found[0])
+        except LayoutError as exc:
+            warn(f"group {group}: {exc}; trusting no slave")
+            return frozenset()
+
+    async def observe_group(
+        self,
+        group: str,
+        brokers: Sequence[str],
+        *,
+        process: Callable[[str], ProcessState] = lambda _name: ProcessState.UNKNOWN,
+        warn: Warn = _log_warning,
+    ) -> Observation:
+        """What the controller decides on: for each of ``brokers``, whether its ``live``
+        node exists, its last ``status`` (and the znode version, which grows with every
+        publish) and what ``process`` says of its process; and the in-sync record."""
+        live = set(await self.children(live_dir(group)))
+        views: dict[str, BrokerView] = {}
+        for name in brokers:
+            status: BrokerStatus | None = None
+            version = -1
+            found = await self.get(status_path(group, name))
+            if found is not None:
+                version = found[1]
+                try:
+                    status = BrokerStatus.from_json(found[0])
+                except LayoutError as exc:
+                    warn(f"group {group}: ignoring malformed status of {name}: {exc}")
+            views[name] = BrokerView(name=name, zk_live=name in live, process=process(name),
+                                     status=status, status_version=version)
+        in_sync = await self.read_isr(group, warn=warn)
+        return Observation(now=time.monotonic(), wall=time.time(), brokers=views, in_sync=in_sync)
+
+    async def prune_statuses(self, group: str, keep: set[str]) -> list[str]:
+        """Delete the ``status`` documents of brokers no longer in the group (scaled away)
+        that have no live node; returns their names. A broker still running keeps its
+        document."""
+        names = set(await self.children(status_dir(group)))
+        live = set(await self.children(live_dir(group)))
+        pruned = []
+        for name in sorted(names - keep - live):
+            if await self.delete(status_path(group, name)):
+                pruned.append(name)
+        return pruned
+
+    async def wait_change(self, group: str, broker: str, *, timeout_s: float) -> None:
+        """Return when the group's state, the broker's status or the live set changes, or
+        after ``timeout_s``: a watch, not a poll."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def fire(*_: Any) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(changed.set)
+
+        await self.exists(status_path(group, broker), watch=fire)
+        await self.exists(state_path(group), watch=fire)
+        await self.children(live_dir(group), watch=fire)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await changed.wait()
+
+    async def leader(self, group: str) -> str | None:
+        """The identity of the controller leading ``group`` (lowest election node)."""
+        children = sorted(await self.children(controller_path(group)))
+        if not children:
+            return None
+        found = await self.get(f"{controller_path(group)}/{children[0]}")
+        return None if found is None else found[0].decode("utf-8", "replace")
+
+    async def delete_group(self, group: str) -> None:
+        """Remove ``/groups/<group>`` and ``/controllers/<group>`` recursively."""
+        await self.delete(group_path(group), recursive=True)
+        await self.delete(controller_path(group), recursive=True)
+
+
+def gateway(connect: str, *, timeout_s: float, digest: Digest | None = None) -> ZkGateway:
+    """A gateway over a new, not yet started session to ``host:port[,...][/chroot]``."""
+    return ZkGateway(make_client(connect, timeout_s=timeout_s, digest=digest), digest=digest)
+
+
+@contextlib.asynccontextmanager
+async def open_gateway(connect: str, *, timeout_s: float = 5.0, digest: Digest | None = None,
+                       connect_timeout_s: float = 10.0) -> AsyncIterator[ZkGateway]:
+    """A started gateway for the duration of the block; the session is closed after it.
+    Raises :class:`ZkUnavailable` when ZooKeeper cannot be reached."""
+    zk = gateway(connect, timeout_s=timeout_s, digest=digest)
+    await zk.start(timeout_s=connect_timeout_s)
+    try:
+        yield zk
+    finally:
+        await zk.stop()
+
+
+def with_gateway(connect: str, work: Callable[[ZkGateway], Awaitable[T]], *,
+                 timeout_s: float = 5.0, digest: Digest | None = None) -> T:
+    """Run ``work`` with a started gateway from synchronous code (the CLI, local mode) and
+    return its result. From a thread whose loop is running (a test, a caller inside
+    asyncio) it runs on a loop of its own in a worker thread, never blocking on itself.
+    Raises :class:`ZkUnavailable` and :data:`ZkError` as the gateway does."""
+
+    async def run() -> T:
+        async with open_gateway(connect, timeout_s=timeout_s, digest=digest,
+                                connect_timeout_s=max(timeout_s, 5.0)) as zk:
+            return await work(zk)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, run()).result()
