@@ -47,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 from understudy_broker.client import Consumer, Producer, create_topic
-from understudy_operator.zkserver import free_port
+from understudy_operator.local.ports import free_port
 
 BODY = b"x" * 1024
 WINDOW = 256

@@ -3,7 +3,7 @@
 Why this exists: the issue's failover targets (reads restored p99 <= 300 ms after a
 ``kill -9``; <= session timeout + 0.5 s after a hang; failback read gap p99 <= 100 ms; no
 lost, no rewinds, no one-reader violations) are only worth quoting when measured over many
-cycles on real processes. This runs the drill (``understudy_operator.drill.run_drill``:
+cycles on real processes. This runs the drill (``understudy_harness.drill.run_drill``:
 real ZooKeeper, ``understudy broker --zk`` processes, the real controller, producers and two
 consumer groups) for ``--cycles`` master ``kill -9`` cycles and as many master hangs
 (SIGSTOP past the session timeout, then SIGCONT), prints the figures next to the targets
@@ -36,9 +36,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from understudy_operator.checker import percentile
-from understudy_operator.drill import DrillOptions, DrillResult, Status, run_drill
-from understudy_operator.history import Deliver, Fault, Perm, ProduceAck, read_history
+from understudy_harness.checker import percentile
+from understudy_harness.drill import DrillOptions, DrillResult, Status, run_drill
+from understudy_harness.history import Deliver, Fault, Perm, ProduceAck, read_history
 
 COMPARISON = (
     ("RabbitMQ quorum queues (3 nodes), leader SIGKILL", "0.15-0.58 s (median ~0.4 s), measured here"),

@@ -1,6 +1,6 @@
 """Chaos against a BrokerGroup in kind: delete the master pod, kill -9 its broker, cut it off
 the network; the group must fail over to its slave, come back to NORMAL, and the run must pass
-the same checker as the drill (``understudy_operator.checker.check``).
+the same checker as the drill (``understudy_harness.checker.check``).
 
 One history per run, on one clock (``time.time_ns``: kind nodes are containers on this host's
 kernel, so the test, the workload pod and the brokers read the same clock):
@@ -27,15 +27,12 @@ from typing import Any
 import pytest
 import yaml
 
-from understudy_operator.checker import Report, check
-from understudy_operator.history import Event, Fault, iter_jsonl, parse_events
+from understudy_harness.checker import Report, check
+from understudy_harness.history import Event, Fault, iter_jsonl, parse_events
+from understudy_harness.permevents import broker_perm_events, parse_permission_log
+from understudy_harness.testing import wait_until
+from understudy_harness.workload_history import merge_events, parse_workload_logs
 from understudy_operator.k8s.zkconfig import HTTP_PORT
-from understudy_operator.workload_history import (
-    broker_perm_events,
-    merge_events,
-    parse_permission_log,
-    parse_workload_logs,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "e2e" / "scripts"
@@ -66,14 +63,7 @@ def kubectl_json(*args: str) -> Any:
 
 def wait_for(what: str, predicate: Any, *, timeout: float, interval: float = 1.0) -> Any:
     """Poll ``predicate`` until it returns a truthy value; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    return wait_until(predicate, what, timeout, interval_s=interval)
 
 
 @pytest.fixture(scope="session")
@@ -127,7 +117,7 @@ def wait_ready(namespace: str, timeout: float) -> dict[str, Any]:
 
 
 class History:
-    """Fault, restart and mode events in the checker's shape (understudy_operator.history),
+    """Fault, restart and mode events in the checker's shape (understudy_harness.history),
     stamped with ``time.time_ns`` like the workload's and the brokers' events."""
 
     def __init__(self) -> None:

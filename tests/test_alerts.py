@@ -13,7 +13,8 @@ import helm_python
 import pytest
 import yaml
 
-from understudy_operator.k8s.metric_names import selected_series, series_names
+from understudy_broker.metric_names import series_names
+from understudy_harness.promql import selected_series
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "understudy"

@@ -17,7 +17,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ from kazoo.exceptions import NoNodeError
 from understudy_broker import protocol as p
 from understudy_broker.client import Connection, Consumer, Producer, create_topic
 from understudy_broker.zklayout import decode_isr, decode_state, isr_path, state_path
-from understudy_operator.drill import missing_prerequisites
+from understudy_harness.testing import eventually
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 
@@ -39,8 +39,6 @@ MASTER, S1, S2 = "g1-0", "g1-1", "g1-2"
 
 @pytest.fixture
 def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    if missing_prerequisites(lc.probe_features(), cycles=1):
-        pytest.skip("needs 'understudy broker --zk' and 'understudy controller' in this build")
     directory = tmp_path / "cluster"
     try:
         yield directory
@@ -60,14 +58,6 @@ def isr(zk: KazooClient) -> frozenset[str] | None:
 def state(zk: KazooClient) -> tuple[str, str | None]:
     st = decode_state(zk.get(state_path(GROUP))[0])
     return st.mode.name, st.acting
-
-
-async def wait(pred: Callable[[], bool], what: str, within_s: float = 30.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def fetch(address: str, queues: list[int]) -> dict[int, int | None]:
@@ -94,7 +84,7 @@ async def test_isr_shrinks_before_the_ack_failover_picks_in_sync_slave_and_commi
         await create_topic(bootstrap, topic="t", queues=2)
         await asyncio.gather(*[await producer.send("t", f"a{i}".encode(), queue=i % 2)
                                for i in range(100)])
-        await wait(lambda: isr(zk) == {S1, S2}, "both slaves in the ISR record")
+        await eventually(lambda: isr(zk) == {S1, S2}, "both slaves in the ISR record")
 
         # A frozen slave leaves the record before anything is acknowledged without it.
         lc.kill(plan.dir, S2, sig="STOP")
@@ -110,7 +100,7 @@ async def test_isr_shrinks_before_the_ack_failover_picks_in_sync_slave_and_commi
         lc.kill(plan.dir, MASTER)  # right after the commit acknowledgement
         lc.start(plan.dir, S2, wait=False)  # resumed: live again, but not in sync
 
-        await wait(lambda: state(zk)[0] == "SLAVE_CONSUME", "SLAVE_CONSUME", 40)
+        await eventually(lambda: state(zk)[0] == "SLAVE_CONSUME", "SLAVE_CONSUME", 40)
         assert state(zk) == ("SLAVE_CONSUME", S1)
         on_slave = await fetch(address[S1], [0, 1])
         for q, off in acked.items():
@@ -122,8 +112,8 @@ async def test_isr_shrinks_before_the_ack_failover_picks_in_sync_slave_and_commi
         await consumer.commit()
 
         lc.start(plan.dir, MASTER, wait=False)
-        await wait(lambda: state(zk)[0] == "NORMAL", "NORMAL after back-sync", 60)
-        await wait(lambda: isr(zk) == {S1, S2}, "the resumed slave back in the ISR", 30)
+        await eventually(lambda: state(zk)[0] == "NORMAL", "NORMAL after back-sync", 60)
+        await eventually(lambda: isr(zk) == {S1, S2}, "the resumed slave back in the ISR", 30)
         await (await producer.send("t", b"after-failback", queue=1))
         # Producer and consumer lived through the kill and follow the master back.
         deadline = time.monotonic() + 30

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -36,9 +35,10 @@ from understudy_broker.zklayout import (
     encode_state,
     state_path,
 )
+from understudy_harness.testing import UNDERSTUDY, Process, eventually
 from understudy_operator.controller.driver import Controller
 from understudy_operator.controller.liveness import ProcessTableLiveness
-from understudy_operator.zkserver import free_port
+from understudy_operator.local.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ GROUP = "g1"
 FAKE_BROKER = r'''
 import asyncio, os, sys, time, signal
 from pathlib import Path
-from understudy_broker.coordination import BrokerCoordinator
+from understudy_broker.ha.coordinator import BrokerCoordinator
 from understudy_broker.model import Health, Mode, Permission, Role, effective_permission
 from understudy_broker.zklayout import BrokerStatus
 
@@ -119,36 +119,29 @@ class Cluster:
 
     def __init__(self, connect: str, root: Path, *, backsync: str = "auto") -> None:
         self.connect = connect
+        self.root = root
         self.pid_dir = root / "pids"
         self.pid_dir.mkdir()
         self.script = root / "fake_broker.py"
         self.script.write_text(FAKE_BROKER)
         self.backsync = backsync
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Process] = {}
 
     def start(self, name: str) -> None:
-        proc = subprocess.Popen(
-            [sys.executable, str(self.script), self.connect, GROUP, name, str(self.pid_dir),
-             self.backsync],
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        self.procs[name] = proc
-        (self.pid_dir / f"{name}.pid").write_text(str(proc.pid))
+        argv = [sys.executable, str(self.script), self.connect, GROUP, name, str(self.pid_dir),
+                self.backsync]
+        self.procs[name] = Process(name, argv, self.root / f"{name}.log",
+                                   pid_file=self.pid_dir / f"{name}.pid").start()
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         os.kill(self.procs[name].pid, sig)
 
     def kill(self, name: str) -> None:
-        proc = self.procs[name]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        self.procs[name].kill9()
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            proc.kill9()
 
 
 def config(slaves: int = 2, *, backsync_timeout: float = 5.0) -> GroupConfig:
@@ -163,17 +156,6 @@ def config(slaves: int = 2, *, backsync_timeout: float = 5.0) -> GroupConfig:
                                 backsync_timeout_s=backsync_timeout),
         session_timeout_ms=1000,
     ).validate()
-
-
-@pytest.fixture
-def admin(zk: str) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zk, timeout=2.0)
-    client.start(timeout=10)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 @pytest.fixture
@@ -203,14 +185,6 @@ def read_state(admin: KazooClient) -> GroupState | None:
     return decode_state(admin.get(state_path(GROUP))[0])
 
 
-async def wait_for(pred: Callable[[], bool], what: str, limit_s: float = 20.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def controller(zk: str, cluster: Cluster) -> AsyncIterator[tuple[Controller, list[GroupState]]]:
     loop = asyncio.get_running_loop()
@@ -236,12 +210,12 @@ async def test_kill_master_fails_over_and_back(
         admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
     ctl, written = controller
     admin.create(config_path(GROUP), config().to_json(), makepath=True)
-    await wait_for(mode_is(admin, Mode.NORMAL), "the initial state")
+    await eventually(mode_is(admin, Mode.NORMAL), "the initial state")
     for name in ("b0", "b1", "b2"):
         cluster.start(name)
-    await wait_for(lambda: len(live(admin)) == 3, "3 live brokers")
+    await eventually(lambda: len(live(admin)) == 3, "3 live brokers")
     cluster.kill("b0")  # certain death: acts on the pidfd event
-    await wait_for(lambda: len(written) == 2, "slave-consume")
+    await eventually(lambda: len(written) == 2, "slave-consume")
     st = read_state(admin)
     assert st is not None
     # Either slave may act: the controller picks among the slaves *eligible at that moment*
@@ -251,7 +225,7 @@ async def test_kill_master_fails_over_and_back(
     assert [s.mode for s in written[:2]] == [Mode.FENCING, Mode.SLAVE_CONSUME]
     assert "process exited" in written[0].reason
     cluster.start("b0")
-    await wait_for(lambda: len(written) == 4, "back to NORMAL after back-sync")
+    await eventually(lambda: len(written) == 4, "back to NORMAL after back-sync")
     assert [s.mode for s in written] == [Mode.FENCING, Mode.SLAVE_CONSUME, Mode.RECOVERING,
                                          Mode.NORMAL]
     assert [s.epoch for s in written] == [2, 3, 4, 5]
@@ -271,19 +245,19 @@ async def test_stopped_master_is_fenced_after_session_expiry(
     admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
     for name in ("b0", "b1"):
         cluster.start(name)
-    await wait_for(lambda: len(live(admin)) == 2, "2 live brokers")
-    await wait_for(mode_is(admin, Mode.NORMAL), "NORMAL")
+    await eventually(lambda: len(live(admin)) == 2, "2 live brokers")
+    await eventually(mode_is(admin, Mode.NORMAL), "NORMAL")
     cluster.signal("b0", signal.SIGSTOP)
     try:
-        await wait_for(mode_is(admin, Mode.FENCING), "fencing a stopped master")
+        await eventually(mode_is(admin, Mode.FENCING), "fencing a stopped master")
         # Not proof: the session is still alive. Proof arrives with the session expiry.
-        await wait_for(lambda: len(written) == 2, "slave-consume")
+        await eventually(lambda: len(written) == 2, "slave-consume")
         assert (written[1].mode, written[1].acting) == (Mode.SLAVE_CONSUME, "b1")
         assert "session is gone" in written[1].reason
     finally:
         cluster.signal("b0", signal.SIGCONT)
     # The resumed master re-registers, acks NONE, is ready, back-syncs: NORMAL again.
-    await wait_for(lambda: len(written) == 4, "NORMAL after SIGCONT")
+    await eventually(lambda: len(written) == 4, "NORMAL after SIGCONT")
     assert [s.mode for s in written] == [Mode.FENCING, Mode.SLAVE_CONSUME, Mode.RECOVERING,
                                          Mode.NORMAL]
 
@@ -294,24 +268,24 @@ async def test_acting_slave_death_moves_reads_through_fencing(
     admin.create(config_path(GROUP), config().to_json(), makepath=True)
     for name in ("b0", "b1", "b2"):
         cluster.start(name)
-    await wait_for(lambda: len(live(admin)) == 3, "3 live brokers")
+    await eventually(lambda: len(live(admin)) == 3, "3 live brokers")
     cluster.kill("b0")
-    await wait_for(mode_is(admin, Mode.SLAVE_CONSUME, "b2"), "b2 acting")
+    await eventually(mode_is(admin, Mode.SLAVE_CONSUME, "b2"), "b2 acting")
     cluster.kill("b2")
-    await wait_for(lambda: len(written) == 4, "b1 acting")
+    await eventually(lambda: len(written) == 4, "b1 acting")
     modes = [(s.mode, s.acting) for s in written]
     assert modes == [(Mode.FENCING, None), (Mode.SLAVE_CONSUME, "b2"), (Mode.FENCING, "b2"),
                      (Mode.SLAVE_CONSUME, "b1")]
     # Everyone down: degraded, and nothing moves.
     cluster.kill("b1")
-    await wait_for(lambda: _gauge(controller[0], "understudy_group_degraded") == 1.0, "degraded")
+    await eventually(lambda: _gauge(controller[0], "understudy_group_degraded") == 1.0, "degraded")
     before = read_state(admin)
     await asyncio.sleep(0.5)
     assert read_state(admin) == before
     # The master returns while every slave is down: it must not be given READ (b1's
     # offsets are not back-synced), so the group stays in SLAVE_CONSUME.
     cluster.start("b0")
-    await wait_for(lambda: "b0" in live(admin), "b0 live")
+    await eventually(lambda: "b0" in live(admin), "b0 live")
     await asyncio.sleep(0.5)
     st = read_state(admin)
     assert st is not None
@@ -336,12 +310,12 @@ async def test_backsync_timeout_returns_to_slave_consume(
         await ctl.start()
         for name in ("b0", "b1"):
             cluster.start(name)
-        await wait_for(lambda: len(live(admin)) == 2, "2 live")
+        await eventually(lambda: len(live(admin)) == 2, "2 live")
         cluster.kill("b0")
-        await wait_for(mode_is(admin, Mode.SLAVE_CONSUME), "slave-consume")
+        await eventually(mode_is(admin, Mode.SLAVE_CONSUME), "slave-consume")
         cluster.start("b0")
-        await wait_for(lambda: any(s.mode is Mode.RECOVERING for s in written), "recovering")
-        await wait_for(lambda: len(written) >= 4, "the timeout")
+        await eventually(lambda: any(s.mode is Mode.RECOVERING for s in written), "recovering")
+        await eventually(lambda: len(written) >= 4, "the timeout")
         assert written[3].mode is Mode.SLAVE_CONSUME
         assert "not persisted within 0.5s" in written[3].reason
     finally:
@@ -362,7 +336,7 @@ async def test_racing_drivers_write_each_epoch_once(
         for ident in ("c1", "c2")
     ]
     for c in ctls:
-        await asyncio.to_thread(c.client.start, 10)
+        await c.zk.start(timeout_s=10)
     try:
         admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
         drivers = [c.drivers[0] for c in ctls]
@@ -371,7 +345,7 @@ async def test_racing_drivers_write_each_epoch_once(
                                                reason="initial state")
         for name in ("b0", "b1"):
             cluster.start(name)
-        await wait_for(lambda: len(live(admin)) == 2, "2 live")
+        await eventually(lambda: len(live(admin)) == 2, "2 live")
         cluster.kill("b0")
         for _ in range(40):
             await asyncio.gather(*(d.check_once() for d in drivers))
@@ -388,7 +362,7 @@ async def test_racing_drivers_write_each_epoch_once(
     finally:
         for c in ctls:
             c.liveness.close()
-            await asyncio.to_thread(c._close)
+            await c.zk.stop()
 
 
 async def test_election_one_leader_and_handover(admin: KazooClient, zk: str, tmp_path: Path) -> None:
@@ -402,7 +376,7 @@ async def test_election_one_leader_and_handover(admin: KazooClient, zk: str, tmp
                    identity="b")
     await a.start()
     try:
-        await wait_for(lambda: a.leading(GROUP), "a leading")
+        await eventually(lambda: a.leading(GROUP), "a leading")
         await b.start()
         try:
             await asyncio.sleep(0.3)
@@ -410,8 +384,8 @@ async def test_election_one_leader_and_handover(admin: KazooClient, zk: str, tmp
             assert b.metrics.registry.get_sample_value("understudy_group_mode", {"group": GROUP}) is None
             assert a.metrics.registry.get_sample_value("understudy_group_mode", {"group": GROUP}) == 0
             await a.stop()
-            await wait_for(lambda: b.leading(GROUP), "b taking over")
-            await wait_for(lambda: b.metrics.registry.get_sample_value(
+            await eventually(lambda: b.leading(GROUP), "b taking over")
+            await eventually(lambda: b.metrics.registry.get_sample_value(
                 "understudy_group_epoch", {"group": GROUP}) == 1.0, "b exporting the group")
         finally:
             await b.stop()
@@ -422,15 +396,13 @@ async def test_election_one_leader_and_handover(admin: KazooClient, zk: str, tmp
 def test_cli_controller_runs_and_resigns_on_sigterm(admin: KazooClient, zk: str, tmp_path: Path) -> None:
     admin.create(config_path(GROUP), config().to_json(), makepath=True)
     port = free_port()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "understudy"), "controller", "--zk", zk, "--group", GROUP,
-         "--pid-dir", str(tmp_path), "--http-port", str(port)],
-        stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
+    proc = Process("controller", [*UNDERSTUDY, "controller", "--zk", zk, "--group", GROUP,
+                                  "--pid-dir", str(tmp_path), "--http-port", str(port)],
+                   tmp_path / "controller.log").start(wait_port=False)
     try:
         deadline = time.monotonic() + 20
         while read_state(admin) is None:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert proc.poll() is None, proc.log()
             assert time.monotonic() < deadline
             time.sleep(0.05)
         body = ""
@@ -440,23 +412,17 @@ def test_cli_controller_runs_and_resigns_on_sigterm(admin: KazooClient, zk: str,
                 body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
             time.sleep(0.05)
         assert admin.get_children(f"/controllers/{GROUP}")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        assert proc.stop(timeout_s=15) == 0  # SIGTERM: resign and exit cleanly
         assert admin.get_children(f"/controllers/{GROUP}") == []  # resigned at once
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        assert "resigning" in err
+        assert "resigning" in proc.log()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if proc.stderr:
-            proc.stderr.close()
+        proc.kill9()
 
 
 def test_cli_controller_rejects_bad_flags(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from understudy_operator.cli_controller import controller as cmd
+    from understudy_operator.cli.controller import controller as cmd
 
     r = CliRunner().invoke(cmd, ["--zk", "127.0.0.1:1", "--group", "Bad_Name", "--http-port", "0",
                                  "--pid-dir", str(tmp_path)])
@@ -478,7 +444,7 @@ def test_malformed_state_is_reported_not_fatal(admin: KazooClient, zk: str, tmp_
     async def go() -> None:
         loop = asyncio.get_running_loop()
         ctl = Controller(zk, groups=[GROUP], liveness=ProcessTableLiveness(tmp_path, loop), loop=loop)
-        await asyncio.to_thread(ctl.client.start, 10)
+        await ctl.zk.start(timeout_s=10)
         try:
             assert await ctl.drivers[0].check_once() > 0
             assert admin.get(state_path(GROUP))[0] == b"garbage"  # untouched
@@ -487,7 +453,7 @@ def test_malformed_state_is_reported_not_fatal(admin: KazooClient, zk: str, tmp_
             assert ctl.drivers[0].last_decision is not None
         finally:
             ctl.liveness.close()
-            await asyncio.to_thread(ctl._close)
+            await ctl.zk.stop()
 
     asyncio.run(go())
     assert json.loads(admin.get(state_path(GROUP))[0])["epoch"] == 7
@@ -495,33 +461,33 @@ def test_malformed_state_is_reported_not_fatal(admin: KazooClient, zk: str, tmp_
 
 async def test_recorded_in_sync_set_limits_the_acting_choice(
         admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
-    from understudy_operator.controller.driver import isr_path
+    from understudy_broker.zklayout import isr_path
 
     _, written = controller
     admin.create(config_path(GROUP), config().to_json(), makepath=True)
     admin.create(isr_path(GROUP), json.dumps({"inSync": ["b1"]}).encode(), makepath=True)
     for name in ("b0", "b1", "b2"):
         cluster.start(name)
-    await wait_for(lambda: len(live(admin)) == 3, "3 live brokers")
-    await wait_for(lambda: len(children(admin, "status")) == 3, "statuses")
+    await eventually(lambda: len(live(admin)) == 3, "3 live brokers")
+    await eventually(lambda: len(children(admin, "status")) == 3, "statuses")
     cluster.kill("b0")
-    await wait_for(lambda: len(written) == 2, "slave-consume")
+    await eventually(lambda: len(written) == 2, "slave-consume")
     assert written[1].acting == "b1"  # b2 has the higher offset but is not in sync
 
 
 async def test_malformed_in_sync_record_trusts_no_slave(
         admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
-    from understudy_operator.controller.driver import isr_path
+    from understudy_broker.zklayout import isr_path
 
     ctl, written = controller
     admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
     admin.create(isr_path(GROUP), b"{oops", makepath=True)
     for name in ("b0", "b1"):
         cluster.start(name)
-    await wait_for(lambda: len(live(admin)) == 2, "2 live brokers")
-    await wait_for(lambda: read_state(admin) is not None, "initial state")
+    await eventually(lambda: len(live(admin)) == 2, "2 live brokers")
+    await eventually(lambda: read_state(admin) is not None, "initial state")
     cluster.kill("b0")
-    await wait_for(lambda: ctl.drivers[0].last_decision is not None
+    await eventually(lambda: ctl.drivers[0].last_decision is not None
                    and "no eligible slave" in ctl.drivers[0].last_decision.reason, "a decision")
     assert written == []
 
@@ -533,7 +499,7 @@ def test_malformed_config_and_status_are_reported_not_fatal(
     async def go() -> None:
         loop = asyncio.get_running_loop()
         ctl = Controller(zk, groups=[GROUP], liveness=ProcessTableLiveness(tmp_path, loop), loop=loop)
-        await asyncio.to_thread(ctl.client.start, 10)
+        await ctl.zk.start(timeout_s=10)
         try:
             driver = ctl.drivers[0]
             assert await driver.check_once() > 0  # not deciding, not crashing
@@ -547,7 +513,7 @@ def test_malformed_config_and_status_are_reported_not_fatal(
             assert decision.target is None  # b1's unreadable status makes it ineligible
         finally:
             ctl.liveness.close()
-            await asyncio.to_thread(ctl._close)
+            await ctl.zk.stop()
 
     asyncio.run(go())
     st = read_state(admin)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -21,7 +20,7 @@ from understudy_broker.zklayout import (
     state_path,
     status_path,
 )
-from understudy_operator.cli_group import group as group_cmd
+from understudy_operator.cli.group import group as group_cmd
 
 pytestmark = pytest.mark.integration
 
@@ -29,20 +28,15 @@ GROUP = "g1"
 
 
 @pytest.fixture
-def admin(zk: str) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zk, timeout=2.0)
-    client.start(timeout=10)
-    try:
-        cfg = GroupConfig(group=GROUP, brokers=(
-            BrokerSpec("m", 0, "127.0.0.1", 1, 2, 3, Permission.FULL),
-            BrokerSpec("s1", 1, "127.0.0.1", 4, 5, 6, Permission.READ),
-            BrokerSpec("s2", 2, "127.0.0.1", 7, 8, 9, Permission.READ),
-        )).validate()
-        client.create(config_path(GROUP), cfg.to_json(), makepath=True)
-        yield client
-    finally:
-        client.stop()
-        client.close()
+def admin(admin: KazooClient) -> KazooClient:
+    """The shared admin client, with this module's group config written."""
+    cfg = GroupConfig(group=GROUP, brokers=(
+        BrokerSpec("m", 0, "127.0.0.1", 1, 2, 3, Permission.FULL),
+        BrokerSpec("s1", 1, "127.0.0.1", 4, 5, 6, Permission.READ),
+        BrokerSpec("s2", 2, "127.0.0.1", 7, 8, 9, Permission.READ),
+    )).validate()
+    admin.create(config_path(GROUP), cfg.to_json(), makepath=True)
+    return admin
 
 
 def put(admin: KazooClient, *, state: GroupState, live: tuple[str, ...],

@@ -31,13 +31,14 @@ from kazoo.client import KazooClient
 
 from understudy_broker.model import Mode, Permission
 from understudy_broker.zklayout import decode_state, state_path
-from understudy_operator.checker import Report, check
-from understudy_operator.drill import merge_permission_logs, missing_prerequisites
-from understudy_operator.history import HistoryWriter, read_history
+from understudy_harness.checker import Report, check
+from understudy_harness.drill import merge_permission_logs
+from understudy_harness.history import HistoryWriter, read_history
+from understudy_harness.testing import wait_until, zk_session
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import CONTROLLER, ClusterPlan
-from understudy_operator.zkserver import free_port
+from understudy_operator.local.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +50,6 @@ SESSION_MS = 2000
 
 @pytest.fixture
 def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    if missing_prerequisites(lc.probe_features(), cycles=1):
-        pytest.skip("needs 'understudy broker --zk' and 'understudy controller' in this build")
     directory = tmp_path / "cluster"
     try:
         yield directory
@@ -92,13 +91,11 @@ class Recorder:
 
     def wait(self, pred: Callable[[tuple[str, int, str | None]], bool], what: str,
              within_s: float = 20.0) -> tuple[str, int, str | None]:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            st = self.state()
-            if pred(st):
-                return st
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}; states so far: {self.states}")
+        try:
+            return wait_until(lambda: st if pred(st := self.state()) else None, what,
+                              within_s, interval_s=0.02)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; states so far: {self.states}") from None
 
     def wait_mode(self, mode: str, *, acting: str | None = None, within_s: float = 20.0) -> tuple[str, int, str | None]:
         return self.wait(lambda s: s[0] == mode and (acting is None or s[2] == acting),
@@ -251,7 +248,7 @@ def test_two_controllers_on_real_brokers_make_exactly_one_transition_per_event(c
                 assert first is not None
                 procs.stop(first, marker="controller")
         time.sleep(1.0)  # time for a stray double transition to show
-        with lc.zk_client(plan) as zk:
+        with zk_session(plan.zk_connect) as zk:
             data, stat = zk.get(state_path("g1"))
         st = decode_state(data)
         assert (st.mode, st.epoch) == (Mode.NORMAL, first_epoch + 4 * cycles), rec.states
@@ -377,7 +374,7 @@ def test_master_session_expires_while_its_process_lives(cluster_dir: Path) -> No
         cut_at = time.time_ns()
         proxy.cut()
         # the session must expire on the server: the ephemeral node goes away
-        with lc.zk_client(plan) as zk:
+        with zk_session(plan.zk_connect) as zk:
             deadline = time.monotonic() + 15
             while zk.exists("/groups/g1/live/g1-0") is not None:
                 assert time.monotonic() < deadline, "the master's session never expired"
@@ -403,7 +400,7 @@ def test_master_session_expires_while_its_process_lives(cluster_dir: Path) -> No
     assert_one_reader(report)
     # the master's own log: no READ from the lease lapse (≤ session timeout after the
     # cut) until after the heal
-    from understudy_broker.permlog import FILE_NAME, read_changes
+    from understudy_broker.ha.permlog import FILE_NAME, read_changes
 
     changes = [c for c in read_changes(plan.dir / "data" / "g1-0" / FILE_NAME) if c.pid == master_pid]
     lapse = cut_at + SESSION_MS * 1_000_000

@@ -22,7 +22,7 @@ def test_no_package_shadows_stdlib_operator() -> None:
 
 
 def test_top_level_folders_are_not_packages() -> None:
-    for folder in ("operator", "broker_image", "spark_jobs", "crds", "charts", "e2e"):
+    for folder in ("operator", "broker_image", "spark_jobs", "harness", "crds", "charts", "e2e"):
         assert (ROOT / folder).is_dir(), folder
         assert not (ROOT / folder / "__init__.py").exists(), folder
 
@@ -37,7 +37,7 @@ def test_no_module_named_after_stdlib_inside_packages() -> None:
 
 
 def test_packages_import() -> None:
-    for name in ("understudy_broker", "understudy_operator", "understudy_spark"):
+    for name in ("understudy_broker", "understudy_operator", "understudy_spark", "understudy_harness"):
         assert importlib.import_module(name).__doc__
 
 

@@ -17,23 +17,21 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from understudy_operator.cli_local import local
+from understudy_operator.cli.local import local
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
-from understudy_operator.local.plan import ClusterPlan, Features, PlanError, plan_cluster
-
-STATIC = Features(broker_zk=False, controller=False)
-FULL = Features(broker_zk=True, controller=True)
+from understudy_operator.local.plan import ClusterPlan, PlanError, plan_cluster
 
 
 def fake_ports() -> Iterator[int]:
     return itertools.count(20000)
 
 
-def make_plan(tmp_path: Path, *, groups: int = 2, slaves: int = 2, features: Features = STATIC) -> ClusterPlan:
+def make_plan(tmp_path: Path, *, groups: int = 2, slaves: int = 2,
+              coordinated: bool = True) -> ClusterPlan:
     ports = fake_ports()
     return plan_cluster(
-        directory=tmp_path, groups=groups, slaves=slaves, sync=True, features=features,
+        directory=tmp_path, groups=groups, slaves=slaves, sync=True, coordinated=coordinated,
         port=lambda: next(ports), zk_port=2181,
     )  # fmt: skip
 
@@ -42,7 +40,7 @@ def make_plan(tmp_path: Path, *, groups: int = 2, slaves: int = 2, features: Fea
 
 
 def test_plan_names_roles_and_wiring(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path)
+    plan = make_plan(tmp_path, coordinated=False)
     assert [g.group for g in plan.groups] == ["g1", "g2"]
     g1 = plan.groups[0]
     assert [b.name for b in g1.brokers] == ["g1-0", "g1-1", "g1-2"]
@@ -60,7 +58,7 @@ def test_plan_names_roles_and_wiring(tmp_path: Path) -> None:
 
 
 def test_plan_with_coordination_adds_zk_flags_and_controller(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, groups=1, slaves=1, features=FULL)
+    plan = make_plan(tmp_path, groups=1, slaves=1)
     argv = list(plan.process("g1-0").argv)
     assert argv[argv.index("--zk") + 1] == "127.0.0.1:2181/understudy"
     assert argv[argv.index("--zk-session-timeout-ms") + 1] == "2000"
@@ -75,12 +73,12 @@ def test_group_without_slaves_does_not_wait_for_replication(tmp_path: Path) -> N
 
 
 def test_plan_round_trips_through_cluster_json(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, features=FULL)
+    plan = make_plan(tmp_path)
     (tmp_path / "cluster.json").write_text(plan.to_json())
     loaded = ClusterPlan.load(tmp_path)
     assert loaded.groups == plan.groups
     assert loaded.processes == plan.processes
-    assert loaded.features == plan.features
+    assert loaded.coordinated == plan.coordinated
     assert loaded.zk_connect == plan.zk_connect
 
 
@@ -224,7 +222,6 @@ def test_up_status_kill_start_down(cluster_dir: Path) -> None:
     code, out = run("up", "--dir", str(cluster_dir), "--groups", "1", "--slaves", "1")
     assert code == 0, out
     assert str(cluster_dir.resolve()) in out
-    features = lc.probe_features()
 
     code, out = run("status", "--dir", str(cluster_dir), "--json")
     assert code == 0, out
@@ -232,8 +229,7 @@ def test_up_status_kill_start_down(cluster_dir: Path) -> None:
     (g1,) = doc["groups"]
     assert g1["name"] == "g1"
     assert set(g1) >= {"name", "mode", "epoch", "acting", "brokers"}
-    if features.controller:
-        assert (g1["mode"], g1["acting"]) == ("NORMAL", None)
+    assert (g1["mode"], g1["acting"]) == ("NORMAL", None)
     names = [b["name"] for b in g1["brokers"]]
     assert names == ["g1-0", "g1-1"]
     for b in g1["brokers"]:
@@ -302,9 +298,6 @@ def effective(g: lc.GroupRow) -> list[str]:
 
 @pytest.mark.integration
 def test_failover_and_failback_show_in_status(cluster_dir: Path) -> None:
-    features = lc.probe_features()
-    if not (features.broker_zk and features.controller):
-        pytest.skip("failover needs 'understudy broker --zk' and 'understudy controller' in this build")
     lc.up(cluster_dir, groups=1, slaves=1)
     lc.kill(cluster_dir, "g1-0", sig="KILL")
     g1 = wait_until(

@@ -26,10 +26,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -37,7 +33,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -48,16 +43,18 @@ import pytest
 from kazoo.client import KazooClient
 from prometheus_client import generate_latest
 
-from understudy_broker.coordination import BrokerCoordinator
+from understudy_broker import metric_names
+from understudy_broker.ha.coordinator import BrokerCoordinator
 from understudy_broker.model import Health, Mode, Permission, effective_permission
 from understudy_broker.zklayout import BrokerStatus, GroupConfig, decode_state, state_path
+from understudy_harness import testing
+from understudy_harness.testing import UNDERSTUDY, Process
 from understudy_operator.handlers.app import run
+from understudy_operator.handlers.metrics import OperatorMetrics
 from understudy_operator.handlers.runtime import OperatorConfig
-from understudy_operator.k8s import metric_names
 from understudy_operator.k8s.spec import parse_spec
 from understudy_operator.k8s.zkconfig import encode_zk_config
-from understudy_operator.opmetrics import OperatorMetrics
-from understudy_operator.zkserver import free_port
+from understudy_operator.local.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -388,18 +385,9 @@ class Env:
 
 
 async def eventually(check: Callable[[], Any], *, within: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except Exception as exc:  # a check may look into objects still being created
-            last = exc
-        else:
-            if last:
-                return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or check}: last={last!r}")
+    """The shared poller; a check may look into objects still being created, so its
+    exceptions count as "not yet"."""
+    return await testing.eventually(check, what, within, tolerate=(Exception,))
 
 
 @contextlib.asynccontextmanager
@@ -448,29 +436,23 @@ async def operator(url: str, *, identity: str,
 
 
 @pytest.fixture
-async def cluster(zk: str) -> AsyncIterator[Env]:
+async def cluster(zk: str, admin: KazooClient) -> AsyncIterator[Env]:
     """KMock, the workload emulation and ZooKeeper, without an operator."""
     zk_connect, _, chroot = zk.partition("/")
-    admin = KazooClient(hosts=zk, timeout=2.0)
-    admin.start(timeout=10)
     k = Emulator()
     declare(k)
-    try:
-        async with k, kmock.Server(k) as server, aiohttp.ClientSession() as http:
-            base = str(server.url).rstrip("/")
-            w = Workloads(k=k, http=http, base=base, url=base)
-            driver = asyncio.get_running_loop().create_task(w.run())
-            try:
-                yield Env(k=k, w=w, zk_connect=zk_connect, chroot=f"/{chroot}", admin=admin,
-                          metrics=OperatorMetrics())
-            finally:
-                driver.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await driver
-                await w.close()
-    finally:
-        admin.stop()
-        admin.close()
+    async with k, kmock.Server(k) as server, aiohttp.ClientSession() as http:
+        base = str(server.url).rstrip("/")
+        w = Workloads(k=k, http=http, base=base, url=base)
+        driver = asyncio.get_running_loop().create_task(w.run())
+        try:
+            yield Env(k=k, w=w, zk_connect=zk_connect, chroot=f"/{chroot}", admin=admin,
+                      metrics=OperatorMetrics())
+        finally:
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
+            await w.close()
 
 
 @pytest.fixture
@@ -749,13 +731,12 @@ async def test_the_operator_command_serves_health_and_metrics_and_stops_on_sigte
         cluster: Env, tmp_path: Any) -> None:
     env = cluster
     metrics_port, health_port = free_port(), free_port()
-    log = (tmp_path / "operator.log").open("wb")
-    proc = spawn(
-        [str(Path(sys.executable).parent / "understudy"), "operator", "-n", NS, "--no-scanning",
-         "--server", env.w.base, "--zk", f"{env.zk_connect}{env.chroot}",
-         "--listen", "127.0.0.1", "--metrics-port", str(metrics_port),
-         "--health-port", str(health_port), "--status-interval", "0.5",
-         "--log-level", "info"], log)
+    proc = Process("operator", [
+        *UNDERSTUDY, "operator", "-n", NS, "--no-scanning",
+        "--server", env.w.base, "--zk", f"{env.zk_connect}{env.chroot}",
+        "--listen", "127.0.0.1", "--metrics-port", str(metrics_port),
+        "--health-port", str(health_port), "--status-interval", "0.5",
+        "--log-level", "info"], tmp_path / "operator.log").start(wait_port=False)
     try:
         async with aiohttp.ClientSession() as http:
             async def get(port: int, path: str) -> tuple[int, str]:
@@ -769,7 +750,7 @@ async def test_the_operator_command_serves_health_and_metrics_and_stops_on_sigte
 
             deadline = time.monotonic() + 30
             while not await up():
-                assert proc.poll() is None, (tmp_path / "operator.log").read_text()
+                assert proc.poll() is None, proc.log()
                 assert time.monotonic() < deadline, "no /healthz within 30 s"
                 await asyncio.sleep(0.2)
             # No spec.zookeeper.connect: the operator's --zk (and its chroot) is the default.
@@ -784,19 +765,9 @@ async def test_the_operator_command_serves_health_and_metrics_and_stops_on_sigte
                          metric_names.OPERATOR_LEADING_GROUPS,
                          metric_names.OPERATOR_DECISIONS_TOTAL, metric_names.GROUP_MODE):
                 assert name in text, name
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(proc.wait, 30) == 0
+        assert await asyncio.to_thread(proc.stop, timeout_s=30) == 0  # SIGTERM: a clean exit
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
-
-
-def spawn(argv: list[str], log: Any) -> subprocess.Popen[bytes]:
-    """A child in its own process group (the test kills the group by PID if it must)."""
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+        proc.kill9()
 
 
 async def test_a_bad_update_keeps_the_running_group_as_it_was(env: Env) -> None:

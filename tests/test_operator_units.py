@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from understudy_broker import metric_names
 from understudy_broker.cli import cli
 from understudy_broker.model import GroupState, Mode, Permission
-from understudy_operator.cli_operator import split_zk
+from understudy_operator.cli.kube_operator import split_zk
 from understudy_operator.controller.observe import ProcessState
+from understudy_operator.handlers.metrics import OperatorMetrics
 from understudy_operator.handlers.reconcile import with_operator_defaults
 from understudy_operator.handlers.status import advance_failover_times
-from understudy_operator.k8s import metric_names
-from understudy_operator.kube import KubeError, is_subset, matches_labels, resource_of
-from understudy_operator.opmetrics import OperatorMetrics
-from understudy_operator.podliveness import PodLiveness, classify_pod
-from understudy_operator.rollout import (
+from understudy_operator.k8s.kube import KubeError, is_subset, matches_labels, resource_of
+from understudy_operator.k8s.podliveness import PodLiveness, classify_pod
+from understudy_operator.k8s.rollout import (
     BrokerFacts,
     PodFacts,
     RolloutFacts,

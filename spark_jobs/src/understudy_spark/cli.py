@@ -81,7 +81,8 @@ class _Duration(click.ParamType[float, Any]):
 DURATION = _Duration()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(short_help="Failover SLA reports from Prometheus exports.",
+             context_settings={"help_option_names": ["-h", "--help"]})
 def sla() -> None:
     """Failover SLA reports from Prometheus exports (query_range JSON, promtool tsdb
     dump text, text/OpenMetrics exposition with timestamps)."""

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from understudy_broker import metric_names as names
+
 FORMATS = ("query_range", "dump", "openmetrics")
 
 IntArray = npt.NDArray[np.int64]
@@ -211,8 +213,8 @@ def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
         labels = {"group": name, "instance": instance, "job": "understudy-controller"}
         stale = np.array([idx[-1] + 1] if idx[-1] + 1 < total else [], dtype=np.int64)
         off = offset()
-        out.append(Series({"__name__": "understudy_group_mode", **labels}, idx, mode[idx].astype(np.float64), stale, off))
-        out.append(Series({"__name__": "understudy_failover_total", **labels}, idx, counter[idx], stale, off))
+        out.append(Series({"__name__": names.GROUP_MODE, **labels}, idx, mode[idx].astype(np.float64), stale, off))
+        out.append(Series({"__name__": names.FAILOVER_TOTAL, **labels}, idx, counter[idx], stale, off))
     brokers = [(0, "master", master_gen, master_perm, master_alive)]
     for s in range(1, spec.slaves + 1):
         brokers.append((s, "slave", np.zeros(total, dtype=np.int64), slave_perm if s == 1 else np.zeros(total), np.ones(total, dtype=bool)))
@@ -234,7 +236,7 @@ def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
             ends = present[np.flatnonzero(np.diff(present) > 1)] + 1
             if present.size and present[-1] + 1 < total:
                 ends = np.append(ends, present[-1] + 1)
-            out.append(Series({"__name__": "understudy_broker_permission", **labels}, present, perm[present], ends.astype(np.int64), off))
+            out.append(Series({"__name__": names.BROKER_PERMISSION, **labels}, present, perm[present], ends.astype(np.int64), off))
     return out
 
 
@@ -324,8 +326,9 @@ def write_text(path: pathlib.Path, spec: SynthSpec, series: list[Series], lo: in
     dups = lines[rng.choice(lines.size, size=n_dup, replace=False)] if n_dup else lines[:0]
     with path.open("w", encoding="utf-8") as fh:
         if not dump:
-            for name, kind in (("understudy_group_mode", "gauge"), ("understudy_failover", "counter"),
-                               ("understudy_broker_permission", "gauge"), ("up", "gauge")):
+            for name, kind in ((names.GROUP_MODE, "gauge"),
+                               (names.counter_base(names.FAILOVER_TOTAL), "counter"),
+                               (names.BROKER_PERMISSION, "gauge"), (names.UP, "gauge")):
                 fh.write(f"# TYPE {name} {kind}\n")
         fh.write("\n".join(lines.tolist()))
         fh.write("\n")

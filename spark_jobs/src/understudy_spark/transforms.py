@@ -37,10 +37,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType, TimestampType
 from pyspark.sql.window import WindowSpec
 
-MODE = "understudy_group_mode"
-PERMISSION = "understudy_broker_permission"
-UP = "up"
-FAILOVERS = "understudy_failover_total"
+from understudy_broker import metric_names
+
+MODE = metric_names.GROUP_MODE
+PERMISSION = metric_names.BROKER_PERMISSION
+UP = metric_names.UP
+FAILOVERS = metric_names.FAILOVER_TOTAL
 CONTRACT_METRICS = (MODE, PERMISSION, UP, FAILOVERS)
 
 # The long table keyed by the labels the SLA uses (``readers.read_parsed(keyed=True)``).

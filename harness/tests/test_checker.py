@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from understudy_operator.checker import check, percentile
-from understudy_operator.history import HistoryError
+from understudy_harness.checker import check, percentile
+from understudy_harness.history import HistoryError
 
 T = "orders"
 

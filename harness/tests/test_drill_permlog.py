@@ -4,9 +4,9 @@ SIGKILLed brokers that cannot write their last line, and what the checker then s
 from __future__ import annotations
 
 from understudy_broker.model import Permission
-from understudy_operator.checker import check
-from understudy_operator.drill import LoggedChange, perm_events_from_log
-from understudy_operator.history import Fault, Perm
+from understudy_harness.checker import check
+from understudy_harness.history import Fault, Perm
+from understudy_harness.permevents import LoggedChange, perm_events_from_log
 
 FULL, READ, NONE = Permission.FULL, Permission.READ, Permission.NONE
 

@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
+from understudy_broker.ha.permlog import PermissionChange
 from understudy_broker.model import Mode, Permission
-from understudy_broker.permlog import PermissionChange
-from understudy_operator.checker import check
-from understudy_operator.history import (
+from understudy_harness.checker import check
+from understudy_harness.history import (
     Commit,
     Deliver,
     Fault,
@@ -25,13 +25,15 @@ from understudy_operator.history import (
     event_to_dict,
     iter_jsonl,
 )
-from understudy_operator.workload_history import (
+from understudy_harness.permevents import (
     broker_perm_events,
+    parse_permission_log,
+    split_incarnations,
+)
+from understudy_harness.workload_history import (
     merge_events,
     parse_history_text,
-    parse_permission_log,
     parse_workload_logs,
-    split_incarnations,
 )
 
 S = 1_000_000_000  # one second in ns

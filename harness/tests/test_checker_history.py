@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from understudy_broker.model import Mode, Permission
-from understudy_operator.checker import check
-from understudy_operator.history import (
+from understudy_harness.checker import check
+from understudy_harness.history import (
     Deliver,
     HistoryError,
     HistoryWriter,

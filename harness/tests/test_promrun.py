@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from understudy_operator import promrun
-from understudy_operator.local.plan import Features, plan_cluster
+from understudy_harness import promrun
+from understudy_operator.local.plan import plan_cluster
 
 needs_prometheus = pytest.mark.skipif(
     bool(promrun.missing()), reason="needs the Debian 'prometheus' package (prometheus and promtool)"
@@ -65,7 +65,7 @@ def test_nothing_to_scrape_is_refused() -> None:
 def test_every_broker_and_the_controller_of_a_local_cluster_are_targets(tmp_path: pathlib.Path) -> None:
     ports = itertools.count(20000)
     plan = plan_cluster(directory=tmp_path, groups=2, slaves=1, sync=True, port=lambda: next(ports),
-                        features=Features(broker_zk=True, controller=True), zk_port=2181)
+                        zk_port=2181)
     targets = promrun.cluster_targets(plan)
     brokers = {t.labels.get("broker"): t for t in targets if "broker" in t.labels}
     assert sorted(brokers) == ["g1-0", "g1-1", "g2-0", "g2-1"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooClient
 
-from understudy_operator.zkserver import ZooKeeperServer, four_letter
+from understudy_operator.local.zkserver import ZooKeeperServer, four_letter
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,6 @@ integration and the controller), bad input, and the permission scraper's failure
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,19 +12,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from understudy_operator.cli_drill import drill
-from understudy_operator.drill import (
+from understudy_harness.cli.drill import drill
+from understudy_harness.drill import (
     DrillError,
     DrillOptions,
     DrillResult,
-    missing_prerequisites,
     run_drill,
-    scrape_permission,
 )
-from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
-from understudy_operator.local.plan import Features
-from understudy_operator.zkserver import free_port
 
 CONTRACT_KEYS = {
     "lost_acked",
@@ -53,12 +47,6 @@ def drill_dir(tmp_path: Path) -> Iterator[Path]:
         assert leftovers == [], f"the drill left processes running: {leftovers}"
 
 
-def needs_failover() -> None:
-    missing = missing_prerequisites(lc.probe_features(), cycles=1)
-    if missing:
-        pytest.skip("failover cycles need parts not in this build yet: " + "; ".join(missing))
-
-
 # ------------------------------------------------------------------ traffic only
 
 
@@ -78,7 +66,7 @@ def test_traffic_through_one_broker_is_recorded_and_clean(drill_dir: Path, tmp_p
     assert doc["skipped"] == {"cg1": 0, "cg2": 0}
     assert doc["delivered"] >= 2 * doc["acked"]  # two consumer groups read everything
     assert doc["cycles"] == []
-    assert doc["perm_sampling"]["source"] in ("broker permission-change logs", "/metrics sampling")
+    assert doc["perm_sampling"]["source"] == "broker permission-change logs"
     history = Path(doc["history"])
     kinds = {json.loads(line)["type"] for line in history.read_text().splitlines()}
     assert {"produce_ack", "deliver", "commit", "perm"} <= kinds
@@ -88,11 +76,9 @@ def test_traffic_through_one_broker_is_recorded_and_clean(drill_dir: Path, tmp_p
 def test_a_slave_reading_beside_its_master_is_caught(drill_dir: Path) -> None:
     # Brokers started without --zk enforce their configured permission: the slave reads
     # (READ) while the master does (FULL). A real one-reader violation, which the
-    # permission record (broker logs, or /metrics sampling in older builds) and the
-    # checker must report.
-    static = dataclasses.replace(lc.probe_features(), broker_zk=False, controller=False)
+    # brokers' permission logs and the checker must report.
     result = asyncio.run(
-        run_drill(DrillOptions(cycles=0, slaves=1, directory=drill_dir), features=static)
+        run_drill(DrillOptions(cycles=0, slaves=1, directory=drill_dir, coordinated=False))
     )
     assert result.report.one_reader_violations >= 1
     assert result.report.one_reader_overlap_s > 0
@@ -119,7 +105,6 @@ def assert_invariants(result: DrillResult) -> None:
 
 @pytest.mark.integration
 def test_kill_cycles_keep_every_invariant(drill_dir: Path) -> None:
-    needs_failover()
     result = asyncio.run(run_drill(DrillOptions(cycles=2, fault="kill", directory=drill_dir, dwell_s=0.5)))
     assert result.cycles_completed == 2
     assert result.report.acked > 0
@@ -135,7 +120,6 @@ def test_kill_cycles_keep_every_invariant(drill_dir: Path) -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_hang_cycle_comes_back_fenced(drill_dir: Path) -> None:
-    needs_failover()
     result = asyncio.run(run_drill(DrillOptions(cycles=1, fault="hang", directory=drill_dir, dwell_s=0.2)))
     assert result.cycles_completed == 1
     (c,) = result.report.cycles
@@ -147,26 +131,11 @@ def test_hang_cycle_comes_back_fenced(drill_dir: Path) -> None:
     assert_invariants(result)
 
 
-def test_cycles_without_the_needed_parts_are_refused_naming_them(tmp_path: Path) -> None:
-    bare = Features(broker_zk=False, controller=False)
-    missing = missing_prerequisites(bare, cycles=1)
-    assert len(missing) == 2
-    assert "--zk" in missing[0]
-    assert "controller" in missing[1]
-    assert missing_prerequisites(bare, cycles=0) == []
-    with pytest.raises(DrillError, match="missing: 'understudy broker --zk'"):
-        asyncio.run(run_drill(DrillOptions(cycles=1, directory=tmp_path / "d"), features=bare))
+def test_cycles_without_coordination_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(DrillError, match="coordinated cluster"):
+        asyncio.run(run_drill(DrillOptions(cycles=1, directory=tmp_path / "d",
+                                           coordinated=False)))
     assert not (tmp_path / "d").exists()  # refused before starting anything
-
-
-def test_the_cli_exits_3_when_the_build_cannot_run_cycles(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Pretend to be a build without the broker's ZooKeeper support and the controller.
-    monkeypatch.setattr(lc, "probe_features", lambda: Features(broker_zk=False, controller=False))
-    result = CliRunner().invoke(drill, ["--cycles", "1", "--dir", str(tmp_path / "d")])
-    assert result.exit_code == 3
-    assert "missing" in result.output
 
 
 # ------------------------------------------------------------------ bad input
@@ -185,40 +154,3 @@ def test_the_cli_exits_3_when_the_build_cannot_run_cycles(
 def test_bad_flags_exit_2(args: list[str]) -> None:
     result = CliRunner().invoke(drill, args)
     assert result.exit_code == 2
-
-
-def test_a_broker_that_is_gone_reads_as_no_permission() -> None:
-    port = free_port()  # nobody listens here any more
-    assert asyncio.run(scrape_permission(port, within_s=0.5)) is None
-
-
-def test_a_frozen_broker_reads_as_no_permission() -> None:
-    async def scenario() -> object:
-        async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await asyncio.sleep(5)  # accepts, like a SIGSTOPped process's kernel backlog
-
-        server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
-        try:
-            port = server.sockets[0].getsockname()[1]
-            return await scrape_permission(port, within_s=0.2)
-        finally:
-            server.close()
-
-    assert asyncio.run(scenario()) is None
-
-
-def test_a_broker_answering_garbage_reads_as_no_permission() -> None:
-    async def scenario() -> object:
-        async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.write(b"HTTP/1.0 500 Oops\r\n\r\nunderstudy_broker_permission 3\n")
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(garbage, "127.0.0.1", 0)
-        try:
-            port = server.sockets[0].getsockname()[1]
-            return await scrape_permission(port, within_s=0.5)
-        finally:
-            server.close()
-
-    assert asyncio.run(scenario()) is None

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from understudy_operator.k8s.metric_names import (
-    BASE_NAMES,
-    HISTOGRAMS,
-    selected_series,
-    series_names,
-)
+from understudy_broker.metric_names import BASE_NAMES, HISTOGRAMS, series_names
+from understudy_harness.promql import selected_series
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from understudy_operator.checker import check
+from understudy_harness.checker import check
 
 MS = 1_000_000
 BROKERS = ("g1-0", "g1-1", "g1-2")

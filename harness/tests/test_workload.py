@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from understudy_operator.checker import check
-from understudy_operator.cli_workload import parse_bootstrap, workload
-from understudy_operator.drill import merge_permission_logs
-from understudy_operator.history import Perm, ProduceAck, read_history
+from understudy_harness.checker import check
+from understudy_harness.cli.workload import parse_bootstrap, workload
+from understudy_harness.drill import merge_permission_logs
+from understudy_harness.history import Perm, ProduceAck, read_history
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan
-from understudy_operator.zkserver import free_port
+from understudy_operator.local.ports import free_port
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_no_broker_listening_exits_1_naming_the_topic(tmp_path: Path) -> None:
     assert "cannot create topic 't'" in result.output
 
 
-MANIFEST = Path(__file__).resolve().parents[1] / "e2e" / "manifests" / "workload.yaml"
+MANIFEST = Path(__file__).resolve().parents[2] / "e2e" / "manifests" / "workload.yaml"
 PLACEHOLDERS = {"GROUP", "NAMESPACE", "IMAGE", "RATE", "DURATION", "RUN"}  # e2e/test_chaos.py fills these
 
 

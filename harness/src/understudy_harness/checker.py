@@ -1,0 +1,470 @@
+"""The invariant checker: a recorded history in, a report out. Pure — no clock, no I/O.
+
+Why this module exists: the drill, the kind chaos suite, the benchmark and the tests must
+agree on what "lost", "duplicate", "rewind" and "one-reader violation" mean, or the same
+run would pass in one place and fail in another. DESIGN.md ("Checker definitions") gives
+the definitions; this module is their one implementation, over the typed events of
+:mod:`understudy_harness.history` (or the equivalent JSON objects).
+
+Definitions, precisely (``t`` is nanoseconds on the history's one clock):
+
+* **Lost**: an id with a ``produce_ack`` that no consumer group delivered by the end of
+  the history (the drill records its final drain before the history ends). An acked id
+  that *some* group received but another did not is reported per group as
+  ``skipped`` — from that consumer's point of view the message is gone, so it is a
+  violation too.
+* **Redelivery**: a ``deliver`` for a (cgroup, topic, queue, offset) that the same
+  consumer group has already been delivered. Let *f* be the first delivery at that
+  position and *d* the repeat. *The crash* is the latest disruption in ``(f.t, d.t]`` —
+  a ``fault`` of any broker, or a group ``mode`` change (a failback closes consumer
+  sessions just like a crash does). *L* is the group's committed offset for the queue
+  (the highest ``commit`` at or before the crash; commits name the next offset to read).
+  The repeat is a **duplicate, in flight** when ``f.offset >= L`` (it was inside the
+  at-least-once window: delivered but not yet committed), and a **duplicate, rewind**
+  otherwise, or when no disruption lies between the two deliveries.
+* **Produced twice**: the same id delivered at a *different* position than before — the
+  producer retried a send whose acknowledgement was lost, so the log holds two copies.
+  Reported as ``duplicates_produce``; it is neither of the two above and not a violation.
+* **Rewind**: a ``commit`` for (cgroup, topic, queue) lower than a commit before it.
+* **One-reader violation**: from the ``perm`` events (each broker's effective permission,
+  timestamped when it changed or was observed), any maximal interval during which two or
+  more brokers of one group hold READ. Events with the same ``t`` are applied together, so
+  a hand-over observed in one sample is not an overlap. Reported as a count and the summed
+  overlap seconds. An overlap still open when the history ends is closed at its last event.
+
+Per cycle (one ``fault`` event; the cycle window runs to the next fault of the same group,
+or the end):
+
+* **reads restored**: from the fault to the first instant at which a broker of the group
+  *other than the faulted one* holds READ (for the drill: the acting slave's READ grant as
+  sampled; ``0`` if one already did), or — when no slave took over — at which the faulted
+  broker regains READ after having lost it (a short hang that never caused a failover).
+  This is the server-side figure; a consumer sees its first record after the fault one
+  client round trip plus its retry back-off later.
+* **failback gap**: when a slave restored reads, the length of the interval with no READ
+  holder in the group that ends when the faulted broker regains READ (``0`` if someone
+  still held READ at that instant, which is then also a one-reader violation).
+* **back-sync**: from the group's ``mode`` entering RECOVERING to its next NORMAL.
+* **normal again**: from the fault to the group's next NORMAL ``mode`` event.
+
+Figures are ``None`` when the history lacks the events to compute them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from understudy_broker.model import Mode, Permission
+from understudy_harness.history import (
+    Commit,
+    Deliver,
+    Event,
+    Fault,
+    ModeChange,
+    Perm,
+    ProduceAck,
+    parse_events,
+)
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+#: How many example ids/details a report keeps per category (the counts are exact).
+EXAMPLES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """Two or more brokers of ``group`` held READ from ``start`` for ``duration_s``."""
+
+    group: str
+    start: int
+    duration_s: float
+    brokers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRewind:
+    cgroup: str
+    topic: str
+    queue: int
+    t: int
+    previous: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    cycle: int
+    group: str
+    broker: str
+    kind: str
+    fault_t: int
+    reads_restored_ms: float | None
+    failback_gap_ms: float | None
+    backsync_ms: float | None
+    normal_again_ms: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cycle": self.cycle,
+            "group": self.group,
+            "broker": self.broker,
+            "kind": self.kind,
+            "reads_restored_ms": _r(self.reads_restored_ms),
+            "failback_gap_ms": _r(self.failback_gap_ms),
+            "backsync_ms": _r(self.backsync_ms),
+            "normal_again_ms": _r(self.normal_again_ms),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    acked: int
+    delivered: int
+    lost_acked: int
+    lost_examples: tuple[str, ...]
+    skipped: Mapping[str, int]
+    duplicates_inflight: int
+    duplicates_rewind: int
+    duplicates_produce: int
+    offset_rewinds: int
+    rewind_examples: tuple[OffsetRewind, ...]
+    one_reader_violations: int
+    one_reader_overlap_s: float
+    overlaps: tuple[Overlap, ...]
+    cycles: tuple[CycleReport, ...] = field(default_factory=tuple)
+
+    @property
+    def violations(self) -> list[str]:
+        """Human-readable invariant violations; empty when the run is clean."""
+        out = []
+        if self.lost_acked:
+            out.append(f"{self.lost_acked} acknowledged message(s) lost")
+        for cgroup, n in sorted(self.skipped.items()):
+            if n:
+                out.append(f"consumer group {cgroup} never received {n} acknowledged message(s)")
+        if self.duplicates_rewind:
+            out.append(f"{self.duplicates_rewind} duplicate(s) from a rewind")
+        if self.offset_rewinds:
+            out.append(f"{self.offset_rewinds} committed-offset rewind(s)")
+        if self.one_reader_violations:
+            out.append(
+                f"{self.one_reader_violations} one-reader violation(s), "
+                f"{self.one_reader_overlap_s:.3f}s of overlap"
+            )
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def figures(self, name: str) -> list[float]:
+        values = [getattr(c, name) for c in self.cycles]
+        return [v for v in values if v is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        """The drill's ``--json`` document (the contract keys plus detail)."""
+        restored = self.figures("reads_restored_ms")
+        gaps = self.figures("failback_gap_ms")
+        backsync = self.figures("backsync_ms")
+        return {
+            "ok": self.ok,
+            "violations": self.violations,
+            "acked": self.acked,
+            "delivered": self.delivered,
+            "lost_acked": self.lost_acked,
+            "lost_examples": list(self.lost_examples),
+            "skipped": dict(self.skipped),
+            "duplicates_inflight": self.duplicates_inflight,
+            "duplicates_rewind": self.duplicates_rewind,
+            "duplicates_produce": self.duplicates_produce,
+            "offset_rewinds": self.offset_rewinds,
+            "one_reader_violations": self.one_reader_violations,
+            "one_reader_overlap_s": round(self.one_reader_overlap_s, 6),
+            "reads_restored_ms_p50": _r(percentile(restored, 50)),
+            "reads_restored_ms_p99": _r(percentile(restored, 99)),
+            "failback_gap_ms_p50": _r(percentile(gaps, 50)),
+            "failback_gap_ms_p99": _r(percentile(gaps, 99)),
+            "backsync_ms_p50": _r(percentile(backsync, 50)),
+            "backsync_ms_p99": _r(percentile(backsync, 99)),
+            "cycles": [c.to_json() for c in self.cycles],
+        }
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile (``p`` in 0-100); ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
+    """Judge a history. Accepts typed events or their JSON objects, in any order (they are
+    ordered by ``t``; ties keep their recorded order). Raises
+    :class:`~understudy_harness.history.HistoryError` on a malformed event."""
+    events = sorted(parse_events(history), key=lambda e: e.t)
+    acks = [e for e in events if isinstance(e, ProduceAck)]
+    delivers = [e for e in events if isinstance(e, Deliver)]
+    commits = [e for e in events if isinstance(e, Commit)]
+    perms = [e for e in events if isinstance(e, Perm)]
+    modes = [e for e in events if isinstance(e, ModeChange)]
+    faults = [e for e in events if isinstance(e, Fault)]
+    end = events[-1].t if events else 0
+
+    lost, lost_examples, skipped = _losses(acks, delivers)
+    inflight, rewind, produced = _duplicates(delivers, commits, faults, modes)
+    rewinds = _offset_rewinds(commits)
+    timelines = {g: _holders(ps) for g, ps in _by_group(perms).items()}
+    overlaps = [o for g, tl in sorted(timelines.items()) for o in _overlaps(g, tl, end)]
+    cycles = _cycles(faults, timelines, modes)
+    return Report(
+        acked=len({a.id for a in acks}),
+        delivered=len(delivers),
+        lost_acked=lost,
+        lost_examples=lost_examples,
+        skipped=skipped,
+        duplicates_inflight=inflight,
+        duplicates_rewind=rewind,
+        duplicates_produce=produced,
+        offset_rewinds=len(rewinds),
+        rewind_examples=tuple(rewinds[:EXAMPLES]),
+        one_reader_violations=len(overlaps),
+        one_reader_overlap_s=sum(o.duration_s for o in overlaps),
+        overlaps=tuple(overlaps[:EXAMPLES]),
+        cycles=tuple(cycles),
+    )
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+def _losses(
+    acks: list[ProduceAck], delivers: list[Deliver]
+) -> tuple[int, tuple[str, ...], dict[str, int]]:
+    acked = {a.id for a in acks}
+    by_cgroup: dict[str, set[str]] = defaultdict(set)
+    for d in delivers:
+        by_cgroup[d.cgroup].add(d.id)
+    anywhere = set().union(*by_cgroup.values()) if by_cgroup else set()
+    lost = sorted(acked - anywhere)
+    skipped = {cg: len((acked & anywhere) - ids) for cg, ids in sorted(by_cgroup.items())}
+    return len(lost), tuple(lost[:EXAMPLES]), skipped
+
+
+def _duplicates(
+    delivers: list[Deliver], commits: list[Commit], faults: list[Fault], modes: list[ModeChange]
+) -> tuple[int, int, int]:
+    disruptions = sorted([f.t for f in faults] + [m.t for m in modes])
+    commit_log: dict[tuple[str, str, int], list[Commit]] = defaultdict(list)
+    for c in commits:
+        commit_log[(c.cgroup, c.topic, c.queue)].append(c)
+    first_at: dict[tuple[str, str, int, int], Deliver] = {}
+    position_of: dict[tuple[str, str], tuple[str, int, int]] = {}
+    inflight = rewind = produced = 0
+    for d in delivers:
+        pos = (d.cgroup, d.topic, d.queue, d.offset)
+        first = first_at.get(pos)
+        if first is None:
+            first_at[pos] = d
+            seen = position_of.setdefault((d.cgroup, d.id), (d.topic, d.queue, d.offset))
+            if seen != (d.topic, d.queue, d.offset):
+                produced += 1
+            continue
+        crash = _last_in(disruptions, after=first.t, upto=d.t)
+        if crash is None:
+            rewind += 1
+            continue
+        committed = _committed_at(commit_log[(d.cgroup, d.topic, d.queue)], crash)
+        if first.offset >= committed:
+            inflight += 1
+        else:
+            rewind += 1
+    return inflight, rewind, produced
+
+
+def _last_in(times: list[int], *, after: int, upto: int) -> int | None:
+    """The latest time in ``(after, upto]`` from a sorted list."""
+    best = None
+    for t in times:
+        if t > upto:
+            break
+        if t > after:
+            best = t
+    return best
+
+
+def _committed_at(log: list[Commit], t: int) -> int:
+    """The committed offset as of ``t``: the highest commit at or before it (0 if none)."""
+    return max((c.offset for c in log if c.t <= t), default=0)
+
+
+def _offset_rewinds(commits: list[Commit]) -> list[OffsetRewind]:
+    high: dict[tuple[str, str, int], int] = {}
+    out = []
+    for c in commits:
+        key = (c.cgroup, c.topic, c.queue)
+        prev = high.get(key)
+        if prev is not None and c.offset < prev:
+            out.append(OffsetRewind(c.cgroup, c.topic, c.queue, c.t, prev, c.offset))
+        else:
+            high[key] = c.offset
+    return out
+
+
+# ---------------------------------------------------------------------------- readers
+
+# A group's READ-holder timeline: (t, holders from t on), one entry per distinct t.
+Timeline = list[tuple[int, frozenset[str]]]
+
+
+def _by_group(perms: list[Perm]) -> dict[str, list[Perm]]:
+    out: dict[str, list[Perm]] = defaultdict(list)
+    for p in perms:
+        out[p.group].append(p)
+    return out
+
+
+def _holders(perms: list[Perm]) -> Timeline:
+    current: set[str] = set()
+    timeline: Timeline = []
+    for p in perms:
+        if Permission.READ in p.effective:
+            current.add(p.broker)
+        else:
+            current.discard(p.broker)
+        snapshot = frozenset(current)
+        if timeline and timeline[-1][0] == p.t:
+            timeline[-1] = (p.t, snapshot)
+        else:
+            timeline.append((p.t, snapshot))
+    return timeline
+
+
+def _overlaps(group: str, timeline: Timeline, end: int) -> list[Overlap]:
+    out = []
+    start: int | None = None
+    who: set[str] = set()
+    for i, (t, holders) in enumerate(timeline):
+        if len(holders) >= 2:
+            if start is None:
+                start, who = t, set()
+            who |= holders
+        elif start is not None:
+            out.append(Overlap(group, start, (t - start) / NS_PER_S, tuple(sorted(who))))
+            start = None
+        if i == len(timeline) - 1 and start is not None:
+            out.append(Overlap(group, start, (max(end, t) - start) / NS_PER_S, tuple(sorted(who))))
+    return out
+
+
+def _holders_at(timeline: Timeline, t: int) -> frozenset[str]:
+    current: frozenset[str] = frozenset()
+    for at, holders in timeline:
+        if at > t:
+            break
+        current = holders
+    return current
+
+
+def _cycles(
+    faults: list[Fault], timelines: Mapping[str, Timeline], modes: list[ModeChange]
+) -> list[CycleReport]:
+    out = []
+    for i, f in enumerate(faults):
+        later = [g.t for g in faults[i + 1 :] if g.group == f.group]
+        until = later[0] if later else None
+        timeline = [
+            (t, h)
+            for t, h in timelines.get(f.group, [])
+            if t >= f.t and (until is None or t < until)
+        ]
+        before = _holders_at(timelines.get(f.group, []), f.t)
+        group_modes = [
+            m for m in modes if m.group == f.group and m.t >= f.t and (until is None or m.t < until)
+        ]
+        restored = _reads_restored(f, before, timeline)
+        restored_t = None if restored is None else restored[0]
+        gap = None
+        if restored is not None and restored[1]:
+            gap = _failback_gap(f, [(f.t, before), *timeline], restored[0])
+        out.append(
+            CycleReport(
+                cycle=f.cycle,
+                group=f.group,
+                broker=f.broker,
+                kind=f.kind,
+                fault_t=f.t,
+                reads_restored_ms=None if restored_t is None else (restored_t - f.t) / NS_PER_MS,
+                failback_gap_ms=gap,
+                backsync_ms=_backsync(group_modes),
+                normal_again_ms=_normal_again(f, group_modes),
+            )
+        )
+    return out
+
+
+def _reads_restored(
+    f: Fault, before: frozenset[str], timeline: Timeline
+) -> tuple[int, bool] | None:
+    """When reads came back after ``f``, and whether a broker other than the faulted one
+    brought them back (``False``: the faulted broker itself regained READ first)."""
+    if before - {f.broker}:
+        return f.t, True
+    master_out = f.broker not in before
+    for t, holders in timeline:
+        if holders - {f.broker}:
+            return t, True
+        if f.broker not in holders:
+            master_out = True
+        elif master_out:
+            return t, False
+    return None
+
+
+def _failback_gap(f: Fault, timeline: Timeline, restored_t: int) -> float | None:
+    """Length of the no-READ-holder interval that ends when the faulted broker regains
+    READ after someone else restored reads; ``0`` when the hand-over left no gap."""
+    master_out = False
+    gap_start: int | None = None
+    for t, holders in timeline:
+        if f.broker in holders and master_out and t >= restored_t:
+            if holders - {f.broker} or gap_start is None:
+                return 0.0
+            return (t - gap_start) / NS_PER_MS
+        if f.broker not in holders:
+            master_out = True
+        if holders:
+            gap_start = None
+        elif gap_start is None:
+            gap_start = t
+    return None
+
+
+def _backsync(modes: list[ModeChange]) -> float | None:
+    start: int | None = None
+    for m in modes:
+        if m.mode is Mode.RECOVERING and start is None:
+            start = m.t
+        elif m.mode is Mode.NORMAL and start is not None:
+            return (m.t - start) / NS_PER_MS
+    return None
+
+
+def _normal_again(f: Fault, modes: list[ModeChange]) -> float | None:
+    left_normal = False
+    for m in modes:
+        if m.mode is not Mode.NORMAL:
+            left_normal = True
+        elif left_normal:
+            return (m.t - f.t) / NS_PER_MS
+    return None

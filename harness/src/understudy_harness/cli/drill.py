@@ -1,0 +1,177 @@
+"""``understudy drill``: a failover drill on a local cluster, judged by the invariant checker.
+
+Why this module exists: it is how a person (and ``make demo``) sees the product's promise
+tested: faults injected into a live cluster, a live status line while it runs, a table of
+invariants and failover figures at the end, ``--json`` for machines. Exit status: 0 clean,
+1 an invariant was violated or a cycle did not complete, 2 bad input, 3 this build cannot
+run the drill (the message names what is missing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from understudy_harness.checker import percentile
+from understudy_harness.drill import (
+    FAULTS,
+    DrillError,
+    DrillOptions,
+    DrillResult,
+    Status,
+    run_drill,
+)
+from understudy_harness.history import HistoryError
+from understudy_operator.local.cluster import LocalError
+from understudy_operator.local.plan import PlanError
+
+_out = Console()
+_err = Console(stderr=True)
+
+
+class DrillUsageError(click.ClickException):
+    exit_code = 2
+
+
+class DrillCannotRun(click.ClickException):
+    exit_code = 3
+
+
+@click.command(short_help="Failover drill with an invariant checker.",
+               context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--cycles", type=click.IntRange(0, 1000), default=3, show_default=True, help="Failover/failback cycles (0: traffic and checks only).")
+@click.option("--fault", type=click.Choice(FAULTS), default="kill", show_default=True, help="kill: kill -9 the master; hang: SIGSTOP it past the session timeout, then SIGCONT.")
+@click.option("--groups", type=click.IntRange(1, 20), default=1, show_default=True, help="Broker groups (cycles take their masters in turn).")
+@click.option("--slaves", type=click.IntRange(0, 8), default=1, show_default=True, help="Slaves per group.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON to this file.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), help="State directory for the cluster (default: a new temporary directory).")
+@click.option("--sample-ms", type=click.FloatRange(1, 20), default=None, hidden=True, help="Ignored: every broker keeps a permission-change log now (kept so old scripts still run).")
+@click.option("--rate", type=click.FloatRange(1, 5000), default=200.0, show_default=True, help="Messages per second per group.")
+@click.option("--dwell", type=click.FloatRange(0, 60), default=1.0, show_default=True, help="Seconds of slave-consume before the master comes back.")
+@click.option("--session-timeout-ms", type=click.IntRange(1000, 10000), default=2000, show_default=True, help="Brokers' ZooKeeper session timeout.")
+@click.option("--prometheus", is_flag=True, help="Also record the cluster with a private Prometheus (Debian package) and export it for 'understudy sla report' (query_range JSON and promtool tsdb dump, in <dir>/prometheus/export). Each fault then waits for at least 3 scrape intervals of NORMAL, so the recording separates the cycles.")
+@click.option("--scrape-interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="With --prometheus: seconds between scrapes (pass the same value to 'sla report --step').")
+def drill(
+    cycles: int,
+    fault: str,
+    groups: int,
+    slaves: int,
+    json_file: Path | None,
+    directory: Path | None,
+    sample_ms: float | None,
+    rate: float,
+    dwell: float,
+    session_timeout_ms: int,
+    prometheus: bool,
+    scrape_interval: float,
+) -> None:
+    """Bring up a local cluster, run producers and consumer groups, fault the master again
+    and again, then check every invariant: lost acknowledged messages, duplicates
+    (in flight vs rewind), committed-offset rewinds, one-reader violations, and per cycle
+    reads-restored, failback gap and back-sync times. The cluster is always torn down."""
+    del sample_ms  # accepted and ignored (see its help)
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+    if cycles > 0 and slaves == 0:
+        raise click.BadParameter("failover cycles need at least one slave per group", param_hint="--slaves")
+    opts = DrillOptions(
+        cycles=cycles,
+        fault=fault,
+        groups=groups,
+        slaves=slaves,
+        directory=directory,
+        rate=rate,
+        dwell_s=dwell,
+        session_timeout_ms=session_timeout_ms,
+        prometheus_interval_s=scrape_interval if prometheus else None,
+    )
+    status = Status()
+    result = _run_with_status(opts, status)
+    _print(result)
+    if json_file is not None:
+        json_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        _out.print(f"results written to {json_file}")
+    if not result.ok:
+        for v in result.report.violations + result.errors:
+            _err.print(f"[red]FAIL[/] {v}")
+        sys.exit(1)
+    _out.print("[green]all invariants held[/]")
+
+
+def _run_with_status(opts: DrillOptions, status: Status) -> DrillResult:
+    done = threading.Event()
+    with _err.status(status.line()) as live:
+
+        def refresh() -> None:
+            while not done.wait(0.2):
+                cycle = f"cycle {status.cycle}/{opts.cycles}  " if opts.cycles else ""
+                live.update(cycle + status.line())
+
+        ticker = threading.Thread(target=refresh, daemon=True)
+        ticker.start()
+        try:
+            return asyncio.run(run_drill(opts, status=status))
+        except DrillError as exc:
+            raise DrillCannotRun(str(exc)) from None
+        except (LocalError, PlanError, HistoryError) as exc:
+            raise DrillUsageError(str(exc)) from None
+        finally:
+            done.set()
+            ticker.join()
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _print(result: DrillResult) -> None:
+    r = result.report
+    summary = Table("check", "result", title=f"drill: {result.cycles_completed} cycle(s)")
+    summary.add_row("acknowledged messages", str(r.acked))
+    summary.add_row("lost acknowledged", _flag(r.lost_acked))
+    summary.add_row("skipped by a consumer group", _flag(sum(r.skipped.values())))
+    summary.add_row("duplicates in flight (at-least-once)", str(r.duplicates_inflight))
+    summary.add_row("duplicates from a rewind", _flag(r.duplicates_rewind))
+    summary.add_row("produced twice (retried sends)", str(r.duplicates_produce))
+    summary.add_row("committed-offset rewinds", _flag(r.offset_rewinds))
+    summary.add_row(
+        "one-reader violations",
+        _flag(r.one_reader_violations) + (f" ({r.one_reader_overlap_s * 1000:.1f} ms)" if r.one_reader_violations else ""),
+    )
+    for label, name in (
+        ("reads restored ms", "reads_restored_ms"),
+        ("failback gap ms", "failback_gap_ms"),
+        ("back-sync ms", "backsync_ms"),
+    ):
+        values = r.figures(name)
+        summary.add_row(f"{label} p50 / p99", f"{_ms(percentile(values, 50))} / {_ms(percentile(values, 99))}")
+    s = result.sampling
+    if s:
+        summary.add_row("permission source", f"{s.get('source')} ({s.get('events', 0)} changes)")
+    _out.print(summary)
+    if r.cycles:
+        table = Table("cycle", "group", "fault", "reads restored ms", "failback gap ms", "back-sync ms", "normal again ms")
+        for c in r.cycles:
+            table.add_row(
+                str(c.cycle), c.group, f"{c.kind} {c.broker}", _ms(c.reads_restored_ms),
+                _ms(c.failback_gap_ms), _ms(c.backsync_ms), _ms(c.normal_again_ms),
+            )  # fmt: skip
+        _out.print(table)
+    _out.print(f"history: {result.history}")
+    if result.prometheus is not None:
+        p = result.prometheus
+        _out.print(
+            f"Prometheus export (scrape interval {p['scrape_interval_s']:g} s, {p['series']} series): "
+            f"{', '.join(p['query_range'])} and {p['tsdb_dump']}"
+        )
+
+
+def _flag(n: int) -> str:
+    return "[green]0[/]" if n == 0 else f"[red]{n}[/]"

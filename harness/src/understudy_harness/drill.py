@@ -1,0 +1,366 @@
+"""The failover drill: real traffic through real faults, recorded, then judged.
+
+Why this module exists: the invariants (no lost acknowledged message, no rewind, one
+reader) and the failover figures (reads restored, failback gap, back-sync) are only
+believable when measured on a running cluster under the faults that matter. The drill
+brings up a local cluster, runs a producer and consumer groups per broker group while it
+kills (``kill -9``) or freezes (SIGSTOP past the session timeout, then SIGCONT) a master,
+waits for slave-consume, brings the master back, waits for NORMAL, and repeats. Everything
+observed goes into a history file (:mod:`.history`); the verdict comes from the one
+shared checker (:mod:`.checker`). The cluster is torn down whatever happens.
+
+How permissions are observed: each broker appends every change of its effective
+permission to ``<data-dir>/permissions.jsonl`` at the instant it happens (``time.time_ns``,
+lease lapses backdated to the lapse). After the cluster is down the drill merges those logs
+into the history (:mod:`.permevents`), ending a SIGKILLed incarnation's READ at the kill (it
+cannot write a last line); the history uses the same clock, so the timing error is the clock
+read itself. Group modes come from the controller's transition journal (exact times of the
+versioned state writes); a ZooKeeper watch on ``/groups/<g>/state`` only tells the drill
+when to move on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from understudy_broker.ha.permlog import FILE_NAME, read_changes
+from understudy_broker.model import Mode
+from understudy_broker.zklayout import LayoutError, decode_state, state_path
+from understudy_harness import promrun
+from understudy_harness.checker import Report, check
+from understudy_harness.history import Fault, HistoryWriter, ModeChange, read_history
+from understudy_harness.permevents import LoggedChange, perm_events_from_log
+from understudy_harness.workload import CONSUMER_GROUPS, Target, Traffic, TrafficCounts
+from understudy_operator.controller.journal import read_transitions
+from understudy_operator.local import cluster as lc
+from understudy_operator.local import procs
+from understudy_operator.local.plan import ClusterPlan, transitions_log
+from understudy_operator.zk import ZkGateway, gateway
+
+log = logging.getLogger(__name__)
+
+FAULTS = ("kill", "hang")
+
+
+class DrillError(RuntimeError):
+    """The drill could not run (missing parts, a cycle that never completed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrillOptions:
+    cycles: int = 3
+    fault: str = "kill"
+    groups: int = 1
+    slaves: int = 1
+    directory: Path | None = None
+    rate: float = 200.0  # messages per second per broker group
+    queues: int = 4
+    warmup_s: float = 1.0
+    dwell_s: float = 1.0  # slave-consume time before the master comes back
+    cycle_timeout_s: float = 30.0
+    drain_timeout_s: float = 30.0
+    session_timeout_ms: int = 2000
+    #: ``False``: brokers with static permissions and no controller (no failover), for a
+    #: run that must show two readers on purpose. Cycles need a coordinated cluster.
+    coordinated: bool = True
+    #: Scrape the cluster with a private Prometheus at this interval and export its
+    #: data for the SLA job (:mod:`.promrun`); ``None``: no Prometheus.
+    prometheus_interval_s: float | None = None
+
+
+@dataclass(slots=True)
+class DrillResult:
+    report: Report
+    history: Path
+    directory: Path
+    cycles_completed: int
+    sampling: dict[str, Any]
+    errors: list[str] = field(default_factory=list)
+    prometheus: dict[str, Any] | None = None  # the export (promrun.Export.to_json()), if any
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and not self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.report.to_json()
+        doc.update(
+            ok=self.ok,
+            errors=self.errors,
+            cycles_completed=self.cycles_completed,
+            history=str(self.history),
+            directory=str(self.directory),
+            perm_sampling=self.sampling,
+        )
+        if self.prometheus is not None:
+            doc["prometheus"] = self.prometheus
+        return doc
+
+
+class Status(TrafficCounts):
+    """Live progress, fed by the drill and read by the CLI's status line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "starting"
+        self.cycle = 0
+
+    def line(self) -> str:
+        return (
+            f"{self.phase}  acked {self.acked}  delivered {self.delivered}  "
+            f"unacked sends {self.failed_sends}"
+        )
+
+
+# ----------------------------------------------------------------------- observation
+
+
+class ModeWatch:
+    """Keeps each group's latest mode (a ZooKeeper watch) so the drill can wait for one.
+
+    It does not record mode changes: a watch fires with the state current when it is read
+    again, so a short RECOVERING can be missed. The history takes mode changes from the
+    controller's transition journal instead (:func:`merge_transitions`)."""
+
+    def __init__(self, zk: ZkGateway) -> None:
+        self._zk = zk
+        self._latest: dict[str, tuple[Mode, int]] = {}
+
+    @classmethod
+    async def open(cls, plan: ClusterPlan) -> ModeWatch:
+        zk = gateway(plan.zk_connect, timeout_s=5.0)
+        await zk.start(timeout_s=10)
+        watch = cls(zk)
+        for g in plan.groups:
+            await zk.data_watch(state_path(g.group), watch._callback(g.group))
+        return watch
+
+    def _callback(self, group: str) -> Callable[[bytes | None], None]:
+        def on_change(data: bytes | None) -> None:
+            if data is None:
+                return
+            try:
+                st = decode_state(data)
+            except LayoutError as exc:
+                log.warning("group %s: unreadable state: %s", group, exc)
+                return
+            self._latest[group] = (st.mode, st.epoch)
+
+        return on_change
+
+    def mode(self, group: str) -> Mode | None:
+        got = self._latest.get(group)
+        return None if got is None else got[0]
+
+    async def wait(self, group: str, mode: Mode, *, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while self.mode(group) is not mode:
+            if time.monotonic() > deadline:
+                seen = self._latest.get(group)
+                last = f"{seen[0].name} at epoch {seen[1]}" if seen else "no state"
+                raise DrillError(f"group {group} did not reach {mode.name} within "
+                                 f"{within_s:.0f}s (last seen: {last})")
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        await self._zk.stop()
+
+
+def merge_transitions(plan: ClusterPlan, history: Path) -> int:
+    """Append the controller's transition journal to ``history`` as ``mode`` events
+    (exact times of every versioned state write); returns how many were added."""
+    added = 0
+    with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
+        for t in read_transitions(transitions_log(plan.dir)):
+            writer.record(ModeChange(t.t_ns, t.group, t.mode, t.epoch))
+            added += 1
+    return added
+
+
+def merge_permission_logs(plan: ClusterPlan, history: Path) -> int:
+    """Append every broker's permission-change log to ``history`` as ``perm`` events;
+    returns how many were added."""
+    faults = [e for e in read_history(history).events if isinstance(e, Fault)]
+    added = 0
+    with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
+        for g in plan.groups:
+            for b in g.brokers:
+                path = plan.dir / "data" / b.name / FILE_NAME
+                changes = [LoggedChange(c.t_ns, c.effective, c.pid) for c in read_changes(path)]
+                for ev in perm_events_from_log(
+                    group=g.group, broker=b.name, role=b.role.value, changes=changes, faults=faults
+                ):
+                    writer.record(ev)
+                    added += 1
+    return added
+
+
+def traffic_targets(plan: ClusterPlan) -> list[Target]:
+    """One traffic stream per broker group, on topic ``drill-<group>``."""
+    return [Target(label=g.group, topic=f"drill-{g.group}", bootstrap=tuple(plan.bootstrap(g.group)))
+            for g in plan.groups]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ cycles
+
+
+async def _cycle(
+    n: int, plan: ClusterPlan, watch: ModeWatch, writer: HistoryWriter, status: Status, opts: DrillOptions
+) -> None:
+    group = plan.groups[(n - 1) % len(plan.groups)]
+    master = group.master.name
+    proc = plan.process(master)
+    timeout = opts.cycle_timeout_s
+    status.phase = f"cycle {n}: steady"
+    await asyncio.sleep(opts.warmup_s)
+    pid = procs.read_pid(plan.pid_dir, master)
+    info = procs.inspect(pid, marker=proc.marker)
+    if info is None or not info.alive:
+        raise DrillError(f"cycle {n}: master {master} is not running before the fault")
+    status.phase = f"cycle {n}: {opts.fault} {master}"
+    writer.fault(cycle=n, kind=opts.fault, broker=master, group=group.group)
+    frozen_at = time.monotonic()
+    procs.send(info.pid, procs.SIGNALS["STOP" if opts.fault == "hang" else "KILL"])
+    status.phase = f"cycle {n}: waiting for slave-consume"
+    await watch.wait(group.group, Mode.SLAVE_CONSUME, within_s=timeout)
+    status.phase = f"cycle {n}: slave-consume"
+    await asyncio.sleep(opts.dwell_s)
+    if opts.fault == "hang":
+        # keep it frozen past its session timeout, then let it wake up believing it is master
+        hold = opts.session_timeout_ms / 1000 + 0.5 - (time.monotonic() - frozen_at)
+        await asyncio.sleep(max(0.0, hold))
+        procs.send(info.pid, procs.SIGNALS["CONT"])
+    else:
+        await asyncio.to_thread(procs.wait_gone, info.pid, marker=proc.marker, timeout=5.0)
+        await asyncio.to_thread(lc.start, plan.dir, master, wait=False)
+    writer.restart(cycle=n, broker=master, group=group.group)
+    status.phase = f"cycle {n}: waiting for NORMAL"
+    await watch.wait(group.group, Mode.NORMAL, within_s=timeout)
+
+
+def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Client futures that failed with a lost connection nobody awaited any more are
+    expected while brokers are being killed: log them quietly, not as tracebacks on the
+    drill's screen. Anything else goes to the default handler."""
+    exc = context.get("exception")
+    if context.get("message") == "Future exception was never retrieved" and isinstance(exc, ConnectionError):
+        log.debug("unretrieved client future: %s", exc)
+        return
+    loop.default_exception_handler(context)
+
+
+async def _revive_masters(plan: ClusterPlan) -> None:
+    """Best effort after a failed cycle: start (or resume) any master that is down."""
+    for g in plan.groups:
+        with contextlib.suppress(lc.LocalError):
+            await asyncio.to_thread(lc.start, plan.dir, g.master.name, wait=False)
+
+
+async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> DrillResult:
+    """Run the drill end to end; the cluster is always torn down."""
+    if opts.fault not in FAULTS:
+        raise DrillError(f"unknown fault {opts.fault!r}: expected one of {', '.join(FAULTS)}")
+    if opts.cycles and not opts.coordinated:
+        raise DrillError("failover cycles need a coordinated cluster (brokers with --zk and "
+                         "a controller)")
+    if opts.prometheus_interval_s is not None and promrun.missing():
+        raise DrillError("--prometheus needs the Debian 'prometheus' package (missing: "
+                         + ", ".join(promrun.missing()) + "); run 'make setup'")
+    if opts.prometheus_interval_s is not None:
+        # Prometheus must see every NORMAL between two cycles: in any 3 intervals there is
+        # a whole bucket in which both the controller and the master were scraped.
+        opts = dataclasses.replace(opts, warmup_s=max(opts.warmup_s, 3 * opts.prometheus_interval_s))
+    status = status or Status()
+    asyncio.get_running_loop().set_exception_handler(_quiet_unretrieved)
+    directory = opts.directory or Path(tempfile.mkdtemp(prefix="understudy-drill-"))
+    status.phase = "bringing up the cluster"
+    plan = await asyncio.to_thread(
+        lc.up,
+        directory,
+        groups=opts.groups,
+        slaves=opts.slaves,
+        session_timeout_ms=opts.session_timeout_ms,
+        coordinated=opts.coordinated,
+        progress=lambda msg: setattr(status, "phase", msg),
+    )
+    history = plan.dir / "history.jsonl"
+    errors: list[str] = []
+    completed = 0
+    prom: promrun.PrometheusServer | None = None
+    exported: dict[str, Any] | None = None
+    try:
+        if opts.prometheus_interval_s is not None:
+            status.phase = "starting Prometheus"
+            try:
+                prom = await asyncio.to_thread(promrun.record_cluster, plan, interval_s=opts.prometheus_interval_s)
+            except promrun.PrometheusError as exc:
+                raise DrillError(f"Prometheus did not start: {exc}") from None
+        # time.time_ns: the clock the brokers' permission-change logs are written with
+        with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
+            watch = await ModeWatch.open(plan) if opts.coordinated else None
+            traffic = Traffic(
+                traffic_targets(plan), writer, status, rate=opts.rate, queues=opts.queues,
+                consumer_groups=CONSUMER_GROUPS,
+            )  # fmt: skip
+            try:
+                await traffic.start()
+                status.phase = "warming up"
+                await asyncio.sleep(opts.warmup_s)
+                for n in range(1, opts.cycles + 1):
+                    status.cycle = n
+                    if watch is None:  # refused above: cycles need coordination
+                        raise DrillError("failover cycles need a coordinated cluster")
+                    try:
+                        await _cycle(n, plan, watch, writer, status, opts)
+                    except DrillError as exc:
+                        errors.append(str(exc))
+                        await _revive_masters(plan)  # so the drain can still judge the run
+                        break
+                    completed = n
+                    traffic.generation += 1  # consumers resume from committed offsets
+                status.phase = "draining"
+                if not await traffic.finish(drain_timeout=opts.drain_timeout_s):
+                    errors.append(f"drain did not complete within {opts.drain_timeout_s:.0f}s")
+            finally:
+                await traffic.shutdown()
+                if watch is not None:
+                    await watch.close()
+        if prom is not None:  # before the cluster goes: the last NORMAL must be scraped
+            status.phase = "exporting from Prometheus"
+            try:
+                export = await asyncio.to_thread(prom.export, prom.directory / "export")
+                exported = {"url": prom.url, "scrape_interval_s": prom.interval_s, **export.to_json()}
+            except promrun.PrometheusError as exc:
+                errors.append(f"Prometheus export failed: {exc}")
+    finally:
+        status.phase = "stopping the cluster"
+        try:
+            await asyncio.to_thread(lc.down, plan.dir)
+        finally:
+            if prom is not None:
+                await asyncio.to_thread(prom.stop)
+    await asyncio.to_thread(merge_transitions, plan, history)
+    # Complete now: a clean stop writes each broker's last line.
+    merged = await asyncio.to_thread(merge_permission_logs, plan, history)
+    sampling = {"source": "broker permission-change logs", "events": merged}
+    status.phase = "checking"
+    loaded = read_history(history)
+    report = check(loaded.events)
+    return DrillResult(
+        report=report,
+        history=history,
+        directory=plan.dir,
+        cycles_completed=completed,
+        sampling=sampling,
+        errors=errors,
+        prometheus=exported,
+    )

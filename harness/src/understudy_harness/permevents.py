@@ -1,0 +1,98 @@
+"""Permission events from the brokers' permission-change logs.
+
+Why this module exists: the checker judges "one reader" from every broker's own log of
+when it held effective READ (``<data-dir>/permissions.jsonl``, served as
+``GET /permissions``). The drill reads those files after a local run; the kind suite
+fetches them from each pod. Both turn a log into ``perm`` events the same way, here: a
+broker killed with SIGKILL writes nothing at its death, so its READ is ended at the kill
+the run recorded. Pure functions over plain data.
+
+Kubernetes twist: a broker in a container is PID 1 in every incarnation, so the log's
+``pid`` cannot tell incarnations apart the way it does on one machine. A kill the test
+performed is what separates them (:func:`split_incarnations`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from understudy_broker.ha.permlog import PermissionChange, PermissionLogError
+from understudy_broker.model import Permission
+from understudy_harness.history import Fault, HistoryError, Perm
+
+#: Fault kinds that end the broker process without a last log line.
+KILL_KINDS: Final = frozenset({"kill", "kill-9"})
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedChange:
+    """One line of a broker's permission-change log (``permissions.jsonl``)."""
+
+    t: int  # time.time_ns()
+    effective: Permission
+    pid: int
+
+
+def perm_events_from_log(
+    *, group: str, broker: str, role: str, changes: Sequence[LoggedChange], faults: Sequence[Fault]
+) -> list[Perm]:
+    """Turn one broker's permission-change log into ``perm`` events.
+
+    A broker killed with SIGKILL writes nothing at its death, so an incarnation (one pid)
+    whose last line still holds READ is ended at the drill's ``kill`` of that broker
+    (recorded just before the signal), or — for a death the drill did not cause — when the
+    next incarnation writes its first line. Pure.
+    """
+    kills = sorted(f.t for f in faults if f.broker == broker and f.kind == "kill")
+    out: list[Perm] = []
+    prev: LoggedChange | None = None
+    for ch in changes:
+        if prev is not None and ch.pid != prev.pid and Permission.READ in prev.effective:
+            end = next((k for k in kills if prev.t <= k <= ch.t), ch.t)
+            out.append(Perm(end, group, broker, Permission.NONE, role))
+        out.append(Perm(ch.t, group, broker, ch.effective, role))
+        prev = ch
+    if prev is not None and Permission.READ in prev.effective:
+        end_at = next((k for k in kills if k >= prev.t), None)
+        if end_at is not None:
+            out.append(Perm(end_at, group, broker, Permission.NONE, role))
+    return out
+
+
+def parse_permission_log(text: str, *, source: str) -> list[PermissionChange]:
+    """Parse a broker's ``GET /permissions`` answer (NDJSON); a bad line is a
+    :class:`HistoryError` naming ``source`` and the line number."""
+    out = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(PermissionChange.from_json(line))
+        except PermissionLogError as exc:
+            raise HistoryError(f"{source}:{number}: {exc}") from None
+    return out
+
+
+def split_incarnations(changes: Sequence[PermissionChange], *, kills: Sequence[int]) -> list[LoggedChange]:
+    """Number the broker's incarnations by the kills between its lines: a line after the
+    k-th kill gets a pid distinct from every line before it (the container's own pid is
+    the same, 1, each time)."""
+    ordered = sorted(kills)
+    out = []
+    for ch in changes:
+        before = sum(1 for k in ordered if k < ch.t_ns)
+        out.append(LoggedChange(t=ch.t_ns, effective=ch.effective, pid=ch.pid + (before << 32)))
+    return out
+
+
+def broker_perm_events(
+    *, group: str, broker: str, role: str, changes: Sequence[PermissionChange], faults: Sequence[Fault]
+) -> list[Perm]:
+    """``perm`` events for one broker: its logged changes, with READ ended at each kill
+    (``kill``/``kill-9``) of that broker that the log cannot show. A deleted pod stops
+    gracefully and logs its own NONE, so ``delete-pod`` needs no help."""
+    kills = [Fault(f.t, f.cycle, "kill", f.broker, f.group) for f in faults if f.broker == broker and f.kind in KILL_KINDS]
+    logged = split_incarnations(changes, kills=[k.t for k in kills])
+    return perm_events_from_log(group=group, broker=broker, role=role, changes=logged, faults=kills)

@@ -1,0 +1,69 @@
+"""The shared pytest fixtures of every Understudy test suite (loaded by the root
+``conftest.py``): one copy each of the ZooKeeper server, a client on a private chroot,
+and broker processes stopped by PID whatever the test's outcome.
+
+Helpers that are not fixtures (polling, raw frames, the process wrapper) live in
+:mod:`understudy_harness.testing` and are imported by the tests that use them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from understudy_harness.testing import Brokers, zk_session
+from understudy_operator.local.zkserver import ZooKeeperServer
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """A real ZooKeeper for the whole session (its process stopped by PID at the end)."""
+    server = ZooKeeperServer(Path(tmp_path_factory.mktemp("zookeeper")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zk(zk_server: ZooKeeperServer) -> str:
+    """A connect string with a fresh chroot: ``127.0.0.1:PORT/t-<random>``, so tests never
+    see each other's nodes."""
+    return f"{zk_server.connect}/t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def admin(zk: str) -> Iterator[Any]:
+    """A started kazoo client on the test's chroot (the chroot created), for a test to
+    read and write znodes the way an operator or a person would."""
+    hosts, _, chroot = zk.partition("/")
+    with zk_session(hosts, timeout_s=2.0) as root:
+        root.ensure_path("/" + chroot)
+    with zk_session(zk, timeout_s=2.0) as client:
+        yield client
+
+
+@pytest.fixture
+def brokers(tmp_path: Path) -> Iterator[Brokers]:
+    """Broker processes for one test (``brokers.master()``, ``brokers.slave(m)``), all
+    stopped at its end."""
+    b = Brokers(tmp_path)
+    try:
+        yield b
+    finally:
+        b.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
+    """:func:`brokers` shared by the tests of one module."""
+    b = Brokers(tmp_path_factory.mktemp("brokers"))
+    try:
+        yield b
+    finally:
+        b.stop_all()

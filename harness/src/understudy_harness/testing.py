@@ -1,0 +1,305 @@
+"""What every test suite needs, once: processes stopped by PID, polling, raw requests.
+
+Why this module exists: the broker, operator, harness and SLA suites all start real
+processes (brokers, controllers) on 127.0.0.1, wait for conditions that have no event to
+wait on, and speak raw frames to a broker. Each suite used to carry its own copy of each
+(five to ten of some). These are the one copy; the fixtures built on them are in
+:mod:`understudy_harness.pytest_plugin`. Being a module of an installed package (not a
+``conftest.py``), it can be imported by any test file.
+
+Nothing here asserts a duration: a timeout only bounds a hang, and its failure says what
+was being waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from understudy_broker import protocol as p
+from understudy_broker.client import request_once
+from understudy_broker.zkclient import make_client
+from understudy_operator.local.plan import understudy_argv
+from understudy_operator.local.ports import free_port
+
+T = TypeVar("T")
+P = TypeVar("P", bound="Process")
+
+#: ``understudy ...`` with this interpreter (no PATH lookup).
+UNDERSTUDY = understudy_argv()
+
+
+# ----------------------------------------------------------------------- polling
+
+
+async def eventually(
+    cond: Callable[[], Any],
+    what: str = "",
+    within_s: float = 20.0,
+    *,
+    interval_s: float = 0.02,
+    tolerate: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Poll ``cond`` (sync or async) until it returns something truthy, and return that.
+    Exceptions of the ``tolerate`` types count as "not yet" (a check that looks into
+    objects still being created). Raises ``AssertionError`` naming ``what`` and the last
+    value after ``within_s``: that bounds a hang, it is not a timing assertion."""
+    deadline = time.monotonic() + within_s
+    last: Any = None
+    while True:
+        try:
+            result = cond()
+            if inspect.isawaitable(result):
+                result = await result
+            last = result
+            if result:
+                return result
+        except tolerate as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}: last={last!r}")
+        await asyncio.sleep(interval_s)
+
+
+def wait_until(cond: Callable[[], T], what: str = "", within_s: float = 20.0, *,
+               interval_s: float = 0.05) -> T:
+    """:func:`eventually` for synchronous tests."""
+    deadline = time.monotonic() + within_s
+    while True:
+        result = cond()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}: last={result!r}")
+        time.sleep(interval_s)
+
+
+# ----------------------------------------------------------------------- ZooKeeper
+
+
+@contextlib.contextmanager
+def zk_session(connect: str, *, timeout_s: float = 5.0) -> Iterator[Any]:
+    """A started (synchronous) kazoo client on ``connect`` for a test to read and write
+    znodes directly, the way a person or a misbehaving party would; stopped afterwards."""
+    client = make_client(connect, timeout_s=timeout_s)
+    client.start(timeout=10)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+# ----------------------------------------------------------------------- raw frames
+
+
+async def raw_request(address: str, op: int, body: bytes = b"", *, epoch: int = 0,
+                      timeout_s: float = 5.0) -> p.Frame:
+    """One request on a fresh connection; the response frame whatever its status."""
+    return await request_once(address, p.Op(op), body, epoch=epoch, timeout_s=timeout_s)
+
+
+async def read_frame(reader: asyncio.StreamReader, *, timeout_s: float = 5.0) -> p.Frame:
+    """The next whole frame from ``reader`` (for tests that write raw bytes themselves)."""
+    dec = p.FrameDecoder()
+    while True:
+        frame = dec.next_frame()
+        if isinstance(frame, p.Frame):
+            return frame
+        async with asyncio.timeout(timeout_s):
+            data = await reader.read(65536)
+        if not data:
+            raise ConnectionError("closed before a full frame arrived")
+        dec.feed(data)
+
+
+async def heartbeat(address: str) -> p.HeartbeatResponse:
+    frame = await raw_request(address, p.Op.HEARTBEAT, b"{}")
+    return p.HeartbeatResponse.decode(frame.body)
+
+
+async def wait_caught_up(master: str, slave: str, *, within_s: float = 15.0) -> int:
+    """Wait until the slave's log ends where the master's does; returns that offset."""
+
+    async def same() -> tuple[int] | None:  # a tuple: offset 0 is a valid answer
+        m, s = await heartbeat(master), await heartbeat(slave)
+        return (m.max_phys,) if m.max_phys == s.max_phys else None
+
+    (end,) = await eventually(same, f"{slave} to catch up with {master}", within_s=within_s,
+                              interval_s=0.05)
+    return int(end)
+
+
+# ----------------------------------------------------------------------- processes
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the test process itself is killed (no teardown)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Process:
+    """One server process started by a test, in its own process group, stopped by PID.
+
+    ``port``: :meth:`start` returns once something listens there. ``pid_file``: the PID
+    is written there at every start (the local controller's process table reads it).
+    ``pids`` lists every incarnation."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    port: int | None = None
+    pid_file: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        """The exit code once the current incarnation exited (``None`` while it runs)."""
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def starts(self) -> int:
+        return len(self.pids)
+
+    def start(self, *, wait_port: bool = True, timeout_s: float = 15.0) -> Self:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        self.pids.append(self.proc.pid)
+        if self.pid_file is not None:
+            self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+            self.pid_file.write_text(str(self.proc.pid))
+        if not wait_port or self.port is None:
+            return self
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                return self
+            time.sleep(0.05)
+        self.kill9()
+        raise RuntimeError(f"{self.name} did not listen within {timeout_s}s:\n{self.log()}")
+
+    def command(self) -> list[str]:
+        """The argv a start runs (read at every start)."""
+        return self.argv
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, *, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM and wait; SIGKILL the group if it does not exit. Returns the exit code."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        return proc.returncode
+
+    def kill9(self) -> int:
+        """SIGKILL the process group; returns ``time.time_ns()`` taken once it is gone."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        return time.time_ns()
+
+    def restart(self) -> Self:
+        self.stop()
+        return self.start()
+
+
+@dataclass
+class BrokerProc(Process):
+    """An ``understudy broker`` with its data directory and ports (``argv`` is unused);
+    ``extra`` flags follow the ones this builds (``--data-dir``, ``--port``, ``--http-port``, ``--name``,
+    ``--replication-port`` for a master)."""
+
+    data_dir: Path = Path()
+    http_port: int = 0
+    replication_port: int | None = None
+    extra: list[str] = field(default_factory=list)
+    log_level: str = "WARNING"
+
+    def command(self) -> list[str]:
+        """Built at every start, so a test may change ``extra`` before (re)starting."""
+        args = [
+            *UNDERSTUDY, "broker",
+            "--data-dir", str(self.data_dir),
+            "--port", str(self.port),
+            "--http-port", str(self.http_port),
+            "--name", self.name,
+            "--log-level", self.log_level,
+        ]
+        if self.replication_port is not None:
+            args += ["--replication-port", str(self.replication_port)]
+        return args + self.extra
+
+
+class Brokers:
+    """Brokers (and other processes) started by one test; all stopped at its end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[Process] = []
+
+    def add(self, proc: P) -> P:
+        self.procs.append(proc)
+        return proc
+
+    def master(self, name: str = "m", *, extra: list[str] | None = None,
+               start: bool = True) -> BrokerProc:
+        b = BrokerProc(name=name, argv=[], log_path=self.root / f"{name}.log", port=free_port(),
+                       data_dir=self.root / name, http_port=free_port(),
+                       replication_port=free_port(), extra=list(extra or []))
+        self.add(b)
+        return b.start() if start else b
+
+    def slave(self, master: BrokerProc, name: str = "s", *, extra: list[str] | None = None,
+              start: bool = True) -> BrokerProc:
+        b = BrokerProc(name=name, argv=[], log_path=self.root / f"{name}.log", port=free_port(),
+                       data_dir=self.root / name, http_port=free_port(),
+                       extra=["--role", "slave", "--master",
+                              f"127.0.0.1:{master.replication_port}", *(extra or [])])
+        self.add(b)
+        return b.start() if start else b
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()

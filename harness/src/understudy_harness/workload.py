@@ -1,0 +1,307 @@
+"""Recorded traffic: producers and consumer groups whose every acknowledgement, delivery
+and commit goes into a history that the shared checker judges.
+
+Why this module exists: the drill (local processes) and the kind chaos suite (a Job in a
+cluster) must judge lost, duplicate and rewound messages the same way, so they must
+record traffic the same way. :class:`Traffic` is that one implementation: the drill drives
+it between its fault cycles, and ``understudy workload`` (:func:`run_workload`) drives it for
+a fixed duration against any bootstrap list and writes the history to a file. Message ids
+are ``<label>-<sequence>``, unique within a run; the body of each message is its id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from understudy_harness.history import HistoryWriter
+
+log = logging.getLogger(__name__)
+
+#: Client request timeout: long enough for a failover, short enough that the run moves on.
+REQUEST_TIMEOUT_S = 5.0
+CONSUMER_GROUPS = ("cg1", "cg2")
+#: Sends not yet acknowledged above which a producer pauses (the group takes no writes now).
+MAX_OUTSTANDING = 2000
+
+
+class WorkloadError(RuntimeError):
+    """The workload could not run (no broker answered, bad options)."""
+
+
+class TrafficCounts:
+    """Live counters a status line reads while traffic runs."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.delivered = 0
+        self.failed_sends = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One stream of traffic: a topic on one broker group.
+
+    ``label`` prefixes the message ids and keys the drain bookkeeping (the drill uses the
+    broker group's name)."""
+
+    label: str
+    topic: str
+    bootstrap: tuple[str, ...]
+
+
+class Traffic:
+    """A producer and ``consumer_groups`` consumer groups per target, recording into a history."""
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        writer: HistoryWriter,
+        counts: TrafficCounts,
+        *,
+        rate: float,
+        queues: int,
+        consumer_groups: Sequence[str] = CONSUMER_GROUPS,
+    ) -> None:
+        self.targets = tuple(targets)
+        self.writer = writer
+        self.status = counts
+        self.rate = rate
+        self.queues = queues
+        self.consumer_groups = tuple(consumer_groups)
+        self.producing = asyncio.Event()
+        self.producing.set()
+        self.stop = asyncio.Event()
+        self.generation = 0  # bumped to make consumers restart from the committed offsets
+        self.acked: dict[str, set[str]] = defaultdict(set)
+        self.received: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.producers: list[asyncio.Task[None]] = []
+        self.consumers: list[asyncio.Task[None]] = []
+        self.delivered = asyncio.Event()  # set on every delivery: wakes the drain
+
+    async def start(self) -> None:
+        from understudy_broker.client import create_topic
+
+        for t in self.targets:
+            await create_topic(list(t.bootstrap), topic=t.topic, queues=self.queues)
+            self.producers.append(asyncio.create_task(self._produce(t)))
+            for cg in self.consumer_groups:
+                self.consumers.append(asyncio.create_task(self._consume(t, cg)))
+
+    async def _produce(self, target: Target) -> None:
+        from understudy_broker.client import Producer
+
+        topic = target.topic
+        producer = Producer(
+            list(target.bootstrap), batch_size=16, linger_ms=2, retries=3, max_in_flight=4,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+        )  # fmt: skip
+        outstanding: set[asyncio.Future[tuple[int, int]]] = set()
+        period = 1 / self.rate
+        seq = 0
+        try:
+            while self.producing.is_set():
+                if len(outstanding) > MAX_OUTSTANDING:
+                    await asyncio.sleep(0.01)
+                    continue
+                mid = f"{target.label}-{seq}"
+                seq += 1
+                try:
+                    fut = await producer.send(topic, mid.encode(), key=mid.encode())
+                except Exception as exc:
+                    log.debug("send %s: %s", mid, exc)
+                    self.status.failed_sends += 1
+                    await asyncio.sleep(0.05)
+                    continue
+                outstanding.add(fut)
+                fut.add_done_callback(self._on_ack(target.label, topic, mid, outstanding))
+                await asyncio.sleep(period)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.flush(), 10)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.close(), 5)
+
+    def _on_ack(
+        self, label: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]]
+    ) -> Callable[[asyncio.Future[tuple[int, int]]], None]:
+        def done(fut: asyncio.Future[tuple[int, int]]) -> None:
+            outstanding.discard(fut)
+            if fut.cancelled() or fut.exception() is not None:
+                self.status.failed_sends += 1
+                return
+            queue, offset = fut.result()
+            self.writer.produce_ack(id=mid, topic=topic, queue=queue, offset=offset)
+            self.acked[label].add(mid)
+            self.status.acked += 1
+
+        return done
+
+    async def _consume(self, target: Target, cgroup: str) -> None:
+        from understudy_broker.client import Consumer
+
+        topic = target.topic
+        recorded: dict[int, int] = {}  # the committed offset last recorded, per queue
+        while not self.stop.is_set():
+            generation = self.generation
+            consumer = Consumer(
+                list(target.bootstrap), group=cgroup, topic=topic, max_wait_ms=200,
+                request_timeout_s=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+            try:
+                await asyncio.wait_for(consumer.start(), 3 * REQUEST_TIMEOUT_S)
+                # Where a (re)started consumer begins is the broker's committed offset:
+                # recording it is what exposes a commit the brokers lost (a rewind).
+                self._observe_offsets(cgroup, topic, consumer.positions, recorded)
+                last_commit = time.monotonic()
+                while not self.stop.is_set() and generation == self.generation:
+                    for r in await consumer.getmany(timeout_s=0.2):
+                        mid = r.body.decode("utf-8", "replace")
+                        self.writer.deliver(cgroup=cgroup, topic=topic, queue=r.queue, offset=r.offset, id=mid)
+                        self.received[(target.label, cgroup)].add(mid)
+                        self.status.delivered += 1
+                        self.delivered.set()
+                    if time.monotonic() - last_commit > 0.1:
+                        await self._commit(consumer, cgroup, topic, recorded)
+                        last_commit = time.monotonic()
+                await self._commit(consumer, cgroup, topic, recorded)
+            except Exception as exc:
+                log.info("consumer %s/%s: %s; starting a new one", topic, cgroup, exc)
+                await asyncio.sleep(0.1)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.close(), 5)
+
+    def _observe_offsets(
+        self, cgroup: str, topic: str, offsets: Mapping[int, int | None], recorded: dict[int, int]
+    ) -> None:
+        for q, off in sorted(offsets.items()):
+            if off is not None and recorded.get(q) != off:
+                recorded[q] = off
+                self.writer.commit(cgroup=cgroup, topic=topic, queue=q, offset=off)
+
+    async def _commit(self, consumer: Any, cgroup: str, topic: str, recorded: dict[int, int]) -> None:
+        try:
+            stored = await asyncio.wait_for(consumer.commit(), REQUEST_TIMEOUT_S)
+        except Exception as exc:
+            log.info("commit %s/%s: %s", topic, cgroup, exc)
+            return
+        self._observe_offsets(cgroup, topic, stored, recorded)
+
+    def drained(self) -> bool:
+        return all(
+            self.acked[t.label] <= self.received[(t.label, cg)]
+            for t in self.targets
+            for cg in self.consumer_groups
+        )
+
+    async def finish(self, *, drain_timeout: float) -> bool:
+        """Stop producing and wait for the last acknowledgements, then wait until every
+        consumer group has every acked message (or the timeout), then stop consuming.
+        Returns whether the drain completed."""
+        self.producing.clear()
+        await settle(self.producers, within_s=20)  # flush (<= 10 s) and close (<= 5 s)
+        deadline = time.monotonic() + drain_timeout
+        while not self.drained():
+            self.delivered.clear()
+            try:
+                await asyncio.wait_for(self.delivered.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                break
+        complete = self.drained()
+        await self.shutdown()
+        return complete
+
+    async def shutdown(self) -> None:
+        """Stop every task; bounded, whatever state the clients are in."""
+        self.producing.clear()
+        self.stop.set()
+        await settle([*self.producers, *self.consumers], within_s=15)
+
+
+async def settle(tasks: list[asyncio.Task[None]], *, within_s: float) -> None:
+    """Wait for ``tasks`` to end; cancel whatever is still running after ``within_s``."""
+    if not tasks:
+        return
+    _done, pending = await asyncio.wait(tasks, timeout=within_s)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ------------------------------------------------------------------- understudy workload
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadOptions:
+    bootstrap: tuple[str, ...]
+    topic: str
+    history: Path
+    groups: int = 2  # consumer groups
+    rate: float = 200.0  # messages per second
+    duration_s: float = 60.0
+    drain_timeout_s: float = 60.0
+    queues: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadResult:
+    acked: int
+    delivered: int
+    failed_sends: int
+    drained: bool
+    events: int
+    history: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "acked": self.acked,
+            "delivered": self.delivered,
+            "failed_sends": self.failed_sends,
+            "drained": self.drained,
+            "events": self.events,
+            "history": str(self.history),
+        }
+
+
+def consumer_group_names(n: int) -> tuple[str, ...]:
+    """``cg1`` … ``cgN``, the names the drill uses too."""
+    return tuple(f"cg{i}" for i in range(1, n + 1))
+
+
+async def run_workload(opts: WorkloadOptions, *, counts: TrafficCounts | None = None) -> WorkloadResult:
+    """Produce at ``rate`` for ``duration_s`` while ``groups`` consumer groups read, then
+    drain and write every event to ``opts.history`` (``time.time_ns``: the clock the
+    brokers' permission-change logs use, so the two merge into one history)."""
+    counts = counts or TrafficCounts()
+    target = Target(label=opts.topic, topic=opts.topic, bootstrap=opts.bootstrap)
+    with HistoryWriter(opts.history, clock=time.time_ns, clock_name="time_ns") as writer:
+        traffic = Traffic(
+            [target], writer, counts, rate=opts.rate, queues=opts.queues,
+            consumer_groups=consumer_group_names(opts.groups),
+        )  # fmt: skip
+        try:
+            try:
+                await traffic.start()
+            except Exception as exc:
+                raise WorkloadError(f"cannot create topic {opts.topic!r} via {','.join(opts.bootstrap)}: {exc}") from exc
+            await asyncio.sleep(opts.duration_s)
+            drained = await traffic.finish(drain_timeout=opts.drain_timeout_s)
+        finally:
+            await traffic.shutdown()
+        events = writer.count
+    return WorkloadResult(
+        acked=counts.acked,
+        delivered=counts.delivered,
+        failed_sends=counts.failed_sends,
+        drained=drained,
+        events=events,
+        history=opts.history,
+    )
