@@ -10,7 +10,8 @@ setup:
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --strict broker_image/src operator/src spark_jobs/src
+	$(VENV)/bin/mypy --strict broker_image/src operator/src spark_jobs/src harness/src
+	$(VENV)/bin/lint-imports
 
 test: setup lint
 	$(PYTEST) -m "not e2e" $(PYTEST_ARGS)
