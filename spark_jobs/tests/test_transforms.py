@@ -79,6 +79,13 @@ SCENARIOS: dict[str, Series] = {
         (T.PERMISSION, MASTER, [3, None, None, 0, 3, None, 3, 0, 0, 3]),
         (T.PERMISSION, SLAVE, [0, 0, 1, 1, 1, None, 1, 1, 0, 0]),
     ],
+    # The master comes back and the group is NORMAL again between two scrapes: its first
+    # sample after the outage already reads (a quick failback, or a long scrape interval).
+    "quick_back": [
+        (T.MODE, CTL, [0, 0, 1, 2, 2, 0, 0]),
+        (T.PERMISSION, MASTER, [3, 3, None, None, None, 3, 3]),
+        (T.PERMISSION, SLAVE, [0, 0, 0, 1, 1, 0, 0]),
+    ],
     "open": [
         (T.MODE, CTL, [0, 0, 1, 2, 2]),
         (T.PERMISSION, MASTER, [3, 3, None, None, None]),
@@ -182,6 +189,17 @@ def test_two_readers_in_a_lone_bucket_are_unresolved_not_a_violation(computed: A
     assert (inc.one_reader_violation_s, inc.one_reader_unresolved_s) == (0, 2 * STEP)
     assert inc.unknown_s == STEP
     assert T.STATE_TWO_READERS not in {r.state for r in computed["timeline"]["skew"]}
+
+
+def test_a_master_first_seen_already_reading_is_back_when_the_incident_ends(
+        computed: Any) -> None:
+    """A closed incident always says when the master was back: when its first sample after
+    the outage already shows it reading in NORMAL, that sample is both (it used to be
+    left empty, which the report showed as an incident without a failback)."""
+    inc = one_incident(computed, "quick_back")
+    assert (inc.master_lost_at, inc.reads_restored_at, inc.master_back_at, inc.normal_at) == (
+        ts(2), ts(3), ts(5), ts(5))
+    assert not inc.open
 
 
 def test_an_incident_still_running_at_the_end_is_open(computed: Any) -> None:

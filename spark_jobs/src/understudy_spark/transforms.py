@@ -282,9 +282,10 @@ def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
         F.min(F.when(ends_here, F.col("bucket"))).alias("end_b"),
         F.max("bucket").alias("last_b"),
         F.min(F.when(in_inc & F.col("readable"), F.col("bucket"))).alias("restored_b"),
-        F.min(F.when(in_inc & restored & master_read.isNotNull(), F.col("bucket"))).alias(
-            "back_b"
-        ),
+        # The master is back at its first sample after reads were restored; a master first
+        # seen already reading in NORMAL is back at the bucket that ends the incident.
+        F.min(F.when(((in_inc & restored) | ends_here) & master_read.isNotNull(),
+                     F.col("bucket"))).alias("back_b"),
         F.count(F.when(unreadable, 1)).alias("unavail_n"),
         F.count(F.when(unreadable & restored, 1)).alias("gap_n"),
         F.count(F.when(in_inc & F.col("violation"), 1)).alias("violation_n"),
