@@ -278,7 +278,7 @@ class CommitLog:
                     res.valid_end - base,
                     res.error or "segment does not end with a complete end-of-file marker",
                 )
-            items.extend(res.items)
+            items.extend(res.named())
             end = res.valid_end
             if last and res.valid_end - base < len(data):
                 truncated = len(data) - (res.valid_end - base)
@@ -402,7 +402,7 @@ class CommitLog:
                        topics=self._topic_names)
             if res.error is not None or res.valid_end - base != len(data):
                 raise CorruptSegmentError(path, res.valid_end - base, res.error or "torn record")
-            yield from res.items
+            yield from res.named()
 
     # ---- file handles -------------------------------------------------------------
     def _open_writer(self, base: int) -> None:
