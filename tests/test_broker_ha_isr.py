@@ -26,6 +26,7 @@ from kazoo.exceptions import NoNodeError
 
 from understudy_broker import protocol as p
 from understudy_broker.client import Connection, Consumer, Producer, create_topic
+from understudy_broker.zkclient import make_client
 from understudy_broker.zklayout import decode_isr, decode_state, isr_path, state_path
 from understudy_harness.testing import eventually
 from understudy_operator.local import cluster as lc
@@ -76,7 +77,7 @@ async def test_isr_shrinks_before_the_ack_failover_picks_in_sync_slave_and_commi
     plan = lc.up(cluster_dir, slaves=2, session_timeout_ms=4000)
     address = dict(zip([MASTER, S1, S2], plan.bootstrap(GROUP), strict=True))
     bootstrap = plan.bootstrap(GROUP)
-    zk = KazooClient(hosts=plan.zk_connect, timeout=5.0)
+    zk = make_client(plan.zk_connect, timeout_s=5.0)
     zk.start(timeout=10)
     producer = Producer(bootstrap, request_timeout_s=10)
     consumer = Consumer(bootstrap, group="cg", topic="t", max_wait_ms=200)

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kazoo.client import KazooClient
 
 from understudy_broker.model import Mode, Permission
+from understudy_broker.zkclient import make_client
 from understudy_broker.zklayout import decode_state, state_path
 from understudy_harness.checker import Report, check
 from understudy_harness.drill import merge_permission_logs
@@ -70,7 +70,7 @@ class Recorder:
         self.writer = HistoryWriter(self.path, clock=time.time_ns, clock_name="time_ns")
         self.states: list[tuple[str, int, str | None]] = []
         self._lock = threading.Lock()
-        self.zk = KazooClient(hosts=plan.zk_connect, timeout=5.0)
+        self.zk = make_client(plan.zk_connect, timeout_s=5.0)
         self.zk.start(timeout=10)
         self.zk.DataWatch(state_path(group), self._on_state)
         self._cycle = 0
