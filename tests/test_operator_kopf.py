@@ -506,10 +506,14 @@ async def test_create_builds_owned_children_zk_config_and_ready_status(env: Env)
     assert [b["effectivePermission"] for b in status["brokers"]] == ["FULL", "NONE"]
     assert "understudy.io/finalizer" in env.bg("orders")["metadata"]["finalizers"]
 
-    text = metrics_text(env.metrics)
+    # The operator runs in its own thread: the gauge is set right after the status patch
+    # this test just saw, so give it that moment rather than racing it.
+    text = await eventually(
+        lambda: (t := metrics_text(env.metrics))
+        and f"{metric_names.OPERATOR_LEADING_GROUPS} 1.0" in t and t,
+        what="the leading-groups gauge at 1")
     assert f'{metric_names.OPERATOR_RECONCILE_DURATION_SECONDS}_count{{handler="reconcile"}}' \
         in text
-    assert f"{metric_names.OPERATOR_LEADING_GROUPS} 1.0" in text
     assert 'understudy_group_mode{group="orders"} 0.0' in text
 
 

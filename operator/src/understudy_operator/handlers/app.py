@@ -66,8 +66,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def status_brokergroup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         rt = runtime_of(memo)
         handle = rt.groups.get((str(body.metadata.namespace), str(body.metadata.name)))
-        rt.metrics.leading.set(rt.leading_count())
         if handle is None:
+            rt.metrics.leading.set(rt.leading_count())
             return
         try:
             with rt.metrics.timed("status"):
@@ -77,6 +77,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             log.warning("group %s/%s: status refresh failed: %r", handle.namespace,
                         handle.name, exc)
             return
+        finally:
+            # After the refresh, so the gauge is never older than the status just written
+            # (an election won during the refresh used to show up one tick late).
+            rt.metrics.leading.set(rt.leading_count())
         if handle.leading and not handle.rollout_lock.locked():
             handle.spawn(_roll_logged(rt, handle), name=f"rollout-{handle.name}")
 
