@@ -10,9 +10,7 @@ from kazoo.client import KazooClient
 
 from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.zklayout import (
-    BrokerSpec,
     BrokerStatus,
-    GroupConfig,
     config_path,
     decode_state,
     encode_state,
@@ -20,6 +18,7 @@ from understudy_broker.zklayout import (
     state_path,
     status_path,
 )
+from understudy_harness.testing import paper_group
 from understudy_operator.cli.group import group as group_cmd
 
 pytestmark = pytest.mark.integration
@@ -30,12 +29,8 @@ GROUP = "g1"
 @pytest.fixture
 def admin(admin: KazooClient) -> KazooClient:
     """The shared admin client, with this module's group config written."""
-    cfg = GroupConfig(group=GROUP, brokers=(
-        BrokerSpec("m", 0, "127.0.0.1", 1, 2, 3, Permission.FULL),
-        BrokerSpec("s1", 1, "127.0.0.1", 4, 5, 6, Permission.READ),
-        BrokerSpec("s2", 2, "127.0.0.1", 7, 8, 9, Permission.READ),
-    )).validate()
-    admin.create(config_path(GROUP), cfg.to_json(), makepath=True)
+    admin.create(config_path(GROUP), paper_group(GROUP, "m", "s1", "s2").to_json(),
+                 makepath=True)
     return admin
 
 

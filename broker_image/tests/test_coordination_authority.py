@@ -11,15 +11,13 @@ from understudy_broker.ha.authority import Authority, BrokerHooks, ReplicationFa
 from understudy_broker.ha.zkauthority import ZkAuthority
 from understudy_broker.model import GroupState, Health, Mode, Permission, Role
 from understudy_broker.zklayout import (
-    BrokerSpec,
     BrokerStatus,
-    GroupConfig,
     config_path,
     encode_state,
     state_path,
     status_path,
 )
-from understudy_harness.testing import eventually
+from understudy_harness.testing import eventually, paper_group
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +27,7 @@ GROUP = "g1"
 @pytest.fixture
 def admin(admin: KazooClient) -> KazooClient:
     """The shared admin client, with this module's group config written."""
-    cfg = GroupConfig(group=GROUP, brokers=(
-        BrokerSpec("m", 0, "127.0.0.1", 1, 2, 3, Permission.FULL),
-        BrokerSpec("s", 1, "127.0.0.1", 4, 5, 6, Permission.READ),
-    )).validate()
-    admin.create(config_path(GROUP), cfg.to_json(), makepath=True)
+    admin.create(config_path(GROUP), paper_group(GROUP, "m", "s").to_json(), makepath=True)
     return admin
 
 

@@ -15,7 +15,6 @@ from kazoo.exceptions import NoAuthError
 from understudy_broker.ha.coordinator import BrokerCoordinator, CoordinationError
 from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.zklayout import (
-    BrokerSpec,
     BrokerStatus,
     GroupConfig,
     config_path,
@@ -24,7 +23,7 @@ from understudy_broker.zklayout import (
     state_path,
     status_path,
 )
-from understudy_harness.testing import eventually
+from understudy_harness.testing import eventually, paper_group
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +31,7 @@ GROUP = "g1"
 
 
 def group_config() -> GroupConfig:
-    return GroupConfig(
-        group=GROUP,
-        brokers=(
-            BrokerSpec("m", 0, "127.0.0.1", 1, 2, 3, Permission.FULL),
-            BrokerSpec("s", 1, "127.0.0.1", 4, 5, 6, Permission.READ),
-        ),
-    ).validate()
+    return paper_group(GROUP, "m", "s")
 
 
 @pytest.fixture

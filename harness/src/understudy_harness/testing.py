@@ -30,7 +30,9 @@ from typing import Any, Self, TypeVar
 
 from understudy_broker import protocol as p
 from understudy_broker.client import request_once
+from understudy_broker.model import Permission
 from understudy_broker.zkclient import make_client
+from understudy_broker.zklayout import BrokerSpec, GroupConfig
 from understudy_operator.local.plan import understudy_argv
 from understudy_operator.local.ports import free_port
 
@@ -100,6 +102,16 @@ def zk_session(connect: str, *, timeout_s: float = 5.0) -> Iterator[Any]:
     finally:
         client.stop()
         client.close()
+
+
+def paper_group(group: str, *names: str) -> GroupConfig:
+    """A valid config for brokers that never run (the first is the master, the rest
+    slaves; ports are placeholders): for tests of what reads and writes the znodes."""
+    return GroupConfig(group=group, brokers=tuple(
+        BrokerSpec(name, i, "127.0.0.1", 3 * i + 1, 3 * i + 2, 3 * i + 3,
+                   Permission.FULL if i == 0 else Permission.READ)
+        for i, name in enumerate(names)
+    )).validate()
 
 
 # ----------------------------------------------------------------------- raw frames
