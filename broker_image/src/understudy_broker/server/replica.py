@@ -127,19 +127,19 @@ class MasterReplica:
 
     def record_commits(self, body: bytes | None) -> int:
         if body is not None:
-            record = Message(COMMITS_TOPIC, 0, None, body, int(time.time() * 1000))
-            self._commits_end = self._store.log.append([record]).end_phys
-            self._server.notify_appended()
+            self._append_commit_record(body)
         return self._commits_end
 
     def snapshot_offsets(self) -> None:
         body = encode_snapshot_record(self._store.offsets.snapshot())
         try:
-            self._commits_end = self._store.log.append([Message(
-                COMMITS_TOPIC, 0, None, body, int(time.time() * 1000))]).end_phys
+            self._append_commit_record(body)
         except (CommitLogError, ValueError) as exc:
             log.error("recording the back-synced offsets for the slaves failed: %s", exc)
-            return
+
+    def _append_commit_record(self, body: bytes) -> None:
+        record = Message(COMMITS_TOPIC, 0, None, body, int(time.time() * 1000))
+        self._commits_end = self._store.log.append([record]).end_phys
         self._server.notify_appended()
 
     def facts(self) -> tuple[bool, tuple[str, ...]]:

@@ -142,20 +142,17 @@ class Requests:
     def _require_write(self, frame: p.Frame) -> None:
         if self._authority.role is not Role.MASTER:
             raise RequestError(p.Status.NOT_MASTER, f"{self._cfg.name} is a slave: it never writes")
-        if not self._authority.effective() & Permission.WRITE:
-            raise RequestError(
-                p.Status.NO_PERMISSION,
-                f"{self._cfg.name} has no WRITE permission "
-                f"(effective {self._authority.effective().label})",
-            )
-        self._check_epoch(frame)
+        self._require(Permission.WRITE, frame)
 
     def _require_read(self, frame: p.Frame) -> None:
-        if not self._authority.effective() & Permission.READ:
+        self._require(Permission.READ, frame)
+
+    def _require(self, need: Permission, frame: p.Frame) -> None:
+        effective = self._authority.effective()
+        if not effective & need:
             raise RequestError(
                 p.Status.NO_PERMISSION,
-                f"{self._cfg.name} has no READ permission "
-                f"(effective {self._authority.effective().label})",
+                f"{self._cfg.name} has no {need.label} permission (effective {effective.label})",
             )
         self._check_epoch(frame)
 
