@@ -164,14 +164,11 @@ class ZkGateway:
 
     async def delete(self, path: str, *, recursive: bool = False) -> bool:
         """Delete (with children when ``recursive``); ``False`` when it did not exist."""
-        if recursive:
-            try:
-                await asyncio.to_thread(self.client.delete, path, recursive=True)
-            except NoNodeError:
-                return False
-            return True
         try:
-            await self._call(self.client.delete_async(path))
+            if recursive:  # kazoo has no asynchronous recursive delete
+                await asyncio.to_thread(self.client.delete, path, recursive=True)
+            else:
+                await self._call(self.client.delete_async(path))
         except NoNodeError:
             return False
         return True
