@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from understudy_harness import testing
 from understudy_operator.cli.local import local
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
@@ -282,14 +283,8 @@ def test_up_status_kill_start_down(cluster_dir: Path) -> None:
 def wait_until(directory: Path, what: str, ok: Callable[[lc.GroupRow], bool], *, within_s: float = 20.0) -> lc.GroupRow:
     """Poll ``local status`` until group g1 satisfies ``ok`` (brokers publish their status
     a moment after they apply a new state)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        g1 = lc.status(directory).groups[0]
-        if ok(g1):
-            return g1
-        if time.monotonic() > deadline:
-            raise AssertionError(f"g1 never became {what}: {g1}")
-        time.sleep(0.1)
+    return testing.wait_until(lambda: lc.status(directory).groups[0], f"g1 {what}", within_s,
+                              interval_s=0.1, ok=ok)
 
 
 def effective(g: lc.GroupRow) -> list[str]:

@@ -76,12 +76,13 @@ async def eventually(
 
 
 def wait_until(cond: Callable[[], T], what: str = "", within_s: float = 20.0, *,
-               interval_s: float = 0.05) -> T:
-    """:func:`eventually` for synchronous tests."""
+               interval_s: float = 0.05, ok: Callable[[T], object] = bool) -> T:
+    """:func:`eventually` for synchronous tests. With ``ok``, ``cond`` is a reading and
+    ``ok`` judges it, so a timeout reports the last reading itself."""
     deadline = time.monotonic() + within_s
     while True:
         result = cond()
-        if result:
+        if ok(result):
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}: last={result!r}")

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import sys
-import threading
 from pathlib import Path
 
 import click
@@ -21,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from understudy_harness.checker import percentile
+from understudy_harness.cli.live import live_status
 from understudy_harness.drill import (
     FAULTS,
     DrillError,
@@ -106,25 +106,17 @@ def drill(
 
 
 def _run_with_status(opts: DrillOptions, status: Status) -> DrillResult:
-    done = threading.Event()
-    with _err.status(status.line()) as live:
+    def line() -> str:
+        cycle = f"cycle {status.cycle}/{opts.cycles}  " if opts.cycles else ""
+        return cycle + status.line()
 
-        def refresh() -> None:
-            while not done.wait(0.2):
-                cycle = f"cycle {status.cycle}/{opts.cycles}  " if opts.cycles else ""
-                live.update(cycle + status.line())
-
-        ticker = threading.Thread(target=refresh, daemon=True)
-        ticker.start()
+    with live_status(_err, line):
         try:
             return asyncio.run(run_drill(opts, status=status))
         except DrillError as exc:
             raise DrillCannotRun(str(exc)) from None
         except (LocalError, PlanError, HistoryError) as exc:
             raise DrillUsageError(str(exc)) from None
-        finally:
-            done.set()
-            ticker.join()
 
 
 def _ms(v: float | None) -> str:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 
 import click
 from rich.console import Console
 
+from understudy_harness.cli.live import live_status
 from understudy_harness.workload import (
     TrafficCounts,
     WorkloadError,
@@ -93,7 +93,6 @@ def workload(
 
 def _run_with_status(opts: WorkloadOptions) -> WorkloadResult:
     counts = TrafficCounts()
-    done = threading.Event()
     started = time.monotonic()
 
     def line() -> str:
@@ -102,18 +101,8 @@ def _run_with_status(opts: WorkloadOptions) -> WorkloadResult:
         return (f"{phase} {elapsed:.0f}s/{opts.duration_s:.0f}s  acked {counts.acked}  "
                 f"delivered {counts.delivered}  unacked sends {counts.failed_sends}")  # fmt: skip
 
-    with _err.status(line()) as live:
-
-        def refresh() -> None:
-            while not done.wait(0.2):
-                live.update(line())
-
-        ticker = threading.Thread(target=refresh, daemon=True)
-        ticker.start()
+    with live_status(_err, line):
         try:
             return asyncio.run(run_workload(opts, counts=counts))
         except WorkloadError as exc:
             raise WorkloadFailed(str(exc)) from None
-        finally:
-            done.set()
-            ticker.join()
