@@ -14,6 +14,9 @@ connect string (``host:port/understudy``)::
     /groups/<group>/live/<broker>     ephemeral, one per running broker (data: pid, address)
     /groups/<group>/status/<broker>   BrokerStatus         (each broker, ~1 s)
     /controllers/<group>              controller election
+    /topics/<topic>                   TopicDoc             (operator / `understudy topic`, versioned)
+    /consumers/<cg>/members/<member>  MemberDoc, ephemeral (the broker hosting the member)
+    /consumers/<cg>/assignment        AssignmentDoc        (brokers, versioned writes only)
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from understudy_broker.model import GroupState, Mode, Permission, Role
+from understudy_broker.model import (
+    GroupState,
+    Mode,
+    Permission,
+    Role,
+    TopicNameError,
+    check_topic_name,
+)
 
 DEFAULT_CHROOT = "/understudy"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -94,6 +104,43 @@ def decode_isr(data: bytes) -> frozenset[str]:
     if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
         raise LayoutError("isr: expected {\"inSync\": [broker names]}")
     return frozenset(members)
+
+
+TOPICS_DIR = "/topics"
+CONSUMERS_DIR = "/consumers"
+GROUPS_DIR = "/groups"
+_MEMBER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def topic_path(topic: str) -> str:
+    try:
+        return f"{TOPICS_DIR}/{check_topic_name(topic)}"
+    except TopicNameError as exc:
+        raise LayoutError(str(exc)) from None
+
+
+def consumer_group_path(cgroup: str) -> str:
+    return f"{CONSUMERS_DIR}/{check_name('consumer group', cgroup)}"
+
+
+def members_dir(cgroup: str) -> str:
+    return f"{consumer_group_path(cgroup)}/members"
+
+
+def check_member(member: str) -> str:
+    """Member ids are chosen by clients: 1-128 of ``A-Z a-z 0-9 . _ : -``."""
+    if not _MEMBER.match(member):
+        raise LayoutError(f"member id {member!r} must be 1-128 of A-Z a-z 0-9 . _ : - "
+                          "and start with a letter or digit")
+    return member
+
+
+def member_path(cgroup: str, member: str) -> str:
+    return f"{members_dir(cgroup)}/{check_member(member)}"
+
+
+def assignment_path(cgroup: str) -> str:
+    return f"{consumer_group_path(cgroup)}/assignment"
 
 
 # --------------------------------------------------------------------------- documents
@@ -360,3 +407,130 @@ def _load(kind: str, data: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise LayoutError(f"{kind}: expected a JSON object, got {type(doc).__name__}")
     return doc
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDoc:
+    """``/topics/<topic>``: a topic's queues, numbered 0..n-1, and the group each lives on.
+
+    ``queues[i]`` is the group of queue ``i``, or ``None`` for a queue that was removed
+    (queue ids never change meaning: a removed id is never reused). ``ordered`` marks a
+    strictly ordered topic (DESIGN "Ordered topics"); ``retention_hours`` None keeps the
+    broker's default.
+    """
+
+    name: str
+    queues: tuple[str | None, ...]
+    ordered: bool = False
+    retention_hours: int | None = None
+
+    def groups(self) -> tuple[str, ...]:
+        """The groups holding at least one live queue, in order of first queue."""
+        return tuple(dict.fromkeys(g for g in self.queues if g is not None))
+
+    def live_queues(self) -> tuple[int, ...]:
+        return tuple(q for q, g in enumerate(self.queues) if g is not None)
+
+    def queues_of(self, group: str) -> tuple[int, ...]:
+        return tuple(q for q, g in enumerate(self.queues) if g == group)
+
+    def group_of(self, queue: int) -> str | None:
+        return self.queues[queue] if 0 <= queue < len(self.queues) else None
+
+    def to_json(self) -> bytes:
+        return _dump({"name": self.name, "queues": list(self.queues), "ordered": self.ordered,
+                      "retentionHours": self.retention_hours})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TopicDoc:
+        doc = _load("topic", data)
+        try:
+            name = str(doc["name"])
+            check_topic_name(name)
+            raw = doc["queues"]
+            if not isinstance(raw, list):
+                raise LayoutError("topic: queues must be a list of group names or null")
+            queues = tuple(None if g is None else check_name("group", str(g)) for g in raw)
+            ret = doc.get("retentionHours")
+            return cls(name, queues, bool(doc.get("ordered", False)),
+                       None if ret is None else int(ret))
+        except LayoutError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LayoutError(f"topic: malformed document: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDoc:
+    """``/consumers/<cg>/members/<member>``: ephemeral, owned by the broker that hosts the
+    member's heartbeats (``broker``); ``topics`` it subscribes to."""
+
+    member: str
+    broker: str
+    topics: tuple[str, ...]
+    session_timeout_ms: int
+
+    def to_json(self) -> bytes:
+        return _dump({"member": self.member, "broker": self.broker, "topics": list(self.topics),
+                      "sessionTimeoutMs": self.session_timeout_ms})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> MemberDoc:
+        doc = _load("member", data)
+        try:
+            return cls(check_member(str(doc["member"])), str(doc["broker"]),
+                       tuple(check_topic_name(str(t)) for t in doc["topics"]),
+                       int(doc["sessionTimeoutMs"]))
+        except LayoutError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LayoutError(f"member: malformed document: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds a queue: ``member`` pulls it; ``next`` set means it is being handed to
+    ``next`` (``member`` commits, then releases; only then does ``next`` pull)."""
+
+    member: str
+    next: str | None = None
+
+
+QueueKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentDoc:
+    """``/consumers/<cg>/assignment``: queue ownership, written with versioned writes by
+    brokers. ``generation`` grows with every change."""
+
+    generation: int
+    owners: dict[QueueKey, Owner] = field(default_factory=dict)
+
+    def owned_by(self, member: str) -> list[QueueKey]:
+        return sorted(k for k, o in self.owners.items() if o.member == member)
+
+    def to_json(self) -> bytes:
+        return _dump({
+            "generation": self.generation,
+            "owners": [{"topic": t, "queue": q, "member": o.member, "next": o.next}
+                       for (t, q), o in sorted(self.owners.items())],
+        })
+
+    @classmethod
+    def from_json(cls, data: bytes) -> AssignmentDoc:
+        doc = _load("assignment", data)
+        try:
+            owners: dict[QueueKey, Owner] = {}
+            for e in doc["owners"]:
+                nxt = e.get("next")
+                owners[(check_topic_name(str(e["topic"])), int(e["queue"]))] = Owner(
+                    check_member(str(e["member"])), None if nxt is None else check_member(str(nxt)))
+            return cls(int(doc["generation"]), owners)
+        except LayoutError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LayoutError(f"assignment: malformed document: {exc!r}") from exc

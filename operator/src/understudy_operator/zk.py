@@ -36,9 +36,12 @@ from understudy_broker import zkclient
 from understudy_broker.model import GroupState
 from understudy_broker.zkclient import digest_acl, kazoo_future, make_client
 from understudy_broker.zklayout import (
+    GROUPS_DIR,
+    TOPICS_DIR,
     BrokerStatus,
     GroupConfig,
     LayoutError,
+    TopicDoc,
     config_path,
     controller_path,
     decode_isr,
@@ -50,6 +53,7 @@ from understudy_broker.zklayout import (
     state_path,
     status_dir,
     status_path,
+    topic_path,
 )
 from understudy_operator.controller.observe import BrokerView, Observation, ProcessState
 
@@ -324,6 +328,38 @@ class ZkGateway:
             return None
         found = await self.get(f"{controller_path(group)}/{children[0]}")
         return None if found is None else found[0].decode("utf-8", "replace")
+
+    async def groups(self) -> list[str]:
+        """Every group with a node under ``/groups`` (configured or not)."""
+        return sorted(await self.children(GROUPS_DIR))
+
+    # ------------------------------------------------------------------ topic documents
+
+    async def topics(self) -> list[str]:
+        return sorted(await self.children(TOPICS_DIR))
+
+    async def read_topic(self, topic: str, *, warn: Warn = _log_warning
+                         ) -> tuple[TopicDoc | None, int]:
+        """The topic and its znode version: ``(None, -1)`` when absent, ``(None, version)``
+        when malformed (``warn`` says why)."""
+        found = await self.get(topic_path(topic))
+        if found is None:
+            return None, -1
+        try:
+            return TopicDoc.from_json(found[0]), found[1]
+        except LayoutError as exc:
+            warn(f"topic {topic}: malformed document: {exc}")
+            return None, found[1]
+
+    async def write_topic(self, doc: TopicDoc, *, version: int) -> bool:
+        """Create the topic (``version`` -1) or replace the version read; ``False`` when
+        it exists already (create) or someone else changed it first."""
+        if version < 0:
+            return await self.create(topic_path(doc.name), doc.to_json()) is not None
+        return await self.set_data(topic_path(doc.name), doc.to_json(), version=version)
+
+    async def delete_topic(self, topic: str) -> bool:
+        return await self.delete(topic_path(topic))
 
     async def delete_group(self, group: str) -> None:
         """Remove ``/groups/<group>`` and ``/controllers/<group>`` recursively."""

@@ -1,0 +1,227 @@
+"""The cluster's pure rules: topic placement, sticky assignment, fault avoidance."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from understudy_broker.assignment import advance, leave, rebalance, release, view_of
+from understudy_broker.faultavoid import FaultTable, isolation_ms, parse_steps
+from understudy_broker.topology import TopicPlanError, check_delete, plan_alter, plan_create
+from understudy_broker.zklayout import AssignmentDoc, LayoutError, MemberDoc, Owner, TopicDoc
+
+KNOWN = {"g1", "g2", "g3"}
+
+# ---------------------------------------------------------------------- topics
+
+
+def test_create_interleaves_groups_so_round_robin_alternates() -> None:
+    doc = plan_create("orders", ["g1", "g2"], 2, known_groups=KNOWN)
+    assert doc.queues == ("g1", "g2", "g1", "g2")
+    assert doc.queues_of("g2") == (1, 3)
+    assert TopicDoc.from_json(doc.to_json()) == doc
+
+
+@pytest.mark.parametrize(
+    ("groups", "per", "code"),
+    [(["g9"], 2, "unknown-group"), ([], 2, "no-groups"), (["g1"], 0, "bad-queues"),
+     (["g1", "g1"], 1, "duplicate-group"), (["G1"], 1, "bad-group")],
+)
+def test_create_refuses_bad_requests(groups: list[str], per: int, code: str) -> None:
+    with pytest.raises(TopicPlanError) as err:
+        plan_create("orders", groups, per, known_groups=KNOWN)
+    assert err.value.code == code
+
+
+def test_unknown_group_error_names_the_known_ones() -> None:
+    with pytest.raises(TopicPlanError, match="unknown group 'g9': the cluster's groups are g1, g2, g3"):
+        plan_create("orders", ["g1", "g9"], 1, known_groups=KNOWN)
+
+
+def test_alter_adds_a_group_and_grows_without_moving_existing_queues() -> None:
+    doc = plan_create("t", ["g1", "g2"], 2, known_groups=KNOWN)
+    grown = plan_alter(doc, known_groups=KNOWN, add_groups=["g3"], queues_per_group=3)
+    assert grown.queues[:4] == doc.queues  # ids keep their group
+    assert sorted(len(grown.queues_of(g)) for g in ("g1", "g2", "g3")) == [3, 3, 3]
+
+
+def test_alter_removing_a_queue_with_backlog_needs_force() -> None:
+    doc = plan_create("t", ["g1", "g2"], 2, known_groups=KNOWN)
+    with pytest.raises(TopicPlanError, match="still hold messages") as err:
+        plan_alter(doc, known_groups=KNOWN, remove_groups=["g2"], backlog={1: 0, 3: 5})
+    assert err.value.code == "backlog"
+    with pytest.raises(TopicPlanError, match="backlog unknown"):
+        plan_alter(doc, known_groups=KNOWN, remove_groups=["g2"], backlog={1: 0})
+    drained = plan_alter(doc, known_groups=KNOWN, remove_groups=["g2"], backlog={1: 0, 3: 0})
+    assert drained.queues == ("g1", None, "g1", None)
+    forced = plan_alter(doc, known_groups=KNOWN, remove_groups=["g2"], backlog={3: 5}, force=True)
+    assert forced.live_queues() == (0, 2)
+
+
+def test_alter_never_removes_every_queue_and_delete_checks_backlog() -> None:
+    doc = plan_create("t", ["g1"], 1, known_groups=KNOWN)
+    with pytest.raises(TopicPlanError, match="delete the topic"):
+        plan_alter(doc, known_groups=KNOWN, remove_groups=["g1"], backlog={0: 0})
+    with pytest.raises(TopicPlanError, match="--force"):
+        check_delete(doc, backlog={0: 3}, force=False)
+    check_delete(doc, backlog={0: 0}, force=False)
+    check_delete(doc, backlog={0: 3}, force=True)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{", b"[]", b'{"name":"t"}', b'{"name":"t","queues":"g1"}', b'{"name":"..","queues":[]}',
+     b'{"name":"t","queues":["G!"]}'],
+)
+def test_malformed_topic_documents_are_layout_errors(raw: bytes) -> None:
+    with pytest.raises(LayoutError):
+        TopicDoc.from_json(raw)
+
+
+def test_member_and_assignment_documents_round_trip() -> None:
+    m = MemberDoc("c-1:42", "g1-0", ("t",), 6000)
+    assert MemberDoc.from_json(m.to_json()) == m
+    a = AssignmentDoc(3, {("t", 0): Owner("a"), ("t", 1): Owner("a", "b")})
+    assert AssignmentDoc.from_json(a.to_json()) == a
+    with pytest.raises(LayoutError):
+        AssignmentDoc.from_json(b'{"generation":1,"owners":[{"topic":"t","queue":0,"member":"-x"}]}')
+
+
+# ---------------------------------------------------------------------- assignment
+
+
+def targets(owners: dict[tuple[str, int], Owner]) -> dict[tuple[str, int], str]:
+    return {k: (o.next or o.member) for k, o in owners.items()}
+
+
+def settle(owners: dict[tuple[str, int], Owner]) -> dict[tuple[str, int], Owner]:
+    """Every holder releases what it is handing over (the clean path)."""
+    for k, o in list(owners.items()):
+        if o.next is not None:
+            owners = release(owners, o.member, [k])
+    return owners
+
+
+def test_first_members_get_balanced_queues_directly() -> None:
+    out = rebalance({}, {"a": ["t"], "b": ["t"]}, {"t": range(8)})
+    assert all(o.next is None for o in out.values())
+    assert sorted(list(targets(out).values()).count(m) for m in "ab") == [4, 4]
+
+
+def test_a_join_moves_only_what_it_must_and_through_a_hand_over() -> None:
+    one = rebalance({}, {"a": ["t"]}, {"t": range(6)})
+    two = rebalance(one, {"a": ["t"], "b": ["t"]}, {"t": range(6)})
+    moving = {k: o for k, o in two.items() if o.next is not None}
+    assert len(moving) == 3
+    assert all(o.member == "a" and o.next == "b" for o in moving.values())
+    owned_b, _ = view_of(AssignmentDoc(2, two), "b")
+    assert owned_b == []  # b pulls nothing until a releases
+    owned_a, revoking_a = view_of(AssignmentDoc(2, two), "a")
+    assert len(owned_a) == 6
+    assert len(revoking_a) == 3
+    done = settle(two)
+    assert sorted(list(targets(done).values()).count(m) for m in "ab") == [3, 3]
+    assert rebalance(done, {"a": ["t"], "b": ["t"]}, {"t": range(6)}) == done
+
+
+def test_a_crashed_member_queues_go_straight_to_the_others() -> None:
+    two = settle(rebalance({}, {"a": ["t"], "b": ["t"]}, {"t": range(4)}))
+    after = rebalance(two, {"b": ["t"]}, {"t": range(4)})
+    assert all(o == Owner("b") for o in after.values())
+    assert len(after) == 4
+
+
+def test_a_clean_leave_gives_the_takers_their_queues() -> None:
+    two = rebalance(settle(rebalance({}, {"a": ["t"]}, {"t": range(4)})),
+                    {"a": ["t"], "b": ["t"]}, {"t": range(4)})
+    left = leave(two, "a")
+    assert set(left.values()) == {Owner("b")}
+    assert len(left) == 2
+    assert len(rebalance(left, {"b": ["t"]}, {"t": range(4)})) == 4
+
+
+def test_only_subscribers_get_a_topics_queues() -> None:
+    out = rebalance({}, {"a": ["t"], "b": ["u"]}, {"t": range(2), "u": range(2)})
+    assert {k: o.member for k, o in out.items()} == {
+        ("t", 0): "a", ("t", 1): "a", ("u", 0): "b", ("u", 1): "b"}
+
+
+def test_advance_bumps_the_generation_only_on_change() -> None:
+    doc = AssignmentDoc(4, {("t", 0): Owner("a")})
+    assert advance(doc, {("t", 0): Owner("a")}) is None
+    nxt = advance(doc, {("t", 0): Owner("a", "b")})
+    assert nxt is not None
+    assert nxt.generation == 5
+
+
+member_sets = st.lists(st.sampled_from(list("abcdefg")), min_size=1, max_size=7, unique=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(member_sets, min_size=1, max_size=6), st.integers(1, 24),
+       st.lists(st.booleans(), min_size=6, max_size=6))
+def test_rebalance_properties(history: list[list[str]], nq: int, releases: list[bool]) -> None:
+    """Over any sequence of membership changes: one holder per queue (a map), every
+    queue has an owner, targets are balanced, a fixed point is reached, and a change of
+    membership moves no more queues than it must."""
+    owners: dict[tuple[str, int], Owner] = {}
+    queues = {"t": range(nq)}
+    for members, rel in zip(history, releases, strict=False):
+        before = targets(owners)
+        owners = rebalance(owners, {m: ["t"] for m in members}, queues)
+        assert set(owners) == {("t", q) for q in range(nq)}
+        counts = [list(targets(owners).values()).count(m) for m in members]
+        assert max(counts) - min(counts) <= 1
+        assert all(o.member in members and (o.next is None or o.next in members)
+                   for o in owners.values())
+        kept = sum(1 for k, x in before.items() if x in members and targets(owners).get(k) == x)
+        # Sticky: each surviving member keeps min(what it had, its new quota).
+        base, _extra = divmod(nq, len(members))
+        need_keep = sum(min(list(before.values()).count(m), base) for m in members)
+        assert kept >= need_keep
+        assert rebalance(owners, {m: ["t"] for m in members}, queues) == owners
+        if rel:
+            owners = settle(owners)
+
+
+# ---------------------------------------------------------------------- fault avoidance
+
+
+def test_isolation_follows_the_latency_steps() -> None:
+    steps = parse_steps("50:0,550:30000,15000:600000")
+    assert isolation_ms(40, steps) == 0
+    assert isolation_ms(600, steps) == 30_000
+    assert isolation_ms(20_000, steps) == 600_000
+    with pytest.raises(ValueError, match="LATENCY_MS:ISOLATION_MS"):
+        parse_steps("550-30000")
+
+
+def test_a_failed_group_is_skipped_until_its_time_is_up_or_its_route_changes() -> None:
+    t = FaultTable(steps=parse_steps("100:0,550:2000,15000:60000"))
+    t.observe("g1", 20, now=0.0)
+    assert t.available("g1", 0.0)
+    t.observe("g1", 0, now=1.0, failed=True)
+    assert not t.available("g1", 1.0)
+    assert not t.available("g1", 60.9)
+    assert t.available("g1", 61.0)
+    t.observe("g2", 700, now=0.0)  # slow: two seconds off
+    assert not t.available("g2", 1.9)
+    assert t.available("g2", 2.0)
+    t.observe("g1", 0, now=100.0, failed=True)
+    t.route_changed("g1")  # the master is back at a new epoch
+    assert t.available("g1", 100.0)
+
+
+def test_when_all_groups_are_isolated_the_least_bad_is_tried() -> None:
+    t = FaultTable(steps=parse_steps("550:2000,15000:60000"))
+    t.observe("g1", 0, now=0.0, failed=True)
+    t.observe("g2", 600, now=0.0)
+    assert t.least_bad(["g1", "g2"], 1.0) == "g2"
+    assert t.isolated(1.0).keys() == {"g1", "g2"}
+
+
+def test_disabled_table_never_isolates() -> None:
+    t = FaultTable(enabled=False)
+    t.observe("g1", 0, now=0.0, failed=True)
+    assert t.available("g1", 0.0)
