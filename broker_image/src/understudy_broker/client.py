@@ -23,12 +23,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from understudy_broker import protocol as p
+from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
 from understudy_broker.model import Permission
 from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
@@ -36,6 +38,8 @@ from understudy_broker.tasks import stop_tasks
 log = logging.getLogger("understudy.client")
 
 PERMISSION_ORDER: Final = (Permission.FULL, Permission.WRITE, Permission.READ, Permission.NONE)
+#: How long one route watch (a long-polled GET_ROUTE) waits for a change.
+ROUTE_WAIT_MS: Final = 20_000
 READ_CHUNK: Final = 256 * 1024
 
 
@@ -266,14 +270,78 @@ class Router:
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.route: p.RouteResponse | None = None
-        self._conns: dict[Permission, Connection] = {}
+        self._conns: dict[tuple[str | None, Permission], Connection] = {}
         self._lock = asyncio.Lock()
+        self._watch: asyncio.Task[None] | None = None
+        self._route_listeners: list[Callable[[p.RouteResponse, p.RouteResponse | None], None]] = []
 
     @property
     def epoch(self) -> int:
         if self.route is None:
             return 0
         return max((b.epoch for g in self.route.groups for b in g.brokers), default=0)
+
+    def epoch_of(self, group: str | None) -> int:
+        """The newest epoch the route shows for ``group`` (every group when None)."""
+        if group is None or self.route is None:
+            return self.epoch
+        return max((b.epoch for b in self.route.brokers_of(group)), default=0)
+
+    def group_of(self, topic: str, queue: int) -> str | None:
+        return None if self.route is None else self.route.group_of(topic, queue)
+
+    def live_queues(self, topic: str) -> list[int]:
+        """The topic's queues that exist (removed ones left out)."""
+        route = self.route
+        if route is None or topic not in route.topics:
+            return []
+        placed = route.placement.get(topic)
+        if placed is None:
+            return list(range(route.topics[topic]))
+        return [q for q, g in enumerate(placed) if g is not None]
+
+    def holds(self, group: str, need: Permission) -> bool:
+        """The route shows a reachable broker of ``group`` holding ``need``."""
+        return self.route is not None and any(
+            b.reachable and (b.permission & need) == need for b in self.route.brokers_of(group))
+
+    def on_route(self, listener: Callable[[p.RouteResponse, p.RouteResponse | None], None]) -> None:
+        """``listener(new, old)`` after every route learned; starts the route watch: one
+        long-polled GET_ROUTE kept outstanding, so changes arrive as the brokers see them."""
+        self._route_listeners.append(listener)
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._watch_routes(), name="route-watch")
+
+    def _learned(self, route: p.RouteResponse) -> None:
+        old, self.route = self.route, route
+        for listener in self._route_listeners:
+            listener(route, old)
+
+    async def _watch_routes(self) -> None:
+        backoff = Backoff(0.05, 1.0)
+        # Versions count one broker's view changes: they compare only with that broker.
+        source, known = "", -1
+        while True:
+            conn: Connection | None = None
+            try:
+                conn = await self.connection(Permission.NONE)
+                if conn.address != source:
+                    source, known = conn.address, -1
+                req = p.GetRouteRequest(None, known, ROUTE_WAIT_MS).encode()
+                body = await conn.request(p.Op.GET_ROUTE, req,
+                                          timeout_s=ROUTE_WAIT_MS / 1000 + self.connect_timeout_s)
+                route = p.RouteResponse.decode(body)
+                if route.version != known:
+                    known = route.version
+                    self._learned(route)
+                backoff.reset()
+                continue
+            except (BrokerError, ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+                log.debug("route watch: %s", exc)
+                if conn is not None and self._conns.get((None, Permission.NONE)) is conn:
+                    del self._conns[(None, Permission.NONE)]
+                    await conn.close()
+            await backoff.sleep()
 
     def queues(self, topic: str) -> int | None:
         return None if self.route is None else self.route.topics.get(topic)
@@ -302,8 +370,9 @@ class Router:
                 body = await conn.request(
                     p.Op.GET_ROUTE, p.GetRouteRequest().encode(), timeout_s=self.connect_timeout_s
                 )
-                self.route = p.RouteResponse.decode(body)
-                return self.route
+                route = p.RouteResponse.decode(body)
+                self._learned(route)
+                return route
             except (BrokerError, ConnectionError, p.FrameError) as exc:
                 errors.append(f"{address}: {exc}")
             finally:
@@ -321,27 +390,38 @@ class Router:
             n = p.RouteResponse.decode(body).topics.get(topic)
         if n is None:
             raise BrokerError(p.Status.UNKNOWN_TOPIC, f"unknown topic {topic!r}")
-        if self.route is not None:
+        if self.route is not None and topic not in self.route.topics:
             self.route = p.RouteResponse(
                 self.route.groups,
                 {**self.route.topics, topic: n},
                 self.route.topic_groups,
+                self.route.placement,
+                self.route.version,
             )
         return n
 
-    async def connection(self, need: Permission) -> Connection:
-        """A live connection to the best broker for ``need`` (WRITE or READ)."""
-        conn = self._conns.get(need)
+    async def connection(self, need: Permission, group: str | None = None) -> Connection:
+        """A live connection to the best broker for ``need`` (WRITE or READ; NONE: any),
+        among ``group``'s brokers (every broker when None)."""
+        key = (group, need)
+        conn = self._conns.get(key)
         if conn is not None and not conn.closed:
             return conn
         async with self._lock:
-            conn = self._conns.get(need)
+            conn = self._conns.get(key)
             if conn is not None and not conn.closed:
                 return conn
             if self.route is None:
                 await self.refresh()
             route = self.route
-            brokers = [b for g in (route.groups if route else []) for b in g.brokers]
+            if route is None:
+                brokers: list[p.BrokerRoute] = []
+            elif group is None:
+                brokers = [b for g in route.groups for b in g.brokers]
+            else:
+                brokers = list(route.brokers_of(group))
+            if not brokers and need is Permission.NONE:
+                brokers = [p.BrokerRoute(a, a, "", 0, 0) for a in self.bootstrap]
             errors = []
             for b in failover_order(brokers, need):
                 try:
@@ -349,24 +429,29 @@ class Router:
                 except (OSError, TimeoutError) as exc:
                     errors.append(f"{b.address}: {exc or type(exc).__name__}")
                     continue
-                self._conns[need] = conn
+                self._conns[key] = conn
                 return conn
-            raise ConnectionError("no broker reachable: " + "; ".join(errors))
+            where = f" of group {group!r}" if group is not None else ""
+            raise ConnectionError(f"no broker{where} reachable: " + ("; ".join(errors) or "none known"))
 
-    def address_for(self, need: Permission) -> str | None:
-        """The broker currently used for ``need`` (None when not connected)."""
-        conn = self._conns.get(need)
-        return None if conn is None or conn.closed else conn.address
+    def address_for(self, need: Permission, group: str | None = None) -> str | None:
+        """The broker currently used for ``need`` in ``group`` (any group when None; None
+        when not connected)."""
+        for (g, n), conn in self._conns.items():
+            if n is need and (group is None or g == group) and not conn.closed:
+                return conn.address
+        return None
 
-    async def failed(self, need: Permission, conn: Connection | None) -> None:
+    async def failed(self, need: Permission, conn: Connection | None,
+                     group: str | None = None) -> None:
         """``conn`` (used for ``need``) was refused or lost: drop it and re-learn the route.
 
         Only that connection is dropped: with one pull loop per queue, several loops see
         the same failure, and the first one may already have opened a fresh connection
         that the others must not close. ``conn`` is ``None`` when connecting failed."""
         if conn is not None:
-            if self._conns.get(need) is conn:
-                del self._conns[need]
+            if self._conns.get((group, need)) is conn:
+                del self._conns[(group, need)]
             await conn.close()
         with contextlib.suppress(ConnectionError):
             await self.refresh()
@@ -376,6 +461,9 @@ class Router:
         return await conn.request(op, body, epoch=self.epoch, timeout_s=self.request_timeout_s)
 
     async def close(self) -> None:
+        if self._watch is not None:
+            await stop_tasks([self._watch])
+            self._watch = None
         conns, self._conns = self._conns, {}
         for conn in conns.values():
             await conn.close()
@@ -394,14 +482,15 @@ async def create_topic(bootstrap: Sequence[str], *, topic: str, queues: int) -> 
 
 
 async def _with_retries(
-    router: Router, need: Permission, op: p.Op, body: bytes, *, retries: int = 5
+    router: Router, need: Permission, op: p.Op, body: bytes, *, retries: int = 5,
+    group: str | None = None,
 ) -> bytes:
     backoff = Backoff(0.05, 1.0)
     for attempt in itertools.count():
         conn: Connection | None = None
         try:
-            conn = await router.connection(need)
-            return await conn.request(op, body, epoch=router.epoch,
+            conn = await router.connection(need, group)
+            return await conn.request(op, body, epoch=router.epoch_of(group),
                                       timeout_s=router.request_timeout_s)
         except BrokerError as exc:
             if not exc.retriable or attempt >= retries:
@@ -409,7 +498,7 @@ async def _with_retries(
         except (ConnectionError, OSError, TimeoutError):
             if attempt >= retries:
                 raise
-        await router.failed(need, conn)
+        await router.failed(need, conn, group)
         await backoff.sleep()
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -423,6 +512,9 @@ class _Pending:
     key: bytes | None
     body: bytes
     future: asyncio.Future[tuple[int, int]]
+    pinned: bool  # keyed or explicit queue: never moves to another queue
+    deadline: float  # monotonic: fail after this (the send timeout)
+    attempts: int = 0
 
 
 @dataclass(slots=True)
@@ -435,12 +527,21 @@ class _Batch:
 class Producer:
     """Async producer. ``await send(...)`` returns a future of ``(queue, offset)``.
 
+    A topic's queues may live on several groups (a cluster topic). An unkeyed send goes
+    round-robin over the queues whose group shows a writer and is not isolated by send-side
+    fault avoidance (:mod:`understudy_broker.faultavoid`); a failed batch is re-sent to
+    queues of another group (``retries`` times), so one dead master does not stop writes.
+    A keyed send (or one naming its queue) stays on its queue: it waits for that queue's
+    group to have a writer again and fails after ``send_timeout_s`` with an error naming
+    the group. Batches are per (topic, group); each group has its own in-flight window
+    (``max_in_flight_per_group``), so a hung master cannot take the whole window.
+
     A batch is sent when it holds ``batch_size`` messages or ``max_batch_bytes`` (keep
     this under the broker's ``--max-frame-bytes``), or ``linger_ms`` after its first.
 
     ``acks=1``: the future resolves when the broker acknowledged (after its fsync and, in
     synchronous replication, a slave's). ``acks=0``: it resolves once the batch is
-    written to the socket, with offset -1.
+    written to the socket, with offset -1. Retries can duplicate a message (at-least-once).
     """
 
     def __init__(
@@ -452,84 +553,139 @@ class Producer:
         acks: int = 1,
         retries: int = 5,
         max_in_flight: int = 8,
+        max_in_flight_per_group: int = 4,
         retry_backoff_ms: float = 50.0,
         max_buffered: int = 100_000,
         max_batch_bytes: int = 1 << 20,
         request_timeout_s: float = 30.0,
+        send_timeout_s: float = 10.0,
+        fault_avoidance: bool = True,
+        fault_steps: Sequence[tuple[float, float]] = DEFAULT_STEPS,
     ) -> None:
         if acks not in (0, 1):
             raise ValueError("acks must be 0 or 1")
-        if batch_size < 1 or max_in_flight < 1 or retries < 0 or linger_ms < 0:
-            raise ValueError("batch_size and max_in_flight must be positive, retries >= 0")
-        self.router = Router(bootstrap, request_timeout_s=request_timeout_s)
+        if (batch_size < 1 or max_in_flight < 1 or max_in_flight_per_group < 1 or retries < 0
+                or linger_ms < 0 or send_timeout_s <= 0):
+            raise ValueError("batch_size, in-flight limits and send_timeout_s must be positive, "
+                             "retries and linger_ms >= 0")
+        self.router = Router(bootstrap, request_timeout_s=min(request_timeout_s, send_timeout_s))
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
         self.linger_s = linger_ms / 1000
         self.acks = acks
         self.retries = retries
         self.retry_backoff_s = retry_backoff_ms / 1000
+        self.send_timeout_s = send_timeout_s
+        self.faults = FaultTable(steps=tuple(fault_steps), enabled=fault_avoidance)
         self._inflight = asyncio.Semaphore(max_in_flight)
+        self._per_group_limit = max_in_flight_per_group
+        self._group_inflight: dict[str, asyncio.Semaphore] = {}
         self._buffered = asyncio.Semaphore(max_buffered)
-        self._batches: dict[str, _Batch] = {}
+        self._batches: dict[tuple[str, str | None], _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._rr: dict[str, itertools.count[int]] = {}
         self._closed = False
+        self._watching = False
 
-    async def _queue_count(self, topic: str) -> int:
-        n = self.router.queues(topic)
-        if n is None:
-            n = await self.router.learn_topic(topic, Permission.WRITE)
-        return n
+    async def _queues(self, topic: str) -> list[int]:
+        live = self.router.live_queues(topic)
+        if not live:
+            await self.router.learn_topic(topic, Permission.WRITE)
+            live = self.router.live_queues(topic)
+            if not live:
+                raise BrokerError(p.Status.UNKNOWN_TOPIC, f"topic {topic!r} has no queues")
+        if not self._watching and self.router.route is not None and self.router.route.version:
+            self._watching = True
+            self.router.on_route(self._route_changed)
+        return live
+
+    def _route_changed(self, new: p.RouteResponse, old: p.RouteResponse | None) -> None:
+        """A group whose writer is back (or changed epoch) is tried again at once."""
+        def writers(route: p.RouteResponse | None, group: str) -> set[tuple[str, int]]:
+            if route is None:
+                return set()
+            return {(b.name, b.epoch) for b in route.brokers_of(group)
+                    if b.reachable and b.permission & Permission.WRITE}
+        for g in new.groups:
+            now = writers(new, g.group)
+            if now and now != writers(old, g.group):
+                self.faults.route_changed(g.group)
+
+    def _pick(self, topic: str, live: list[int], avoid: str | None = None) -> int:
+        """Round-robin over queues whose group has a writer and is not isolated; when
+        every group is isolated, the least bad group's queues."""
+        router, now = self.router, time.monotonic()
+        rr = self._rr.setdefault(topic, itertools.count())
+        def group(q: int) -> str:
+            return router.group_of(topic, q) or ""
+        good = [q for q in live if group(q) != avoid and self.faults.available(group(q), now)
+                and router.holds(group(q), Permission.WRITE)]
+        if not good:
+            good = [q for q in live if group(q) != avoid and self.faults.available(group(q), now)]
+        if not good:
+            groups = {group(q) for q in live} - ({avoid} if avoid else set())
+            best = self.faults.least_bad(sorted(groups), now)
+            good = [q for q in live if group(q) == best] or live
+        return good[next(rr) % len(good)]
 
     async def send(
         self, topic: str, body: bytes, key: bytes | None = None, queue: int | None = None
     ) -> asyncio.Future[tuple[int, int]]:
         if self._closed:
             raise RuntimeError("producer is closed")
-        n = await self._queue_count(topic)
+        live = await self._queues(topic)
+        pinned = key is not None or queue is not None
         if queue is None:
-            if key is not None:
-                queue = zlib.crc32(key) % n
-            else:
-                queue = next(self._rr.setdefault(topic, itertools.count())) % n
-        elif not 0 <= queue < n:
-            raise ValueError(f"queue {queue} does not exist: topic {topic!r} has {n} queues")
+            queue = live[zlib.crc32(key) % len(live)] if key is not None else self._pick(topic, live)
+        elif queue not in live:
+            raise ValueError(f"queue {queue} does not exist: topic {topic!r} has queues "
+                             f"{live[0]}..{live[-1]}" if live else f"topic {topic!r} has no queues")
         await self._buffered.acquire()
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda _f: self._buffered.release())
-        batch = self._batches.get(topic)
-        if batch is None:
-            batch = self._batches[topic] = _Batch()
-        batch.items.append(_Pending(queue, key, body, fut))
-        batch.nbytes += len(body) + (len(key) if key else 0) + 10
-        if len(batch.items) >= self.batch_size or batch.nbytes >= self.max_batch_bytes:
-            self._dispatch(topic)
-        elif batch.timer is None:
-            batch.timer = asyncio.get_running_loop().call_later(
-                self.linger_s, self._dispatch, topic
-            )
+        self._enqueue(topic, _Pending(queue, key, body, fut, pinned,
+                                      time.monotonic() + self.send_timeout_s))
         return fut
 
-    def _dispatch(self, topic: str) -> None:
-        batch = self._batches.pop(topic, None)
+    def _enqueue(self, topic: str, item: _Pending) -> None:
+        bkey = (topic, self.router.group_of(topic, item.queue))
+        batch = self._batches.get(bkey)
+        if batch is None:
+            batch = self._batches[bkey] = _Batch()
+        batch.items.append(item)
+        batch.nbytes += len(item.body) + (len(item.key) if item.key else 0) + 10
+        if len(batch.items) >= self.batch_size or batch.nbytes >= self.max_batch_bytes:
+            self._dispatch(bkey)
+        elif batch.timer is None:
+            batch.timer = asyncio.get_running_loop().call_later(self.linger_s, self._dispatch, bkey)
+
+    def _dispatch(self, bkey: tuple[str, str | None]) -> None:
+        batch = self._batches.pop(bkey, None)
         if batch is None or not batch.items:
             return
         if batch.timer is not None:
             batch.timer.cancel()
-        task = asyncio.create_task(self._send_batch(topic, batch.items))
+        task = asyncio.create_task(self._send_batch(bkey[0], bkey[1], batch.items))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_batch(self, topic: str, items: list[_Pending]) -> None:
+    def _window(self, group: str | None) -> asyncio.Semaphore:
+        sem = self._group_inflight.get(group or "")
+        if sem is None:
+            sem = self._group_inflight[group or ""] = asyncio.Semaphore(self._per_group_limit)
+        return sem
+
+    async def _send_batch(self, topic: str, group: str | None, items: list[_Pending]) -> None:
         body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
         backoff = Backoff(self.retry_backoff_s, 2.0)
-        async with self._inflight:
-            for attempt in itertools.count():
+        async with self._window(group), self._inflight:
+            while True:
                 conn: Connection | None = None
+                started = time.monotonic()
                 try:
-                    conn = await self.router.connection(Permission.WRITE)
+                    conn = await self.router.connection(Permission.WRITE, group)
                     if self.acks == 0:
-                        fut = conn.send(p.Op.PRODUCE, body, epoch=self.router.epoch)
+                        fut = conn.send(p.Op.PRODUCE, body, epoch=self.router.epoch_of(group))
                         fut.add_done_callback(_ignore_result)
                         for i in items:
                             if not i.future.done():
@@ -539,34 +695,74 @@ class Producer:
                         await conn.request(
                             p.Op.PRODUCE,
                             body,
-                            epoch=self.router.epoch,
+                            epoch=self.router.epoch_of(group),
                             timeout_s=self.router.request_timeout_s,
                         )
                     )
+                    if group is not None:
+                        self.faults.observe(group, (time.monotonic() - started) * 1000,
+                                            time.monotonic())
                     for i, (q, off) in zip(items, resp.offsets, strict=False):
                         if not i.future.done():
                             i.future.set_result((q, off))
                     return
                 except BrokerError as exc:
-                    if not exc.retriable or attempt >= self.retries:
+                    if not exc.retriable:
                         _fail(items, exc)
                         return
                     error: Exception = exc
                 except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
-                    if attempt >= self.retries:
-                        _fail(items, ConnectionError(f"produce failed: {exc}"))
-                        return
                     error = exc
-                log.info("produce to %s retrying (%d): %s", topic, attempt + 1, error)
-                await self.router.failed(Permission.WRITE, conn)
+                log.info("produce to %s on %s failed: %s", topic, group or "its group", error)
+                if group is not None:
+                    self.faults.observe(group, (time.monotonic() - started) * 1000,
+                                        time.monotonic(), failed=True)
+                await self.router.failed(Permission.WRITE, conn, group)
+                items = self._retry_elsewhere(topic, group, items, error)
+                if not items:
+                    return
                 await backoff.sleep()
+                body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
+
+    def _retry_elsewhere(self, topic: str, group: str | None, items: list[_Pending],
+                         error: Exception) -> list[_Pending]:
+        """After a failed attempt: unpinned messages move to another group's queues (a
+        new batch); pinned ones stay (returned, to retry here) until their send timeout."""
+        stay: list[_Pending] = []
+        now = time.monotonic()
+        live = self.router.live_queues(topic)
+        for i in items:
+            if i.future.done():
+                continue
+            i.attempts += 1
+            if (not i.pinned and i.attempts > self.retries) or now >= i.deadline:
+                why = (f"queue {i.queue} of topic {topic!r} is on group {group!r}, which has "
+                       f"no writer" if i.pinned and group else "produce failed")
+                i.future.set_exception(BrokerError(
+                    error.status if isinstance(error, BrokerError) else p.Status.TIMEOUT,
+                    f"{why} after {i.attempts} attempt(s) in "
+                    f"{self.send_timeout_s - (i.deadline - now):.1f}s: {error}"))
+                continue
+            if i.pinned or not live:
+                stay.append(i)
+                continue
+            q = self._pick(topic, live, avoid=group)
+            if self.router.group_of(topic, q) == group:
+                stay.append(i)
+            else:
+                self._enqueue(topic, _Pending(q, i.key, i.body, i.future, False, i.deadline,
+                                              i.attempts))
+        for bkey in [k for k in self._batches if k[0] == topic and k[1] != group]:
+            self._dispatch(bkey)
+        return stay
 
     async def flush(self) -> None:
         """Send every buffered message and wait until all are acknowledged or failed."""
-        for topic in list(self._batches):
-            self._dispatch(topic)
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        while self._batches or self._tasks:
+            for bkey in list(self._batches):
+                self._dispatch(bkey)
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
         if self._closed:
@@ -643,44 +839,52 @@ class Consumer:
     async def start(self) -> None:
         if self._started:
             return
-        n = await self.router.learn_topic(self.topic, Permission.READ)
-        body = await _with_retries(
-            self.router,
-            Permission.READ,
-            p.Op.FETCH_OFFSET,
-            p.FetchOffsetRequest(self.group, self.topic, list(range(n))).encode(),
-        )
-        committed = p.OffsetsResponse.decode(body).offsets
-        for q in range(n):
-            off = committed.get(q)
-            self._positions[q] = off if off is not None else 0
-            if off is not None:
-                self._committed[q] = off
-        self._tasks = [asyncio.create_task(self._pull_loop(q, self._positions[q])) for q in range(n)]
+        await self.router.learn_topic(self.topic, Permission.READ)
+        queues = self.router.live_queues(self.topic)
+        by_group: dict[str | None, list[int]] = {}
+        for q in queues:
+            by_group.setdefault(self.router.group_of(self.topic, q), []).append(q)
+        for group, qs in by_group.items():
+            body = await _with_retries(
+                self.router,
+                Permission.READ,
+                p.Op.FETCH_OFFSET,
+                p.FetchOffsetRequest(self.group, self.topic, qs).encode(),
+                group=group,
+            )
+            committed = p.OffsetsResponse.decode(body).offsets
+            for q in qs:
+                off = committed.get(q)
+                self._positions[q] = off if off is not None else 0
+                if off is not None:
+                    self._committed[q] = off
+        self._tasks = [asyncio.create_task(self._pull_loop(q, self._positions[q]))
+                       for q in queues]
         self._started = True
 
     async def _pull_loop(self, queue: int, offset: int) -> None:
         backoff = Backoff(0.1, 2.0)
         router = self.router
+        group = router.group_of(self.topic, queue)
         while True:
             req = p.PullRequest(self.topic, queue, offset, self.max_bytes, self.max_wait_ms)
             conn: Connection | None = None
             try:
-                conn = await router.connection(Permission.READ)
+                conn = await router.connection(Permission.READ, group)
                 resp = p.PullResponse.decode(await conn.request(
-                    p.Op.PULL, req.encode(), epoch=router.epoch,
+                    p.Op.PULL, req.encode(), epoch=router.epoch_of(group),
                     timeout_s=router.request_timeout_s))
             except BrokerError as exc:
                 if not exc.retriable:
                     await self._buffer.put(exc)
                     return
                 log.info("pull %s/%d: %s; re-routing", self.topic, queue, exc)
-                await router.failed(Permission.READ, conn)
+                await router.failed(Permission.READ, conn, group)
                 await backoff.sleep()
                 continue
             except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
                 log.info("pull %s/%d: %s; reconnecting", self.topic, queue, exc)
-                await router.failed(Permission.READ, conn)
+                await router.failed(Permission.READ, conn, group)
                 await backoff.sleep()
                 continue
             backoff.reset()
@@ -716,16 +920,22 @@ class Consumer:
         todo = {q: o for q, o in self._positions.items() if self._committed.get(q) != o}
         if not todo:
             return dict(self._committed)
-        body = await _with_retries(
-            self.router,
-            Permission.READ,
-            p.Op.COMMIT_OFFSET,
-            p.CommitOffsetRequest(self.group, self.topic, todo).encode(),
-        )
-        stored = p.OffsetsResponse.decode(body).offsets
-        for q, o in stored.items():
-            if o is not None:
-                self._committed[q] = o
+        by_group: dict[str | None, dict[int, int]] = {}
+        for q, o in todo.items():
+            by_group.setdefault(self.router.group_of(self.topic, q), {})[q] = o
+        stored: dict[int, int | None] = {}
+        for group, offsets in by_group.items():
+            body = await _with_retries(
+                self.router,
+                Permission.READ,
+                p.Op.COMMIT_OFFSET,
+                p.CommitOffsetRequest(self.group, self.topic, offsets).encode(),
+                group=group,
+            )
+            stored.update(p.OffsetsResponse.decode(body).offsets)
+        for q, kept in stored.items():
+            if kept is not None:
+                self._committed[q] = kept
         return dict(stored)
 
     async def close(self) -> None:

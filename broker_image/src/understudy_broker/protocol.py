@@ -71,6 +71,11 @@ class Op(enum.IntEnum):
     HEARTBEAT = 7
     BACKSYNC_OFFSETS = 8  # the acting slave pushes its consumer offsets to the master
     GET_STATUS = 9  # reserved: the controller reads a broker's status
+    ADMIN_TOPIC = 10  # create, alter or delete a cluster topic (/topics/<t>)
+    QUEUE_STATS = 11  # per queue: log start/end and every consumer group's committed offset
+    MEMBER_HEARTBEAT = 12  # join / stay in a consumer group; answers the member's queues
+    LEAVE_GROUP = 13  # a member leaves cleanly (after committing)
+    DESCRIBE_GROUP = 14  # a consumer group's members and assignment
 
 
 class Status(enum.IntEnum):
@@ -88,6 +93,10 @@ class Status(enum.IntEnum):
     UNKNOWN_OPERATION = 9
     INTERNAL = 10
     BAD_REQUEST = 11  # a well-formed frame whose content is invalid (bad queue, ...)
+    NOT_OWNER = 12  # a pull or commit by a member that does not own the queue (invariant 6)
+    UNKNOWN_MEMBER = 13  # the member's session expired or it never joined: rejoin
+    UNSUPPORTED = 14  # the broker runs without ZooKeeper: no cluster topics or consumer groups
+    CONFLICT = 15  # the topic exists (create), or changed while being altered
 
 
 #: Statuses after which a client should re-route and retry.
@@ -266,6 +275,7 @@ class FrameDecoder:
 # --------------------------------------------------------------------------- bodies
 
 _U16 = struct.Struct(">H")  # length of a short string (topic name)
+_U64 = struct.Struct(">Q")
 _PRODUCE_HEAD = struct.Struct(
     ">"
     "I"  # message count
@@ -562,18 +572,33 @@ class PullRequest:
     max_bytes: int
     max_wait_ms: int
 
+    #: A consumer-group member's pull names its group, itself and the assignment
+    #: generation it pulls under; the broker checks it owns the queue (invariant 6).
+    cgroup: str = ""
+    member: str = ""
+    generation: int = 0
+
     def encode(self) -> bytes:
-        return _string(self.topic) + _PULL_REQ.pack(
+        head = _string(self.topic) + _PULL_REQ.pack(
             self.queue, self.offset, self.max_bytes, self.max_wait_ms
         )
+        if not self.member:
+            return head
+        return head + _string(self.cgroup) + _string(self.member) + _U64.pack(self.generation)
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
         r = _Reader(body)
         topic = r.string()
         queue, offset, max_bytes, max_wait_ms = r.unpack(_PULL_REQ)
+        if r.pos == len(body):
+            return cls(topic, queue, offset, max_bytes, max_wait_ms)
+        cgroup, member = r.string(), r.string()
+        (generation,) = r.unpack(_U64)
         r.end()
-        return cls(topic, queue, offset, max_bytes, max_wait_ms)
+        if not cgroup or not member:
+            raise FrameError(Status.BAD_REQUEST, "a member pull needs a consumer group and a member")
+        return cls(topic, queue, offset, max_bytes, max_wait_ms, cgroup, member, generation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -694,12 +719,19 @@ class FetchOffsetRequest:
 
 @dataclass(frozen=True, slots=True)
 class GetRouteRequest:
-    """``topic`` None asks for every topic."""
+    """``topic`` None asks for every topic. With ``wait_ms`` the broker answers when its
+    cluster view moves past ``known_version`` (or when the wait ends): clients keep one
+    such request outstanding and so learn route changes as they happen."""
 
     topic: str | None = None
+    known_version: int = -1
+    wait_ms: int = 0
 
     def encode(self) -> bytes:
-        return _json_body({"topic": self.topic})
+        data: dict[str, Any] = {"topic": self.topic}
+        if self.wait_ms:
+            data.update(known_version=self.known_version, wait_ms=self.wait_ms)
+        return _json_body(data)
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
@@ -707,7 +739,10 @@ class GetRouteRequest:
         topic = data.get("topic")
         if topic is not None and not isinstance(topic, str):
             raise _bad("field 'topic' has the wrong type")
-        return cls(topic)
+        known, wait = data.get("known_version", -1), data.get("wait_ms", 0)
+        if not isinstance(known, int) or not isinstance(wait, int) or not 0 <= wait <= 600_000:
+            raise FrameError(Status.BAD_REQUEST, "known_version and wait_ms (0-600000) are integers")
+        return cls(topic, known, wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -755,24 +790,48 @@ class GroupRoute:
 
 @dataclass(frozen=True, slots=True)
 class RouteResponse:
-    """``{"groups": [{"group", "brokers": [...]}], "topics": {name: {"queues", "groups"}}}``;
-    the shape allows a topic to span several groups later."""
+    """``{"groups": [{"group", "brokers": [...]}], "topics": {name: {"queues", "groups",
+    "placement"}}, "version"}``. ``placement[t][q]`` is the group of queue ``q`` (None: a
+    removed queue); a topic without placement lives wholly on ``topic_groups[t][0]`` (a
+    topic created on one group with CREATE_TOPIC). ``version`` is the answering broker's
+    cluster-view version (0 without ZooKeeper)."""
 
     groups: Sequence[GroupRoute]
     topics: Mapping[str, int]  # topic -> queue count
     topic_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    placement: Mapping[str, Sequence[str | None]] = field(default_factory=dict)
+    version: int = 0
+
+    def group_of(self, topic: str, queue: int) -> str | None:
+        """The group holding ``queue`` of ``topic`` (None: unknown or removed)."""
+        placed = self.placement.get(topic)
+        if placed is not None:
+            return placed[queue] if 0 <= queue < len(placed) else None
+        groups = self.topic_groups.get(topic) or [g.group for g in self.groups]
+        n = self.topics.get(topic)
+        return groups[0] if groups and n is not None and 0 <= queue < n else None
+
+    def brokers_of(self, group: str) -> Sequence[BrokerRoute]:
+        for g in self.groups:
+            if g.group == group:
+                return g.brokers
+        return ()
 
     def encode(self) -> bytes:
+        topics: dict[str, Any] = {}
+        for t, n in self.topics.items():
+            info: dict[str, Any] = {"queues": n, "groups": list(self.topic_groups.get(t, ()))}
+            if t in self.placement:
+                info["placement"] = list(self.placement[t])
+            topics[t] = info
         return _json_body(
             {
                 "groups": [
                     {"group": g.group, "brokers": [b.to_json() for b in g.brokers]}
                     for g in self.groups
                 ],
-                "topics": {
-                    t: {"queues": n, "groups": list(self.topic_groups.get(t, ()))}
-                    for t, n in self.topics.items()
-                },
+                "topics": topics,
+                "version": self.version,
             }
         )
 
@@ -791,12 +850,19 @@ class RouteResponse:
             groups.append(GroupRoute(_field(g, "group", str), brokers))
         topics: dict[str, int] = {}
         topic_groups: dict[str, list[str]] = {}
+        placement: dict[str, list[str | None]] = {}
         for name, info in _field(data, "topics", dict).items():
             if not isinstance(info, dict):
                 raise _bad("topic info must be an object")
             topics[name] = _field(info, "queues", int)
             topic_groups[name] = [str(x) for x in info.get("groups", [])]
-        return cls(groups, topics, topic_groups)
+            placed = info.get("placement")
+            if placed is not None:
+                if not isinstance(placed, list) or len(placed) != topics[name]:
+                    raise _bad(f"topic {name!r}: placement must list a group per queue")
+                placement[name] = [None if x is None else str(x) for x in placed]
+        version = data.get("version", 0)
+        return cls(groups, topics, topic_groups, placement, version if isinstance(version, int) else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -908,6 +974,257 @@ class BackSyncResponse:
         )
 
 
+# --------------------------------------------------------------------------- cluster
+
+
+def _strings(data: Mapping[str, Any], name: str) -> list[str]:
+    value = data.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise _bad(f"field {name!r} must be a list of strings")
+    return list(value)
+
+
+def _int_field(data: Mapping[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise FrameError(Status.BAD_REQUEST, f"field {name!r} must be an integer {lo}..{hi}")
+    return value
+
+
+ADMIN_ACTIONS: Final = ("create", "alter", "delete")
+
+
+@dataclass(frozen=True, slots=True)
+class AdminTopicRequest:
+    """ADMIN_TOPIC: ``create`` (groups, queues_per_group, ordered), ``alter`` (add_groups,
+    remove_groups, queues_per_group), ``delete``. ``backlog`` is the unconsumed count per
+    queue the admin client measured (QUEUE_STATS), for the removal checks; ``force``
+    removes queues or deletes a topic whatever they hold."""
+
+    action: str
+    topic: str
+    groups: Sequence[str] = ()
+    queues_per_group: int | None = None
+    add_groups: Sequence[str] = ()
+    remove_groups: Sequence[str] = ()
+    ordered: bool = False
+    force: bool = False
+    backlog: Mapping[int, int] | None = None
+
+    def encode(self) -> bytes:
+        return _json_body({
+            "action": self.action, "topic": self.topic, "groups": list(self.groups),
+            "queues_per_group": self.queues_per_group, "add_groups": list(self.add_groups),
+            "remove_groups": list(self.remove_groups), "ordered": self.ordered,
+            "force": self.force,
+            "backlog": None if self.backlog is None else {str(q): n for q, n in self.backlog.items()},
+        })
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        action = _field(data, "action", str)
+        if action not in ADMIN_ACTIONS:
+            raise FrameError(Status.BAD_REQUEST, f"action must be one of {', '.join(ADMIN_ACTIONS)}")
+        qpg = data.get("queues_per_group")
+        if qpg is not None and (isinstance(qpg, bool) or not isinstance(qpg, int)):
+            raise _bad("field 'queues_per_group' must be an integer")
+        raw = data.get("backlog")
+        backlog = None if raw is None else {
+            q: (o or 0) for q, o in _queue_offsets({"backlog": raw}, "backlog").items()}
+        return cls(action, _topic_name(data), _strings(data, "groups"), qpg,
+                   _strings(data, "add_groups"), _strings(data, "remove_groups"),
+                   bool(data.get("ordered", False)), bool(data.get("force", False)), backlog)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminTopicResponse:
+    """The topic as stored after the change (``placement`` empty after a delete)."""
+
+    topic: str
+    placement: Sequence[str | None]
+    ordered: bool
+    changed: bool
+
+    def encode(self) -> bytes:
+        return _json_body({"topic": self.topic, "placement": list(self.placement),
+                           "ordered": self.ordered, "changed": self.changed})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        placed = _field(data, "placement", list)
+        return cls(_topic_name(data), [None if g is None else str(g) for g in placed],
+                   bool(data.get("ordered", False)), bool(data.get("changed", False)))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    start: int
+    end: int
+    committed: Mapping[str, int]  # consumer group -> committed offset
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatsRequest:
+    topic: str
+    queues: Sequence[int]
+
+    def encode(self) -> bytes:
+        return _json_body({"topic": self.topic, "queues": list(self.queues)})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_topic_name(data), [_queue(q) for q in _field(data, "queues", list)])
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatsResponse:
+    """What one broker holds for the queues asked (its own copy: on a slave it lags by
+    the replication delay). Queues it does not hold are left out."""
+
+    broker: str
+    group: str
+    queues: Mapping[int, QueueStats]
+
+    def encode(self) -> bytes:
+        return _json_body({"broker": self.broker, "group": self.group, "queues": {
+            str(q): {"start": s.start, "end": s.end, "committed": dict(s.committed)}
+            for q, s in self.queues.items()}})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        out: dict[int, QueueStats] = {}
+        for k, v in _field(data, "queues", dict).items():
+            if not isinstance(v, dict):
+                raise _bad("queue stats must be objects")
+            committed = _field(v, "committed", dict)
+            out[_queue(int(k))] = QueueStats(_offset(_field(v, "start", int)),
+                                             _offset(_field(v, "end", int)),
+                                             {str(g): _offset(o) for g, o in committed.items()})
+        return cls(_field(data, "broker", str), _field(data, "group", str), out)
+
+
+def _keys(data: Mapping[str, Any], name: str) -> list[tuple[str, int]]:
+    raw = data.get(name, [])
+    if not isinstance(raw, list):
+        raise _bad(f"field {name!r} must be a list of [topic, queue]")
+    out = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str):
+            raise _bad(f"field {name!r} must be a list of [topic, queue]")
+        validate_topic(item[0])
+        out.append((item[0], _queue(item[1])))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHeartbeatRequest:
+    """MEMBER_HEARTBEAT. ``join`` creates the member (or takes it over from another
+    broker); otherwise an unknown member gets ``UNKNOWN_MEMBER``. ``released`` are queues
+    the member committed and stopped pulling. The broker answers at once when
+    ``generation`` is older than the assignment's (or the member must release something),
+    else when the assignment changes or ``wait_ms`` ends (a long poll)."""
+
+    cgroup: str
+    member: str
+    topics: Sequence[str]
+    session_timeout_ms: int = 6000
+    join: bool = False
+    released: Sequence[tuple[str, int]] = ()
+    generation: int = -1
+    wait_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _json_body({
+            "group": self.cgroup, "member": self.member, "topics": list(self.topics),
+            "session_timeout_ms": self.session_timeout_ms, "join": self.join,
+            "released": [list(k) for k in self.released], "generation": self.generation,
+            "wait_ms": self.wait_ms})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        topics = _strings(data, "topics")
+        for t in topics:
+            validate_topic(t)
+        return cls(_field(data, "group", str), _field(data, "member", str), topics,
+                   _int_field(data, "session_timeout_ms", 6000, 500, 600_000),
+                   bool(data.get("join", False)), _keys(data, "released"),
+                   _int_field(data, "generation", -1, -1, 1 << 62),
+                   _int_field(data, "wait_ms", 0, 0, 60_000))
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHeartbeatResponse:
+    """``owned``: queues the member may pull under ``generation``; ``revoking``: those of
+    them it must commit and release now."""
+
+    generation: int
+    owned: Sequence[tuple[str, int]]
+    revoking: Sequence[tuple[str, int]]
+    broker: str = ""
+
+    def encode(self) -> bytes:
+        return _json_body({"generation": self.generation, "owned": [list(k) for k in self.owned],
+                           "revoking": [list(k) for k in self.revoking], "broker": self.broker})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_field(data, "generation", int), _keys(data, "owned"), _keys(data, "revoking"),
+                   str(data.get("broker", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupRequest:
+    cgroup: str
+    member: str
+
+    def encode(self) -> bytes:
+        return _json_body({"group": self.cgroup, "member": self.member})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_field(data, "group", str), _field(data, "member", str))
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupRequest:
+    cgroup: str
+
+    def encode(self) -> bytes:
+        return _json_body({"group": self.cgroup})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        return cls(_field(_json_object(body), "group", str))
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupResponse:
+    """Members (``{member, broker, topics}``) and ownership (``{topic, queue, member,
+    next}``) as ZooKeeper holds them; an empty group when the consumer group is unknown."""
+
+    cgroup: str
+    generation: int
+    members: Sequence[Mapping[str, Any]]
+    owners: Sequence[Mapping[str, Any]]
+
+    def encode(self) -> bytes:
+        return _json_body({"group": self.cgroup, "generation": self.generation,
+                           "members": list(self.members), "owners": list(self.owners)})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_field(data, "group", str), _field(data, "generation", int),
+                   _field(data, "members", list), _field(data, "owners", list))
+
+
 #: Request and response body types per operation.
 REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicRequest,
@@ -918,6 +1235,11 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.GET_ROUTE: GetRouteRequest,
     Op.HEARTBEAT: HeartbeatRequest,
     Op.BACKSYNC_OFFSETS: BackSyncRequest,
+    Op.ADMIN_TOPIC: AdminTopicRequest,
+    Op.QUEUE_STATS: QueueStatsRequest,
+    Op.MEMBER_HEARTBEAT: MemberHeartbeatRequest,
+    Op.LEAVE_GROUP: LeaveGroupRequest,
+    Op.DESCRIBE_GROUP: DescribeGroupRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -928,6 +1250,11 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.GET_ROUTE: RouteResponse,
     Op.HEARTBEAT: HeartbeatResponse,
     Op.BACKSYNC_OFFSETS: BackSyncResponse,
+    Op.ADMIN_TOPIC: AdminTopicResponse,
+    Op.QUEUE_STATS: QueueStatsResponse,
+    Op.MEMBER_HEARTBEAT: MemberHeartbeatResponse,
+    Op.LEAVE_GROUP: MemberHeartbeatResponse,
+    Op.DESCRIBE_GROUP: DescribeGroupResponse,
 }
 
 

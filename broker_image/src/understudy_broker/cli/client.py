@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from understudy_broker import protocol as p
+from understudy_broker.admin import admin_topic, describe_consumer_group, describe_topic
 from understudy_broker.client import (
     BrokerError,
     Consumer,
@@ -293,15 +295,151 @@ def topic() -> None:
 @topic.command("create")
 @bootstrap_option
 @click.option("--topic", "-t", "name", required=True)
-@click.option("--queues", "-q", type=click.IntRange(1, 65535), default=4, show_default=True)
-def topic_create(bootstrap: tuple[str, ...], name: str, queues: int) -> None:
-    """Create TOPIC with QUEUES queues (grows an existing topic; never shrinks)."""
+@click.option("--queues", "-q", type=click.IntRange(1, 65535), default=4, show_default=True,
+              help="Without --groups: queues of a topic on the bootstrap broker's group.")
+@click.option("--groups", default=None, metavar="G1,G2",
+              help="Spread the topic over these broker groups (a cluster topic).")
+@click.option("--queues-per-group", type=click.IntRange(1, 1024), default=None,
+              help="Queues on each group of --groups (default 4).")
+@click.option("--ordered", is_flag=True, help="A strictly ordered topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print the topic as one JSON object.")
+def topic_create(bootstrap: tuple[str, ...], name: str, queues: int, groups: str | None,
+                 queues_per_group: int | None, ordered: bool, as_json: bool) -> None:
+    """Create TOPIC: over --groups with --queues-per-group queues each (stored in
+    ZooKeeper by the broker; any broker then serves its route), or, without --groups,
+    with --queues queues on the bootstrap broker's group (grows; never shrinks)."""
+    boot = _bootstrap(bootstrap)
+    if groups is None:
+        if queues_per_group is not None or ordered:
+            raise click.UsageError("--queues-per-group and --ordered need --groups")
+        try:
+            resp = asyncio.run(create_topic(boot, topic=name, queues=queues))
+        except (BrokerError, ConnectionError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        if as_json:
+            click.echo(json.dumps({"topic": resp.topic, "queues": resp.queues,
+                                   "created": resp.created}))
+            return
+        verb = "created" if resp.created else "exists"
+        click.echo(f"topic {resp.topic}: {verb}, {resp.queues} queues")
+        return
+    names = [g.strip() for g in groups.split(",") if g.strip()]
+    req = p.AdminTopicRequest("create", name, names, queues_per_group or 4, ordered=ordered)
+    _admin(boot, req, as_json)
+
+
+def _admin(boot: list[str], req: p.AdminTopicRequest, as_json: bool) -> None:
     try:
-        resp = asyncio.run(create_topic(_bootstrap(bootstrap), topic=name, queues=queues))
-    except (BrokerError, ConnectionError) as exc:
+        resp = asyncio.run(admin_topic(boot, req))
+    except (BrokerError, ConnectionError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-    verb = "created" if resp.created else "exists"
-    click.echo(f"topic {resp.topic}: {verb}, {resp.queues} queues")
+    placement = [{"queue": q, "group": g} for q, g in enumerate(resp.placement) if g is not None]
+    if as_json:
+        click.echo(json.dumps({"topic": resp.topic, "action": req.action,
+                               "ordered": resp.ordered, "queues": placement}))
+        return
+    if req.action == "delete":
+        click.echo(f"topic {resp.topic}: deleted")
+        return
+    per: dict[str, int] = {}
+    for e in placement:
+        per[str(e["group"])] = per.get(str(e["group"]), 0) + 1
+    spread = ", ".join(f"{g}: {n}" for g, n in per.items())
+    click.echo(f"topic {resp.topic}: {req.action}d, {len(placement)} queues ({spread})")
+
+
+@topic.command("alter")
+@bootstrap_option
+@click.option("--topic", "-t", "name", required=True)
+@click.option("--add-groups", default="", metavar="G3,...", help="Groups to add queues on.")
+@click.option("--remove-groups", default="", metavar="G2,...",
+              help="Groups whose queues are removed (only when drained, or with --force).")
+@click.option("--queues-per-group", type=click.IntRange(1, 1024), default=None,
+              help="Grow (or, with the backlog rule, shrink) every group to this many queues.")
+@click.option("--force", is_flag=True, help="Remove queues even if they hold unconsumed messages.")
+@click.option("--json", "as_json", is_flag=True)
+def topic_alter(bootstrap: tuple[str, ...], name: str, add_groups: str, remove_groups: str,
+                queues_per_group: int | None, force: bool, as_json: bool) -> None:
+    """Add groups or queues to a cluster topic, or remove drained ones."""
+    def split(v: str) -> list[str]:
+        return [g.strip() for g in v.split(",") if g.strip()]
+    if not (add_groups or remove_groups or queues_per_group):
+        raise click.UsageError("nothing to change: give --add-groups, --remove-groups or "
+                               "--queues-per-group")
+    req = p.AdminTopicRequest("alter", name, queues_per_group=queues_per_group,
+                              add_groups=split(add_groups), remove_groups=split(remove_groups),
+                              force=force)
+    _admin(_bootstrap(bootstrap), req, as_json)
+
+
+@topic.command("delete")
+@bootstrap_option
+@click.option("--topic", "-t", "name", required=True)
+@click.option("--force", is_flag=True, help="Delete even if queues hold unconsumed messages.")
+@click.option("--json", "as_json", is_flag=True)
+def topic_delete(bootstrap: tuple[str, ...], name: str, force: bool, as_json: bool) -> None:
+    """Delete a cluster topic (refused while it holds unconsumed messages, unless --force)."""
+    _admin(_bootstrap(bootstrap), p.AdminTopicRequest("delete", name, force=force), as_json)
+
+
+@topic.command("describe")
+@bootstrap_option
+@click.option("--topic", "-t", "name", required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def topic_describe(bootstrap: tuple[str, ...], name: str, as_json: bool) -> None:
+    """Per queue: group, writer, reader, log end; per consumer group: owner, committed
+    offset and lag."""
+    try:
+        d = asyncio.run(describe_topic(_bootstrap(bootstrap), name))
+    except (BrokerError, ConnectionError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(d))
+        return
+    table = Table(title=f"topic {name}")
+    for col in ("queue", "group", "writer", "reader", "log end", "consumer group", "owner",
+                "committed", "lag"):
+        table.add_column(col)
+    for q in d["queues"]:
+        base = [str(q["queue"]), q["group"], q["writer"] or "-", q["reader"] or "-",
+                "?" if q["log_end"] is None else str(q["log_end"])]
+        if not q["consumer_groups"]:
+            table.add_row(*base, "-", "-", "-", "-")
+        for i, c in enumerate(q["consumer_groups"]):
+            row = base if i == 0 else [""] * 5
+            table.add_row(*row, c["consumer_group"], c["owner"] or "-",
+                          str(c["committed"]), str(c["lag"]))
+    Console().print(table)
+
+
+@click.group("consumer-group", short_help="Inspect consumer groups.",
+             context_settings={"help_option_names": ["-h", "--help"]})
+def consumer_group() -> None:
+    """Inspect consumer groups (members and queue ownership are held by the brokers)."""
+
+
+@consumer_group.command("describe")
+@bootstrap_option
+@click.option("--group", "-g", "cgroup", required=True, help="The consumer group.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def consumer_group_describe(bootstrap: tuple[str, ...], cgroup: str, as_json: bool) -> None:
+    """Members, and per queue: owner, committed offset, lag."""
+    try:
+        d = asyncio.run(describe_consumer_group(_bootstrap(bootstrap), cgroup))
+    except (BrokerError, ConnectionError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(d))
+        return
+    click.echo(f"consumer group {cgroup}: generation {d['generation']}, "
+               f"{len(d['members'])} member(s)")
+    table = Table()
+    for col in ("topic", "queue", "member", "handing to", "committed", "lag"):
+        table.add_column(col)
+    for a in d["assignment"]:
+        table.add_row(a["topic"], str(a["queue"]), a["member"], a["next"] or "-",
+                      str(a["committed"]), str(a["lag"]))
+    Console().print(table)
 
 
 @topic.command("list")

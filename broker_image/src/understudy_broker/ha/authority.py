@@ -23,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, request_once
@@ -32,6 +32,10 @@ from understudy_broker.model import Health, Permission, Role, Snapshot, effectiv
 from understudy_broker.protocol import BrokerRoute, GroupRoute
 from understudy_broker.replication.isr import IsrStore
 from understudy_broker.zklayout import GroupConfig
+
+if TYPE_CHECKING:
+    from understudy_broker.ha.clusterview import ClusterView
+    from understudy_broker.ha.membership import Membership
 
 Listener = Callable[[], None]
 #: Asks a peer for ``(effective permission, epoch, role)``; raises OSError or
@@ -119,6 +123,16 @@ class Authority(Protocol):
     async def wait_config(self, timeout_s: float) -> GroupConfig | None:
         """The group's configuration once known (``None``: none within ``timeout_s``, or no
         coordination at all)."""
+        ...
+
+    @property
+    def cluster(self) -> ClusterView | None:
+        """Every topic and group under the chroot (``None`` without ZooKeeper)."""
+        ...
+
+    @property
+    def membership(self) -> Membership | None:
+        """Consumer groups held by brokers (``None`` without ZooKeeper)."""
         ...
 
     async def start(self) -> None: ...
@@ -257,6 +271,14 @@ class StaticAuthority(BrokerIdentity):
         return None
 
     def facts_changed(self) -> None:
+        return None
+
+    @property
+    def cluster(self) -> ClusterView | None:
+        return None
+
+    @property
+    def membership(self) -> Membership | None:
         return None
 
     async def wait_config(self, timeout_s: float) -> GroupConfig | None:

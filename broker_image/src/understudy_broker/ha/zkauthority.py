@@ -33,16 +33,16 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from kazoo.exceptions import KazooException, NoNodeError
-
 from understudy_broker.ha.authority import BrokerHooks, BrokerIdentity, ReplicationFacts
 from understudy_broker.ha.backsync import BackSyncer
+from understudy_broker.ha.clusterview import ClusterView
 from understudy_broker.ha.coordinator import (
     DEFAULT_LINK_TIMEOUT_S,
     BrokerCoordinator,
     CoordinationError,
 )
 from understudy_broker.ha.lease import lease_clock
+from understudy_broker.ha.membership import Membership
 from understudy_broker.ha.permlog import lapse_time_ns
 from understudy_broker.model import (
     Health,
@@ -55,15 +55,13 @@ from understudy_broker.model import (
 from understudy_broker.protocol import BrokerRoute, GroupRoute
 from understudy_broker.replication.isr import IsrConflictError, IsrStore
 from understudy_broker.tasks import stop_tasks
-from understudy_broker.zkclient import Digest, kazoo_future
+from understudy_broker.zkclient import Digest, digest_acl
 from understudy_broker.zklayout import (
     BrokerStatus,
     GroupConfig,
     LayoutError,
     decode_isr,
     encode_isr,
-    live_dir,
-    status_path,
 )
 
 log = logging.getLogger(__name__)
@@ -158,7 +156,8 @@ class ZkAuthority(BrokerIdentity):
         self._last_live: frozenset[str] = frozenset()
         self._publish_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._route_cache: tuple[float, list[BrokerRoute]] | None = None
+        self._cluster: ClusterView | None = None
+        self._membership: Membership | None = None
 
     # ------------------------------------------------------------------ Authority
 
@@ -284,9 +283,26 @@ class ZkAuthority(BrokerIdentity):
             link_timeout_s=self._link_timeout_s,
         )
         await self._coord.start()
+        acl = digest_acl(self._digest_auth)
+        self._cluster = ClusterView(self._coord.client, loop, acl=acl)
+        await self._cluster.start()
+        self._membership = Membership(self._coord.client, loop, broker=self._name,
+                                      view=self._cluster, acl=acl)
+        self._cluster.subscribe(self._membership.topics_changed)
+        await self._membership.start()
         self._task = loop.create_task(self._publish_loop(), name=f"status-{self._name}")
 
+    @property
+    def cluster(self) -> ClusterView | None:
+        return self._cluster
+
+    @property
+    def membership(self) -> Membership | None:
+        return self._membership
+
     async def stop(self) -> None:
+        if self._membership is not None:
+            await self._membership.stop()
         if self._backsync is not None:
             await self._backsync.stop()
         if self._task is not None:
@@ -296,12 +312,14 @@ class ZkAuthority(BrokerIdentity):
             await self._coord.stop()
 
     async def route(self) -> list[GroupRoute]:
+        """This broker exactly as it stands, its peers as the cluster view holds them
+        (their published effective permission; unreachable once their session is gone)."""
         me = BrokerRoute(self._name, self.advertised_address(), self._role.value,
                          int(self.effective()), self.epoch())
-        now = time.monotonic()
-        if self._route_cache is None or now - self._route_cache[0] > self._route_cache_s:
-            self._route_cache = (now, await self._peer_routes())
-        return [GroupRoute(self._group, [me, *self._route_cache[1]])]
+        view = self._cluster
+        peers = [] if view is None else [
+            b for b in view.group_route(self._group).brokers if b.name != self._name]
+        return [GroupRoute(self._group, [me, *peers])]
 
     # ------------------------------------------------------------------ internals
 
@@ -373,29 +391,3 @@ class ZkAuthority(BrokerIdentity):
                 async with asyncio.timeout(self._publish_interval_s):
                     await self._publish_now.wait()
 
-    async def _peer_routes(self) -> list[BrokerRoute]:
-        coord = self._coord
-        if coord is None or coord.config is None:
-            return []
-        loop = asyncio.get_running_loop()
-        try:
-            live = set(await kazoo_future(loop, coord.client.get_children_async(
-                live_dir(self._group))))
-        except (NoNodeError, KazooException):
-            live = set()
-        out: list[BrokerRoute] = []
-        for spec in coord.config.brokers:
-            if spec.name == self._name:
-                continue
-            perm, epoch, reachable = 0, 0, False
-            try:
-                raw, _ = await kazoo_future(loop, coord.client.get_async(
-                    status_path(self._group, spec.name)))
-                st = BrokerStatus.from_json(raw)
-                perm, epoch = int(st.effective), st.epoch_applied
-                reachable = spec.name in live
-            except (NoNodeError, LayoutError, KazooException):
-                pass
-            out.append(BrokerRoute(spec.name, spec.address, spec.role.value, perm, epoch,
-                                   reachable=reachable))
-        return out

@@ -35,6 +35,7 @@ from understudy_broker.ha.authority import (
     authority_for,
     probe_peer,
 )
+from understudy_broker.ha.clusterview import ClusterView
 from understudy_broker.ha.permlog import FILE_NAME as PERMISSION_LOG
 from understudy_broker.ha.permlog import PermissionLog
 from understudy_broker.model import Permission, Role
@@ -163,6 +164,10 @@ class Broker:
                 signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,
                 backsync_persisted=self._on_backsync_persisted,
             ))
+            view = self.authority.cluster
+            if view is not None:
+                view.subscribe(lambda: self._adopt_cluster_topics(store, view))
+                self._adopt_cluster_topics(store, view)
             await replica.start()
             await self._port.start(cfg.host, cfg.port)
             if cfg.http_port is not None:
@@ -278,6 +283,15 @@ class Broker:
                 still_lost=lambda: not self.authority.effective() & Permission.READ),
                 "close-consumer-sessions")
         self._had_read = has_read
+
+    def _adopt_cluster_topics(self, store: Store, view: ClusterView) -> None:
+        """Cluster topics with queues on this group become local topics (queue counts only
+        grow), on every broker of the group: the master writes them, slaves replicate."""
+        mine = {t: len(d.queues) for t, d in view.topics.items() if self.cfg.group in d.groups()}
+        try:
+            store.topics.merge(mine)
+        except OSError as exc:
+            log.error("recording cluster topics: %s", exc)
 
     def _ready(self) -> tuple[bool, str]:
         if self._stopping:

@@ -21,11 +21,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from understudy_broker import protocol as p
 from understudy_broker.config import BrokerConfig
 from understudy_broker.ha.authority import Authority
+from understudy_broker.ha.clusterview import ClusterView
+from understudy_broker.ha.membership import Membership, MembershipError
+from understudy_broker.ha.topicadmin import TopicAdmin, TopicConflict
 from understudy_broker.model import Permission, Role
 from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
 from understudy_broker.server.metrics import BrokerMetrics
@@ -33,6 +36,7 @@ from understudy_broker.server.replica import Replica
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
 from understudy_broker.storage.records import CommitLogError
 from understudy_broker.storage.store import Store
+from understudy_broker.topology import TopicPlanError
 
 log = logging.getLogger("understudy.broker")
 
@@ -108,6 +112,7 @@ class Requests:
         self._metrics = metrics
         self._stopping = stopping
         self._backsync_persisted = backsync_persisted
+        self._topic_admin = TopicAdmin(authority)
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
             p.Op.PRODUCE: self._produce,
@@ -117,6 +122,11 @@ class Requests:
             p.Op.GET_ROUTE: self._get_route,
             p.Op.HEARTBEAT: self._heartbeat,
             p.Op.BACKSYNC_OFFSETS: self._backsync,
+            p.Op.ADMIN_TOPIC: self._admin_topic,
+            p.Op.QUEUE_STATS: self._queue_stats,
+            p.Op.MEMBER_HEARTBEAT: self._member_heartbeat,
+            p.Op.LEAVE_GROUP: self._leave_group,
+            p.Op.DESCRIBE_GROUP: self._describe_group,
         }
 
     async def handle(self, frame: p.Frame) -> bytes:
@@ -162,6 +172,36 @@ class Requests:
             raise RequestError(p.Status.UNKNOWN_TOPIC, f"unknown topic {topic!r}")
         return n
 
+    def _check_placed(self, topic: str, queues: Iterable[int]) -> None:
+        """A cluster topic's queue is served only by the group it lives on."""
+        view = self._authority.cluster
+        doc = None if view is None else view.topics.get(topic)
+        if doc is None:
+            return
+        for q in queues:
+            g = doc.group_of(q)
+            if g != self._cfg.group:
+                where = "was removed" if g is None and q < len(doc.queues) else (
+                    "does not exist" if g is None else f"lives on group {g!r}")
+                raise RequestError(
+                    p.Status.BAD_REQUEST,
+                    f"queue {q} of topic {topic!r} {where}, not on {self._cfg.group!r}")
+
+    def _cluster(self) -> ClusterView:
+        view = self._authority.cluster
+        if view is None:
+            raise RequestError(p.Status.UNSUPPORTED,
+                               f"{self._cfg.name} runs without ZooKeeper: no cluster topics "
+                               "or consumer groups (start brokers with --zk)")
+        return view
+
+    def _membership(self) -> Membership:
+        m = self._authority.membership
+        if m is None:
+            self._cluster()
+            raise AssertionError("unreachable")  # pragma: no cover
+        return m
+
     # ---- handlers -------------------------------------------------------------------
 
     async def _create_topic(self, frame: p.Frame) -> bytes:
@@ -193,6 +233,7 @@ class Requests:
                 p.Status.BAD_REQUEST,
                 f"queue {bad[0]} does not exist: topic {topic!r} has {queues} queues",
             )
+        self._check_placed(topic, {q for q, _k, _b in raw})
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
         # No await before the append: batches of one connection keep their order.
@@ -219,6 +260,8 @@ class Requests:
                 p.Status.BAD_REQUEST,
                 f"queue {req.queue} does not exist: topic {req.topic!r} has {queues} queues",
             )
+        if req.member:
+            await self._check_owner(req)
         lg = self._store.log
         # Keep the response inside the frame limit the client most likely uses.
         max_bytes = max(1, min(req.max_bytes, self._cfg.max_frame_bytes // 2))
@@ -235,6 +278,8 @@ class Requests:
                 break
             await self._signal.wait(remaining)
             self._require_read(frame)  # permission may have changed while waiting
+            if req.member:  # and so may ownership
+                await self._check_owner(req)
         next_offset = records[-1].queue_offset + 1 if records else offset
         self._metrics.messages_out(len(records))
         return p.PullResponse(
@@ -292,12 +337,92 @@ class Requests:
 
     async def _get_route(self, frame: p.Frame) -> bytes:
         req = p.GetRouteRequest.decode(frame.body)
-        topics = self._store.topics.snapshot()
-        if req.topic is not None:
-            topics = {req.topic: topics[req.topic]} if req.topic in topics else {}
-        groups = await self._authority.route()
-        names = [g.group for g in groups]
-        return p.RouteResponse(groups, topics, {t: names for t in topics}).encode()
+        view = self._authority.cluster
+        if view is not None and req.wait_ms:
+            await view.wait_change(req.known_version, req.wait_ms / 1000)
+        local = self._store.topics.snapshot()
+        own = await self._authority.route()
+        if view is None:
+            topics = local if req.topic is None else (
+                {req.topic: local[req.topic]} if req.topic in local else {})
+            names = [g.group for g in own]
+            return p.RouteResponse(own, topics, {t: names for t in topics}).encode()
+        cluster = view.topics if req.topic is None else (
+            {req.topic: view.topics[req.topic]} if req.topic in view.topics else {})
+        counts: dict[str, int] = {}
+        topic_groups: dict[str, list[str]] = {}
+        placement: dict[str, list[str | None]] = {}
+        for t, n in local.items():  # single-group topics (CREATE_TOPIC)
+            if t not in view.topics and (req.topic is None or req.topic == t):
+                counts[t], topic_groups[t] = n, [self._cfg.group]
+        for t, doc in cluster.items():
+            counts[t] = len(doc.queues)
+            topic_groups[t] = list(doc.groups())
+            placement[t] = list(doc.queues)
+        wanted = set(view.groups()) if req.topic is None else {
+            g for gs in topic_groups.values() for g in gs}
+        groups = [*own, *(view.group_route(g) for g in sorted(wanted) if g != self._cfg.group)]
+        return p.RouteResponse(groups, counts, topic_groups, placement, view.version).encode()
+
+    # ---- cluster: topics and consumer groups ------------------------------------------
+
+    async def _admin_topic(self, frame: p.Frame) -> bytes:
+        view = self._cluster()
+        req = p.AdminTopicRequest.decode(frame.body)
+        try:
+            doc = await self._topic_admin.apply(req, known_groups=view.groups())
+        except TopicPlanError as exc:
+            raise RequestError(p.Status.BAD_REQUEST, str(exc)) from None
+        except TopicConflict as exc:
+            raise RequestError(p.Status.CONFLICT, str(exc)) from None
+        except LookupError as exc:
+            raise RequestError(p.Status.UNKNOWN_TOPIC, str(exc)) from None
+        if doc is None:
+            return p.AdminTopicResponse(req.topic, [], False, True).encode()
+        return p.AdminTopicResponse(doc.name, list(doc.queues), doc.ordered, True).encode()
+
+    async def _queue_stats(self, frame: p.Frame) -> bytes:
+        req = p.QueueStatsRequest.decode(frame.body)
+        n = self._queues(req.topic)
+        lg, offsets = self._store.log, self._store.offsets
+        committed = offsets.snapshot()
+        out: dict[int, p.QueueStats] = {}
+        for q in req.queues:
+            if q >= n:
+                continue
+            out[q] = p.QueueStats(
+                lg.queue_start(req.topic, q), lg.queue_end(req.topic, q),
+                {cg: ts[req.topic][q] for cg, ts in committed.items()
+                 if q in ts.get(req.topic, {})})
+        return p.QueueStatsResponse(self._cfg.name, self._cfg.group, out).encode()
+
+    async def _member_heartbeat(self, frame: p.Frame) -> bytes:
+        req = p.MemberHeartbeatRequest.decode(frame.body)
+        try:
+            return (await self._membership().heartbeat(req)).encode()
+        except MembershipError as exc:
+            raise RequestError(exc.status, exc.message) from None
+
+    async def _leave_group(self, frame: p.Frame) -> bytes:
+        req = p.LeaveGroupRequest.decode(frame.body)
+        try:
+            return (await self._membership().leave(req)).encode()
+        except MembershipError as exc:
+            raise RequestError(exc.status, exc.message) from None
+
+    async def _describe_group(self, frame: p.Frame) -> bytes:
+        req = p.DescribeGroupRequest.decode(frame.body)
+        try:
+            return (await self._membership().describe(req.cgroup)).encode()
+        except MembershipError as exc:
+            raise RequestError(exc.status, exc.message) from None
+
+    async def _check_owner(self, req: p.PullRequest) -> None:
+        try:
+            await self._membership().check_owner(req.cgroup, req.member, req.topic, req.queue,
+                                                 req.generation)
+        except MembershipError as exc:
+            raise RequestError(exc.status, exc.message) from None
 
     async def _backsync(self, frame: p.Frame) -> bytes:
         """BACKSYNC_OFFSETS on the master: no READ needed (the master is NONE until this

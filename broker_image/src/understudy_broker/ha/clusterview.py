@@ -1,0 +1,267 @@
+"""What one broker knows of the whole cluster: every topic and every group's brokers.
+
+Why this module exists: any broker answers the route of any topic (DESIGN "Topics across
+groups"): per queue its group, that group's brokers and their effective permissions. The
+view is kept by ZooKeeper watches, not polls: ``/topics/*`` documents, and per group its
+``config``, ``live`` children and ``status`` documents (a broker publishes its status the
+moment its effective permission changes, so a failover reaches every view within a
+notification). Each change bumps :attr:`ClusterView.version`; GET_ROUTE long-polls wait
+on it, so clients learn a new route as soon as the brokers do.
+
+Threading: kazoo calls the watch functions on its threads; they only hand the data to
+the loop (``call_soon_threadsafe``). All state is read and written on the loop. A watch
+returns ``False`` to disarm itself once its topic or group is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from understudy_broker.protocol import BrokerRoute, GroupRoute
+from understudy_broker.zklayout import (
+    GROUPS_DIR,
+    TOPICS_DIR,
+    BrokerStatus,
+    GroupConfig,
+    LayoutError,
+    TopicDoc,
+    config_path,
+    live_dir,
+    status_dir,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Group:
+    config: GroupConfig | None = None
+    live: frozenset[str] = frozenset()
+    statuses: dict[str, BrokerStatus] = field(default_factory=dict)
+    watched_status: set[str] = field(default_factory=set)
+    gone: bool = False
+
+
+class ClusterView:
+    """Topics and groups as ZooKeeper holds them, kept current by watches."""
+
+    def __init__(self, client: KazooClient, loop: asyncio.AbstractEventLoop,
+                 acl: Any = None) -> None:
+        self._client = client
+        self._acl = acl
+        self._loop = loop
+        self._listeners: list[Callable[[], None]] = []
+        self.topics: dict[str, TopicDoc] = {}
+        self._groups: dict[str, _Group] = {}
+        self.version = 0
+        self._changed = asyncio.Event()
+        self._pending_topics: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        for path in (TOPICS_DIR, GROUPS_DIR):
+            await asyncio.to_thread(self._client.ensure_path, path, self._acl)
+        await asyncio.to_thread(self._client.ChildrenWatch, TOPICS_DIR, self._kz(self._topic_names))
+        await asyncio.to_thread(self._client.ChildrenWatch, GROUPS_DIR, self._kz(self._group_names))
+
+    def _kz(self, apply: Callable[..., Any]) -> Callable[..., None]:
+        """A kazoo watch function that hands its arguments to ``apply`` on the loop."""
+        def fired(*args: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(apply, *args)
+        return fired
+
+    def _arm(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run a watch constructor (it reads the node once) off the loop."""
+        fut = self._loop.run_in_executor(None, fn, *args)
+        fut.add_done_callback(_log_failure)
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        for listener in self._listeners:
+            listener()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """``listener()`` runs on the loop after every change."""
+        self._listeners.append(listener)
+
+    async def wait_change(self, known_version: int, wait_s: float) -> None:
+        """Return when :attr:`version` is past ``known_version`` or ``wait_s`` passed."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                while self.version <= known_version:
+                    await self._changed.wait()
+
+    # ------------------------------------------------------------------ topics
+
+    def _topic_names(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.topics and name not in self._pending_topics:
+                self._pending_topics.add(name)
+                self._arm(self._client.DataWatch, f"{TOPICS_DIR}/{name}", self._topic_watch(name))
+        gone = [t for t in self.topics if t not in names]
+        for t in gone:
+            del self.topics[t]
+        if gone:
+            self._bump()
+
+    def _topic_watch(self, name: str) -> Callable[..., Any]:
+        state = {"alive": True}
+
+        def fired(data: bytes | None, *_: Any) -> bool:
+            if not state["alive"]:
+                return False
+            if data is None:
+                state["alive"] = False
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._apply_topic, name, data)
+            return state["alive"]
+        return fired
+
+    def _apply_topic(self, name: str, data: bytes | None) -> None:
+        self._pending_topics.discard(name)
+        if data is None:
+            if self.topics.pop(name, None) is not None:
+                self._bump()
+            return
+        try:
+            doc = TopicDoc.from_json(data)
+        except LayoutError as exc:
+            log.error("ignoring malformed topic %s: %s", name, exc)
+            return
+        if self.topics.get(name) != doc:
+            self.topics[name] = doc
+            self._bump()
+
+    # ------------------------------------------------------------------ groups
+
+    def _group_names(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self._groups:
+                g = self._groups[name] = _Group()
+                self._arm(self._arm_group, name, g)
+        for name in [n for n in self._groups if n not in names]:
+            self._groups.pop(name).gone = True
+            self._bump()
+
+    def _arm_group(self, name: str, g: _Group) -> None:
+        """(kazoo thread) A children watch on a missing node stops for good: make sure the
+        group's ``live`` and ``status`` nodes exist first."""
+        if self._client.exists(config_path(name)) is not None:  # not a group being deleted
+            for path in (live_dir(name), status_dir(name)):
+                self._client.ensure_path(path, self._acl)
+        self._client.DataWatch(config_path(name), self._group_watch(name, g, "config"))
+        self._client.ChildrenWatch(live_dir(name), self._group_watch(name, g, "live"))
+        self._client.ChildrenWatch(status_dir(name), self._group_watch(name, g, "status"))
+
+    def _group_watch(self, name: str, g: _Group, kind: str) -> Callable[..., Any]:
+        def fired(*args: Any) -> bool:
+            if g.gone:
+                return False
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._apply_group, name, g, kind, args[0])
+            return True
+        return fired
+
+    def _apply_group(self, name: str, g: _Group, kind: str, value: Any) -> None:
+        if g.gone:
+            return
+        if kind == "config":
+            if value is None:
+                g.config = None
+            else:
+                try:
+                    g.config = GroupConfig.from_json(value)
+                except LayoutError as exc:
+                    log.error("group %s: ignoring malformed config: %s", name, exc)
+                    return
+        elif kind == "live":
+            g.live = frozenset(value or ())
+        elif kind == "status":
+            for broker in value or ():
+                if broker not in g.watched_status:
+                    g.watched_status.add(broker)
+                    self._arm(self._client.DataWatch, f"{status_dir(name)}/{broker}",
+                              self._status_watch(name, g, broker))
+            return
+        self._bump()
+
+    def _status_watch(self, name: str, g: _Group, broker: str) -> Callable[..., Any]:
+        def fired(data: bytes | None, *_: Any) -> bool:
+            if g.gone:
+                return False
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._apply_status, g, broker, data)
+            if data is None:
+                g.watched_status.discard(broker)
+                return False
+            return True
+        return fired
+
+    def _apply_status(self, g: _Group, broker: str, data: bytes | None) -> None:
+        if data is None:
+            g.statuses.pop(broker, None)
+        else:
+            try:
+                g.statuses[broker] = BrokerStatus.from_json(data)
+            except LayoutError as exc:
+                log.debug("ignoring malformed status of %s: %s", broker, exc)
+                return
+        self._bump()
+
+    @property
+    def client(self) -> KazooClient:
+        return self._client
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    @property
+    def acl(self) -> Any:
+        return self._acl
+
+    async def wait_topic(self, topic: str, doc: TopicDoc | None, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) until this view holds ``doc`` for ``topic`` (None: gone), so a
+        client that asks for the route right after an admin change sees it."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.topics.get(topic) != doc:
+                    await self._changed.wait()
+
+    # ------------------------------------------------------------------ answers
+
+    def groups(self) -> list[str]:
+        """Groups with a readable config."""
+        return sorted(n for n, g in self._groups.items() if g.config is not None)
+
+    def group_route(self, group: str) -> GroupRoute:
+        """The group's brokers as a client should see them: a broker's permission is the
+        effective one it last published, and 0 (unreachable) when its session is gone."""
+        g = self._groups.get(group)
+        if g is None or g.config is None:
+            return GroupRoute(group, [])
+        out = []
+        for spec in g.config.brokers:
+            st = g.statuses.get(spec.name)
+            live = spec.name in g.live
+            perm = int(st.effective) if st is not None and live else 0
+            epoch = st.epoch_applied if st is not None else 0
+            out.append(BrokerRoute(spec.name, spec.address, spec.role.value, perm, epoch,
+                                   reachable=live))
+        return GroupRoute(group, out)
+
+
+def _log_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("arming a cluster watch failed: %r", fut.exception())

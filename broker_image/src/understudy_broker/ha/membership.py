@@ -1,0 +1,375 @@
+"""Consumer groups held by brokers: membership, heartbeats, queue ownership in ZooKeeper.
+
+Why this module exists: invariant 6 (one member per queue) must hold while any master
+is dead, so a consumer group's state lives with the brokers in ZooKeeper (DESIGN
+"Topics across groups"), never with one master:
+
+- a member heartbeats to any broker; that broker *hosts* it: it creates the ephemeral
+  ``/consumers/<cg>/members/<member>`` in its own session and deletes it when the
+  member's heartbeats stop for its session timeout (or ZooKeeper deletes it when the
+  broker dies, and the member re-joins through another broker);
+- ``/consumers/<cg>/assignment`` holds ownership; every broker hosting members of the
+  group recomputes it on a membership or topic change with the pure
+  :func:`understudy_broker.assignment.rebalance` and writes it with a versioned write
+  (racing brokers converge: the result is a function of its inputs);
+- a queue moves in two steps: its owner is told to release it, stops pulling,
+  commits, and releases in its next heartbeat; only then does the taker own it. A member
+  whose session expired lost its queues at once; its client stopped pulling before that
+  (the member's own lease, counted from when it *sent* its last good heartbeat, ends
+  before the broker's expiry, counted from when it *received* it);
+- :meth:`Membership.check_owner` is what the broker serving a pull asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from understudy_broker import assignment as asg
+from understudy_broker import protocol as p
+from understudy_broker.ha.clusterview import ClusterView
+from understudy_broker.retry import Backoff
+from understudy_broker.tasks import stop_tasks
+from understudy_broker.zkclient import kazoo_future
+from understudy_broker.zklayout import (
+    AssignmentDoc,
+    LayoutError,
+    MemberDoc,
+    Owner,
+    QueueKey,
+    assignment_path,
+    check_member,
+    check_name,
+    member_path,
+    members_dir,
+)
+
+log = logging.getLogger(__name__)
+
+EXPIRY_CHECK_S = 0.1
+
+
+class MembershipError(Exception):
+    def __init__(self, status: p.Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(slots=True)
+class _Hosted:
+    doc: MemberDoc
+    last_seen: float
+    joined_at: float
+
+
+@dataclass(slots=True)
+class _Group:
+    """What this broker knows of one consumer group (watched once it is used here)."""
+
+    doc: AssignmentDoc = field(default_factory=lambda: AssignmentDoc(0))
+    version: int = -1  # znode version of ``doc``; -1: no assignment node yet
+    members: frozenset[str] = frozenset()
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Membership:
+    """The consumer groups seen by one broker."""
+
+    def __init__(self, client: KazooClient, loop: asyncio.AbstractEventLoop, *, broker: str,
+                 view: ClusterView, acl: Any = None,
+                 on_rebalance: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = client
+        self._loop = loop
+        self._broker = broker
+        self._view = view
+        self._acl = acl
+        self._on_rebalance = on_rebalance
+        self._clock = clock
+        self._groups: dict[str, _Group] = {}
+        self._hosted: dict[tuple[str, str], _Hosted] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rebalancing: dict[str, asyncio.Task[None]] = {}
+        self._rebalance_again: set[str] = set()
+
+    async def start(self) -> None:
+        self._tasks.append(self._loop.create_task(self._expiry_loop(), name="member-expiry"))
+
+    async def stop(self) -> None:
+        await stop_tasks([*self._tasks, *self._rebalancing.values()])
+        self._tasks.clear()
+
+    def _zk(self, async_result: Any) -> asyncio.Future[Any]:
+        return kazoo_future(self._loop, async_result)
+
+    # ------------------------------------------------------------------ watches
+
+    async def _group(self, cgroup: str) -> _Group:
+        """The group's cached state, watched from the first use on."""
+        g = self._groups.get(cgroup)
+        if g is None:
+            g = self._groups[cgroup] = _Group()
+            await asyncio.to_thread(self._client.ensure_path, members_dir(cgroup), self._acl)
+            await asyncio.to_thread(self._client.DataWatch, assignment_path(cgroup),
+                                    self._kz(self._apply_assignment, cgroup))
+            await asyncio.to_thread(self._client.ChildrenWatch, members_dir(cgroup),
+                                    self._kz(self._apply_members, cgroup))
+        await g.ready.wait()
+        return g
+
+    def _kz(self, apply: Callable[..., None], cgroup: str) -> Callable[..., None]:
+        def fired(*args: Any) -> None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(apply, cgroup, *args)
+        return fired
+
+    def _apply_assignment(self, cgroup: str, data: bytes | None, stat: Any, *_: Any) -> None:
+        g = self._groups[cgroup]
+        if data is None or stat is None:
+            doc, version = AssignmentDoc(0), -1
+        else:
+            try:
+                doc, version = AssignmentDoc.from_json(data), int(stat.version)
+            except LayoutError as exc:
+                log.error("consumer group %s: malformed assignment (%s); rewriting it", cgroup, exc)
+                doc, version = AssignmentDoc(0), int(stat.version)
+        if version != g.version or doc != g.doc:
+            g.doc, g.version = doc, version
+            self._wake(g)
+        if not g.ready.is_set():
+            g.ready.set()
+
+    def _apply_members(self, cgroup: str, children: list[str]) -> None:
+        g = self._groups[cgroup]
+        members = frozenset(children)
+        if members != g.members:
+            g.members = members
+            self._wake(g)
+            self.rebalance_soon(cgroup)
+
+    def _wake(self, g: _Group) -> None:
+        g.changed.set()
+        g.changed = asyncio.Event()
+
+    def topics_changed(self) -> None:
+        """The cluster view changed (queues added or removed): rebalance what we host."""
+        for cgroup in {cg for cg, _m in self._hosted}:
+            self.rebalance_soon(cgroup)
+
+    # ------------------------------------------------------------------ requests
+
+    async def heartbeat(self, req: p.MemberHeartbeatRequest) -> p.MemberHeartbeatResponse:
+        cgroup, member = self._names(req.cgroup, req.member)
+        unknown = [t for t in req.topics if t not in self._view.topics]
+        if unknown:
+            raise MembershipError(
+                p.Status.UNKNOWN_TOPIC,
+                f"unknown topic {unknown[0]!r}: consumer groups read cluster topics "
+                "(understudy topic create)")
+        if not req.topics:
+            raise MembershipError(p.Status.BAD_REQUEST, "a member subscribes to at least one topic")
+        g = await self._group(cgroup)
+        key = (cgroup, member)
+        hosted = self._hosted.get(key)
+        if req.join:
+            doc = MemberDoc(member, self._broker, tuple(req.topics), req.session_timeout_ms)
+            await self._register(cgroup, doc)
+            now = self._clock()
+            hosted = self._hosted[key] = _Hosted(doc, now, now)
+            self.rebalance_soon(cgroup)
+        elif hosted is None:
+            what = "no consumer group" if not g.members and g.version < 0 else "no member"
+            raise MembershipError(
+                p.Status.UNKNOWN_MEMBER,
+                f"{what} {cgroup!r}/{member!r} here (its session expired, or it joined "
+                "through another broker): join again")
+        elif member not in g.members and self._clock() - hosted.joined_at > 1.0:
+            # Our ZooKeeper session was replaced and took the ephemeral node with it.
+            await self._register(cgroup, hosted.doc)
+            hosted.joined_at = self._clock()
+        hosted.last_seen = self._clock()
+        if req.released:
+            await self._update(cgroup, lambda owners: asg.release(owners, member, req.released))
+        if req.wait_ms and req.generation == g.doc.generation and not self._revoking(g, member):
+            # A long poll: the member hears of a change at once. Its liveness still counts
+            # from this request's arrival (clients wait at most a third of the session).
+            changed = g.changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(req.wait_ms / 1000):
+                    await changed.wait()
+        owned, revoking = asg.view_of(g.doc, member)
+        return p.MemberHeartbeatResponse(g.doc.generation, owned, revoking, self._broker)
+
+    def _revoking(self, g: _Group, member: str) -> bool:
+        return any(o.member == member and o.next is not None for o in g.doc.owners.values())
+
+    async def leave(self, req: p.LeaveGroupRequest) -> p.MemberHeartbeatResponse:
+        cgroup, member = self._names(req.cgroup, req.member)
+        await self._group(cgroup)
+        self._hosted.pop((cgroup, member), None)
+        await self._update(cgroup, lambda owners: asg.leave(owners, member))
+        with contextlib.suppress(NoNodeError):
+            await self._zk(self._client.delete_async(member_path(cgroup, member)))
+        return p.MemberHeartbeatResponse(self._groups[cgroup].doc.generation, [], [], self._broker)
+
+    async def describe(self, cgroup: str) -> p.DescribeGroupResponse:
+        self._names(cgroup, "x")
+        g = await self._group(cgroup)
+        members = []
+        for m in sorted(g.members):
+            with contextlib.suppress(NoNodeError, LayoutError):
+                raw, _ = await self._zk(self._client.get_async(member_path(cgroup, m)))
+                d = MemberDoc.from_json(raw)
+                members.append({"member": d.member, "broker": d.broker, "topics": list(d.topics),
+                                "session_timeout_ms": d.session_timeout_ms})
+        owners = [{"topic": t, "queue": q, "member": o.member, "next": o.next}
+                  for (t, q), o in sorted(g.doc.owners.items())]
+        return p.DescribeGroupResponse(cgroup, g.doc.generation, members, owners)
+
+    async def check_owner(self, cgroup: str, member: str, topic: str, queue: int,
+                          generation: int) -> None:
+        """Raise NOT_OWNER unless ``member`` owns the queue. A member that pulls under a
+        generation newer than ours waits for our watch to catch up (bounded)."""
+        g = await self._group(cgroup)
+        if generation > g.doc.generation:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    while generation > g.doc.generation:
+                        await g.changed.wait()
+        owner = g.doc.owners.get((topic, queue))
+        if owner is None or owner.member != member:
+            holder = "nobody" if owner is None else repr(owner.member)
+            raise MembershipError(
+                p.Status.NOT_OWNER,
+                f"member {member!r} of {cgroup!r} does not own {topic}/{queue} (generation "
+                f"{g.doc.generation}: held by {holder}); stop pulling it")
+
+    # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _names(cgroup: str, member: str) -> tuple[str, str]:
+        try:
+            return check_name("consumer group", cgroup), check_member(member)
+        except LayoutError as exc:
+            raise MembershipError(p.Status.BAD_REQUEST, str(exc)) from None
+
+    async def _register(self, cgroup: str, doc: MemberDoc) -> None:
+        """Create the member's ephemeral node in our session (taking it over from another
+        broker's session when the member moved to us)."""
+        path = member_path(cgroup, doc.member)
+        for _ in range(3):
+            try:
+                await self._zk(self._client.create_async(path, doc.to_json(), acl=self._acl,
+                                                         ephemeral=True))
+                return
+            except NodeExistsError:
+                try:
+                    _raw, stat = await self._zk(self._client.get_async(path))
+                except NoNodeError:
+                    continue
+                if stat.ephemeralOwner == self._session_id():
+                    await self._zk(self._client.set_async(path, doc.to_json()))
+                    return
+                with contextlib.suppress(NoNodeError, BadVersionError):
+                    await self._zk(self._client.delete_async(path, version=stat.version))
+        raise MembershipError(p.Status.INTERNAL, f"could not register member {doc.member!r}")
+
+    def _session_id(self) -> int | None:
+        cid = self._client.client_id
+        return None if cid is None else int(cid[0])
+
+    async def _update(self, cgroup: str,
+                      change: Callable[[Mapping[QueueKey, Owner]], Mapping[QueueKey, Owner]]) -> None:
+        """Read-modify-write of the assignment with the znode version read."""
+        backoff = Backoff(0.005, 0.1)
+        path = assignment_path(cgroup)
+        for _ in range(20):
+            try:
+                raw, stat = await self._zk(self._client.get_async(path))
+                try:
+                    doc = AssignmentDoc.from_json(raw)
+                except LayoutError:
+                    doc = AssignmentDoc(0)
+                version = int(stat.version)
+            except NoNodeError:
+                doc, version = AssignmentDoc(0), -1
+            nxt = asg.advance(doc, change(doc.owners))
+            if nxt is None:
+                return
+            try:
+                if version < 0:
+                    await self._zk(self._client.create_async(path, nxt.to_json(), acl=self._acl))
+                else:
+                    await self._zk(self._client.set_async(path, nxt.to_json(), version=version))
+            except (BadVersionError, NodeExistsError):
+                await backoff.sleep()
+                continue
+            log.info("consumer group %s: generation %d", cgroup, nxt.generation)
+            if self._on_rebalance is not None:
+                self._on_rebalance(cgroup)
+            return
+        raise MembershipError(p.Status.INTERNAL, f"consumer group {cgroup}: assignment contended")
+
+    def rebalance_soon(self, cgroup: str) -> None:
+        task = self._rebalancing.get(cgroup)
+        if task is not None and not task.done():
+            self._rebalance_again.add(cgroup)
+            return
+        self._rebalancing[cgroup] = self._loop.create_task(self._rebalance(cgroup))
+
+    async def _rebalance(self, cgroup: str) -> None:
+        while True:
+            self._rebalance_again.discard(cgroup)
+            try:
+                members = await self._member_topics(cgroup)
+                queues = {t: list(d.live_queues()) for t, d in self._view.topics.items()}
+                await self._update(cgroup, functools.partial(_rebalanced, members=members,
+                                                             queues=queues))
+            except Exception as exc:  # a ZooKeeper hiccup: the next change retries
+                log.warning("consumer group %s: rebalance failed: %r", cgroup, exc)
+            if cgroup not in self._rebalance_again:
+                return
+
+    async def _member_topics(self, cgroup: str) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        children = await self._zk(self._client.get_children_async(members_dir(cgroup)))
+        for m in children:
+            with contextlib.suppress(NoNodeError, LayoutError):
+                raw, _ = await self._zk(self._client.get_async(member_path(cgroup, m)))
+                out[m] = MemberDoc.from_json(raw).topics
+        return out
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_CHECK_S)
+            now = self._clock()
+            for key, h in list(self._hosted.items()):
+                if now - h.last_seen > h.doc.session_timeout_ms / 1000:
+                    cgroup, member = key
+                    self._hosted.pop(key, None)
+                    log.info("consumer group %s: member %s expired (no heartbeat for %.1fs)",
+                             cgroup, member, now - h.last_seen)
+                    await self._expire(cgroup, member)
+
+    async def _expire(self, cgroup: str, member: str) -> None:
+        path = member_path(cgroup, member)
+        with contextlib.suppress(NoNodeError, BadVersionError):
+            _raw, stat = await self._zk(self._client.get_async(path))
+            if stat.ephemeralOwner == self._session_id():  # not taken over by another broker
+                await self._zk(self._client.delete_async(path, version=stat.version))
+
+
+def _rebalanced(owners: Mapping[QueueKey, Owner], *, members: Mapping[str, tuple[str, ...]],
+                queues: Mapping[str, list[int]]) -> Mapping[QueueKey, Owner]:
+    return asg.rebalance(owners, members, queues)

@@ -1,0 +1,189 @@
+"""Cluster topics on a real local cluster (ZooKeeper, two groups of broker processes, the
+controller): the topic commands and their refusals, routes served by any broker, and a
+producer that keeps writing through a master's kill -9 while keyed sends to the dead
+group fail clearly and never land elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from understudy_broker import protocol as p
+from understudy_broker.cli.client import consumer_group, topic
+from understudy_broker.client import BrokerError, Consumer, Producer, Router
+from understudy_operator.local import cluster as lc
+from understudy_operator.local.plan import ClusterPlan
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterPlan]]:
+    directory = tmp_path_factory.mktemp("cluster") / "c"
+    try:
+        plan = lc.up(directory, groups=2, slaves=1)
+        yield directory, plan
+    finally:
+        lc.down(directory)
+
+
+def address(plan: ClusterPlan, broker: str) -> str:
+    group = next(g for g in plan.groups if any(b.name == broker for b in g.brokers))
+    return group.broker(broker).address
+
+
+def cli(command: Any, *args: str) -> Any:
+    result = CliRunner().invoke(command, list(args), catch_exceptions=False)
+    return result
+
+
+def test_topic_create_places_queues_over_groups_and_any_broker_routes_it(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    _d, plan = cluster
+    b = address(plan, "g2-1")  # a slave of the other group: still answers
+    out = cli(topic, "create", "-b", b, "-t", "orders", "--groups", "g1,g2",
+              "--queues-per-group", "2", "--json")
+    assert out.exit_code == 0, out.output
+    created = json.loads(out.output)
+    assert [q["group"] for q in created["queues"]] == ["g1", "g2", "g1", "g2"]
+
+    async def route_from(broker: str) -> p.RouteResponse:
+        router = Router([address(plan, broker)])
+        try:
+            await router.refresh()
+            assert router.route is not None
+            return router.route
+        finally:
+            await router.close()
+
+    for broker in ("g1-0", "g1-1", "g2-0"):
+        route = asyncio.run(route_from(broker))
+        assert route.placement["orders"] == ["g1", "g2", "g1", "g2"]
+        assert {g.group for g in route.groups} >= {"g1", "g2"}
+
+    described = json.loads(cli(topic, "describe", "-b", b, "-t", "orders", "--json").output)
+    assert [(q["queue"], q["group"], q["writer"], q["reader"], q["log_end"])
+            for q in described["queues"]] == [
+        (0, "g1", "g1-0", "g1-0", 0), (1, "g2", "g2-0", "g2-0", 0),
+        (2, "g1", "g1-0", "g1-0", 0), (3, "g2", "g2-0", "g2-0", 0)]
+
+
+def test_bad_topic_requests_are_refused_and_change_nothing(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    _d, plan = cluster
+    b = address(plan, "g1-0")
+    out = CliRunner().invoke(topic, ["create", "-b", b, "-t", "bad", "--groups", "g1,g9"])
+    assert out.exit_code != 0
+    assert "unknown group 'g9'" in out.output
+    out = CliRunner().invoke(topic, ["create", "-b", b, "-t", "bad", "--groups", "g1",
+                                     "--queues-per-group", "0"])
+    assert out.exit_code == 2  # click refuses the range
+    out = CliRunner().invoke(topic, ["describe", "-b", b, "-t", "bad"])
+    assert out.exit_code != 0
+    assert "unknown topic" in out.output
+
+    assert cli(topic, "create", "-b", b, "-t", "held", "--groups", "g1,g2",
+               "--queues-per-group", "1").exit_code == 0
+    out = CliRunner().invoke(topic, ["create", "-b", b, "-t", "held", "--groups", "g1"])
+    assert out.exit_code != 0
+    assert "exists already" in out.output
+
+    async def fill() -> None:
+        async with Producer([b]) as prod:
+            for i in range(10):
+                await prod.send("held", b"m%d" % i, queue=1)  # queue 1 lives on g2
+
+    asyncio.run(fill())
+    out = CliRunner().invoke(topic, ["alter", "-b", b, "-t", "held", "--remove-groups", "g2"])
+    assert out.exit_code != 0
+    assert "still hold messages" in out.output
+    after = json.loads(cli(topic, "describe", "-b", b, "-t", "held", "--json").output)
+    assert [q["group"] for q in after["queues"]] == ["g1", "g2"]
+    out = cli(topic, "alter", "-b", b, "-t", "held", "--remove-groups", "g2", "--force", "--json")
+    assert out.exit_code == 0, out.output
+    assert [q["group"] for q in json.loads(out.output)["queues"]] == ["g1"]
+    grown = json.loads(cli(topic, "alter", "-b", b, "-t", "held", "--add-groups", "g2",
+                           "--json").output)
+    assert [(q["queue"], q["group"]) for q in grown["queues"]] == [(0, "g1"), (2, "g2")]
+
+
+def test_writes_continue_through_a_master_kill_and_keyed_sends_stay_put(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    directory, plan = cluster
+    boot = [address(plan, "g2-0"), address(plan, "g1-1")]
+    assert cli(topic, "create", "-b", boot[0], "-t", "stream", "--groups", "g1,g2",
+               "--queues-per-group", "2").exit_code == 0
+    # A key that hashes to a queue on g1 (queues 0 and 2), for the keyed send.
+    key = next(k for k in (b"k%d" % i for i in range(100)) if [0, 1, 2, 3][zlib.crc32(k) % 4] in (0, 2))
+
+    async def run() -> tuple[set[bytes], list[float], BaseException | None, set[bytes]]:
+        acked: set[bytes] = set()
+        ack_times: list[float] = []
+        async with Producer(boot, linger_ms=1, send_timeout_s=3.0, retry_backoff_ms=20) as prod:
+            async def one(i: int) -> None:
+                body = b"s-%d" % i
+                try:
+                    fut = await prod.send("stream", body)
+                    await fut
+                except (BrokerError, ConnectionError):
+                    return
+                acked.add(body)
+                ack_times.append(time.monotonic())
+
+            pending: list[asyncio.Task[None]] = []
+            killed_at = 0.0
+            keyed_error: BaseException | None = None
+            for i in range(600):
+                pending.append(asyncio.create_task(one(i)))
+                await asyncio.sleep(0.005)
+                if i == 200:
+                    await asyncio.to_thread(lc.kill, directory, "g1-0")
+                    killed_at = time.monotonic()
+                if i == 300:
+                    fut = await prod.send("stream", b"keyed", key=key)
+                    try:
+                        await fut
+                    except BrokerError as exc:
+                        keyed_error = exc
+            await asyncio.gather(*pending)
+            after_kill = [t for t in ack_times if t > killed_at]
+            assert after_kill, "no send was acknowledged after the kill"
+
+        consumed: set[bytes] = set()
+        c = Consumer(boot, group="audit", topic="stream", max_wait_ms=200)
+        try:
+            deadline = time.monotonic() + 60
+            while not acked <= consumed and time.monotonic() < deadline:
+                for r in await c.getmany(timeout_s=1):
+                    consumed.add(r.body)
+        finally:
+            await c.close()
+        return acked, ack_times, keyed_error, consumed
+
+    try:
+        acked, _times, keyed_error, consumed = asyncio.run(run())
+    finally:
+        lc.start(directory, "g1-0")
+    assert len(acked) > 500, f"only {len(acked)} of 600 unkeyed sends were acknowledged"
+    assert acked <= consumed, f"{len(acked - consumed)} acknowledged messages lost"
+    assert isinstance(keyed_error, BrokerError)
+    assert "on group 'g1', which has no writer" in str(keyed_error)
+    assert b"keyed" not in consumed  # it never landed on another group
+
+
+def test_consumer_group_describe_answers_for_an_unknown_group(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    _d, plan = cluster
+    out = cli(consumer_group, "describe", "-b", address(plan, "g1-1"), "-g", "nobody", "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {"group": "nobody", "generation": 0, "members": [],
+                                      "assignment": []}
+
