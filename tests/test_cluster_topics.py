@@ -6,6 +6,7 @@ group fail clearly and never land elsewhere."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import zlib
@@ -17,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from understudy_broker import protocol as p
-from understudy_broker.cli.client import consumer_group, topic
+from understudy_broker.cli.client import consumer_group, produce, topic
 from understudy_broker.client import BrokerError, Consumer, Producer, Router
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
@@ -187,3 +188,71 @@ def test_consumer_group_describe_answers_for_an_unknown_group(
     assert json.loads(out.output) == {"group": "nobody", "generation": 0, "members": [],
                                       "assignment": []}
 
+
+
+def test_produce_cli_paces_with_rate_and_reports_the_write_stall(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    _d, plan = cluster
+    b = address(plan, "g2-0")
+    assert cli(topic, "create", "-b", b, "-t", "paced", "--groups", "g1,g2",
+               "--queues-per-group", "1").exit_code == 0
+    out = cli(produce, "-b", b, "-t", "paced", "--count", "300", "--size", "64",
+              "--rate", "1000", "--json")
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.output.strip().splitlines()[-1])
+    assert summary["acked"] == 300
+    assert summary["failed"] == 0
+    assert summary["seconds"] >= 0.29  # 300 messages at 1000/s take at least 0.3 s
+    assert 0 < summary["max_ack_gap_ms"] < 5000
+
+
+def test_writes_continue_while_a_master_hangs(cluster: tuple[Path, ClusterPlan]) -> None:
+    """SIGSTOP of g2's master mid-stream: unkeyed sends move to g1 (the unanswered batches
+    are copied there after hedge_after_ms) and keep being acknowledged during the hang;
+    after SIGCONT every acknowledged message is consumed."""
+    directory, plan = cluster
+    boot = [address(plan, "g1-0"), address(plan, "g2-1")]
+    assert cli(topic, "create", "-b", boot[0], "-t", "hung", "--groups", "g1,g2",
+               "--queues-per-group", "2").exit_code == 0
+
+    async def run() -> tuple[set[bytes], int, set[bytes]]:
+        acked: set[bytes] = set()
+        during = 0
+        stopped = False
+        async with Producer(boot, send_timeout_s=5.0, hedge_after_ms=300) as prod:
+            async def one(i: int) -> None:
+                nonlocal during
+                body = b"h-%d" % i
+                with contextlib.suppress(BrokerError, ConnectionError):
+                    await (await prod.send("hung", body))
+                    acked.add(body)
+                    if stopped:
+                        during += 1
+
+            tasks = []
+            try:
+                for i in range(500):
+                    tasks.append(asyncio.create_task(one(i)))
+                    await asyncio.sleep(0.005)
+                    if i == 150:
+                        await asyncio.to_thread(lc.kill, directory, "g2-0", sig="STOP")
+                        stopped = True
+                await asyncio.sleep(0.5)
+                ack_during = during
+            finally:
+                stopped = False
+                await asyncio.to_thread(lc.start, directory, "g2-0")  # SIGCONT
+            await asyncio.gather(*tasks)
+        consumed: set[bytes] = set()
+        c = Consumer(boot, group="audit", topic="hung", max_wait_ms=200)
+        try:
+            deadline = time.monotonic() + 60
+            while not acked <= consumed and time.monotonic() < deadline:
+                consumed |= {r.body for r in await c.getmany(timeout_s=1)}
+        finally:
+            await c.close()
+        return acked, ack_during, consumed
+
+    acked, ack_during, consumed = asyncio.run(run())
+    assert ack_during > 200, f"only {ack_during} sends were acknowledged during the hang"
+    assert acked <= consumed, f"{len(acked - consumed)} acknowledged messages lost"

@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
+import socket
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -313,7 +315,21 @@ class Router:
             self._watch = asyncio.create_task(self._watch_routes(), name="route-watch")
 
     def _learned(self, route: p.RouteResponse) -> None:
-        old, self.route = self.route, route
+        old = self.route
+        if old is not None:
+            # A broker whose view lags may not know a topic yet: keep what we know of it
+            # rather than guess its queues' groups.
+            kept = [t for t in old.topics if t not in route.topics and t in old.placement]
+            if kept:
+                groups = {g.group: g for g in route.groups}
+                groups.update({g.group: g for g in old.groups if g.group not in groups})
+                route = p.RouteResponse(
+                    list(groups.values()),
+                    {**route.topics, **{t: old.topics[t] for t in kept}},
+                    {**route.topic_groups, **{t: old.topic_groups.get(t, []) for t in kept}},
+                    {**route.placement, **{t: old.placement[t] for t in kept}},
+                    route.version)
+        self.route = route
         for listener in self._route_listeners:
             listener(route, old)
 
@@ -380,25 +396,41 @@ class Router:
         raise ConnectionError("no broker answered GET_ROUTE: " + "; ".join(errors))
 
     async def learn_topic(self, topic: str, need: Permission) -> int:
-        """The topic's queue count. A slave learns new topics from its master about a
-        second later, so when the route lacks the topic, ask the broker that serves
-        ``need`` (the writer owns the topic list)."""
+        """The topic's queue count. A broker may learn a topic a moment after another
+        (a slave from its master, a cluster topic from its ZooKeeper watch), so when the
+        route lacks the topic, ask the broker that serves ``need``, then every known
+        broker, and adopt the first route that has it (with its placement)."""
         await self.refresh()
         n = self.queues(topic)
-        if n is None:
-            body = await self.request(need, p.Op.GET_ROUTE, p.GetRouteRequest(topic).encode())
-            n = p.RouteResponse.decode(body).topics.get(topic)
-        if n is None:
+        if n is not None:
+            return n
+        ask = p.GetRouteRequest(topic).encode()
+        found: p.RouteResponse | None = None
+        with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+            found = p.RouteResponse.decode(await self.request(need, p.Op.GET_ROUTE, ask))
+        for address in ([] if found is not None and topic in found.topics else self._addresses()):
+            with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError,
+                                     p.FrameError):
+                frame = await request_once(address, p.Op.GET_ROUTE, ask,
+                                           timeout_s=self.connect_timeout_s)
+                if frame.status == p.Status.OK:
+                    found = p.RouteResponse.decode(frame.body)
+                    if topic in found.topics:
+                        break
+        if found is None or topic not in found.topics:
             raise BrokerError(p.Status.UNKNOWN_TOPIC, f"unknown topic {topic!r}")
-        if self.route is not None and topic not in self.route.topics:
-            self.route = p.RouteResponse(
-                self.route.groups,
-                {**self.route.topics, topic: n},
-                self.route.topic_groups,
-                self.route.placement,
-                self.route.version,
-            )
-        return n
+        base = self.route or found
+        groups = {g.group: g for g in base.groups}
+        groups.update({g.group: g for g in found.groups if g.brokers or g.group not in groups})
+        self.route = p.RouteResponse(
+            list(groups.values()),
+            {**base.topics, topic: found.topics[topic]},
+            {**base.topic_groups, topic: list(found.topic_groups.get(topic, ()))},
+            {**base.placement, **({topic: found.placement[topic]}
+                                  if topic in found.placement else {})},
+            base.version,
+        )
+        return found.topics[topic]
 
     async def connection(self, need: Permission, group: str | None = None) -> Connection:
         """A live connection to the best broker for ``need`` (WRITE or READ; NONE: any),
@@ -515,6 +547,7 @@ class _Pending:
     pinned: bool  # keyed or explicit queue: never moves to another queue
     deadline: float  # monotonic: fail after this (the send timeout)
     attempts: int = 0
+    hedged: bool = False  # a copy went to another group while this one hangs
 
 
 @dataclass(slots=True)
@@ -534,7 +567,9 @@ class Producer:
     A keyed send (or one naming its queue) stays on its queue: it waits for that queue's
     group to have a writer again and fails after ``send_timeout_s`` with an error naming
     the group. Batches are per (topic, group); each group has its own in-flight window
-    (``max_in_flight_per_group``), so a hung master cannot take the whole window.
+    (``max_in_flight_per_group``), so a hung master cannot take the whole window, and an
+    unkeyed batch unanswered after ``hedge_after_ms`` is copied to another group (None:
+    wait for the answer or ``request_timeout_s``).
 
     A batch is sent when it holds ``batch_size`` messages or ``max_batch_bytes`` (keep
     this under the broker's ``--max-frame-bytes``), or ``linger_ms`` after its first.
@@ -561,6 +596,7 @@ class Producer:
         send_timeout_s: float = 10.0,
         fault_avoidance: bool = True,
         fault_steps: Sequence[tuple[float, float]] = DEFAULT_STEPS,
+        hedge_after_ms: float | None = 500.0,
     ) -> None:
         if acks not in (0, 1):
             raise ValueError("acks must be 0 or 1")
@@ -577,6 +613,7 @@ class Producer:
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.send_timeout_s = send_timeout_s
         self.faults = FaultTable(steps=tuple(fault_steps), enabled=fault_avoidance)
+        self.hedge_after_s = None if hedge_after_ms is None else hedge_after_ms / 1000
         self._inflight = asyncio.Semaphore(max_in_flight)
         self._per_group_limit = max_in_flight_per_group
         self._group_inflight: dict[str, asyncio.Semaphore] = {}
@@ -691,14 +728,17 @@ class Producer:
                             if not i.future.done():
                                 i.future.set_result((i.queue, -1))
                         return
-                    resp = p.ProduceResponse.decode(
-                        await conn.request(
-                            p.Op.PRODUCE,
-                            body,
-                            epoch=self.router.epoch_of(group),
-                            timeout_s=self.router.request_timeout_s,
-                        )
-                    )
+                    pending = asyncio.ensure_future(conn.request(
+                        p.Op.PRODUCE,
+                        body,
+                        epoch=self.router.epoch_of(group),
+                        timeout_s=self.router.request_timeout_s,
+                    ))
+                    if self.hedge_after_s is not None and group is not None:
+                        done, _ = await asyncio.wait({pending}, timeout=self.hedge_after_s)
+                        if not done:
+                            self._hedge(topic, group, items, started)
+                    resp = p.ProduceResponse.decode(await pending)
                     if group is not None:
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
                                             time.monotonic())
@@ -724,6 +764,28 @@ class Producer:
                 await backoff.sleep()
                 body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
 
+    def _hedge(self, topic: str, group: str, items: list[_Pending], started: float) -> None:
+        """No answer from ``group`` within ``hedge_after_ms`` (a hung or very slow master):
+        isolate it and send copies of the unpinned messages to another group now; the first
+        acknowledgement resolves each send (the other copy may be stored too: at least
+        once). Pinned messages keep waiting for this group."""
+        now = time.monotonic()
+        movable = [i for i in items if not i.pinned and not i.hedged and not i.future.done()]
+        live = self.router.live_queues(topic)
+        if not movable or len({self.router.group_of(topic, q) for q in live}) < 2:
+            return
+        self.faults.observe(group, (now - started) * 1000, now, failed=True)
+        log.info("produce to %s on %s unanswered after %.0f ms: sending %d message(s) elsewhere",
+                 topic, group, (now - started) * 1000, len(movable))
+        for i in movable:
+            i.hedged = True
+            q = self._pick(topic, live, avoid=group)
+            if self.router.group_of(topic, q) != group:
+                self._enqueue(topic, _Pending(q, i.key, i.body, i.future, False, i.deadline,
+                                              i.attempts + 1))
+        for bkey in [k for k in self._batches if k[0] == topic and k[1] != group]:
+            self._dispatch(bkey)
+
     def _retry_elsewhere(self, topic: str, group: str | None, items: list[_Pending],
                          error: Exception) -> list[_Pending]:
         """After a failed attempt: unpinned messages move to another group's queues (a
@@ -732,7 +794,7 @@ class Producer:
         now = time.monotonic()
         live = self.router.live_queues(topic)
         for i in items:
-            if i.future.done():
+            if i.future.done() or i.hedged:  # a copy is in flight elsewhere
                 continue
             i.attempts += 1
             if (not i.pinned and i.attempts > self.retries) or now >= i.deadline:
@@ -803,11 +865,20 @@ class Record:
 
 
 class Consumer:
-    """Consumer-group member reading every queue of one topic.
+    """A consumer-group member of one topic.
+
+    *Static* (a single-group topic, or ``membership=False``): it reads every queue.
+    *Member* (a cluster topic, the default there): it joins ``group`` through the brokers
+    and reads only the queues the brokers assign it (:mod:`understudy_broker.assignment`):
+    a heartbeat long poll keeps it told, a queue it must give up is committed (what
+    :meth:`getmany` handed out) and released at the next :meth:`getmany`/:meth:`commit`,
+    and it stops pulling every queue when its own lease ends (no answered heartbeat for
+    ``session_timeout_ms`` minus a margin), before the brokers hand its queues on.
 
     Start position per queue: the group's committed offset, else the oldest retained
     record. ``commit()`` stores, per queue, the offset after the last record handed out
     by :meth:`getmany`/iteration — call it after processing (at-least-once).
+    ``ownership_log`` records ``(wall time, "acquire"|"release", queue)`` for checkers.
     """
 
     def __init__(
@@ -820,61 +891,211 @@ class Consumer:
         max_bytes: int = 1 << 20,
         prefetch_batches: int = 16,
         request_timeout_s: float = 30.0,
+        membership: bool | None = None,
+        member_id: str | None = None,
+        session_timeout_ms: int = 6000,
     ) -> None:
+        if session_timeout_ms < 500:
+            raise ValueError("session_timeout_ms must be at least 500")
         self.group = group
         self.topic = topic
         self.router = Router(bootstrap, request_timeout_s=request_timeout_s + max_wait_ms / 1000)
         self.max_wait_ms = max_wait_ms
         self.max_bytes = max_bytes
-        self._buffer: asyncio.Queue[list[Record] | BaseException] = asyncio.Queue(prefetch_batches)
+        self.membership = membership
+        self.member_id = member_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.session_timeout_s = session_timeout_ms / 1000
+        self.ownership_log: list[tuple[float, str, int]] = []
+        self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
+            asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
         self._committed: dict[int, int] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: dict[int, tuple[int, asyncio.Task[None]]] = {}  # queue -> (token, task)
+        self._tokens = itertools.count(1)
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._generation = -1
+        self._revoking: set[int] = set()
+        self._released: set[int] = set()
+        self._lease_until = 0.0
+        self._lock = asyncio.Lock()
         self._started = False
 
     @property
     def positions(self) -> dict[int, int]:
         return dict(self._positions)
 
+    @property
+    def assigned(self) -> list[int]:
+        """The queues this consumer pulls now."""
+        return sorted(self._loops)
+
     async def start(self) -> None:
         if self._started:
             return
         await self.router.learn_topic(self.topic, Permission.READ)
-        queues = self.router.live_queues(self.topic)
-        by_group: dict[str | None, list[int]] = {}
-        for q in queues:
-            by_group.setdefault(self.router.group_of(self.topic, q), []).append(q)
-        for group, qs in by_group.items():
-            body = await _with_retries(
-                self.router,
-                Permission.READ,
-                p.Op.FETCH_OFFSET,
-                p.FetchOffsetRequest(self.group, self.topic, qs).encode(),
-                group=group,
-            )
-            committed = p.OffsetsResponse.decode(body).offsets
-            for q in qs:
-                off = committed.get(q)
-                self._positions[q] = off if off is not None else 0
-                if off is not None:
-                    self._committed[q] = off
-        self._tasks = [asyncio.create_task(self._pull_loop(q, self._positions[q]))
-                       for q in queues]
+        route = self.router.route
+        cluster = route is not None and self.topic in route.placement
+        if self.membership is None:
+            self.membership = cluster
+        if self.membership and not cluster:
+            raise BrokerError(p.Status.UNSUPPORTED, f"topic {self.topic!r} is not a cluster "
+                              "topic: consumer-group membership needs `topic create --groups`")
         self._started = True
+        if self.membership:
+            await self._join()
+            self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="member-heartbeat")
+            return
+        for q in self.router.live_queues(self.topic):
+            await self._acquire(q)
 
-    async def _pull_loop(self, queue: int, offset: int) -> None:
+    # ---- queues ---------------------------------------------------------------------
+
+    async def _acquire(self, queue: int) -> None:
+        """Start pulling ``queue`` from the group's committed offset."""
+        if queue in self._loops:
+            return
+        group = self.router.group_of(self.topic, queue)
+        body = await _with_retries(
+            self.router, Permission.READ, p.Op.FETCH_OFFSET,
+            p.FetchOffsetRequest(self.group, self.topic, [queue]).encode(), group=group)
+        off = p.OffsetsResponse.decode(body).offsets.get(queue)
+        if off is not None:
+            self._committed[queue] = off
+        self._positions[queue] = off if off is not None else 0
+        token = next(self._tokens)
+        self.ownership_log.append((time.time(), "acquire", queue))
+        task = asyncio.create_task(self._pull_loop(queue, self._positions[queue], token))
+        self._loops[queue] = (token, task)
+
+    async def _stop_queue(self, queue: int, *, at: float | None = None) -> None:
+        """Stop pulling ``queue``; its undelivered prefetched records are dropped (the
+        token no longer matches). ``at``: when the ownership really ended (wall time)."""
+        entry = self._loops.pop(queue, None)
+        if entry is None:
+            return
+        await stop_tasks([entry[1]])
+        self.ownership_log.append((time.time() if at is None else at, "release", queue))
+
+    async def _drop_all(self, why: str) -> None:
+        if self._loops:
+            log.warning("consumer %s of %s: stops every queue: %s", self.member_id, self.group, why)
+        # Past its lease the member neither pulls nor hands out (both check the lease):
+        # its hold ended when the lease did, whenever this runs (e.g. after SIGSTOP).
+        lapsed = self._lease_until if time.monotonic() >= self._lease_until else None
+        at = None if lapsed is None else time.time() - (time.monotonic() - lapsed)
+        for q in list(self._loops):
+            await self._stop_queue(q, at=at)
+        self._revoking.clear()
+        self._generation = -1
+
+    # ---- membership -----------------------------------------------------------------
+
+    def _lease_valid(self) -> bool:
+        return not self.membership or time.monotonic() < self._lease_until
+
+    async def _beat(self, *, join: bool = False, wait_ms: int = 0) -> p.MemberHeartbeatResponse:
+        released = sorted(self._released)
+        req = p.MemberHeartbeatRequest(
+            self.group, self.member_id, [self.topic], int(self.session_timeout_s * 1000),
+            join=join, released=[(self.topic, q) for q in released],
+            generation=self._generation, wait_ms=wait_ms)
+        sent = time.monotonic()
+        conn = await self.router.connection(Permission.NONE)
+        try:
+            resp = p.MemberHeartbeatResponse.decode(await conn.request(
+                p.Op.MEMBER_HEARTBEAT, req.encode(),
+                timeout_s=wait_ms / 1000 + self.session_timeout_s / 3))
+        except BrokerError as exc:
+            if exc.status == p.Status.TIMEOUT:  # a hung broker: ask another one next time
+                await self.router.failed(Permission.NONE, conn)
+            raise
+        except (ConnectionError, OSError, p.FrameError):
+            await self.router.failed(Permission.NONE, conn)
+            raise
+        # The brokers count us alive from the arrival of this request; we stop a margin
+        # earlier, counted from when we sent it.
+        self._lease_until = max(self._lease_until, sent + self.session_timeout_s * 0.8)
+        self._released -= set(released)
+        return resp
+
+    async def _join(self) -> None:
+        await self._apply(await self._beat(join=True))
+
+    async def _apply(self, resp: p.MemberHeartbeatResponse) -> None:
+        async with self._lock:
+            owned = {q for t, q in resp.owned if t == self.topic}
+            revoking = {q for t, q in resp.revoking if t == self.topic}
+            self._generation = resp.generation
+            for q in list(self._loops):
+                if q not in owned:
+                    await self._stop_queue(q)  # lost without a hand-over: expired
+            for q in revoking:
+                if q in self._loops:
+                    await self._stop_queue(q)
+                if q not in self._released:
+                    self._revoking.add(q)
+            self._revoking &= owned
+            for q in sorted(owned - revoking - set(self._loops)):
+                await self._acquire(q)
+
+    async def _heartbeat_loop(self) -> None:
+        backoff = Backoff(0.05, 1.0)
+        wait_ms = int(min(self.session_timeout_s / 3, 5.0) * 1000)
+        while True:
+            try:
+                if not self._lease_valid():
+                    await self._drop_all("its lease ended (no heartbeat answered in time)")
+                    await self._join()
+                else:
+                    await self._apply(await self._beat(wait_ms=wait_ms))
+                backoff.reset()
+                continue
+            except BrokerError as exc:
+                if exc.status == p.Status.UNKNOWN_MEMBER:
+                    await self._drop_all(exc.message)
+                    with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+                        await self._join()
+                        continue
+                else:
+                    log.info("heartbeat of %s: %s", self.member_id, exc)
+            except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+                log.info("heartbeat of %s: %s; trying another broker", self.member_id, exc)
+            await backoff.sleep()
+
+    async def _settle(self) -> None:
+        """Commit and release the queues the brokers asked back; stop at a lapsed lease."""
+        if not self._lease_valid() and self._loops:
+            await self._drop_all("its lease ended")
+        if not self._revoking:
+            return
+        todo = sorted(self._revoking)
+        await self._commit_queues(todo)
+        self._revoking -= set(todo)
+        self._released |= set(todo)
+        with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+            await self._apply(await self._beat())
+
+    # ---- pulling --------------------------------------------------------------------
+
+    async def _pull_loop(self, queue: int, offset: int, token: int) -> None:
         backoff = Backoff(0.1, 2.0)
         router = self.router
         group = router.group_of(self.topic, queue)
         while True:
-            req = p.PullRequest(self.topic, queue, offset, self.max_bytes, self.max_wait_ms)
+            member = (self.group, self.member_id, self._generation) if self.membership else ("", "", 0)
+            req = p.PullRequest(self.topic, queue, offset, self.max_bytes, self.max_wait_ms, *member)
             conn: Connection | None = None
             try:
+                if not self._lease_valid():
+                    return
                 conn = await router.connection(Permission.READ, group)
                 resp = p.PullResponse.decode(await conn.request(
                     p.Op.PULL, req.encode(), epoch=router.epoch_of(group),
                     timeout_s=router.request_timeout_s))
             except BrokerError as exc:
+                if exc.status == p.Status.NOT_OWNER:
+                    log.info("pull %s/%d: %s", self.topic, queue, exc.message)
+                    return  # the next heartbeat says what we own
                 if not exc.retriable:
                     await self._buffer.put(exc)
                     return
@@ -889,26 +1110,32 @@ class Consumer:
                 continue
             backoff.reset()
             if resp.records:
-                await self._buffer.put(
-                    [
-                        Record(self.topic, queue, r.offset, r.timestamp_ms, r.key, r.body)
-                        for r in resp.records
-                    ]
-                )
+                await self._buffer.put((queue, token, [
+                    Record(self.topic, queue, r.offset, r.timestamp_ms, r.key, r.body)
+                    for r in resp.records
+                ]))
             offset = resp.next_offset
 
     async def getmany(self, *, timeout_s: float = 1.0) -> list[Record]:
         """The next batch of records (possibly empty after ``timeout_s``)."""
         await self.start()
-        try:
-            item = await asyncio.wait_for(self._buffer.get(), timeout_s)
-        except TimeoutError:
-            return []
-        if isinstance(item, BaseException):
-            raise item
-        last = item[-1]
-        self._positions[last.queue] = max(self._positions.get(last.queue, 0), last.offset + 1)
-        return item
+        await self._settle()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                item = await asyncio.wait_for(self._buffer.get(),
+                                              max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return []
+            if isinstance(item, BaseException):
+                raise item
+            queue, token, records = item
+            entry = self._loops.get(queue)
+            if entry is None or entry[0] != token or not self._lease_valid():
+                continue  # pulled before the queue was given up: never handed out
+            last = records[-1]
+            self._positions[queue] = max(self._positions.get(queue, 0), last.offset + 1)
+            return records
 
     async def __aiter__(self) -> AsyncIterator[Record]:
         while True:
@@ -917,9 +1144,15 @@ class Consumer:
 
     async def commit(self) -> dict[int, int | None]:
         """Commit what has been delivered; returns the broker's stored offsets."""
-        todo = {q: o for q, o in self._positions.items() if self._committed.get(q) != o}
+        stored = await self._commit_queues(sorted(self._positions))
+        await self._settle()
+        return stored
+
+    async def _commit_queues(self, queues: Sequence[int]) -> dict[int, int | None]:
+        todo = {q: self._positions[q] for q in queues
+                if q in self._positions and self._committed.get(q) != self._positions[q]}
         if not todo:
-            return dict(self._committed)
+            return {q: self._committed.get(q) for q in queues}
         by_group: dict[str | None, dict[int, int]] = {}
         for q, o in todo.items():
             by_group.setdefault(self.router.group_of(self.topic, q), {})[q] = o
@@ -939,8 +1172,20 @@ class Consumer:
         return dict(stored)
 
     async def close(self) -> None:
-        tasks, self._tasks = self._tasks, []
-        await stop_tasks(tasks)
+        """Commit what was handed out, leave the group (its queues move at once), stop."""
+        if self._heartbeat is not None:
+            await stop_tasks([self._heartbeat])
+            self._heartbeat = None
+        for q in list(self._loops):
+            await self._stop_queue(q)
+        if self._started and self.membership:
+            with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+                if self._lease_valid():
+                    await self._commit_queues(sorted(self._positions))
+                    conn = await self.router.connection(Permission.NONE)
+                    await conn.request(p.Op.LEAVE_GROUP,
+                                       p.LeaveGroupRequest(self.group, self.member_id).encode(),
+                                       timeout_s=5.0)
         await self.router.close()
 
     async def __aenter__(self) -> Consumer:

@@ -9,6 +9,7 @@ stderr, and with ``--json`` end stdout with exactly one JSON object that scripts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -16,7 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from rich.console import Console
@@ -94,6 +95,8 @@ bootstrap_option = click.option(
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--linger-ms", type=click.FloatRange(min=0), default=1.0, show_default=True)
 @click.option("--key", default=None, help="Message key (all messages; picks the queue by hash).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="MSGS_PER_S", help="Send at this rate instead of as fast as possible.")
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def produce(
     bootstrap: tuple[str, ...],
@@ -104,9 +107,12 @@ def produce(
     batch_size: int,
     linger_ms: float,
     key: str | None,
+    rate: float | None,
     as_json: bool,
 ) -> None:
-    """Produce COUNT messages of SIZE bytes and report throughput and ack latency."""
+    """Produce COUNT messages of SIZE bytes and report throughput, ack latency, sends
+    never acknowledged (``failed``) and the longest time with sends pending and no
+    acknowledgement (``max_ack_gap_ms``, the write stall)."""
     addrs = _bootstrap(bootstrap)
     summary = asyncio.run(
         _produce(
@@ -118,6 +124,7 @@ def produce(
             batch_size=batch_size,
             linger_ms=linger_ms,
             key=key.encode() if key is not None else None,
+            rate=rate,
         )
     )
     _report(summary, as_json=as_json, title="produce")
@@ -135,6 +142,7 @@ async def _produce(
     batch_size: int,
     linger_ms: float,
     key: bytes | None,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms)
     slots = asyncio.Semaphore(window)
@@ -148,9 +156,14 @@ async def _produce(
         started = time.perf_counter()
         last_draw = started
 
+        outstanding = 0
+        progress_at = started  # the last acknowledgement, or when sends became pending
+        max_gap = 0.0
+
         def done(fut: asyncio.Future[tuple[int, int]], *, sent_at: float) -> None:
-            nonlocal acked
+            nonlocal acked, outstanding, progress_at, max_gap
             slots.release()
+            outstanding -= 1
             if fut.cancelled():
                 return
             exc = fut.exception()
@@ -159,11 +172,21 @@ async def _produce(
                     errors.append(str(exc))
                 return
             acked += 1
-            latencies.append(time.perf_counter() - sent_at)
+            now = time.perf_counter()
+            latencies.append(now - sent_at)
+            max_gap = max(max_gap, now - progress_at)
+            progress_at = now
 
         try:
             for i in range(count):
+                if rate is not None:
+                    delay = started + i / rate - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
                 await slots.acquire()
+                if outstanding == 0:
+                    progress_at = time.perf_counter()
+                outstanding += 1
                 body = (prefix + b"-%d-" % i + pad)[:size] if size > 20 else pad
                 sent_at = time.perf_counter()
                 fut = await producer.send(topic, body, key=key)
@@ -187,6 +210,7 @@ async def _produce(
         "mb_per_s": round(acked * size / elapsed / 1e6, 2) if elapsed > 0 else 0.0,
         "ack_p50_ms": round(_percentile(latencies, 0.50) * 1000, 3),
         "ack_p99_ms": round(_percentile(latencies, 0.99) * 1000, 3),
+        "max_ack_gap_ms": round(max_gap * 1000, 3),
         "errors": errors,
     }
 
@@ -201,6 +225,11 @@ async def _produce(
               help="Stop after this many seconds without a message.")
 @click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Commit after this many messages (and at the end).")
+@click.option("--session-timeout-ms", type=click.IntRange(min=500), default=6000,
+              show_default=True, help="A member silent this long loses its queues.")
+@click.option("--member-id", default=None, help="This member's id (default host-pid-random).")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
+              help="Append one JSON line per delivery and per queue acquired/released.")
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def consume(
     bootstrap: tuple[str, ...],
@@ -209,14 +238,21 @@ def consume(
     count: int,
     idle_timeout: float,
     commit_every: int,
+    session_timeout_ms: int,
+    member_id: str | None,
+    record_path: str | None,
     as_json: bool,
 ) -> None:
-    """Consume COUNT messages as GROUP, committing as it goes (at-least-once)."""
+    """Consume COUNT messages as GROUP, committing as it goes (at-least-once). On a
+    cluster topic, several processes with one --group share its queues."""
     addrs = _bootstrap(bootstrap)
-    summary = asyncio.run(
-        _consume(addrs, topic=topic, group=group, count=count, idle_timeout=idle_timeout,
-                 commit_every=commit_every)
-    )
+    with contextlib.ExitStack() as stack:
+        record = stack.enter_context(open(record_path, "a", buffering=1)) if record_path else None
+        summary = asyncio.run(
+            _consume(addrs, topic=topic, group=group, count=count, idle_timeout=idle_timeout,
+                     commit_every=commit_every, session_timeout_ms=session_timeout_ms,
+                     member_id=member_id, record=record)
+        )
     _report(summary, as_json=as_json, title="consume")
     if summary["consumed"] < count:
         sys.exit(1)
@@ -230,8 +266,23 @@ async def _consume(
     count: int,
     idle_timeout: float,
     commit_every: int,
+    session_timeout_ms: int = 6000,
+    member_id: str | None = None,
+    record: TextIO | None = None,
 ) -> dict[str, Any]:
-    consumer = Consumer(bootstrap, group=group, topic=topic)
+    consumer = Consumer(bootstrap, group=group, topic=topic, member_id=member_id,
+                        session_timeout_ms=session_timeout_ms)
+    logged = 0
+
+    def flush_ownership() -> None:
+        nonlocal logged
+        if record is None:
+            return
+        for t, kind, q in consumer.ownership_log[logged:]:
+            record.write(json.dumps({"t": t, "kind": kind, "queue": q,
+                                     "member": consumer.member_id}) + "\n")
+        logged = len(consumer.ownership_log)
+
     consumed = 0
     since_commit = 0
     errors: list[str] = []
@@ -243,6 +294,7 @@ async def _consume(
             while consumed < count:
                 records = await consumer.getmany(timeout_s=0.25)
                 now = time.perf_counter()
+                flush_ownership()
                 if not records:
                     if now - last_seen > idle_timeout:
                         errors.append(f"no message for {idle_timeout:g}s")
@@ -251,6 +303,12 @@ async def _consume(
                 last_seen = now
                 consumed += len(records)
                 since_commit += len(records)
+                if record is not None:
+                    t = time.time()
+                    record.write("".join(json.dumps({
+                        "t": t, "kind": "deliver", "queue": r.queue, "offset": r.offset,
+                        "member": consumer.member_id,
+                        "id": r.body[:64].decode("utf-8", "replace")}) + "\n" for r in records))
                 if since_commit >= commit_every:
                     await consumer.commit()
                     since_commit = 0
@@ -261,9 +319,11 @@ async def _consume(
             errors.append(str(exc))
         finally:
             await consumer.close()
+            flush_ownership()
         elapsed = time.perf_counter() - started
     return {
         "consumed": consumed,
+        "member": consumer.member_id,
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(consumed / elapsed, 1) if elapsed > 0 else 0.0,
         "positions": {str(q): o for q, o in sorted(consumer.positions.items())},

@@ -102,6 +102,7 @@ class Membership:
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalancing: dict[str, asyncio.Task[None]] = {}
         self._rebalance_again: set[str] = set()
+        self._last_written: dict[str, int] = {}
 
     async def start(self) -> None:
         self._tasks.append(self._loop.create_task(self._expiry_loop(), name="member-expiry"))
@@ -187,7 +188,9 @@ class Membership:
             await self._register(cgroup, doc)
             now = self._clock()
             hosted = self._hosted[key] = _Hosted(doc, now, now)
-            self.rebalance_soon(cgroup)
+            # Answer with the assignment that includes the newcomer (free queues are its
+            # at once; the rest follow as their holders release them).
+            await self._rebalance_now(cgroup)
         elif hosted is None:
             what = "no consumer group" if not g.members and g.version < 0 else "no member"
             raise MembershipError(
@@ -316,6 +319,7 @@ class Membership:
                 await backoff.sleep()
                 continue
             log.info("consumer group %s: generation %d", cgroup, nxt.generation)
+            self._last_written[cgroup] = nxt.generation
             if self._on_rebalance is not None:
                 self._on_rebalance(cgroup)
             return
@@ -327,6 +331,19 @@ class Membership:
             self._rebalance_again.add(cgroup)
             return
         self._rebalancing[cgroup] = self._loop.create_task(self._rebalance(cgroup))
+
+    async def _rebalance_now(self, cgroup: str, timeout_s: float = 2.0) -> None:
+        self.rebalance_soon(cgroup)
+        task = self._rebalancing.get(cgroup)
+        if task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        g = self._groups[cgroup]
+        # Our own write reaches our cache through the watch: wait for it (bounded).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.5):
+                while self._last_written.get(cgroup, 0) > g.doc.generation:
+                    await g.changed.wait()
 
     async def _rebalance(self, cgroup: str) -> None:
         while True:

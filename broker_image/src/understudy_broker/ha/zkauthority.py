@@ -133,7 +133,6 @@ class ZkAuthority(BrokerIdentity):
         fence_after_s: float | None = None,
         digest_auth: Digest | None = None,
         publish_interval_s: float = 1.0,
-        route_cache_s: float = 0.5,
     ) -> None:
         self._connect = connect
         self._group = group
@@ -146,7 +145,6 @@ class ZkAuthority(BrokerIdentity):
         self._fence_after_s = session_timeout_s if fence_after_s is None else fence_after_s
         self._digest_auth = digest_auth
         self._publish_interval_s = publish_interval_s
-        self._route_cache_s = route_cache_s
         self._health = Health()
         self._facts: Callable[[], ReplicationFacts] = ReplicationFacts
         self._backsync: BackSyncer | None = None

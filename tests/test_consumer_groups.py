@@ -1,0 +1,253 @@
+"""Consumer groups held by brokers, on a real local cluster (ZooKeeper, two groups of
+broker processes, the controller): members joining, leaving cleanly, crashing and
+pausing past their session, and a rebalance while a group is in SLAVE_CONSUME. Checked
+as a user would: every message consumed, no duplicate on clean joins and leaves, and never
+two members on one queue (from the members' own acquire/release records)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from understudy_broker import protocol as p
+from understudy_broker.admin import describe_consumer_group
+from understudy_broker.cli.client import consumer_group, topic
+from understudy_broker.client import Consumer, Producer, request_once
+from understudy_harness import testing
+from understudy_operator.local import cluster as lc
+from understudy_operator.local.plan import ClusterPlan
+
+pytestmark = pytest.mark.slow
+UNDERSTUDY = testing.UNDERSTUDY
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterPlan]]:
+    directory = tmp_path_factory.mktemp("cgcluster") / "c"
+    try:
+        plan = lc.up(directory, groups=2, slaves=1)
+        yield directory, plan
+    finally:
+        lc.down(directory)
+
+
+def addr(plan: ClusterPlan, broker: str) -> str:
+    group = next(g for g in plan.groups if any(b.name == broker for b in g.brokers))
+    return group.broker(broker).address
+
+
+def make_topic(plan: ClusterPlan, name: str, per_group: int = 4) -> None:
+    out = CliRunner().invoke(topic, ["create", "-b", addr(plan, "g1-0"), "-t", name,
+                                     "--groups", "g1,g2", "--queues-per-group", str(per_group)])
+    assert out.exit_code == 0, out.output
+
+
+async def produce(boot: list[str], name: str, bodies: Iterable[bytes]) -> None:
+    async with Producer(boot) as prod:
+        futs = [await prod.send(name, b) for b in bodies]
+        await prod.flush()
+    assert all(f.exception() is None for f in futs)
+
+
+def overlaps(events: Iterable[tuple[float, str, int, str]]) -> list[str]:
+    """Two members holding one queue at once, from (time, acquire|release, queue, member)."""
+    holder: dict[int, str] = {}
+    bad = []
+    for _t, kind, q, member in sorted(events):
+        if kind == "acquire":
+            if q in holder and holder[q] != member:
+                bad.append(f"queue {q}: {member} acquired while {holder[q]} held it")
+            holder[q] = member
+        elif holder.get(q) == member:
+            del holder[q]
+    return bad
+
+
+def log_of(c: Consumer) -> list[tuple[float, str, int, str]]:
+    return [(t, k, q, c.member_id) for t, k, q in c.ownership_log]
+
+
+async def drain(c: Consumer, seen: list[bytes], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        recs = await c.getmany(timeout_s=0.1)
+        if recs:
+            seen.extend(r.body for r in recs)
+            await c.commit()
+
+
+def test_clean_joins_and_leaves_move_queues_without_duplicates(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    _d, plan = cluster
+    boot = [addr(plan, "g1-0"), addr(plan, "g2-0")]
+    make_topic(plan, "shared")
+
+    async def run() -> None:
+        await produce(boot, "shared", (b"a-%d" % i for i in range(400)))
+        seen_a: list[bytes] = []
+        seen_b: list[bytes] = []
+        stop = asyncio.Event()
+        a = Consumer(boot, group="cg", topic="shared", session_timeout_ms=3000, max_wait_ms=100)
+        b = Consumer(boot, group="cg", topic="shared", session_timeout_ms=3000, max_wait_ms=100)
+        try:
+            await a.start()
+            assert a.assigned == list(range(8))  # alone: every queue
+            ta = asyncio.create_task(drain(a, seen_a, stop))
+            await testing.eventually(lambda: len(seen_a) >= 100, "a consumed 100", 20)
+            await b.start()
+            tb = asyncio.create_task(drain(b, seen_b, stop))
+            await testing.eventually(
+                lambda: len(a.assigned) == 4 and len(b.assigned) == 4, "4 queues each", 20)
+            assert not set(a.assigned) & set(b.assigned)
+            await produce(boot, "shared", (b"b-%d" % i for i in range(400)))
+            await testing.eventually(lambda: len(seen_a) + len(seen_b) >= 800, "800 consumed", 30)
+            # a leaves cleanly: b takes everything, from a's commits.
+            stop_a = asyncio.Event()
+            stop_a.set()
+            ta.cancel()
+            await asyncio.gather(ta, return_exceptions=True)
+            await a.close()
+            await testing.eventually(lambda: len(b.assigned) == 8, "b holds all 8", 20)
+            await produce(boot, "shared", (b"c-%d" % i for i in range(200)))
+            await testing.eventually(lambda: len(seen_a) + len(seen_b) >= 1000, "1000", 30)
+            stop.set()
+            await asyncio.gather(tb, return_exceptions=True)
+            d = await describe_consumer_group(boot, "cg")
+            assert [m["member"] for m in d["members"]] == [b.member_id]
+            assert {a_["member"] for a_ in d["assignment"]} == {b.member_id}
+            assert sum(a_["lag"] for a_ in d["assignment"]) == 0
+        finally:
+            stop.set()
+            await a.close()
+            await b.close()
+        counts = Counter(seen_a + seen_b)
+        expected = {b"%s-%d" % (k, i) for k, n in ((b"a", 400), (b"b", 400), (b"c", 200))
+                    for i in range(n)}
+        assert set(counts) == expected
+        assert [x for x, n in counts.items() if n > 1] == []  # clean moves: no duplicate
+        assert overlaps([*log_of(a), *log_of(b)]) == []
+
+    asyncio.run(run())
+
+
+def test_a_member_heartbeating_for_an_unknown_group_gets_a_clear_error(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    _d, plan = cluster
+    make_topic(plan, "errs", per_group=1)
+
+    async def ask(body: bytes) -> p.Frame:
+        return await request_once(addr(plan, "g2-1"), p.Op.MEMBER_HEARTBEAT, body)
+
+    hb = p.MemberHeartbeatRequest("nobody", "m1", ["errs"], 3000)
+    frame = asyncio.run(ask(hb.encode()))
+    assert frame.status == p.Status.UNKNOWN_MEMBER
+    assert "no consumer group 'nobody'/'m1'" in p.error_message(frame)
+    bad = p.MemberHeartbeatRequest("Bad_Group", "m1", ["errs"], 3000, join=True)
+    assert asyncio.run(ask(bad.encode())).status == p.Status.BAD_REQUEST
+    missing = p.MemberHeartbeatRequest("cg2", "m1", ["nope"], 3000, join=True)
+    frame = asyncio.run(ask(missing.encode()))
+    assert frame.status == p.Status.UNKNOWN_TOPIC
+    d = json.loads(CliRunner().invoke(consumer_group, [
+        "describe", "-b", addr(plan, "g1-0"), "-g", "nobody", "--json"]).output)
+    assert d["members"] == []  # nothing was created
+
+
+def _spawn_member(plan: ClusterPlan, name: str, record: Path, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [*UNDERSTUDY, "consume", "-b", addr(plan, "g1-1"), "-b", addr(plan, "g2-1"),
+           "-t", "crashy", "-g", "cgc", "--count", "1000000", "--idle-timeout", "60",
+           "--commit-every", "20", "--session-timeout-ms", "2000", "--member-id", name,
+           "--record", str(record)]
+    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _records(*paths: Path) -> list[dict[str, object]]:
+    out = []
+    for path in paths:
+        if path.exists():
+            out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def test_crashed_and_paused_members_lose_their_queues_without_sharing_them(
+        cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    """Three member processes; one is SIGSTOPped past its session, one is SIGKILLed while a
+    group is in SLAVE_CONSUME (its master killed), and the group fails back meanwhile.
+    Every message is consumed; no two members ever hold one queue."""
+    directory, plan = cluster
+    boot = [addr(plan, "g1-1"), addr(plan, "g2-0")]
+    make_topic(plan, "crashy")
+    names = ["m1", "m2", "m3"]
+    records = {n: tmp_path / f"{n}.jsonl" for n in names}
+    procs = {n: _spawn_member(plan, n, records[n], tmp_path / f"{n}.log") for n in names}
+    try:
+        asyncio.run(produce(boot, "crashy", (b"x-%d" % i for i in range(300))))
+        testing.wait_until(lambda: len({r["member"] for r in _records(*records.values())
+                                        if r["kind"] == "acquire"}) == 3, "3 members own queues", 30)
+        os.kill(procs["m1"].pid, signal.SIGSTOP)  # paused past its 2 s session
+        time.sleep(3.5)
+        asyncio.run(produce(boot, "crashy", (b"y-%d" % i for i in range(300))))
+        lc.kill(directory, "g1-0")  # g1 goes SLAVE_CONSUME: reads and commits on g1-1
+        lc.wait_mode(plan, "g1", "SLAVE_CONSUME", deadline=time.monotonic() + 20)
+        os.kill(procs["m2"].pid, signal.SIGKILL)  # crash during slave-consume
+        procs["m2"].wait(5)
+        asyncio.run(produce(boot, "crashy", (b"z-%d" % i for i in range(300))))
+        os.kill(procs["m1"].pid, signal.SIGCONT)
+        lc.start(directory, "g1-0")  # failback while the group rebalances
+        lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
+        expected = {f"{k}-{i}" for k in "xyz" for i in range(300)}
+        testing.wait_until(
+            lambda: expected <= {str(r["id"]) for r in _records(*records.values())
+                                 if r["kind"] == "deliver"}, "every message consumed", 60)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+    events = [(float(r["t"]), str(r["kind"]), int(r["queue"]), str(r["member"]))
+              for r in _records(*records.values()) if r["kind"] in ("acquire", "release")]
+    # m2 was killed: it never wrote its releases; its queues count as held until it died.
+    assert overlaps(e for e in events if e[3] != "m2") == []
+    m2_last = max((e[0] for e in events if e[3] == "m2"), default=0.0)
+    taken = [e for e in events if e[3] != "m2" and e[1] == "acquire" and e[0] < m2_last
+             and any(x[2] == e[2] and x[3] == "m2" and x[1] == "acquire" and x[0] <= e[0]
+                     for x in events)]
+    assert all(
+        any(x[2] == e[2] and x[3] == "m2" and x[1] == "release" and x[0] <= e[0] for x in events)
+        for e in taken), "a queue of m2 was taken while m2 was alive and holding it"
+
+
+def test_a_pull_by_a_member_that_does_not_own_the_queue_is_refused(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """A pull that names a member and a queue it does not own gets NOT_OWNER."""
+    _d, plan = cluster
+    make_topic(plan, "owned", per_group=1)
+
+    async def run() -> None:
+        c = Consumer([addr(plan, "g1-0")], group="cgo", topic="owned", session_timeout_ms=3000)
+        try:
+            await c.start()
+            assert c.assigned == [0, 1]
+            req = p.PullRequest("owned", 0, 0, 1000, 0, "cgo", "intruder", 1)
+            frame = await request_once(addr(plan, "g1-0"), p.Op.PULL, req.encode())
+            assert frame.status == p.Status.NOT_OWNER
+            assert "does not own owned/0" in p.error_message(frame)
+        finally:
+            await c.close()
+
+    asyncio.run(run())
