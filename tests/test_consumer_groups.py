@@ -138,6 +138,22 @@ def test_clean_joins_and_leaves_move_queues_without_duplicates(
 
     asyncio.run(run())
 
+    # The readers export the group's lag (0: all consumed) and the brokers count rebalances.
+    def series(broker: str, name: str) -> list[tuple[str, float]]:
+        text = lc.http_get(plan.process(broker).http_port or 0, "/metrics") or ""
+        return [(line.split(" ")[0], float(line.split(" ")[1])) for line in text.splitlines()
+                if line.startswith(name + "{") and 'consumer_group="cg"' in line]
+
+    lags = testing.wait_until(
+        lambda: series("g1-0", "understudy_consumer_lag_messages")
+        + series("g2-0", "understudy_consumer_lag_messages"),
+        "lag series", 10, ok=lambda v: len(v) == 8)
+    assert all(v == 0 for _s, v in lags)
+    assert not series("g1-1", "understudy_consumer_lag_messages")  # slaves do not export it
+    rebalances = sum(v for b in ("g1-0", "g1-1", "g2-0", "g2-1")
+                     for _s, v in series(b, "understudy_rebalances_total"))
+    assert rebalances >= 3  # a joined, b joined, a left
+
 
 def test_a_member_heartbeating_for_an_unknown_group_gets_a_clear_error(
         cluster: tuple[Path, ClusterPlan]) -> None:
@@ -158,7 +174,10 @@ def test_a_member_heartbeating_for_an_unknown_group_gets_a_clear_error(
     assert frame.status == p.Status.UNKNOWN_TOPIC
     d = json.loads(CliRunner().invoke(consumer_group, [
         "describe", "-b", addr(plan, "g1-0"), "-g", "nobody", "--json"]).output)
-    assert d["members"] == []  # nothing was created
+    assert d["members"] == []
+    with testing.zk_session(plan.zk_connect) as zk:
+        assert zk.exists("/consumers/nobody") is None  # nothing was created
+        assert zk.exists("/consumers/cg2") is None  # the join for an unknown topic neither
 
 
 def _spawn_member(plan: ClusterPlan, name: str, record: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -23,6 +23,11 @@ MESSAGES_IN_TOTAL: Final = "understudy_messages_in_total"  # counter {group,brok
 MESSAGES_OUT_TOTAL: Final = "understudy_messages_out_total"  # counter {group,broker}
 REPLICATION_LAG_BYTES: Final = "understudy_replication_lag_bytes"  # gauge {group,broker}
 PRODUCE_LATENCY_SECONDS: Final = "understudy_produce_latency_seconds"  # histogram {group,broker}
+CONSUMER_LAG_MESSAGES: Final = "understudy_consumer_lag_messages"
+"""Gauge {group,topic,queue,consumer_group}: log end minus committed offset, exported by the
+broker holding READ for the queue's group (so each series has one source)."""
+REBALANCES_TOTAL: Final = "understudy_rebalances_total"
+"""Counter {consumer_group}: assignment generations written (by the broker whose write won)."""
 
 # --- exported too, not (yet) read by jobs or dashboards ----------------------------------
 LOG_FLUSHES_TOTAL: Final = "understudy_log_flushes_total"  # counter {group,broker}
@@ -58,6 +63,8 @@ BASE_NAMES: Final[frozenset[str]] = frozenset(
         MESSAGES_OUT_TOTAL,
         REPLICATION_LAG_BYTES,
         PRODUCE_LATENCY_SECONDS,
+        CONSUMER_LAG_MESSAGES,
+        REBALANCES_TOTAL,
         OPERATOR_RECONCILE_DURATION_SECONDS,
         OPERATOR_DECISIONS_TOTAL,
         OPERATOR_ERRORS_TOTAL,

@@ -49,6 +49,7 @@ from understudy_broker.zklayout import (
     assignment_path,
     check_member,
     check_name,
+    consumer_group_path,
     member_path,
     members_dir,
 )
@@ -104,6 +105,10 @@ class Membership:
         self._rebalance_again: set[str] = set()
         self._last_written: dict[str, int] = {}
 
+    def on_rebalance(self, listener: Callable[[str], None]) -> None:
+        """``listener(consumer_group)`` after each assignment generation this broker wrote."""
+        self._on_rebalance = listener
+
     async def start(self) -> None:
         self._tasks.append(self._loop.create_task(self._expiry_loop(), name="member-expiry"))
 
@@ -116,10 +121,14 @@ class Membership:
 
     # ------------------------------------------------------------------ watches
 
-    async def _group(self, cgroup: str) -> _Group:
-        """The group's cached state, watched from the first use on."""
+    async def _group(self, cgroup: str, *, create: bool = False) -> _Group | None:
+        """The group's cached state, watched from its first use here; ``None`` when the
+        consumer group does not exist (and ``create`` is false: nothing is written)."""
         g = self._groups.get(cgroup)
         if g is None:
+            if not create and await self._zk(
+                    self._client.exists_async(consumer_group_path(cgroup))) is None:
+                return None
             g = self._groups[cgroup] = _Group()
             await asyncio.to_thread(self._client.ensure_path, members_dir(cgroup), self._acl)
             await asyncio.to_thread(self._client.DataWatch, assignment_path(cgroup),
@@ -180,9 +189,13 @@ class Membership:
                 "(understudy topic create)")
         if not req.topics:
             raise MembershipError(p.Status.BAD_REQUEST, "a member subscribes to at least one topic")
-        g = await self._group(cgroup)
+        g = await self._group(cgroup, create=req.join)
         key = (cgroup, member)
         hosted = self._hosted.get(key)
+        if g is None:
+            raise MembershipError(
+                p.Status.UNKNOWN_MEMBER,
+                f"no consumer group {cgroup!r}/{member!r} here (it never had a member): join")
         if req.join:
             doc = MemberDoc(member, self._broker, tuple(req.topics), req.session_timeout_ms)
             await self._register(cgroup, doc)
@@ -192,7 +205,7 @@ class Membership:
             # at once; the rest follow as their holders release them).
             await self._rebalance_now(cgroup)
         elif hosted is None:
-            what = "no consumer group" if not g.members and g.version < 0 else "no member"
+            what = "no member"
             raise MembershipError(
                 p.Status.UNKNOWN_MEMBER,
                 f"{what} {cgroup!r}/{member!r} here (its session expired, or it joined "
@@ -219,7 +232,8 @@ class Membership:
 
     async def leave(self, req: p.LeaveGroupRequest) -> p.MemberHeartbeatResponse:
         cgroup, member = self._names(req.cgroup, req.member)
-        await self._group(cgroup)
+        if await self._group(cgroup) is None:
+            raise MembershipError(p.Status.UNKNOWN_MEMBER, f"no consumer group {cgroup!r}")
         self._hosted.pop((cgroup, member), None)
         await self._update(cgroup, lambda owners: asg.leave(owners, member))
         with contextlib.suppress(NoNodeError):
@@ -229,6 +243,8 @@ class Membership:
     async def describe(self, cgroup: str) -> p.DescribeGroupResponse:
         self._names(cgroup, "x")
         g = await self._group(cgroup)
+        if g is None:
+            return p.DescribeGroupResponse(cgroup, 0, [], [])
         members = []
         for m in sorted(g.members):
             with contextlib.suppress(NoNodeError, LayoutError):
@@ -245,6 +261,9 @@ class Membership:
         """Raise NOT_OWNER unless ``member`` owns the queue. A member that pulls under a
         generation newer than ours waits for our watch to catch up (bounded)."""
         g = await self._group(cgroup)
+        if g is None:
+            raise MembershipError(p.Status.NOT_OWNER,
+                                  f"no consumer group {cgroup!r}: member {member!r} owns nothing")
         if generation > g.doc.generation:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):

@@ -164,6 +164,9 @@ class Broker:
                 signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,
                 backsync_persisted=self._on_backsync_persisted,
             ))
+            membership = self.authority.membership
+            if membership is not None:
+                membership.on_rebalance(self.metrics.rebalanced)
             view = self.authority.cluster
             if view is not None:
                 view.subscribe(lambda: self._adopt_cluster_topics(store, view))
@@ -329,7 +332,7 @@ class Broker:
 
     async def _housekeeping(self) -> None:
         store = self.parts.store
-        last_persist = last_retention = time.monotonic()
+        last_persist = last_retention = last_lag = time.monotonic()
         while True:
             await asyncio.sleep(HOUSEKEEPING_EVERY_S)
             now = time.monotonic()
@@ -347,6 +350,21 @@ class Broker:
                     log.info("retention deleted %d segment(s)", deleted)
             self.parts.replica.refresh(self.authority, self._report_lag)
             self._publish_if_facts_changed()
+            if now - last_lag >= 1.0:
+                last_lag = now
+                self._report_consumer_lag(store)
+
+    def _report_consumer_lag(self, store: Store) -> None:
+        """Consumer lag per (topic, queue, consumer group), from the broker holding READ
+        only: its offsets are the current ones, and each series has one source."""
+        lags: dict[tuple[str, int, str], int] = {}
+        if self.authority.effective() & Permission.READ:
+            lg = store.log
+            for cg, topics in store.offsets.snapshot().items():
+                for topic, queues in topics.items():
+                    for q, committed in queues.items():
+                        lags[(topic, q, cg)] = max(0, lg.queue_end(topic, q) - committed)
+        self.metrics.consumer_lag(lags)
 
     def _report_lag(self, broker: str, lag_bytes: int) -> None:
         self.metrics.replication_lag(broker=broker, lag_bytes=lag_bytes)

@@ -61,6 +61,34 @@ class BrokerMetrics:
             registry=self.registry,
         ).labels(group=group, broker=broker)
 
+        self._consumer_lag = Gauge(
+            names.CONSUMER_LAG_MESSAGES,
+            "Messages between a queue's log end and a consumer group's committed offset.",
+            ["group", "topic", "queue", "consumer_group"],
+            registry=self.registry,
+        )
+        self._lag_keys: set[tuple[str, str, str]] = set()
+        self._rebalances = Counter(
+            names.counter_base(names.REBALANCES_TOTAL),
+            "Consumer-group assignment generations this broker wrote.",
+            ["consumer_group"],
+            registry=self.registry,
+        )
+
+    def consumer_lag(self, lags: dict[tuple[str, int, str], int]) -> None:
+        """Set every (topic, queue, consumer group) lag; series not in ``lags`` go (this
+        broker no longer reads, or the group's offsets are gone)."""
+        keys = {(t, str(q), cg) for t, q, cg in lags}
+        for topic, queue, cgroup in self._lag_keys - keys:
+            self._consumer_lag.remove(self.group, topic, queue, cgroup)
+        for (t, q, cg), lag in lags.items():
+            self._consumer_lag.labels(group=self.group, topic=t, queue=str(q),
+                                      consumer_group=cg).set(lag)
+        self._lag_keys = keys
+
+    def rebalanced(self, consumer_group: str) -> None:
+        self._rebalances.labels(consumer_group=consumer_group).inc()
+
     def log_flushed(self) -> None:
         self._flushes.inc()
 
