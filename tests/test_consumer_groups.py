@@ -147,12 +147,18 @@ def test_clean_joins_and_leaves_move_queues_without_duplicates(
     lags = testing.wait_until(
         lambda: series("g1-0", "understudy_consumer_lag_messages")
         + series("g2-0", "understudy_consumer_lag_messages"),
-        "lag series", 10, ok=lambda v: len(v) == 8)
-    assert all(v == 0 for _s, v in lags)
+        "8 lag series at 0 (refreshed every second)", 10,
+        ok=lambda v: len(v) == 8 and all(x == 0 for _s, x in v))
+    assert {s.split('queue="')[1].split('"')[0] for s, _v in lags} == {str(q) for q in range(8)}
     assert not series("g1-1", "understudy_consumer_lag_messages")  # slaves do not export it
     rebalances = sum(v for b in ("g1-0", "g1-1", "g2-0", "g2-1")
                      for _s, v in series(b, "understudy_rebalances_total"))
     assert rebalances >= 3  # a joined, b joined, a left
+    listed = json.loads(CliRunner().invoke(consumer_group, [
+        "list", "-b", addr(plan, "g2-1"), "--json"]).output)["groups"]
+    cg = next(g for g in listed if g["group"] == "cg")
+    assert cg["members"] == 0  # both left
+    assert cg["generation"] >= 3
 
 
 def test_a_member_heartbeating_for_an_unknown_group_gets_a_clear_error(

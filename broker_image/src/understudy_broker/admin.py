@@ -155,3 +155,14 @@ async def describe_consumer_group(bootstrap: Sequence[str], cgroup: str) -> dict
         })
     return {"group": cgroup, "generation": d.generation, "members": list(d.members),
             "assignment": assignment}
+
+
+async def list_consumer_groups(bootstrap: Sequence[str]) -> list[dict[str, Any]]:
+    """``[{group, members, generation}]`` for every consumer group."""
+    router = Router(bootstrap)
+    try:
+        body = await _with_retries(router, Permission.NONE, p.Op.LIST_GROUPS,
+                                   p.ListGroupsRequest().encode(), retries=2)
+    finally:
+        await router.close()
+    return [dict(g) for g in p.ListGroupsResponse.decode(body).groups]

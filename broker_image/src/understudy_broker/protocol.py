@@ -76,6 +76,7 @@ class Op(enum.IntEnum):
     MEMBER_HEARTBEAT = 12  # join / stay in a consumer group; answers the member's queues
     LEAVE_GROUP = 13  # a member leaves cleanly (after committing)
     DESCRIBE_GROUP = 14  # a consumer group's members and assignment
+    LIST_GROUPS = 15  # every consumer group under the chroot
 
 
 class Status(enum.IntEnum):
@@ -1225,6 +1226,31 @@ class DescribeGroupResponse:
                    _field(data, "members", list), _field(data, "owners", list))
 
 
+@dataclass(frozen=True, slots=True)
+class ListGroupsRequest:
+    def encode(self) -> bytes:
+        return _json_body({})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        _json_object(body)
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsResponse:
+    """Per consumer group: ``{group, members, generation}``."""
+
+    groups: Sequence[Mapping[str, Any]]
+
+    def encode(self) -> bytes:
+        return _json_body({"groups": list(self.groups)})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        return cls(_field(_json_object(body), "groups", list))
+
+
 #: Request and response body types per operation.
 REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicRequest,
@@ -1240,6 +1266,7 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.MEMBER_HEARTBEAT: MemberHeartbeatRequest,
     Op.LEAVE_GROUP: LeaveGroupRequest,
     Op.DESCRIBE_GROUP: DescribeGroupRequest,
+    Op.LIST_GROUPS: ListGroupsRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -1255,6 +1282,7 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.MEMBER_HEARTBEAT: MemberHeartbeatResponse,
     Op.LEAVE_GROUP: MemberHeartbeatResponse,
     Op.DESCRIBE_GROUP: DescribeGroupResponse,
+    Op.LIST_GROUPS: ListGroupsResponse,
 }
 
 

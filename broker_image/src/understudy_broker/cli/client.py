@@ -25,7 +25,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from understudy_broker import protocol as p
-from understudy_broker.admin import admin_topic, describe_consumer_group, describe_topic
+from understudy_broker.admin import (
+    admin_topic,
+    describe_consumer_group,
+    describe_topic,
+    list_consumer_groups,
+)
 from understudy_broker.client import (
     BrokerError,
     Consumer,
@@ -476,6 +481,26 @@ def topic_describe(bootstrap: tuple[str, ...], name: str, as_json: bool) -> None
              context_settings={"help_option_names": ["-h", "--help"]})
 def consumer_group() -> None:
     """Inspect consumer groups (members and queue ownership are held by the brokers)."""
+
+
+@consumer_group.command("list")
+@bootstrap_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def consumer_group_list(bootstrap: tuple[str, ...], as_json: bool) -> None:
+    """Every consumer group, with its member count and assignment generation."""
+    try:
+        groups = asyncio.run(list_consumer_groups(_bootstrap(bootstrap)))
+    except (BrokerError, ConnectionError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps({"groups": groups}))
+        return
+    table = Table()
+    for col in ("consumer group", "members", "generation"):
+        table.add_column(col)
+    for g in groups:
+        table.add_row(str(g["group"]), str(g["members"]), str(g["generation"]))
+    Console().print(table)
 
 
 @consumer_group.command("describe")

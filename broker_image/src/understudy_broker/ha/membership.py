@@ -41,6 +41,7 @@ from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zkclient import kazoo_future
 from understudy_broker.zklayout import (
+    CONSUMERS_DIR,
     AssignmentDoc,
     LayoutError,
     MemberDoc,
@@ -255,6 +256,24 @@ class Membership:
         owners = [{"topic": t, "queue": q, "member": o.member, "next": o.next}
                   for (t, q), o in sorted(g.doc.owners.items())]
         return p.DescribeGroupResponse(cgroup, g.doc.generation, members, owners)
+
+    async def list_groups(self) -> p.ListGroupsResponse:
+        """Every consumer group with its member count and generation (read, not watched)."""
+        try:
+            names = sorted(await self._zk(self._client.get_children_async(CONSUMERS_DIR)))
+        except NoNodeError:
+            names = []
+        out = []
+        for cg in names:
+            members: list[str] = []
+            generation = 0
+            with contextlib.suppress(NoNodeError):
+                members = await self._zk(self._client.get_children_async(members_dir(cg)))
+            with contextlib.suppress(NoNodeError, LayoutError):
+                raw, _ = await self._zk(self._client.get_async(assignment_path(cg)))
+                generation = AssignmentDoc.from_json(raw).generation
+            out.append({"group": cg, "members": len(members), "generation": generation})
+        return p.ListGroupsResponse(out)
 
     async def check_owner(self, cgroup: str, member: str, topic: str, queue: int,
                           generation: int) -> None:

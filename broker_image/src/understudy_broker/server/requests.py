@@ -127,6 +127,7 @@ class Requests:
             p.Op.MEMBER_HEARTBEAT: self._member_heartbeat,
             p.Op.LEAVE_GROUP: self._leave_group,
             p.Op.DESCRIBE_GROUP: self._describe_group,
+            p.Op.LIST_GROUPS: self._list_groups,
         }
 
     async def handle(self, frame: p.Frame) -> bytes:
@@ -416,6 +417,10 @@ class Requests:
             return (await self._membership().describe(req.cgroup)).encode()
         except MembershipError as exc:
             raise RequestError(exc.status, exc.message) from None
+
+    async def _list_groups(self, frame: p.Frame) -> bytes:
+        p.ListGroupsRequest.decode(frame.body)
+        return (await self._membership().list_groups()).encode()
 
     async def _check_owner(self, req: p.PullRequest) -> None:
         try:
