@@ -58,6 +58,7 @@ from understudy_broker.zklayout import (
 log = logging.getLogger(__name__)
 
 EXPIRY_CHECK_S = 0.1
+GROUP_READY_TIMEOUT_S = 5.0
 
 
 class MembershipError(Exception):
@@ -105,6 +106,7 @@ class Membership:
         self._rebalancing: dict[str, asyncio.Task[None]] = {}
         self._rebalance_again: set[str] = set()
         self._last_written: dict[str, int] = {}
+        self._arming = asyncio.Lock()
 
     def on_rebalance(self, listener: Callable[[str], None]) -> None:
         """``listener(consumer_group)`` after each assignment generation this broker wrote."""
@@ -127,16 +129,26 @@ class Membership:
         consumer group does not exist (and ``create`` is false: nothing is written)."""
         g = self._groups.get(cgroup)
         if g is None:
-            if not create and await self._zk(
-                    self._client.exists_async(consumer_group_path(cgroup))) is None:
-                return None
-            g = self._groups[cgroup] = _Group()
-            await asyncio.to_thread(self._client.ensure_path, members_dir(cgroup), self._acl)
-            await asyncio.to_thread(self._client.DataWatch, assignment_path(cgroup),
-                                    self._kz(self._apply_assignment, cgroup))
-            await asyncio.to_thread(self._client.ChildrenWatch, members_dir(cgroup),
-                                    self._kz(self._apply_members, cgroup))
-        await g.ready.wait()
+            # One arming per group: concurrent first pulls must share one cache (and one
+            # set of watches), not each build their own.
+            async with self._arming:
+                g = self._groups.get(cgroup)
+                if g is None:
+                    if not create and await self._zk(
+                            self._client.exists_async(consumer_group_path(cgroup))) is None:
+                        return None
+                    g = self._groups[cgroup] = _Group()
+                    await asyncio.to_thread(self._client.ensure_path, members_dir(cgroup),
+                                            self._acl)
+                    await asyncio.to_thread(self._client.DataWatch, assignment_path(cgroup),
+                                            self._kz(self._apply_assignment, cgroup))
+                    await asyncio.to_thread(self._client.ChildrenWatch, members_dir(cgroup),
+                                            self._kz(self._apply_members, cgroup))
+        try:
+            await asyncio.wait_for(g.ready.wait(), GROUP_READY_TIMEOUT_S)
+        except TimeoutError:
+            raise MembershipError(p.Status.TIMEOUT,
+                                  f"consumer group {cgroup}: ZooKeeper did not answer") from None
         return g
 
     def _kz(self, apply: Callable[..., None], cgroup: str) -> Callable[..., None]:
