@@ -5,7 +5,8 @@
 #   1. understudy drill --cycles 3 --fault kill --prometheus   (live status line; the
 #      drill's own table; exports query_range JSON and a promtool tsdb dump)
 #   2. understudy sla report on the query_range export           (PySpark, stage lines)
-#   3. the drill's own figures, the SLA summary (summary.md) and where report.html is.
+#   3. the drill's own figures, the SLA summary (summary.md) and where report.html is;
+#      then a topic over two groups through a master kill (scripts/demo-cluster.sh).
 # The drill stops its cluster and Prometheus whatever happens.
 # Knobs: DEMO_CYCLES (3), DEMO_SCRAPE_INTERVAL seconds (1), DEMO_DIR (.understudy/demo).
 set -uo pipefail
@@ -23,7 +24,7 @@ mkdir -p "$DIR"
 if [ -d "$DIR/drill" ] && [ ! -f "$DIR/drill/cluster.json" ]; then rm -rf "$DIR/drill"; fi
 rm -rf "$SLA" "$JSON"
 
-echo "== 1/2 understudy drill --cycles $CYCLES --fault kill --prometheus --scrape-interval $SCRAPE"
+echo "== 1/3 understudy drill --cycles $CYCLES --fault kill --prometheus --scrape-interval $SCRAPE"
 echo "   (kill -9 the master, slave-consume, failback; Prometheus scrapes every broker and the controller)"
 "$U" drill --cycles "$CYCLES" --fault kill --prometheus --scrape-interval "$SCRAPE" --dir "$DIR/drill" --json "$JSON"
 rc=$?
@@ -56,7 +57,7 @@ if [ "${#EXPORTS[@]}" -eq 0 ] || [ -z "${EXPORTS[0]}" ]; then
 fi
 
 echo
-echo "== 2/2 understudy sla report --input ${EXPORTS[*]} --step ${SCRAPE}s --out $SLA"
+echo "== 2/3 understudy sla report --input ${EXPORTS[*]} --step ${SCRAPE}s --out $SLA"
 echo "   (Spark in local mode: a minute or two on a busy 2-core machine)"
 "$U" sla report --input "${EXPORTS[@]}" --step "${SCRAPE}s" --out "$SLA"
 sla_rc=$?
@@ -88,4 +89,10 @@ echo
 echo "incidents:  $SLA/incidents.csv"
 echo "report:     $(cd "$SLA" && pwd)/report.html"
 echo "exports:    ${EXPORTS[*]} and $DUMP (both readable by 'understudy sla report')"
+
+echo
+echo "== 3/3 a topic over two groups keeps taking writes through a master kill (scripts/demo-cluster.sh)"
+bash scripts/demo-cluster.sh
+cluster_rc=$?
+[ "$rc" -eq 0 ] && rc=$cluster_rc
 exit "$rc"

@@ -225,3 +225,13 @@ def test_disabled_table_never_isolates() -> None:
     t = FaultTable(enabled=False)
     t.observe("g1", 0, now=0.0, failed=True)
     assert t.available("g1", 0.0)
+
+
+def test_produce_refuses_a_bad_fault_table_before_connecting() -> None:
+    from click.testing import CliRunner
+
+    from understudy_broker.cli.client import produce
+
+    out = CliRunner().invoke(produce, ["-b", "127.0.0.1:1", "-t", "x", "--fault-steps", "5-6"])
+    assert out.exit_code == 2
+    assert "expected LATENCY_MS:ISOLATION_MS" in out.output

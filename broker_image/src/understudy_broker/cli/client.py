@@ -39,6 +39,7 @@ from understudy_broker.client import (
     create_topic,
     parse_address,
 )
+from understudy_broker.faultavoid import DEFAULT_STEPS, parse_steps
 
 _stderr = Console(stderr=True)
 
@@ -102,6 +103,16 @@ bootstrap_option = click.option(
 @click.option("--key", default=None, help="Message key (all messages; picks the queue by hash).")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
               metavar="MSGS_PER_S", help="Send at this rate instead of as fast as possible.")
+@click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Times a failed unkeyed send moves to another group.")
+@click.option("--send-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds before a send (keyed: its queue's group has no writer) fails.")
+@click.option("--fault-avoidance/--no-fault-avoidance", default=True, show_default=True,
+              help="Skip groups that failed or answered slowly, for a time scaled by latency.")
+@click.option("--fault-steps", default=None, metavar="MS:MS,...",
+              help="Latency to isolation table, e.g. 550:30000,1000:60000,15000:600000.")
+@click.option("--hedge-after-ms", type=click.FloatRange(min=1), default=500.0, show_default=True,
+              help="Copy an unanswered unkeyed batch to another group after this long.")
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def produce(
     bootstrap: tuple[str, ...],
@@ -113,12 +124,24 @@ def produce(
     linger_ms: float,
     key: str | None,
     rate: float | None,
+    retries: int,
+    send_timeout: float,
+    fault_avoidance: bool,
+    fault_steps: str | None,
+    hedge_after_ms: float,
     as_json: bool,
 ) -> None:
     """Produce COUNT messages of SIZE bytes and report throughput, ack latency, sends
     never acknowledged (``failed``) and the longest time with sends pending and no
     acknowledgement (``max_ack_gap_ms``, the write stall)."""
     addrs = _bootstrap(bootstrap)
+    try:
+        steps = DEFAULT_STEPS if fault_steps is None else parse_steps(fault_steps)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fault-steps") from None
+    options = {"retries": retries, "send_timeout_s": send_timeout,
+               "fault_avoidance": fault_avoidance, "fault_steps": steps,
+               "hedge_after_ms": hedge_after_ms}
     summary = asyncio.run(
         _produce(
             addrs,
@@ -130,6 +153,7 @@ def produce(
             linger_ms=linger_ms,
             key=key.encode() if key is not None else None,
             rate=rate,
+            options=options,
         )
     )
     _report(summary, as_json=as_json, title="produce")
@@ -148,8 +172,9 @@ async def _produce(
     linger_ms: float,
     key: bytes | None,
     rate: float | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms)
+    producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms, **(options or {}))
     slots = asyncio.Semaphore(window)
     latencies: list[float] = []
     errors: list[str] = []
