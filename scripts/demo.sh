@@ -19,9 +19,10 @@ DIR="${DEMO_DIR:-.understudy/demo}"
 JSON="$DIR/drill.json"
 SLA="$DIR/sla"
 mkdir -p "$DIR"
-# `local up` reuses a directory that holds an old cluster and refuses any other non-empty
-# one: clear what a previous demo left that is not a cluster.
-if [ -d "$DIR/drill" ] && [ ! -f "$DIR/drill/cluster.json" ]; then rm -rf "$DIR/drill"; fi
+# Every demo starts from nothing: stop what an interrupted demo may have left running (by
+# the PIDs its cluster recorded), then clear its data and history.
+if [ -f "$DIR/drill/cluster.json" ]; then "$U" local down --dir "$DIR/drill" >/dev/null 2>&1; fi
+rm -rf "$DIR/drill"
 rm -rf "$SLA" "$JSON"
 
 echo "== 1/3 understudy drill --cycles $CYCLES --fault kill --prometheus --scrape-interval $SCRAPE"

@@ -73,6 +73,19 @@ def test_traffic_through_one_broker_is_recorded_and_clean(drill_dir: Path, tmp_p
 
 
 @pytest.mark.integration
+def test_a_drill_in_a_reused_directory_judges_only_its_own_run(drill_dir: Path) -> None:
+    """`make demo` run twice reuses its drill directory: the second verdict must not
+    include the first run's faults and commits (it once reported rewinds that were the
+    first run's offsets)."""
+    for _ in range(2):
+        result = asyncio.run(run_drill(DrillOptions(cycles=0, slaves=0, directory=drill_dir,
+                                                    coordinated=False)))
+        assert result.report.ok, result.report.violations
+    headers = [line for line in result.history.read_text().splitlines() if '"header"' in line]
+    assert len(headers) == 1
+
+
+@pytest.mark.integration
 def test_a_slave_reading_beside_its_master_is_caught(drill_dir: Path) -> None:
     # Brokers started without --zk enforce their configured permission: the slave reads
     # (READ) while the master does (FULL). A real one-reader violation, which the

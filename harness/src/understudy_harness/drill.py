@@ -293,6 +293,9 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
         progress=lambda msg: setattr(status, "phase", msg),
     )
     history = plan.dir / "history.jsonl"
+    # A history is one run: a directory reused from an earlier drill must not lend it its
+    # faults and commits (the checker would judge both runs as one).
+    history.unlink(missing_ok=True)
     errors: list[str] = []
     completed = 0
     prom: promrun.PrometheusServer | None = None
