@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from understudy_broker import protocol as p
 from understudy_broker.cli.client import consumer_group, produce, topic
-from understudy_broker.client import BrokerError, Consumer, Producer, Router
+from understudy_broker.client import BrokerError, Consumer, Producer, Router, request_once
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
 
@@ -114,6 +114,22 @@ def test_bad_topic_requests_are_refused_and_change_nothing(
     grown = json.loads(cli(topic, "alter", "-b", b, "-t", "held", "--add-groups", "g2",
                            "--json").output)
     assert [(q["queue"], q["group"]) for q in grown["queues"]] == [(0, "g1"), (2, "g2")]
+
+    async def misdirected() -> list[tuple[int, str]]:
+        asks = [(p.Op.PULL, p.PullRequest("held", 2, 0, 1000, 0).encode()),
+                (p.Op.PRODUCE, p.encode_produce("held", [(2, None, b"x")])),
+                (p.Op.COMMIT_OFFSET, p.CommitOffsetRequest("cg", "held", {2: 1}).encode()),
+                (p.Op.PULL, p.PullRequest("held", 1, 0, 1000, 0).encode())]
+        out = []
+        for op, body in asks:
+            frame = await request_once(b, op, body)
+            out.append((frame.status, p.error_message(frame)))
+        return out
+
+    answers = asyncio.run(misdirected())
+    assert [a[0] for a in answers] == [p.Status.BAD_REQUEST] * 4
+    assert "queue 2 of topic 'held' lives on group 'g2', not on 'g1'" in answers[0][1]
+    assert "queue 1 of topic 'held' was removed" in answers[3][1]
 
 
 def test_writes_continue_through_a_master_kill_and_keyed_sends_stay_put(

@@ -261,6 +261,7 @@ class Requests:
                 p.Status.BAD_REQUEST,
                 f"queue {req.queue} does not exist: topic {req.topic!r} has {queues} queues",
             )
+        self._check_placed(req.topic, (req.queue,))
         if req.member:
             await self._check_owner(req)
         lg = self._store.log
@@ -297,6 +298,7 @@ class Requests:
         bad = [q for q in req.offsets if q >= queues]
         if bad:
             raise RequestError(p.Status.BAD_REQUEST, f"queue {bad[0]} does not exist")
+        self._check_placed(req.topic, req.offsets)
         offsets = self._store.offsets
         stored: dict[int, int | None] = {}
         moved: dict[int, int] = {}
@@ -331,6 +333,7 @@ class Requests:
         self._require_read(frame)
         req = p.FetchOffsetRequest.decode(frame.body)
         self._queues(req.topic)
+        self._check_placed(req.topic, req.queues)
         offsets = self._store.offsets
         return p.OffsetsResponse(
             {q: offsets.get(req.group, req.topic, q) for q in req.queues}
