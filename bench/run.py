@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-ORDER = ["broker", "failover", "sla"]
+ORDER = ["broker", "failover", "cluster", "sla"]
 
 
 def main(argv: list[str]) -> int:

@@ -276,3 +276,54 @@ def test_a_pull_by_a_member_that_does_not_own_the_queue_is_refused(
             await c.close()
 
     asyncio.run(run())
+
+
+def test_members_keep_their_queues_when_their_hosting_broker_dies(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """Both members heartbeat through one broker; it is killed (kill -9). They move to
+    another broker, which takes their nodes over in one transaction: nobody rebalances
+    their queues away, they never stop pulling, and every message is consumed."""
+    directory, plan = cluster
+    boot = [addr(plan, "g2-0"), addr(plan, "g1-1"), addr(plan, "g2-1")]
+    make_topic(plan, "hosted")
+    killed: list[str] = []
+    window: list[float] = []  # from the kill to the members' close
+    a = Consumer(boot, group="cgh", topic="hosted", session_timeout_ms=4000, max_wait_ms=100)
+    b = Consumer(boot, group="cgh", topic="hosted", session_timeout_ms=4000, max_wait_ms=100)
+    seen: list[bytes] = []
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        await a.start()
+        await b.start()
+        tasks = [asyncio.create_task(drain(c, seen, stop)) for c in (a, b)]
+        try:
+            await testing.eventually(lambda: len(a.assigned) == 4 and len(b.assigned) == 4,
+                                     "4 queues each", 20)
+            hosts = {m["broker"] for m in (await describe_consumer_group(boot, "cgh"))["members"]}
+            assert len(hosts) == 1
+            before = (list(a.assigned), list(b.assigned))
+            killed.append(hosts.pop())
+            window.append(time.time())
+            await asyncio.to_thread(lc.kill, directory, killed[0])
+            await produce(boot, "hosted", (b"k-%d" % i for i in range(400)))
+            await testing.eventually(lambda: len(set(seen)) >= 400, "400 consumed", 30)
+            assert (list(a.assigned), list(b.assigned)) == before
+        finally:
+            window.append(time.time())
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await a.close()
+            await b.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for broker in killed:
+            lc.start(directory, broker)
+            lc.wait_mode(plan, broker.split("-")[0], "NORMAL", deadline=time.monotonic() + 30)
+    assert set(seen) >= {b"k-%d" % i for i in range(400)}
+    assert overlaps([*log_of(a), *log_of(b)]) == []
+    # From the kill until they closed, neither member let go of (or took) a queue.
+    moves = [e for e in a.ownership_log + b.ownership_log if window[0] <= e[0] <= window[1]]
+    assert moves == []

@@ -503,7 +503,11 @@ async def test_create_builds_owned_children_zk_config_and_ready_status(env: Env)
     assert status["observedGeneration"] == 1
     assert status["mode"] == "NORMAL"
     assert status["readable"] is True
-    assert [b["effectivePermission"] for b in status["brokers"]] == ["FULL", "NONE"]
+    # Ready needs the master reading; the slave's status may reach the operator one refresh
+    # later (each broker publishes its own, about once a second).
+    await eventually(
+        lambda: [b["effectivePermission"] for b in env.bg("orders")["status"]["brokers"]]
+        == ["FULL", "NONE"], what="both brokers' permissions in the status")
     assert "understudy.io/finalizer" in env.bg("orders")["metadata"]["finalizers"]
 
     # The operator runs in its own thread: the gauge is set right after the status patch

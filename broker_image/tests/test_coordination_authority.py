@@ -86,6 +86,14 @@ async def test_route_lists_the_group_from_zookeeper(
     await eventually(lambda: m.effective() is Permission.FULL, "master FULL")
     await eventually(lambda: BrokerStatus.from_json(
         admin.get(status_path(GROUP, "m"))[0]).effective is Permission.FULL, "m's status")
+    # s learns m's published permission from its cluster view's watch on m's status: it
+    # follows the write by one notification, not at once.
+
+    async def m_full_in_route() -> bool:
+        brokers = (await s.route())[0].brokers
+        return any(b.name == "m" and b.permission == int(Permission.FULL) for b in brokers)
+
+    await eventually(m_full_in_route, "m FULL in s's route")
     routes = await s.route()
     assert len(routes) == 1
     by_name = {b.name: b for b in routes[0].brokers}

@@ -1026,6 +1026,9 @@ class Consumer:
             owned = {q for t, q in resp.owned if t == self.topic}
             revoking = {q for t, q in resp.revoking if t == self.topic}
             self._generation = resp.generation
+            for q, (_token, task) in list(self._loops.items()):
+                if task.done():  # ended on NOT_OWNER or a lapsed lease: restart if ours
+                    await self._stop_queue(q)
             for q in list(self._loops):
                 if q not in owned:
                     await self._stop_queue(q)  # lost without a hand-over: expired
@@ -1052,7 +1055,11 @@ class Consumer:
                 continue
             except BrokerError as exc:
                 if exc.status == p.Status.UNKNOWN_MEMBER:
-                    await self._drop_all(exc.message)
+                    # Our hosting broker died or hung and we reached another one. While our
+                    # lease holds, the brokers still count us a member (none expired us):
+                    # join here (it takes our node over) and keep our queues; past the
+                    # lease the loop above dropped them first.
+                    log.info("member %s moves to another broker: %s", self.member_id, exc.message)
                     with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
                         await self._join()
                         continue

@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 EXPIRY_CHECK_S = 0.1
 GROUP_READY_TIMEOUT_S = 5.0
+#: Grace for a vanished member whose session timeout this broker never read.
+UNKNOWN_SESSION_MS = 30_000
 
 
 class MembershipError(Exception):
@@ -107,6 +109,8 @@ class Membership:
         self._rebalance_again: set[str] = set()
         self._last_written: dict[str, int] = {}
         self._arming = asyncio.Lock()
+        self._known: dict[tuple[str, str], tuple[tuple[str, ...], int]] = {}
+        self._ghosts: dict[str, dict[str, tuple[float, tuple[str, ...]]]] = {}
 
     def on_rebalance(self, listener: Callable[[str], None]) -> None:
         """``listener(consumer_group)`` after each assignment generation this broker wrote."""
@@ -334,8 +338,14 @@ class Membership:
                 if stat.ephemeralOwner == self._session_id():
                     await self._zk(self._client.set_async(path, doc.to_json()))
                     return
-                with contextlib.suppress(NoNodeError, BadVersionError):
-                    await self._zk(self._client.delete_async(path, version=stat.version))
+                # Take it over in one transaction: the members list never lacks the member,
+                # so no broker rebalances its queues away while it keeps pulling them.
+                txn = self._client.transaction()
+                txn.delete(path, version=stat.version)
+                txn.create(path, doc.to_json(), acl=self._acl, ephemeral=True)
+                results = await self._zk(txn.commit_async())
+                if not any(isinstance(r, Exception) for r in results):
+                    return
         raise MembershipError(p.Status.INTERNAL, f"could not register member {doc.member!r}")
 
     def _session_id(self) -> int | None:
@@ -399,7 +409,7 @@ class Membership:
         while True:
             self._rebalance_again.discard(cgroup)
             try:
-                members = await self._member_topics(cgroup)
+                members = self._with_ghosts(cgroup, await self._member_topics(cgroup))
                 queues = {t: list(d.live_queues()) for t, d in self._view.topics.items()}
                 await self._update(cgroup, functools.partial(_rebalanced, members=members,
                                                              queues=queues))
@@ -408,13 +418,46 @@ class Membership:
             if cgroup not in self._rebalance_again:
                 return
 
+    def _with_ghosts(self, cgroup: str, live: dict[str, tuple[str, ...]]
+                     ) -> dict[str, tuple[str, ...]]:
+        """Live members, plus members whose node vanished while they still own queues.
+
+        A node vanishes without a hand-over when its *hosting broker* died: the member
+        itself may be alive, within its lease, pulling, and about to join another broker.
+        Its queues stay its own for its session timeout from when we saw it go (its lease,
+        counted from a heartbeat sent before that, is over by then). A member that left or
+        that its hosting broker expired owns nothing by the time its node goes."""
+        now = self._clock()
+        g = self._groups.get(cgroup)
+        owners = set() if g is None else {o.member for o in g.doc.owners.values()}
+        ghosts = self._ghosts.setdefault(cgroup, {})
+        for m in owners - set(live):
+            if m not in ghosts:
+                topics, session_ms = self._known.get((cgroup, m), ((), UNKNOWN_SESSION_MS))
+                if not topics and g is not None:
+                    topics = tuple(sorted({t for (t, _q), o in g.doc.owners.items()
+                                           if o.member == m}))
+                ghosts[m] = (now + session_ms / 1000, topics)
+                log.info("consumer group %s: member %s vanished with its broker; its queues "
+                         "stay its own for %.1fs", cgroup, m, session_ms / 1000)
+        out = dict(live)
+        for m, (until, topics) in list(ghosts.items()):
+            if m in live or now >= until or m not in owners:
+                del ghosts[m]
+            else:
+                out[m] = topics
+                self._loop.call_later(until - now + 0.01, self.rebalance_soon, cgroup)
+        return out
+
     async def _member_topics(self, cgroup: str) -> dict[str, tuple[str, ...]]:
         out: dict[str, tuple[str, ...]] = {}
         children = await self._zk(self._client.get_children_async(members_dir(cgroup)))
         for m in children:
             with contextlib.suppress(NoNodeError, LayoutError):
                 raw, _ = await self._zk(self._client.get_async(member_path(cgroup, m)))
-                out[m] = MemberDoc.from_json(raw).topics
+                doc = MemberDoc.from_json(raw)
+                out[m] = doc.topics
+                self._known[(cgroup, m)] = (doc.topics, doc.session_timeout_ms)
         return out
 
     async def _expiry_loop(self) -> None:
@@ -430,6 +473,10 @@ class Membership:
                     await self._expire(cgroup, member)
 
     async def _expire(self, cgroup: str, member: str) -> None:
+        """The member's session ended here (its own lease ended before): its queues go to
+        their takers or are freed first, then its node goes."""
+        with contextlib.suppress(MembershipError):
+            await self._update(cgroup, lambda owners: asg.leave(owners, member))
         path = member_path(cgroup, member)
         with contextlib.suppress(NoNodeError, BadVersionError):
             _raw, stat = await self._zk(self._client.get_async(path))

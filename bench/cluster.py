@@ -1,0 +1,316 @@
+"""Benchmark: a topic over two groups through master kills and hangs, and consumer-group joins.
+
+Why this exists: issue 11's targets are only worth quoting when measured on real processes
+over many cycles. On one local cluster (ZooKeeper, two groups of a master and a slave, the
+controller) and one cluster topic over both groups (4 queues each), this measures:
+
+- **write stall** (DESIGN "Checker definitions"): per fault, the longest interval during
+  which the producer had pending sends and got no acknowledgement, from every send's send
+  and acknowledgement times. A producer sends unkeyed messages at ``--rate`` msg/s;
+  ``--cycles`` master ``kill -9`` (alternating groups; the master restarted and the group
+  NORMAL again before the next cycle) and as many master hangs (SIGSTOP for
+  ``--hang-s``, past the 2 s ZooKeeper session, then SIGCONT);
+- **end-to-end recovery**: from the fault to the first delivery, to a consumer-group member,
+  of a message produced after the fault;
+- **rebalance**: with two members consuming, a third joins: from its ``start()`` to its first
+  delivery from a queue it was handed; the queues moved per join against the minimum;
+  duplicates over the clean joins and leaves (each id delivered more than once to the
+  group); two members on one queue, from the members' ownership logs.
+
+Peers (RabbitMQ quorum queues, JetStream R3) come from ``bench/peers.py`` when it exists;
+otherwise their entries say why they are missing. Prints a table and writes
+``bench-results/cluster.json``. No assertions: the tests assert.
+
+    python bench/cluster.py                 # what `make bench` runs (20 + 20 cycles)
+    python bench/cluster.py --cycles 3      # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from understudy_broker import protocol as p
+from understudy_broker.admin import admin_topic
+from understudy_broker.client import BrokerError, Consumer, Producer
+from understudy_harness.checker import percentile
+from understudy_operator.local import cluster as lc
+from understudy_operator.local.plan import ClusterPlan
+
+TOPIC = "bench"
+TARGETS = {"kill": 50.0, "hang": 1000.0, "e2e": 250.0, "join": 1000.0}
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 1)
+
+
+@dataclass
+class Traffic:
+    """One producer at a steady rate and the members of consumer group ``bench``."""
+
+    boot: list[str]
+    rate: float
+    sends: dict[int, float] = field(default_factory=dict)  # id -> monotonic send time
+    acks: dict[int, float] = field(default_factory=dict)  # id -> monotonic ack time
+    deliveries: list[tuple[float, int, str, int]] = field(default_factory=list)
+    members: list[Consumer] = field(default_factory=list)
+    stopping: bool = False
+
+    async def produce(self) -> None:
+        """Every 5 ms, send what the rate owes; at most 2000 sends in flight."""
+        window = asyncio.Semaphore(2000)
+        async with Producer(self.boot, linger_ms=1, send_timeout_s=10.0) as prod:
+            async def one(i: int) -> None:
+                try:
+                    with contextlib.suppress(BrokerError, ConnectionError):
+                        await (await prod.send(TOPIC, b"%d" % i))
+                        self.acks[i] = time.monotonic()
+                finally:
+                    window.release()
+
+            n = 0
+            started = time.monotonic()
+            pending: set[asyncio.Task[None]] = set()
+            while not self.stopping:
+                await asyncio.sleep(0.005)
+                owed = int((time.monotonic() - started) * self.rate) - n
+                for _ in range(max(0, owed)):
+                    await window.acquire()
+                    n += 1
+                    self.sends[n] = time.monotonic()
+                    t = asyncio.create_task(one(n))
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def consume(self, c: Consumer) -> None:
+        while not self.stopping or c.assigned:
+            recs = await c.getmany(timeout_s=0.1)
+            now = time.monotonic()
+            for r in recs:
+                self.deliveries.append((now, int(r.body), c.member_id, r.queue))
+            if recs:
+                await c.commit()
+            if self.stopping and not recs:
+                return
+
+    def member(self) -> Consumer:
+        return Consumer(self.boot, group="bench", topic=TOPIC, session_timeout_ms=3000,
+                        max_wait_ms=100)
+
+    def write_stall_ms(self, start: float, end: float) -> float:
+        """Longest time in [start, end] with sends pending and no acknowledgement. The
+        producer sends steadily, so sends are always pending: the longest gap between
+        consecutive acknowledgements (from ``start``)."""
+        acks = sorted(t for t in self.acks.values() if start <= t <= end)
+        points = [start, *acks]
+        return max((b - a for a, b in itertools.pairwise(points)), default=end - start) * 1000
+
+    def e2e_ms(self, fault_at: float) -> float | None:
+        later = {i for i, t in self.sends.items() if t >= fault_at}
+        first = min((t for t, i, _m, _q in self.deliveries if i in later), default=None)
+        return None if first is None else (first - fault_at) * 1000
+
+
+async def wait_normal(plan: ClusterPlan, group: str) -> None:
+    await asyncio.to_thread(lc.wait_mode, plan, group, "NORMAL", deadline=time.monotonic() + 60)
+
+
+async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.Path, kind: str,
+                       cycles: int, hang_s: float) -> list[tuple[float, float | None]]:
+    out = []
+    for n in range(cycles):
+        broker = ("g1-0", "g2-0")[n % 2]
+        await asyncio.sleep(1.0)
+        at = time.monotonic()
+        await asyncio.to_thread(lc.kill, directory, broker, sig="KILL" if kind == "kill" else "STOP")
+        await asyncio.sleep(hang_s if kind == "hang" else 1.5)
+        await asyncio.to_thread(lc.start, directory, broker)
+        await wait_normal(plan, broker.split("-")[0])
+        await asyncio.sleep(1.0)
+        stall = traffic.write_stall_ms(at, time.monotonic())
+        e2e = traffic.e2e_ms(at)
+        out.append((stall, e2e))
+        print(f"  {kind} {n + 1}/{cycles} {broker}: write stall {stall:.1f} ms, "
+              f"end-to-end {'-' if e2e is None else f'{e2e:.1f}'} ms", flush=True)
+    return out
+
+
+def overlaps(members: list[Consumer]) -> int:
+    events = sorted((t, k, q, c.member_id) for c in members for t, k, q in c.ownership_log)
+    holder: dict[int, str] = {}
+    bad = 0
+    for _t, k, q, m in events:
+        if k == "acquire":
+            bad += int(q in holder and holder[q] != m)
+            holder[q] = m
+        elif holder.get(q) == m:
+            del holder[q]
+    return bad
+
+
+async def rebalances(traffic: Traffic, joins: int) -> dict[str, Any]:
+    times: list[float] = []
+    moved: list[int] = []
+    everyone: list[Consumer] = list(traffic.members)
+    for n in range(joins):
+        before = {c.member_id: set(c.assigned) for c in traffic.members}
+        c = traffic.member()
+        everyone.append(c)
+        started = time.monotonic()
+        await c.start()
+        task = asyncio.create_task(traffic.consume(c))
+        deadline = time.monotonic() + 10
+        first = None
+        while first is None and time.monotonic() < deadline:
+            first = min((t for t, _i, m, _q in traffic.deliveries if m == c.member_id), default=None)
+            await asyncio.sleep(0.01)
+        if first is not None:
+            times.append((first - started) * 1000)
+        await asyncio.sleep(0.5)
+        moved.append(sum(len(qs - set(x.assigned)) for x in traffic.members
+                         for mid, qs in before.items() if x.member_id == mid))
+        await c.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0.5)
+        print(f"  join {n + 1}/{joins}: first delivery after "
+              f"{'-' if first is None else f'{(first - started) * 1000:.1f}'} ms, "
+              f"{moved[-1]} queue(s) moved", flush=True)
+    return {"times": times, "moved": moved, "everyone": everyone}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="understudy-bench-cluster-")) / "c"
+    plan = await asyncio.to_thread(lc.up, directory, groups=2, slaves=1)
+    try:
+        boot = [b.address for g in plan.groups for b in g.brokers]
+        await admin_topic(boot, p.AdminTopicRequest("create", TOPIC, ["g1", "g2"], 4))
+        traffic = Traffic(boot, args.rate)
+        traffic.members = [traffic.member(), traffic.member()]
+        for c in traffic.members:
+            await c.start()
+        tasks = [asyncio.create_task(traffic.produce()),
+                 *(asyncio.create_task(traffic.consume(c)) for c in traffic.members)]
+        await asyncio.sleep(2)
+        results: dict[str, Any] = {}
+        for kind in ("kill", "hang"):
+            print(f"{kind}: {args.cycles} cycles", flush=True)
+            results[kind] = await fault_cycles(traffic, plan, directory, kind, args.cycles,
+                                               args.hang_s)
+        print(f"rebalance: {args.cycles} joins", flush=True)
+        rebalance_from = time.monotonic()
+        reb = await rebalances(traffic, args.cycles)
+        traffic.stopping = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in traffic.members:
+            await c.close()
+        counts = Counter((i for _t, i, _m, _q in traffic.deliveries))
+        doc: dict[str, Any] = {}
+        for kind in ("kill", "hang"):
+            stalls = [s for s, _e in results[kind]]
+            e2e = [e for _s, e in results[kind] if e is not None]
+            doc[kind] = {
+                "write_stall_ms_p50": _r(percentile(stalls, 50)),
+                "write_stall_ms_p99": _r(percentile(stalls, 99)),
+                "e2e_recovery_ms_p50": _r(percentile(e2e, 50)),
+                "e2e_recovery_ms_p99": _r(percentile(e2e, 99)),
+                "cycles": len(stalls),
+                "samples_write_stall_ms": [_r(s) for s in stalls],
+            }
+        # 8 queues: 2 members hold 4 + 4; a third takes floor(8/3) = 2 from them.
+        doc["rebalance"] = {
+            "join_to_delivery_ms_p50": _r(percentile(reb["times"], 50)),
+            "join_to_delivery_ms_p99": _r(percentile(reb["times"], 99)),
+            "joins": len(reb["times"]),
+            "queues_moved_per_join": reb["moved"],
+            "queues_moved_minimum": 2,
+            # ids sent during the joins and leaves (no fault then) delivered more than once
+            "duplicates_clean": sum(1 for i, n in counts.items()
+                                    if n > 1 and traffic.sends.get(i, 0) >= rebalance_from),
+            "duplicates_total": sum(1 for n in counts.values() if n > 1),
+            "two_member_violations": overlaps(reb["everyone"]),
+        }
+        acked = set(traffic.acks)
+        doc["lost_acked"] = len(acked - set(counts))
+        return doc
+    finally:
+        await asyncio.to_thread(lc.down, directory)
+
+
+def peers(cycles: int, rate: int) -> dict[str, Any]:
+    here = pathlib.Path(__file__).resolve().parent
+    if not (here / "peers.py").exists():
+        why = "not measured: bench/peers.py (RabbitMQ quorum queues, JetStream R3) is not in this tree yet"
+        return {"rabbitmq": {"error": why}, "jetstream_r3": {"error": why}}
+    sys.path.insert(0, str(here))
+    import peers as peer_mod  # type: ignore[import-not-found]
+
+    out: dict[str, Any] = {}
+    for key, fn in (("rabbitmq", peer_mod.measure_rabbitmq), ("jetstream_r3", peer_mod.measure_jetstream)):
+        try:
+            out[key] = fn(cycles, rate)
+        except Exception as exc:  # a peer that cannot run must not hide our figures
+            out[key] = {"error": repr(exc)}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--rate", type=float, default=2000.0)
+    ap.add_argument("--hang-s", type=float, default=3.0)
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results/cluster.json"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    load_before = os.getloadavg()
+    doc = asyncio.run(run(args))
+    doc.update({} if args.no_peers else peers(args.cycles, int(args.rate)))
+    doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
+                      "after": [round(x, 2) for x in os.getloadavg()]}
+    doc["cpus"] = os.cpu_count()
+    print()
+    print(f"{'':28}{'p50':>10}{'p99':>10}   target")
+    for kind in ("kill", "hang"):
+        k = doc[kind]
+        print(f"write stall, {kind:<15}{k['write_stall_ms_p50']!s:>10}{k['write_stall_ms_p99']!s:>10}"
+              f"   p99 <= {TARGETS[kind]:g} ms ({k['cycles']} cycles)")
+        print(f"end-to-end recovery, {kind:<7}{k['e2e_recovery_ms_p50']!s:>10}{k['e2e_recovery_ms_p99']!s:>10}"
+              f"   p99 <= {TARGETS['e2e']:g} ms")
+    rb = doc["rebalance"]
+    print(f"join to first delivery      {rb['join_to_delivery_ms_p50']!s:>10}{rb['join_to_delivery_ms_p99']!s:>10}"
+          f"   p99 <= {TARGETS['join']:g} ms ({rb['joins']} joins)")
+    print(f"queues moved per join: {rb['queues_moved_per_join']} (minimum {rb['queues_moved_minimum']}); "
+          f"two members on one queue: {rb['two_member_violations']}; ids delivered twice: "
+          f"{rb['duplicates_total']}; acknowledged and never delivered: {doc['lost_acked']}")
+    for peer in ("rabbitmq", "jetstream_r3"):
+        d = doc.get(peer, {})
+        if "error" in d:
+            print(f"{peer}: {d['error']}")
+        elif d:
+            ratio = (doc["kill"]["write_stall_ms_p99"] or 0) / max(d["publish_recovery_ms_p99"], 1e-9)
+            print(f"{peer}: publish recovery p50 {d['publish_recovery_ms_p50']} ms, p99 "
+                  f"{d['publish_recovery_ms_p99']} ms; our kill write stall p99 is {ratio:.2f}x")
+    print(f"load average {doc['loadavg']}, {doc['cpus']} CPUs")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
