@@ -24,7 +24,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from understudy_broker import protocol as p
-from understudy_broker.client import Connection, Consumer, Producer, create_topic
+from understudy_broker.client import BrokerError, Connection, Consumer, Producer, create_topic
 from understudy_broker.zkclient import make_client
 from understudy_broker.zklayout import decode_isr, decode_state, isr_path, state_path
 from understudy_harness.testing import eventually
@@ -102,7 +102,10 @@ async def test_isr_shrinks_before_the_ack_failover_picks_in_sync_slave_and_commi
 
         await eventually(lambda: state(zk)[0] == "SLAVE_CONSUME", "SLAVE_CONSUME", 40)
         assert state(zk) == ("SLAVE_CONSUME", S1)
-        on_slave = await fetch(address[S1], [0, 1])
+        # S1 reads once it applied the state and renewed its lease (a moment after
+        # ZooKeeper shows it): ask until it answers.
+        on_slave = await eventually(lambda: fetch(address[S1], [0, 1]),
+                                    "the acting slave answering", tolerate=(BrokerError,))
         for q, off in acked.items():
             assert off is not None
             assert (on_slave[q] or 0) >= off, (q, on_slave, acked)

@@ -1126,8 +1126,8 @@ class MemberHeartbeatRequest:
     """MEMBER_HEARTBEAT. ``join`` creates the member (or takes it over from another
     broker); otherwise an unknown member gets ``UNKNOWN_MEMBER``. ``released`` are queues
     the member committed and stopped pulling. The broker answers at once when
-    ``generation`` is older than the assignment's (or the member must release something),
-    else when the assignment changes or ``wait_ms`` ends (a long poll)."""
+    ``generation`` differs from the assignment's, else when the assignment changes or
+    ``wait_ms`` ends (a long poll)."""
 
     cgroup: str
     member: str

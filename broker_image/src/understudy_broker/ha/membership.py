@@ -234,18 +234,16 @@ class Membership:
         hosted.last_seen = self._clock()
         if req.released:
             await self._update(cgroup, lambda owners: asg.release(owners, member, req.released))
-        if req.wait_ms and req.generation == g.doc.generation and not self._revoking(g, member):
-            # A long poll: the member hears of a change at once. Its liveness still counts
-            # from this request's arrival (clients wait at most a third of the session).
+        if req.wait_ms and req.generation == g.doc.generation:
+            # A long poll: the member hears of a change at once (it already knows what this
+            # generation asks of it). Its liveness still counts from this request's arrival
+            # (clients wait at most a third of the session).
             changed = g.changed
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(req.wait_ms / 1000):
                     await changed.wait()
         owned, revoking = asg.view_of(g.doc, member)
         return p.MemberHeartbeatResponse(g.doc.generation, owned, revoking, self._broker)
-
-    def _revoking(self, g: _Group, member: str) -> bool:
-        return any(o.member == member and o.next is not None for o in g.doc.owners.values())
 
     async def leave(self, req: p.LeaveGroupRequest) -> p.MemberHeartbeatResponse:
         cgroup, member = self._names(req.cgroup, req.member)

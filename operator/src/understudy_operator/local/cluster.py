@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from understudy_broker import metric_names
 from understudy_broker.model import GroupState, Permission
-from understudy_broker.zklayout import BrokerStatus, FailoverPolicy
+from understudy_broker.zklayout import BrokerStatus, FailoverPolicy, status_path
 from understudy_operator.controller.observe import Observation
 from understudy_operator.local import procs
 from understudy_operator.local.plan import (
@@ -188,6 +188,8 @@ def up(
         for g in plan.groups:
             progress(f"waiting for group {g.group} to be NORMAL")
             wait_mode(plan, g.group, "NORMAL", deadline=deadline, watch=controller)
+            progress(f"waiting for {g.master.name} to read")
+            wait_master_reads(plan, g.group, deadline=deadline)
         return plan
     except BaseException:
         with contextlib.suppress(Exception):
@@ -323,6 +325,25 @@ def wait_mode(
                     )
             if time.monotonic() > deadline:
                 raise LocalError(f"group {group} did not reach {mode} in time")
+            await asyncio.sleep(0.05)
+
+    _zk(plan, wait)
+
+
+def wait_master_reads(plan: ClusterPlan, group: str, *, deadline: float) -> None:
+    """Wait until the master's published status holds READ: NORMAL is written by the
+    controller; the master reads once it applied it and renewed its read lease."""
+    master = next(g for g in plan.groups if g.group == group).master.name
+
+    async def wait(zk: ZkGateway) -> None:
+        while True:
+            found = await zk.get(status_path(group, master))
+            if found is not None:
+                with contextlib.suppress(ValueError):
+                    if BrokerStatus.from_json(found[0]).effective & Permission.READ:
+                        return
+            if time.monotonic() > deadline:
+                raise LocalError(f"{master} did not start reading in time")
             await asyncio.sleep(0.05)
 
     _zk(plan, wait)
