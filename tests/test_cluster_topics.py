@@ -10,7 +10,6 @@ import contextlib
 import json
 import time
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterPlan]]:
-    directory = tmp_path_factory.mktemp("cluster") / "c"
-    try:
-        plan = lc.up(directory, groups=2, slaves=1)
-        yield directory, plan
-    finally:
-        lc.down(directory)
+def cluster(two_groups: tuple[Path, ClusterPlan]) -> tuple[Path, ClusterPlan]:
+    return two_groups
 
 
 def address(plan: ClusterPlan, broker: str) -> str:
-    group = next(g for g in plan.groups if any(b.name == broker for b in g.brokers))
-    return group.broker(broker).address
+    return plan.address(broker)
 
 
 def cli(command: Any, *args: str) -> Any:

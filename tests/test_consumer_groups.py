@@ -13,7 +13,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -32,18 +32,12 @@ UNDERSTUDY = testing.UNDERSTUDY
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterPlan]]:
-    directory = tmp_path_factory.mktemp("cgcluster") / "c"
-    try:
-        plan = lc.up(directory, groups=2, slaves=1)
-        yield directory, plan
-    finally:
-        lc.down(directory)
+def cluster(two_groups: tuple[Path, ClusterPlan]) -> tuple[Path, ClusterPlan]:
+    return two_groups
 
 
 def addr(plan: ClusterPlan, broker: str) -> str:
-    group = next(g for g in plan.groups if any(b.name == broker for b in g.brokers))
-    return group.broker(broker).address
+    return plan.address(broker)
 
 
 def make_topic(plan: ClusterPlan, name: str, per_group: int = 4) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from understudy_harness.testing import Brokers, zk_session
+from understudy_operator.local import cluster as lc
+from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.local.zkserver import ZooKeeperServer
 
 
@@ -67,3 +69,17 @@ def module_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers
         yield b
     finally:
         b.stop_all()
+
+
+@pytest.fixture(scope="module")
+def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterPlan]]:
+    """A local cluster shared by the tests of one module: ZooKeeper, groups g1 and g2 of a
+    master and a slave each, the controller; ``(directory, plan)``. Stopped by PID at the
+    end whatever happened (``plan.address("g1-0")`` gives a broker's client address)."""
+    directory = tmp_path_factory.mktemp("two-groups") / "c"
+    try:
+        plan = lc.up(directory, groups=2, slaves=1)
+        yield directory, plan
+    finally:
+        if (directory / "cluster.json").exists():
+            lc.down(directory)

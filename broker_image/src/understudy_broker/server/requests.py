@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
 
 from understudy_broker import protocol as p
 from understudy_broker.config import BrokerConfig
@@ -402,28 +403,19 @@ class Requests:
 
     async def _member_heartbeat(self, frame: p.Frame) -> bytes:
         req = p.MemberHeartbeatRequest.decode(frame.body)
-        try:
-            return (await self._membership().heartbeat(req)).encode()
-        except MembershipError as exc:
-            raise RequestError(exc.status, exc.message) from None
+        return await _answer(self._membership().heartbeat(req))
 
     async def _leave_group(self, frame: p.Frame) -> bytes:
         req = p.LeaveGroupRequest.decode(frame.body)
-        try:
-            return (await self._membership().leave(req)).encode()
-        except MembershipError as exc:
-            raise RequestError(exc.status, exc.message) from None
+        return await _answer(self._membership().leave(req))
 
     async def _describe_group(self, frame: p.Frame) -> bytes:
         req = p.DescribeGroupRequest.decode(frame.body)
-        try:
-            return (await self._membership().describe(req.cgroup)).encode()
-        except MembershipError as exc:
-            raise RequestError(exc.status, exc.message) from None
+        return await _answer(self._membership().describe(req.cgroup))
 
     async def _list_groups(self, frame: p.Frame) -> bytes:
         p.ListGroupsRequest.decode(frame.body)
-        return (await self._membership().list_groups()).encode()
+        return await _answer(self._membership().list_groups())
 
     async def _check_owner(self, req: p.PullRequest) -> None:
         try:
@@ -471,3 +463,15 @@ class Requests:
             self._authority.epoch(),
             self._store.log.max_phys,
         ).encode()
+
+
+class _Encodable(Protocol):
+    def encode(self) -> bytes: ...
+
+
+async def _answer(call: Awaitable[_Encodable]) -> bytes:
+    """A consumer-group answer, or the status its refusal carries."""
+    try:
+        return (await call).encode()
+    except MembershipError as exc:
+        raise RequestError(exc.status, exc.message) from None

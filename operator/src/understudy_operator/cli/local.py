@@ -68,7 +68,7 @@ def local() -> None:
 )
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for NORMAL.")
 def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms: int, timeout: float) -> None:
-    """Start the cluster; return once every group is NORMAL."""
+    """Start the cluster; return once every group is NORMAL and its master reads."""
     try:
         with _err.status("starting") as live:
             plan = lc.up(

@@ -142,8 +142,9 @@ def up(
     progress: Progress = _quiet,
 ) -> ClusterPlan:
     """Start ZooKeeper, the brokers and the controller; return once every group is
-    NORMAL (uncoordinated, see :attr:`ClusterPlan.coordinated`: once every broker answers
-    ``/healthz``). On any failure everything started so far is stopped again."""
+    NORMAL and its master reads (uncoordinated, see :attr:`ClusterPlan.coordinated`: once
+    every broker answers ``/healthz``). On any failure everything started so far is
+    stopped again."""
     directory = directory.resolve()
     _claim(directory)
     zk = ZooKeeperServer(directory / ZOOKEEPER, tick_ms=ZK_TICK_MS)

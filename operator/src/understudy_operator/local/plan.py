@@ -111,6 +111,14 @@ class ClusterPlan:
                 return [b.address for b in g.brokers]
         raise PlanError(f"unknown group {group!r}")
 
+    def address(self, broker: str) -> str:
+        """A broker's client address (``HOST:PORT``)."""
+        for g in self.groups:
+            for b in g.brokers:
+                if b.name == broker:
+                    return b.address
+        raise PlanError(f"unknown broker {broker!r}")
+
     # ------------------------------------------------------------------ persistence
 
     def to_json(self) -> str:
