@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from understudy_broker import protocol as p
 from understudy_broker.cli.client import consumer_group, produce, topic
 from understudy_broker.client import BrokerError, Consumer, Producer, Router, request_once
+from understudy_broker.model import Permission
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
 
@@ -50,11 +51,17 @@ def test_topic_create_places_queues_over_groups_and_any_broker_routes_it(
     assert [q["group"] for q in created["queues"]] == ["g1", "g2", "g1", "g2"]
 
     async def route_from(broker: str) -> p.RouteResponse:
+        """The broker's route once it holds the topic: the broker that took the create
+        answers only after its own view has it; the others learn it from their ZooKeeper
+        watch a moment later."""
         router = Router([address(plan, broker)])
         try:
-            await router.refresh()
-            assert router.route is not None
-            return router.route
+            deadline = time.monotonic() + 5
+            while True:
+                route = await router.refresh()
+                if "orders" in route.placement or time.monotonic() > deadline:
+                    return route
+                await asyncio.sleep(0.02)
         finally:
             await router.close()
 
@@ -182,6 +189,10 @@ def test_writes_continue_through_a_master_kill_and_keyed_sends_stay_put(
         acked, _times, keyed_error, consumed = asyncio.run(run())
     finally:
         lc.start(directory, "g1-0")
+        # Back to where the next test starts: a restarted master is isolated until its
+        # back-sync, so it writes again only a moment after its process is up.
+        lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
+                             deadline=time.monotonic() + 30)
     assert len(acked) > 500, f"only {len(acked)} of 600 unkeyed sends were acknowledged"
     assert acked <= consumed, f"{len(acked - consumed)} acknowledged messages lost"
     assert isinstance(keyed_error, BrokerError)
@@ -220,6 +231,8 @@ def test_writes_continue_while_a_master_hangs(cluster: tuple[Path, ClusterPlan])
     are copied there after hedge_after_ms) and keep being acknowledged during the hang;
     after SIGCONT every acknowledged message is consumed."""
     directory, plan = cluster
+    for group in ("g1", "g2"):  # the premise: both masters take writes before the hang
+        lc.wait_master_holds(plan, group, Permission.WRITE, deadline=time.monotonic() + 30)
     boot = [address(plan, "g1-0"), address(plan, "g2-1")]
     assert cli(topic, "create", "-b", boot[0], "-t", "hung", "--groups", "g1,g2",
                "--queues-per-group", "2").exit_code == 0

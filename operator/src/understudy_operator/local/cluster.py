@@ -334,6 +334,12 @@ def wait_mode(
 def wait_master_reads(plan: ClusterPlan, group: str, *, deadline: float) -> None:
     """Wait until the master's published status holds READ: NORMAL is written by the
     controller; the master reads once it applied it and renewed its read lease."""
+    wait_master_holds(plan, group, Permission.READ, deadline=deadline)
+
+
+def wait_master_holds(plan: ClusterPlan, group: str, need: Permission, *, deadline: float) -> None:
+    """Wait until the master's published status holds every permission in ``need``. A
+    restarted master is isolated until back-sync, so it neither reads nor writes at once."""
     master = next(g for g in plan.groups if g.group == group).master.name
 
     async def wait(zk: ZkGateway) -> None:
@@ -341,10 +347,10 @@ def wait_master_reads(plan: ClusterPlan, group: str, *, deadline: float) -> None
             found = await zk.get(status_path(group, master))
             if found is not None:
                 with contextlib.suppress(ValueError):
-                    if BrokerStatus.from_json(found[0]).effective & Permission.READ:
+                    if BrokerStatus.from_json(found[0]).effective & need == need:
                         return
             if time.monotonic() > deadline:
-                raise LocalError(f"{master} did not start reading in time")
+                raise LocalError(f"{master} does not hold {need.name} after the wait")
             await asyncio.sleep(0.05)
 
     _zk(plan, wait)
