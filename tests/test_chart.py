@@ -101,7 +101,8 @@ def test_crds_are_shipped_as_a_copy_of_crds_dir() -> None:
     shipped = {p.name: p.read_bytes() for p in (CHART / "crds").iterdir()}
     source = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
     assert shipped == source
-    assert [c["name"] for c in chart().crds] == ["crds/brokergroup.yaml"]
+    assert sorted(c["name"] for c in chart().crds) == ["crds/brokergroup.yaml",
+                                                       "crds/brokertopic.yaml"]
 
 
 def test_defaults_install_operator_and_three_node_zookeeper() -> None:

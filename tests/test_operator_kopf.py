@@ -33,6 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -44,9 +45,18 @@ from kazoo.client import KazooClient
 from prometheus_client import generate_latest
 
 from understudy_broker import metric_names
+from understudy_broker.client import Consumer, Producer
 from understudy_broker.ha.coordinator import BrokerCoordinator
 from understudy_broker.model import Health, Mode, Permission, effective_permission
-from understudy_broker.zklayout import BrokerStatus, GroupConfig, decode_state, state_path
+from understudy_broker.zklayout import (
+    BrokerStatus,
+    GroupConfig,
+    TopicDoc,
+    config_path,
+    decode_state,
+    state_path,
+    topic_path,
+)
 from understudy_harness import testing
 from understudy_harness.testing import UNDERSTUDY, Process
 from understudy_operator.handlers.app import run
@@ -54,12 +64,15 @@ from understudy_operator.handlers.metrics import OperatorMetrics
 from understudy_operator.handlers.runtime import OperatorConfig
 from understudy_operator.k8s.spec import parse_spec
 from understudy_operator.k8s.zkconfig import encode_zk_config
+from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.local.ports import free_port
+from understudy_operator.zk import with_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 NS = "ns1"
 BG = "understudy.io/v1alpha1/brokergroups"
+BT = "understudy.io/v1alpha1/brokertopics"
 KUBELET = "understudy.test/kubelet"  # stands for the kubelet: a pod goes once its broker stopped
 
 
@@ -103,9 +116,10 @@ def declare(k: Emulator) -> None:
                                                       verbs={"list", "watch", "get"})
     k.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
         kind="CustomResourceDefinition", namespaced=False, verbs={"list", "watch", "get"})
-    k.resources[BG] = kmock.ResourceInfo(
-        kind="BrokerGroup", namespaced=True, subresources={"status"},
-        verbs={"list", "watch", "get", "patch", "create", "delete"})
+    for res, kind in [(BG, "BrokerGroup"), (BT, "BrokerTopic")]:
+        k.resources[res] = kmock.ResourceInfo(
+            kind=kind, namespaced=True, subresources={"status"},
+            verbs={"list", "watch", "get", "patch", "create", "delete"})
     for res, kind in [("v1/pods", "Pod"), ("v1/services", "Service"),
                       ("v1/configmaps", "ConfigMap"), ("v1/events", "Event"),
                       ("v1/persistentvolumeclaims", "PersistentVolumeClaim"),
@@ -392,7 +406,8 @@ async def eventually(check: Callable[[], Any], *, within: float = 20.0, what: st
 
 @contextlib.asynccontextmanager
 async def operator(url: str, *, identity: str,
-                   metrics: OperatorMetrics | None = None) -> AsyncIterator[threading.Thread]:
+                   metrics: OperatorMetrics | None = None,
+                   zk_connect: str | None = None) -> AsyncIterator[threading.Thread]:
     """The operator in a thread with its own event loop, as in production: kopf treats every
     task of its loop as its own when it stops, and must not wait for the test's."""
     stop, ready = threading.Event(), threading.Event()
@@ -409,7 +424,8 @@ async def operator(url: str, *, identity: str,
             asyncio.run(until_stopped(
                 config=OperatorConfig(status_interval_s=0.5, handoff_timeout_s=5.0,
                                       identity=identity, controller_session_timeout_s=1.0,
-                                      scanning=False),
+                                      scanning=False, topic_retry_s=0.5,
+                                      zk_connect=zk_connect),
                 connection=kopf.ConnectionInfo(server=url), namespaces=[NS], metrics=metrics,
                 stop_flag=stop, ready_flag=ready))
         except BaseException as exc:  # reported by the test below
@@ -823,3 +839,156 @@ async def test_an_unreachable_zookeeper_is_reported_and_nothing_is_applied(env: 
                                  for e in env.events("nozk")), what="the Warning Event")
     assert env.w.get("apps/v1/statefulsets", "nozk") is None
     assert env.w.get("v1/configmaps", "nozk-config") is None
+
+
+# --------------------------------------------------------------------------- BrokerTopic
+
+
+def configure_groups(env: Env, *groups: str) -> None:
+    """Group configs in ZooKeeper, as the operator writes them for BrokerGroups."""
+    for g in groups:
+        env.admin.create(config_path(g), encode_zk_config(
+            spec=parse_spec(env.spec(), default_zk_connect=env.zk_connect), group=g,
+            namespace=NS), makepath=True)
+
+
+def topic_doc(env: Env, topic: str) -> TopicDoc | None:
+    if env.admin.exists(topic_path(topic)) is None:
+        return None
+    return TopicDoc.from_json(env.admin.get(topic_path(topic))[0])
+
+
+def bt_ready(env: Env, name: str) -> dict[str, Any] | None:
+    """The BrokerTopic's Ready condition."""
+    status = (env.w.get(BT, name) or {}).get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+
+
+async def test_brokertopic_is_synced_into_zookeeper_grown_and_refusals_change_nothing(
+        env: Env) -> None:
+    configure_groups(env, "g1", "g2", "g3")
+    zk = {"connect": env.zk_connect, "chroot": env.chroot}
+    base = f"/apis/understudy.io/v1alpha1/namespaces/{NS}/brokertopics"
+    await env.w.api("POST", base, {
+        "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
+        "metadata": {"name": "orders", "namespace": NS},
+        "spec": {"groups": ["g1", "g2"], "queuesPerGroup": 2, "zookeeper": zk}})
+    await eventually(lambda: bt_ready(env, "orders")["status"] == "True",
+                     what="BrokerTopic Ready")
+    doc = topic_doc(env, "orders")
+    assert doc is not None
+    assert doc.queues == ("g1", "g2", "g1", "g2")
+    status = env.w.get(BT, "orders")["status"]
+    assert (status["topic"], status["queueCount"], status["groups"]) == ("orders", 4, "g1,g2")
+    assert status["queues"][1] == {"queue": 1, "group": "g2"}
+    assert "understudy.io/finalizer" in env.w.get(BT, "orders")["metadata"]["finalizers"]
+
+    # Grow: a third group and a third queue per group; existing queues stay where they are.
+    await env.w.api("PATCH", f"{base}/orders", {"spec": {"groups": ["g1", "g2", "g3"],
+                                                          "queuesPerGroup": 3}})
+    await eventually(lambda: env.w.get(BT, "orders")["status"]["queueCount"] == 9,
+                     what="nine queues in the status")
+    grown = topic_doc(env, "orders")
+    assert grown is not None
+    assert grown.queues[:4] == doc.queues
+    assert {g: len(grown.queues_of(g)) for g in ("g1", "g2", "g3")} == {"g1": 3, "g2": 3, "g3": 3}
+
+    # Refusals: an unknown group, then a spec the schema would have stopped (KMock has no
+    # schema): Ready=False with the reason, a Warning Event, and ZooKeeper untouched.
+    await env.w.api("PATCH", f"{base}/orders", {"spec": {"groups": ["g1", "g2", "g3", "nope"]}})
+    refused = await eventually(lambda: bt_ready(env, "orders")["reason"] == "Refused"
+                               and bt_ready(env, "orders"), what="Refused")
+    assert "nope" in refused["message"]
+    await env.w.api("PATCH", f"{base}/orders", {"spec": {"queuesPerGroup": 0}})
+    invalid = await eventually(lambda: bt_ready(env, "orders")["reason"] == "InvalidSpec"
+                               and bt_ready(env, "orders"), what="InvalidSpec")
+    assert "queuesPerGroup" in invalid["message"]
+    assert topic_doc(env, "orders") == grown
+    reasons = {e["reason"] for e in env.w.objects("v1/events")
+               if e.get("involvedObject", {}).get("kind") == "BrokerTopic"}
+    assert {"TopicCreated", "TopicAltered", "Refused", "InvalidSpec"} <= reasons
+
+    # deletionPolicy Retain (the default): the resource goes, the topic stays.
+    await env.w.api("DELETE", f"{base}/orders")
+    await eventually(lambda: env.w.get(BT, "orders") is None, what="BrokerTopic gone")
+    assert topic_doc(env, "orders") == grown
+
+
+async def test_brokertopic_force_delete_removes_the_topic_and_ordered_is_never_flipped(
+        env: Env) -> None:
+    configure_groups(env, "g1", "g2")
+    zk = {"connect": env.zk_connect, "chroot": env.chroot}
+    base = f"/apis/understudy.io/v1alpha1/namespaces/{NS}/brokertopics"
+    # A topic that exists already (made by the CLI) with ordered=true: the resource that
+    # says unordered is refused instead of rewriting it.
+    env.admin.create(topic_path("ledger"), TopicDoc("ledger", ("g1",), True).to_json(),
+                     makepath=True)
+    for name, spec in [("ledger", {"groups": ["g1"], "queuesPerGroup": 1}),
+                       ("scratch", {"groups": ["g1", "g2"], "queuesPerGroup": 1,
+                                    "deletionPolicy": "ForceDelete"})]:
+        await env.w.api("POST", base, {
+            "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
+            "metadata": {"name": name, "namespace": NS}, "spec": {**spec, "zookeeper": zk}})
+    ledger = await eventually(lambda: bt_ready(env, "ledger")["reason"] == "Refused"
+                              and bt_ready(env, "ledger"), what="ledger refused")
+    assert "ordered" in ledger["message"]
+    assert topic_doc(env, "ledger") == TopicDoc("ledger", ("g1",), True)
+    await eventually(lambda: topic_doc(env, "scratch") is not None, what="scratch created")
+    await env.w.api("DELETE", f"{base}/scratch")
+    await eventually(lambda: env.w.get(BT, "scratch") is None, what="scratch resource gone")
+    assert topic_doc(env, "scratch") is None
+
+
+async def test_brokertopic_removes_and_deletes_queues_only_once_real_brokers_report_them_drained(
+        cluster: Env, two_groups: tuple[Path, ClusterPlan]) -> None:
+    """Against a real local cluster (ZooKeeper, two groups of broker processes): the
+    operator asks the brokers for the backlog before it removes a queue or deletes a topic,
+    and waits (Ready=False/Backlog, DeleteWaiting Events) until a consumer group drains it.
+    The operator's default ZooKeeper is the cluster's, so the spec names only the chroot."""
+    _directory, plan = two_groups
+    boot = [plan.address("g1-0"), plan.address("g2-0")]
+    base = f"/apis/understudy.io/v1alpha1/namespaces/{NS}/brokertopics"
+
+    async def drain() -> int:
+        c = Consumer(boot, group="audit", topic="drain", max_wait_ms=100)
+        got = 0
+        try:
+            while batch := await c.getmany(timeout_s=1.5):
+                got += len(batch)
+            await c.commit()
+        finally:
+            await c.close()
+        return got
+
+    async with operator(cluster.w.base, identity="op-t", zk_connect=plan.zk_hosts):
+        await cluster.w.api("POST", base, {
+            "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
+            "metadata": {"name": "drain", "namespace": NS},
+            "spec": {"groups": ["g1", "g2"], "queuesPerGroup": 1, "deletionPolicy": "Delete",
+                     "zookeeper": {"chroot": plan.chroot}}})
+        await eventually(lambda: bt_ready(cluster, "drain")["status"] == "True",
+                         what="drain Ready")
+        async with Producer(boot) as prod:
+            for i in range(20):  # unkeyed: round robin over both queues
+                await (await prod.send("drain", b"m%d" % i))
+
+        await cluster.w.api("PATCH", f"{base}/drain", {"spec": {"groups": ["g1"]}})
+        held = await eventually(lambda: bt_ready(cluster, "drain")["reason"] == "Backlog"
+                                and bt_ready(cluster, "drain"), what="removal held")
+        assert "unconsumed" in held["message"]
+        assert cluster.w.get(BT, "drain")["status"]["queueCount"] == 2
+        assert await drain() == 20
+        await eventually(lambda: cluster.w.get(BT, "drain")["status"]["queueCount"] == 1
+                         and bt_ready(cluster, "drain")["status"] == "True",
+                         what="g2's queue removed once drained")
+
+        async with Producer(boot) as prod:
+            await (await prod.send("drain", b"late"))
+        await cluster.w.api("DELETE", f"{base}/drain")
+        await eventually(lambda: any(e["reason"] == "DeleteWaiting"
+                                     for e in cluster.w.objects("v1/events")),
+                         what="a DeleteWaiting Event")
+        assert cluster.w.get(BT, "drain") is not None  # held by the finalizer
+        assert await drain() == 1
+        await eventually(lambda: cluster.w.get(BT, "drain") is None, what="resource gone")
+        assert with_gateway(plan.zk_connect, lambda zk: zk.read_topic("drain")) == (None, -1)

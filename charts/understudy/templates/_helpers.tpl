@@ -63,15 +63,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* RBAC rules for what a BrokerGroup owns, in one namespace or all of them. */}}
 {{- define "understudy.namespacedRules" -}}
-# The custom resource: watch, patch status, manage the finalizer.
+# The custom resources: watch, patch status, manage the finalizer.
 - apiGroups: ["understudy.io"]
-  resources: ["brokergroups"]
+  resources: ["brokergroups", "brokertopics"]
   verbs: ["get", "list", "watch", "patch", "update"]
 - apiGroups: ["understudy.io"]
-  resources: ["brokergroups/status"]
+  resources: ["brokergroups/status", "brokertopics/status"]
   verbs: ["get", "patch", "update"]
 - apiGroups: ["understudy.io"]
-  resources: ["brokergroups/finalizers"]
+  resources: ["brokergroups/finalizers", "brokertopics/finalizers"]
   verbs: ["update"]
 # Children of a BrokerGroup.
 - apiGroups: ["apps"]

@@ -5,7 +5,8 @@ kopf's process-wide default registry), so the CLI, the tests and a second replic
 process each get their own. Every handler here is a few lines that find the run's
 :class:`~understudy_operator.handlers.runtime.Runtime` in kopf's ``memo``, time the call for
 ``/metrics`` and delegate to one module per verb: ``reconcile`` (create/update/resume),
-``status`` + ``rolling`` (the timer), ``delete`` (the finalizer), ``pods`` (pod events).
+``status`` + ``rolling`` (the timer), ``delete`` (the finalizer), ``pods`` (pod events); BrokerTopics go to ``topics``
+(create/update/resume and the finalizer).
 
 Both replicas of a two-replica operator run every handler (kopf peering is off: leadership is
 per group, by the controller's ZooKeeper election). Applies and deletions are idempotent;
@@ -33,14 +34,16 @@ from understudy_operator.handlers.runtime import (
     runtime_of,
 )
 from understudy_operator.handlers.status import on_transition, refresh, watch_state
+from understudy_operator.handlers.topics import finalize_topic, reconcile_topic
 from understudy_operator.k8s.builders import LABEL_GROUP
-from understudy_operator.k8s.kube import BROKERGROUPS, KubeClient, KubeError
+from understudy_operator.k8s.kube import BROKERGROUPS, BROKERTOPICS, KubeClient, KubeError
 from understudy_operator.zk import ZkError
 
 log = logging.getLogger(__name__)
 
 FINALIZER: Final = "understudy.io/finalizer"
 _BG: Final = (BROKERGROUPS.group, BROKERGROUPS.version, BROKERGROUPS.plural)
+_BT: Final = (BROKERTOPICS.group, BROKERTOPICS.version, BROKERTOPICS.plural)
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -89,6 +92,20 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         rt = runtime_of(memo)
         with rt.metrics.timed("delete"):
             return await finalize(rt, body=body)
+
+    @kopf.on.resume(*_BT, registry=registry)
+    @kopf.on.create(*_BT, registry=registry)
+    @kopf.on.update(*_BT, field="spec", registry=registry)
+    async def reconcile_brokertopic(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        rt = runtime_of(memo)
+        with rt.metrics.timed("topic"):
+            await reconcile_topic(rt, body=body)
+
+    @kopf.on.delete(*_BT, registry=registry)
+    async def delete_brokertopic(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str:
+        rt = runtime_of(memo)
+        with rt.metrics.timed("topic-delete"):
+            return await finalize_topic(rt, body=body)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_GROUP: kopf.PRESENT}, registry=registry)
     def broker_pod(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

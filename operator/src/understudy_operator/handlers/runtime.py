@@ -27,7 +27,7 @@ from understudy_operator.k8s.podliveness import PodLiveness
 from understudy_operator.k8s.rollout import DEFAULT_MAX_LAG_BYTES
 from understudy_operator.k8s.spec import BrokerGroupSpec
 from understudy_operator.k8s.status import FailoverTimes
-from understudy_operator.zk import ZkGateway
+from understudy_operator.zk import ZkGateway, gateway
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ class OperatorConfig:
     rollouts. ``identity``: this replica's name in controller elections. ``scanning``: let kopf
     list and watch namespaces and CRDs (off: the namespaces given are assumed to exist and
     resources are discovered once, e.g. without RBAC for namespaces, or against an emulator).
+    ``topic_retry_s``: how often a BrokerTopic change or deletion that waits for queues to
+    drain is tried again.
     """
 
     zk_connect: str | None = None
@@ -55,6 +57,7 @@ class OperatorConfig:
     controller_session_timeout_s: float = 4.0
     identity: str | None = None
     scanning: bool = True
+    topic_retry_s: float = 30.0
 
 
 @dataclass
@@ -112,15 +115,35 @@ class Runtime:
     metrics: OperatorMetrics
     groups: dict[tuple[str, str], GroupHandle] = field(default_factory=dict)
     on_transition: Callable[[GroupHandle, GroupState, GroupState], None] | None = None
+    topic_sessions: dict[str, ZkGateway] = field(default_factory=dict)
+    """One ZooKeeper session per ensemble/chroot that BrokerTopics name (topics are written
+    with versioned writes, so one session serves every topic of that ensemble)."""
 
     def leading_count(self) -> int:
         return sum(1 for h in self.groups.values() if h.leading)
+
+    async def topic_zk(self, url: str) -> ZkGateway:
+        """The started session for ``url``; raises ``ZkUnavailable`` when it cannot start."""
+        zk = self.topic_sessions.get(url)
+        if zk is not None:
+            return zk
+        zk = gateway(url, timeout_s=self.config.controller_session_timeout_s)
+        await zk.start(timeout_s=5.0)
+        if url in self.topic_sessions:  # another handler won the race: keep one session
+            await zk.stop()
+            return self.topic_sessions[url]
+        self.topic_sessions[url] = zk
+        return zk
 
     async def close(self) -> None:
         for handle in list(self.groups.values()):
             with contextlib.suppress(Exception):
                 await handle.stop()
         self.groups.clear()
+        for zk in list(self.topic_sessions.values()):
+            with contextlib.suppress(Exception):
+                await zk.stop()
+        self.topic_sessions.clear()
         await self.kube.close()
 
 

@@ -67,6 +67,7 @@ class Resource:
 
 
 BROKERGROUPS: Final = Resource("understudy.io", "v1alpha1", "brokergroups", "BrokerGroup")
+BROKERTOPICS: Final = Resource("understudy.io", "v1alpha1", "brokertopics", "BrokerTopic")
 CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
 SERVICES: Final = Resource("", "v1", "services", "Service")
 PODS: Final = Resource("", "v1", "pods", "Pod")

@@ -48,9 +48,9 @@ _RESOURCE_KEYS: Final = ("limits", "requests")
 class SpecError(ValueError):
     """A BrokerGroup spec that cannot be applied. ``problems`` lists each one with its path."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], *, kind: str = "BrokerGroup") -> None:
         self.problems: tuple[str, ...] = tuple(problems)
-        super().__init__("invalid BrokerGroup: " + "; ".join(problems))
+        super().__init__(f"invalid {kind}: " + "; ".join(problems))
 
 
 class ReplicationMode(enum.StrEnum):
@@ -171,7 +171,7 @@ def parse_spec(
     is the operator's ZooKeeper (from its Helm values), used when the spec names none.
     Raises :class:`SpecError` listing every problem.
     """
-    p = _Parser()
+    p = FieldParser()
     if name is not None:
         p.problems.extend(validate_group_name(name))
     if not isinstance(spec, Mapping):
@@ -204,33 +204,7 @@ def parse_spec(
 
     resources = p.resources(spec)
 
-    zk_raw = p.obj(spec, "spec", "zookeeper", _ZK_KEYS)
-    connect = p.string(zk_raw, "spec.zookeeper", "connect") or (default_zk_connect or "")
-    if not connect:
-        p.add(
-            "spec.zookeeper.connect: required (the operator was started without a default "
-            "ZooKeeper connect string)"
-        )
-    elif not all(_HOST_PORT.match(part) for part in connect.split(",")):
-        p.add(
-            f"spec.zookeeper.connect: {connect!r} must be host:port[,host:port...] "
-            "without a chroot (put the chroot in spec.zookeeper.chroot)"
-        )
-    chroot = p.string(zk_raw, "spec.zookeeper", "chroot", default=DEFAULT_CHROOT)
-    if not _CHROOT.match(chroot):
-        p.add(f"spec.zookeeper.chroot: {chroot!r} must be an absolute path like /understudy")
-    zookeeper = ZooKeeperSpec(
-        connect=connect,
-        chroot=chroot,
-        session_timeout_ms=p.integer(
-            zk_raw,
-            "spec.zookeeper",
-            "sessionTimeoutMs",
-            default=DEFAULT_SESSION_TIMEOUT_MS,
-            minimum=1000,
-            maximum=60000,
-        ),
-    )
+    zookeeper = parse_zookeeper(p, spec, default_zk_connect)
 
     repl_raw = p.obj(spec, "spec", "replication", _REPLICATION_KEYS)
     mode = ReplicationMode(
@@ -342,7 +316,40 @@ _MONITORING_KEYS: Final = frozenset({"enabled", "interval"})
 _BROKER_KEYS: Final = frozenset({"ordinal", "permission"})
 
 
-class _Parser:
+def parse_zookeeper(p: FieldParser, spec: Mapping[str, Any], default_zk_connect: str | None
+                    ) -> ZooKeeperSpec:
+    """``spec.zookeeper`` of a BrokerGroup or a BrokerTopic: the connect string (else the
+    operator's default), the chroot and the session timeout; problems go to ``p``."""
+    zk_raw = p.obj(spec, "spec", "zookeeper", _ZK_KEYS)
+    connect = p.string(zk_raw, "spec.zookeeper", "connect") or (default_zk_connect or "")
+    if not connect:
+        p.add(
+            "spec.zookeeper.connect: required (the operator was started without a default "
+            "ZooKeeper connect string)"
+        )
+    elif not all(_HOST_PORT.match(part) for part in connect.split(",")):
+        p.add(
+            f"spec.zookeeper.connect: {connect!r} must be host:port[,host:port...] "
+            "without a chroot (put the chroot in spec.zookeeper.chroot)"
+        )
+    chroot = p.string(zk_raw, "spec.zookeeper", "chroot", default=DEFAULT_CHROOT)
+    if not _CHROOT.match(chroot):
+        p.add(f"spec.zookeeper.chroot: {chroot!r} must be an absolute path like /understudy")
+    return ZooKeeperSpec(
+        connect=connect,
+        chroot=chroot,
+        session_timeout_ms=p.integer(
+            zk_raw,
+            "spec.zookeeper",
+            "sessionTimeoutMs",
+            default=DEFAULT_SESSION_TIMEOUT_MS,
+            minimum=1000,
+            maximum=60000,
+        ),
+    )
+
+
+class FieldParser:
     """Field readers that record problems instead of raising, so all are reported at once.
     Each returns a usable placeholder on error; the caller raises if ``problems`` is set."""
 
