@@ -273,7 +273,7 @@ def test_dashboards_ship_as_sidecar_configmaps() -> None:
     docs = render("everything-on")
     maps = [d for d in by_kind(docs, "ConfigMap") if "dashboard" in d["metadata"]["name"]]
     files = sorted((CHART / "files" / "grafana-dashboards").glob("*.json"))
-    assert len(maps) == len(files) == 3
+    assert len(maps) == len(files) == 4
     for cm in maps:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert cm["metadata"]["namespace"] == "grafana"
