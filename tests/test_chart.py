@@ -185,6 +185,7 @@ def test_external_zookeeper_without_connect_is_a_clear_error() -> None:
         ({"zookeeper": {"replicas": 2}}, "/zookeeper/replicas"),
         ({"operatr": {}}, "operatr"),
         ({"monitoring": {"prometheusRule": {"slaveConsumeFor": "soon"}}}, "slaveConsumeFor"),
+        ({"monitoring": {"prometheusRule": {"consumerLagWindow": "10 min"}}}, "consumerLagWindow"),
         ({"operator": {"watchNamespaces": ["Bad_NS"]}}, "watchNamespaces"),
         ({"zookeeper": {"tickTimeMs": 10}}, "tickTimeMs"),
         ({"zookeeper": {"minSessionTimeoutMs": 2000}}, "minSessionTimeoutMs"),
@@ -260,7 +261,8 @@ def test_monitoring_resources() -> None:
     assert sm["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "understudy-broker"}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "http"
-    assert {g["name"] for g in rule["spec"]["groups"]} == {"understudy.groups", "understudy.operator"}
+    assert {g["name"] for g in rule["spec"]["groups"]} == {
+        "understudy.groups", "understudy.topics", "understudy.operator"}
 
 
 def test_monitoring_off_renders_no_monitoring_objects() -> None:
