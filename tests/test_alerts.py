@@ -26,6 +26,8 @@ REQUIRED_ALERTS = {
     "UnderstudyOneReaderViolation",
     "UnderstudyReplicationLagHigh",
     "UnderstudyOperatorDown",
+    "UnderstudyTopicNotWritable",
+    "UnderstudyConsumerLagGrowing",
 }
 
 pytestmark = pytest.mark.skipif(
@@ -74,12 +76,15 @@ def test_promtool_unit_tests_pass(tmp_path: pathlib.Path) -> None:
 
 def test_unit_tests_fail_when_a_threshold_changes(tmp_path: pathlib.Path) -> None:
     # The promtool cases are sensitive: a rule rendered with other thresholds fails them.
-    write_rules(tmp_path, rule_groups({"replicationLagBytes": 209715200, "slaveConsumeFor": "30m"}))
+    write_rules(tmp_path, rule_groups({"replicationLagBytes": 209715200, "slaveConsumeFor": "30m",
+                                       "topicNotWritableFor": "5m",
+                                       "consumerLagMessages": 5000}))
     shutil.copy(TESTS_FILE, tmp_path / "alerts.test.yaml")
     proc = promtool("test", "rules", "alerts.test.yaml", cwd=tmp_path)
     assert proc.returncode != 0
-    assert "UnderstudyReplicationLagHigh" in proc.stdout + proc.stderr
-    assert "UnderstudySlaveConsumeTooLong" in proc.stdout + proc.stderr
+    for alert in ("UnderstudyReplicationLagHigh", "UnderstudySlaveConsumeTooLong",
+                  "UnderstudyTopicNotWritable", "UnderstudyConsumerLagGrowing"):
+        assert alert in proc.stdout + proc.stderr, alert
 
 
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:

@@ -186,6 +186,7 @@ def test_external_zookeeper_without_connect_is_a_clear_error() -> None:
         ({"zookeeper": {"replicas": 2}}, "/zookeeper/replicas"),
         ({"operatr": {}}, "operatr"),
         ({"monitoring": {"prometheusRule": {"slaveConsumeFor": "soon"}}}, "slaveConsumeFor"),
+        ({"monitoring": {"prometheusRule": {"consumerLagWindow": "10 min"}}}, "consumerLagWindow"),
         ({"operator": {"watchNamespaces": ["Bad_NS"]}}, "watchNamespaces"),
         ({"zookeeper": {"tickTimeMs": 10}}, "tickTimeMs"),
         ({"zookeeper": {"minSessionTimeoutMs": 2000}}, "minSessionTimeoutMs"),
@@ -261,7 +262,8 @@ def test_monitoring_resources() -> None:
     assert sm["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "understudy-broker"}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "http"
-    assert {g["name"] for g in rule["spec"]["groups"]} == {"understudy.groups", "understudy.operator"}
+    assert {g["name"] for g in rule["spec"]["groups"]} == {
+        "understudy.groups", "understudy.topics", "understudy.operator"}
 
 
 def test_monitoring_off_renders_no_monitoring_objects() -> None:
@@ -274,7 +276,7 @@ def test_dashboards_ship_as_sidecar_configmaps() -> None:
     docs = render("everything-on")
     maps = [d for d in by_kind(docs, "ConfigMap") if "dashboard" in d["metadata"]["name"]]
     files = sorted((CHART / "files" / "grafana-dashboards").glob("*.json"))
-    assert len(maps) == len(files) == 3
+    assert len(maps) == len(files) == 4
     for cm in maps:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert cm["metadata"]["namespace"] == "grafana"

@@ -72,6 +72,7 @@ def test_uids_are_unique_and_stable() -> None:
         "understudy-broker-performance",
         "understudy-failover-sla",
         "understudy-group-overview",
+        "understudy-topics",
     ]
 
 
@@ -141,6 +142,23 @@ def test_required_panels() -> None:
         "One-reader violations (samples)",
         "Phase duration p95 (range)",
     } <= titles("failover-sla.json")
+    assert {"Queues", "Writable queues", "Readable queues", "Consumer lag"} <= titles(
+        "topics.json"
+    )
+
+
+def test_topics_board_selects_topics_and_sums_lag_per_consumer_group() -> None:
+    board = dashboards()["topics.json"]
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["topic"]["definition"] == "label_values(understudy_topic_queues, topic)"
+    assert "group" not in variables
+    for where, expr in expressions(board):
+        if not where.startswith(("variable", "annotation")):
+            assert 'topic=~"$topic"' in expr, where
+    lag = next(p for p in board["panels"] if p["title"] == "Consumer lag")
+    assert [t["expr"] for t in lag["targets"]] == [
+        'sum by (topic, consumer_group) (understudy_consumer_lag_messages{topic=~"$topic"})'
+    ]
 
 
 def test_state_panels_map_every_value() -> None:

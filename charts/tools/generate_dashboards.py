@@ -33,6 +33,7 @@ OUT = Path(__file__).resolve().parents[1] / "understudy" / "files" / "grafana-da
 DS = dash.DataSourceRef(type_val="prometheus", uid="${datasource}")
 G = 'group=~"$group"'
 READERS = f"sum by (group) (understudy_broker_permission{{{G}}} % 2)"
+T = 'topic=~"$topic"'
 LAST = ["lastNotNull"]
 Steps = list[tuple[float | None, str]]
 
@@ -269,9 +270,20 @@ Section = tuple[str, Sequence[cogbuilder.Builder[dash.Panel]]]
 
 
 def board(
-    *, uid: str, title: str, description: str, rows: list[Section], broker_var: bool = False
+    *, uid: str, title: str, description: str, rows: list[Section], broker_var: bool = False,
+    topic_var: bool = False,
 ) -> dash.Dashboard:
-    """The dashboard around the rows: variables, mode-change annotation, links, ids."""
+    """The dashboard around the rows: variables, mode-change annotation, links, ids. Boards
+    pick groups with ``$group``; with ``topic_var`` they pick topics with ``$topic`` instead,
+    and the annotation marks mode changes of every group (any may hold a topic's queues)."""
+    if topic_var:
+        variable = query_variable("topic", "Topic", "label_values(understudy_topic_queues, topic)",
+                                  "t")
+        changes = "changes(understudy_group_epoch[2m]) > 0"
+    else:
+        variable = query_variable(
+            "group", "Group", "label_values(understudy_broker_permission, group)", "g")
+        changes = f"changes(understudy_group_epoch{{{G}}}[2m]) > 0"
     builder = (
         dash_b.Dashboard(title)
         .uid(uid)
@@ -289,16 +301,14 @@ def board(
             .type("prometheus")
             .hide(dash.VariableHide.DONT_HIDE)
         )
-        .with_variable(
-            query_variable("group", "Group", "label_values(understudy_broker_permission, group)", "g")
-        )
+        .with_variable(variable)
         .annotation(
             PromAnnotation(title_format="{{group}}: mode change", step="60s")
             .name("Mode changes")
             .datasource(DS)
             .enable(True)
             .icon_color("orange")
-            .expr(f"changes(understudy_group_epoch{{{G}}}[2m]) > 0")
+            .expr(changes)
         )
         .link(
             dash_b.DashboardLink("Understudy")
@@ -581,10 +591,80 @@ def failover_sla() -> dash.Dashboard:
     )
 
 
+def topics() -> dash.Dashboard:
+    # One controller per cluster exports the topic series; "max by" hides the moment of a
+    # hand-over when two export them (docs/cluster.md "Metrics").
+    def per_topic(metric: str) -> list[prometheus.Dataquery]:
+        return [target(f"max by (topic) ({metric}{{{T}}})", "{{topic}}")]
+
+    queues = per_topic("understudy_topic_queues")
+    writable = per_topic("understudy_topic_writable_queues")
+    readable = per_topic("understudy_topic_readable_queues")
+    lag = f"sum by (topic, consumer_group) (understudy_consumer_lag_messages{{{T}}})"
+    return board(
+        uid="understudy-topics",
+        title="Understudy / Topics",
+        description="Per topic: queues, queues with a writer and with a reader, consumer lag.",
+        topic_var=True,
+        rows=[
+            ("Now", [
+                stat_panel(
+                    "Queues", queues, w=8, h=5,
+                    description="Queues of the topic over every group (removed ones excluded).",
+                ),
+                stat_panel(
+                    "Writable queues", writable, background=True, w=8, h=5,
+                    thresholds=[(None, "red"), (1, "green")],
+                    description="Queues whose group has a broker holding WRITE. A dead master "
+                    "takes its group's queues out; producers send to the others.",
+                ),
+                stat_panel(
+                    "Readable queues", readable, background=True, w=8, h=5,
+                    thresholds=[(None, "red"), (1, "green")],
+                    description="Queues whose group has a broker holding READ (the master, or "
+                    "the acting slave while the master is down).",
+                ),
+            ]),
+            ("Over time", [
+                timeseries_panel(
+                    "Queues without a writer",
+                    [target(
+                        f"max by (topic) (understudy_topic_queues{{{T}}}) - "
+                        f"max by (topic) (understudy_topic_writable_queues{{{T}}})",
+                        "{{topic}}",
+                    )],
+                    steps=True, w=12, h=8, thresholds=[(None, "green"), (1, "orange")],
+                    description="Queues that producers cannot write now; all of them: the "
+                    "UnderstudyTopicNotWritable alert.",
+                ),
+                timeseries_panel(
+                    "Queues without a reader",
+                    [target(
+                        f"max by (topic) (understudy_topic_queues{{{T}}}) - "
+                        f"max by (topic) (understudy_topic_readable_queues{{{T}}})",
+                        "{{topic}}",
+                    )],
+                    steps=True, w=12, h=8, thresholds=[(None, "green"), (1, "orange")],
+                    description="Queues that consumers cannot pull now (a group failing over).",
+                ),
+            ]),
+            ("Consumers", [
+                timeseries_panel(
+                    "Consumer lag", [target(lag, "{{topic}} {{consumer_group}}")], w=24, h=8,
+                    description="Messages not yet committed, per topic and consumer group "
+                    "(log end minus committed offset, summed over queues). Growing for long: "
+                    "the UnderstudyConsumerLagGrowing alert.",
+                ),
+            ]),
+        ],
+    )
+
+
 DASHBOARDS: dict[str, Callable[[], dash.Dashboard]] = {
     "group-overview.json": group_overview,
     "broker-performance.json": broker_performance,
     "failover-sla.json": failover_sla,
+    "topics.json": topics,
 }
 
 

@@ -28,6 +28,15 @@ CONSUMER_LAG_MESSAGES: Final = "understudy_consumer_lag_messages"
 broker holding READ for the queue's group (so each series has one source)."""
 REBALANCES_TOTAL: Final = "understudy_rebalances_total"
 """Counter {consumer_group}: assignment generations written (by the broker whose write won)."""
+TOPIC_QUEUES: Final = "understudy_topic_queues"
+"""Gauge {topic}: the topic's queues, removed ones excluded (from ``/topics/<topic>``),
+exported by one controller per cluster (see docs/cluster.md "Metrics")."""
+TOPIC_WRITABLE_QUEUES: Final = "understudy_topic_writable_queues"
+"""Gauge {topic}: queues whose group has a live broker publishing WRITE in its effective
+permission (what producers can send to right now)."""
+TOPIC_READABLE_QUEUES: Final = "understudy_topic_readable_queues"
+"""Gauge {topic}: queues whose group has a live broker publishing READ in its effective
+permission (what consumers can pull from right now)."""
 
 # --- exported too, not (yet) read by jobs or dashboards ----------------------------------
 LOG_FLUSHES_TOTAL: Final = "understudy_log_flushes_total"  # counter {group,broker}
@@ -65,6 +74,9 @@ BASE_NAMES: Final[frozenset[str]] = frozenset(
         PRODUCE_LATENCY_SECONDS,
         CONSUMER_LAG_MESSAGES,
         REBALANCES_TOTAL,
+        TOPIC_QUEUES,
+        TOPIC_WRITABLE_QUEUES,
+        TOPIC_READABLE_QUEUES,
         OPERATOR_RECONCILE_DURATION_SECONDS,
         OPERATOR_DECISIONS_TOTAL,
         OPERATOR_ERRORS_TOTAL,

@@ -79,8 +79,11 @@ def status_path(group: str, broker: str) -> str:
     return f"{status_dir(group)}/{check_name('broker', broker)}"
 
 
+CONTROLLERS_DIR = "/controllers"
+
+
 def controller_path(group: str) -> str:
-    return f"/controllers/{check_name('group', group)}"
+    return f"{CONTROLLERS_DIR}/{check_name('group', group)}"
 
 
 def isr_path(group: str) -> str:

@@ -36,6 +36,7 @@ from understudy_broker import zkclient
 from understudy_broker.model import GroupState
 from understudy_broker.zkclient import digest_acl, kazoo_future, make_client
 from understudy_broker.zklayout import (
+    CONTROLLERS_DIR,
     GROUPS_DIR,
     TOPICS_DIR,
     BrokerStatus,
@@ -328,6 +329,15 @@ class ZkGateway:
             return None
         found = await self.get(f"{controller_path(group)}/{children[0]}")
         return None if found is None else found[0].decode("utf-8", "replace")
+
+    async def first_elected_group(self) -> str | None:
+        """The first group, by name, that has a controller in its election (some node under
+        ``/controllers/<group>``); ``None`` when no controller runs."""
+        for group in sorted(await self.children(CONTROLLERS_DIR)):
+            with contextlib.suppress(LayoutError):  # a stray node is not a group
+                if await self.children(controller_path(group)):
+                    return group
+        return None
 
     async def groups(self) -> list[str]:
         """Every group with a node under ``/groups`` (configured or not)."""

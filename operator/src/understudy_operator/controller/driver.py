@@ -16,7 +16,8 @@ rules but does no I/O. This module does the I/O and nothing else, per group:
 - the initial state ``{NORMAL, epoch 1}`` when a group has a config and no state;
 - every ZooKeeper call through the operator's one gateway (:mod:`understudy_operator.zk`),
   including :meth:`~understudy_operator.zk.ZkGateway.observe_group`, the read it decides on;
-- Prometheus series for the groups this controller leads (and only those).
+- Prometheus series for the groups this controller leads (and only those), and the topic
+  series when it leads the cluster's first elected group (:class:`TopicExporter`).
 
 Threading: kazoo callbacks only call ``loop.call_soon_threadsafe``; everything else runs on
 the loop.
@@ -36,7 +37,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from understudy_broker import metric_names as names
-from understudy_broker.model import GroupState, Mode
+from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zklayout import (
@@ -49,12 +50,20 @@ from understudy_broker.zklayout import (
 from understudy_operator import zk as zkio
 from understudy_operator.controller.liveness import LivenessSource
 from understudy_operator.controller.machine import PHASES, Decision, Memory, decide, initial_state
+from understudy_operator.controller.topicview import (
+    TopicCounts,
+    exports_topics,
+    group_permission,
+    topic_counts,
+)
 from understudy_operator.zk import Digest
 
 log = logging.getLogger(__name__)
 
 #: Buckets for ``understudy_failover_phase_seconds`` (10 ms .. 60 s).
 PHASE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Seconds between two refreshes of the topic series.
+TOPIC_REFRESH_S = 1.0
 
 
 class ControllerMetrics:
@@ -82,6 +91,12 @@ class ControllerMetrics:
         self.transitions = Counter(names.counter_base(names.CONTROLLER_TRANSITIONS_TOTAL),
                                    "State transitions written by this controller",
                                    ["group", "to"], registry=r)
+        self.topic_queues = Gauge(names.TOPIC_QUEUES, "Queues of the topic (removed ones "
+                                  "excluded)", ["topic"], registry=r)
+        self.topic_writable = Gauge(names.TOPIC_WRITABLE_QUEUES, "Queues of the topic whose "
+                                    "group has a live broker holding WRITE", ["topic"], registry=r)
+        self.topic_readable = Gauge(names.TOPIC_READABLE_QUEUES, "Queues of the topic whose "
+                                    "group has a live broker holding READ", ["topic"], registry=r)
 
     def lead(self, group: str) -> None:
         self.failovers.labels(group)
@@ -102,6 +117,16 @@ class ControllerMetrics:
         for mode in Mode:
             with contextlib.suppress(KeyError):
                 self.transitions.remove(group, mode.name)
+
+    def set_topic(self, topic: str, counts: TopicCounts) -> None:
+        self.topic_queues.labels(topic).set(counts.queues)
+        self.topic_writable.labels(topic).set(counts.writable)
+        self.topic_readable.labels(topic).set(counts.readable)
+
+    def forget_topic(self, topic: str) -> None:
+        for metric in (self.topic_queues, self.topic_writable, self.topic_readable):
+            with contextlib.suppress(KeyError):
+                metric.remove(topic)
 
 
 TransitionLog = Callable[[str, GroupState, GroupState], None]
@@ -136,6 +161,7 @@ class Controller:
         self.zk = zkio.gateway(connect, timeout_s=session_timeout_s, digest=digest_auth)
         self.generation = 0  # bumped on every session loss: leadership is per session
         self.drivers = [GroupDriver(self, g) for g in groups]
+        self.topics = TopicExporter(self)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -149,6 +175,7 @@ class Controller:
         self.liveness.subscribe(self._on_process_exit)
         for d in self.drivers:
             self._tasks.append(self.loop.create_task(d.run(), name=f"controller-{d.group}"))
+        self._tasks.append(self.loop.create_task(self.topics.run(), name="controller-topics"))
 
     async def stop(self) -> None:
         """Resign: stop deciding, then close the session so followers take over at once."""
@@ -354,3 +381,62 @@ class GroupDriver:
     async def _create_initial(self) -> None:
         if await self.c.zk.create_state(self.group, initial_state(time.time())):
             log.warning("group %s: created initial state NORMAL/1", self.group)
+
+
+class TopicExporter:
+    """The topic series (docs/cluster.md "Metrics"). Every :data:`TOPIC_REFRESH_S`, when
+    this controller leads the cluster's first elected group
+    (:func:`~understudy_operator.controller.topicview.exports_topics`), it reads every
+    ``/topics`` document and the groups they use and sets the gauges; a topic gone from
+    ZooKeeper loses its series, and every topic does when this controller stops exporting
+    (it lost that leadership, ZooKeeper failed, or it stopped)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+        self.exported: set[str] = set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                try:
+                    counts = await self.read()
+                except zkio.ZkError as exc:
+                    log.info("topic series: ZooKeeper error %r; dropped until the next read", exc)
+                    counts = {}
+                except Exception:  # never let a bug end the refresh; it is logged loudly
+                    log.exception("topic series: refresh crashed")
+                    counts = {}
+                self.publish(counts)
+                await asyncio.sleep(TOPIC_REFRESH_S)
+        finally:
+            self.publish({})
+
+    async def read(self) -> dict[str, TopicCounts]:
+        """The counts to export: empty unless this controller is the cluster's exporter."""
+        zk = self.c.zk
+        led = [d.group for d in self.c.drivers if d.is_leader]
+        if not led or not zk.connected or not exports_topics(led, await zk.first_elected_group()):
+            return {}
+        docs = [doc for t in await zk.topics()
+                if (doc := (await zk.read_topic(t, warn=_debug))[0]) is not None]
+        held = {g: await self._permission(g) for g in sorted({g for d in docs for g in d.groups()})}
+        return topic_counts(docs, held)
+
+    async def _permission(self, group: str) -> Permission:
+        config = await self.c.zk.read_config(group, warn=_debug)
+        if config is None:
+            return Permission.NONE
+        return group_permission(await self.c.zk.observe_group(
+            group, [b.name for b in config.brokers], warn=_debug))
+
+    def publish(self, counts: dict[str, TopicCounts]) -> None:
+        for topic, c in counts.items():
+            self.c.metrics.set_topic(topic, c)
+        for topic in self.exported - counts.keys():
+            self.c.metrics.forget_topic(topic)
+        self.exported = set(counts)
+
+
+def _debug(message: str) -> None:
+    """Malformed documents are reported by the group drivers and the brokers already."""
+    log.debug("%s", message)
