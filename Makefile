@@ -1,5 +1,5 @@
 # Understudy — `make demo` and `make test` work on a fresh machine: both run `make setup`.
-.PHONY: setup test test-fast lint demo bench e2e clean
+.PHONY: setup test test-fast lint demo bench drill-cluster e2e clean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -25,6 +25,12 @@ demo: setup
 bench: setup
 	@mkdir -p bench-results
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+# The cluster scenario's fault cycles (kill and hang of masters, member joins, leaves and
+# crashes), judged by the checker; a soak, not part of `make test` (docs/cluster.md).
+drill-cluster: setup
+	@mkdir -p bench-results
+	$(VENV)/bin/understudy drill --scenario cluster --cycles $${CYCLES:-6} --json bench-results/drill-cluster.json
 
 e2e: setup
 	$(PYTEST) -m e2e e2e -v

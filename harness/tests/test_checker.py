@@ -356,3 +356,71 @@ def test_json_report_has_the_contract_keys() -> None:
 def test_malformed_event_is_a_clear_error(event: dict[str, Any], message: str) -> None:
     with pytest.raises(HistoryError, match=message):
         check([*messages(1), event])
+
+
+# ------------------------------------------------------------ members and write stall
+
+
+def own(t: float, member: str, held: bool, *, queue: int = 0, cg: str = "cg1") -> dict[str, Any]:
+    return {"type": "own", "t": ms(t), "cgroup": cg, "topic": T, "queue": queue,
+            "member": member, "held": held}
+
+
+def mdlv(t: float, id: str, offset: int, member: str, *, queue: int = 0) -> dict[str, Any]:
+    return {**dlv(t, id, offset, queue=queue), "member": member}
+
+
+def test_a_clean_hand_over_between_members_is_not_a_violation() -> None:
+    report = check([ack(0, "a"), ack(1, "b", offset=1),
+                    own(0, "m1", True), mdlv(1, "a", 0, "m1"), own(5, "m1", False),
+                    own(5, "m2", True), mdlv(6, "b", 1, "m2"), own(9, "m2", False)])
+    assert report.two_member_violations == 0
+    assert report.ok
+
+
+def test_two_members_owning_one_queue_at_once_is_a_violation_with_its_overlap() -> None:
+    report = check([ack(0, "a"), own(0, "m1", True), own(5, "m2", True), own(8, "m1", False),
+                    mdlv(1, "a", 0, "m1"), own(20, "m2", False),
+                    own(0, "m3", True, queue=1)])  # another queue: no conflict
+    assert report.two_member_violations == 1
+    assert report.two_member_overlap_s == pytest.approx(0.003)
+    assert report.shared_queues[0].members == ("m1", "m2")
+    assert "two members on one queue" in report.violations[0]
+    assert report.to_json()["two_member_violations"] == 1
+
+
+def test_a_delivery_by_a_member_that_does_not_own_the_queue_is_a_violation() -> None:
+    report = check([ack(0, "a"), own(0, "m1", True), own(2, "m1", False),
+                    own(2, "m2", True), mdlv(3, "a", 0, "m1")])
+    assert report.two_member_violations == 1
+    assert report.shared_queues[0].members == ("m1",)
+
+
+def test_an_ownership_still_open_at_the_end_closes_there() -> None:
+    report = check([own(0, "m1", True), own(4, "m2", True), ack(10, "a")])
+    assert report.two_member_violations == 1
+    assert report.two_member_overlap_s == pytest.approx(0.006)
+
+
+def test_write_stall_is_the_longest_ack_gap_around_each_fault() -> None:
+    acks = [ack(t, f"m{t}", offset=t) for t in (0, 5, 10, 15, 20, 95, 100, 105, 110, 2000, 2005)]
+    history = [*acks, fault(17), fault(1500, cycle=2, broker="g2-0", group="g2")]
+    report = check(history)
+    stalls = [c.write_stall_ms for c in report.cycles]
+    # cycle 1 (17..1500): the gap 20->95 (75 ms) and 110->2000 overlaps too (it starts
+    # inside the window): a stall that runs into the next fault counts for both.
+    assert stalls == [pytest.approx(1890), pytest.approx(1890)]
+    quiet = check([*acks[:9], fault(17)])
+    assert quiet.cycles[0].write_stall_ms == pytest.approx(75)
+    assert quiet.to_json()["write_stall_ms_p99"] == pytest.approx(75)
+
+
+def test_member_faults_are_disruptions_not_failover_cycles() -> None:
+    crash = {"type": "fault", "t": ms(5), "cycle": 1, "kind": "member-crash",
+             "broker": "m1", "group": "cg1"}
+    # m1 delivered offset 0 without committing, crashed; m2 got offset 0 again: in flight.
+    report = check([ack(0, "a"), own(0, "m1", True), mdlv(1, "a", 0, "m1"), crash,
+                    own(5, "m1", False), own(8, "m2", True), mdlv(9, "a", 0, "m2")])
+    assert report.cycles == ()
+    assert (report.duplicates_inflight, report.duplicates_rewind) == (1, 0)
+    assert report.ok

@@ -567,7 +567,8 @@ class Producer:
     A keyed send (or one naming its queue) stays on its queue: it waits for that queue's
     group to have a writer again and fails after ``send_timeout_s`` with an error naming
     the group. Batches are per (topic, group); each group has its own in-flight window
-    (``max_in_flight_per_group``), so a hung master cannot take the whole window, and an
+    (``max_in_flight_per_group``, and never more than half of ``max_in_flight``), so a
+    hung master cannot take the whole window, and an
     unkeyed batch unanswered after ``hedge_after_ms`` is copied to another group (None:
     wait for the answer or ``request_timeout_s``).
 
@@ -615,7 +616,8 @@ class Producer:
         self.faults = FaultTable(steps=tuple(fault_steps), enabled=fault_avoidance)
         self.hedge_after_s = None if hedge_after_ms is None else hedge_after_ms / 1000
         self._inflight = asyncio.Semaphore(max_in_flight)
-        self._per_group_limit = max_in_flight_per_group
+        # Half the window at most: a hung group's batches never starve the healthy groups.
+        self._per_group_limit = min(max_in_flight_per_group, max(1, max_in_flight // 2))
         self._group_inflight: dict[str, asyncio.Semaphore] = {}
         self._buffered = asyncio.Semaphore(max_buffered)
         self._batches: dict[tuple[str, str | None], _Batch] = {}
@@ -906,6 +908,7 @@ class Consumer:
         self.member_id = member_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(3).hex()}"
         self.session_timeout_s = session_timeout_ms / 1000
         self.ownership_log: list[tuple[float, str, int]] = []
+        self.started_at: dict[int, int] = {}  # per queue acquired: the offset it began at
         self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
             asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
@@ -963,6 +966,7 @@ class Consumer:
             self._committed[queue] = off
         self._positions[queue] = off if off is not None else 0
         token = next(self._tokens)
+        self.started_at[queue] = self._positions[queue]
         self.ownership_log.append((time.time(), "acquire", queue))
         task = asyncio.create_task(self._pull_loop(queue, self._positions[queue], token))
         self._loops[queue] = (token, task)
@@ -1180,11 +1184,7 @@ class Consumer:
 
     async def close(self) -> None:
         """Commit what was handed out, leave the group (its queues move at once), stop."""
-        if self._heartbeat is not None:
-            await stop_tasks([self._heartbeat])
-            self._heartbeat = None
-        for q in list(self._loops):
-            await self._stop_queue(q)
+        await self._stop_pulling()
         if self._started and self.membership:
             with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
                 if self._lease_valid():
@@ -1194,6 +1194,20 @@ class Consumer:
                                        p.LeaveGroupRequest(self.group, self.member_id).encode(),
                                        timeout_s=5.0)
         await self.router.close()
+
+    async def abort(self) -> None:
+        """Stop as a crashed process would: no commit, no leave. The brokers hand this
+        member's queues on once its session times out (what was handed out and not
+        committed is delivered again to the next owner: the at-least-once window)."""
+        await self._stop_pulling()
+        await self.router.close()
+
+    async def _stop_pulling(self) -> None:
+        if self._heartbeat is not None:
+            await stop_tasks([self._heartbeat])
+            self._heartbeat = None
+        for q in list(self._loops):
+            await self._stop_queue(q)
 
     async def __aenter__(self) -> Consumer:
         await self.start()

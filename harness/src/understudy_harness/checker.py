@@ -46,12 +46,30 @@ or the end):
   still held READ at that instant, which is then also a one-reader violation).
 * **back-sync**: from the group's ``mode`` entering RECOVERING to its next NORMAL.
 * **normal again**: from the fault to the group's next NORMAL ``mode`` event.
+* **write stall**: the longest interval during which a producer with pending sends got no
+  acknowledgement, in the window from the fault to the next broker fault (or the end):
+  per topic (the workload runs one steady producer per topic, so it always has sends
+  pending), the longest gap between consecutive ``produce_ack`` events that overlaps the
+  window; the cycle's figure is the largest over topics. It includes the failback, when
+  the returning master takes writes back. ``None`` without acks on both sides.
+
+Consumer-group members (the ``own`` events, from each member's ownership log):
+
+* **Two members on one queue**: any instant at which two members of one consumer group
+  both own the same queue — overlapping ``own`` intervals (``held`` true to false; one
+  still open at the end closes there) of different members — or a ``deliver`` by a
+  member at an instant it did not own the queue. Counted with the summed overlap.
+* Member faults (``fault`` events whose kind starts with ``member-``, e.g. a member that
+  crashed without committing) are disruptions for the duplicate rule above, and are not
+  failover cycles.
 
 Figures are ``None`` when the history lacks the events to compute them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,11 +83,14 @@ from understudy_harness.history import (
     Event,
     Fault,
     ModeChange,
+    Own,
     Perm,
     ProduceAck,
     parse_events,
 )
 
+#: ``fault`` kinds that name a consumer-group member, not a broker (``member-crash``).
+MEMBER_FAULT = "member-"
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 #: How many example ids/details a report keeps per category (the counts are exact).
@@ -84,6 +105,19 @@ class Overlap:
     start: int
     duration_s: float
     brokers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SharedQueue:
+    """Members ``members`` of ``cgroup`` both owned (or one pulled from) ``queue`` from
+    ``start`` for ``duration_s``."""
+
+    cgroup: str
+    topic: str
+    queue: int
+    start: int
+    duration_s: float
+    members: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +141,7 @@ class CycleReport:
     failback_gap_ms: float | None
     backsync_ms: float | None
     normal_again_ms: float | None
+    write_stall_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +153,7 @@ class CycleReport:
             "failback_gap_ms": _r(self.failback_gap_ms),
             "backsync_ms": _r(self.backsync_ms),
             "normal_again_ms": _r(self.normal_again_ms),
+            "write_stall_ms": _r(self.write_stall_ms),
         }
 
 
@@ -137,6 +173,9 @@ class Report:
     one_reader_overlap_s: float
     overlaps: tuple[Overlap, ...]
     cycles: tuple[CycleReport, ...] = field(default_factory=tuple)
+    two_member_violations: int = 0
+    two_member_overlap_s: float = 0.0
+    shared_queues: tuple[SharedQueue, ...] = field(default_factory=tuple)
 
     @property
     def violations(self) -> list[str]:
@@ -156,6 +195,11 @@ class Report:
                 f"{self.one_reader_violations} one-reader violation(s), "
                 f"{self.one_reader_overlap_s:.3f}s of overlap"
             )
+        if self.two_member_violations:
+            out.append(
+                f"{self.two_member_violations} time(s) two members on one queue, "
+                f"{self.two_member_overlap_s:.3f}s in all"
+            )
         return out
 
     @property
@@ -171,6 +215,7 @@ class Report:
         restored = self.figures("reads_restored_ms")
         gaps = self.figures("failback_gap_ms")
         backsync = self.figures("backsync_ms")
+        stalls = self.figures("write_stall_ms")
         return {
             "ok": self.ok,
             "violations": self.violations,
@@ -191,6 +236,10 @@ class Report:
             "failback_gap_ms_p99": _r(percentile(gaps, 99)),
             "backsync_ms_p50": _r(percentile(backsync, 50)),
             "backsync_ms_p99": _r(percentile(backsync, 99)),
+            "write_stall_ms_p50": _r(percentile(stalls, 50)),
+            "write_stall_ms_p99": _r(percentile(stalls, 99)),
+            "two_member_violations": self.two_member_violations,
+            "two_member_overlap_s": round(self.two_member_overlap_s, 6),
             "cycles": [c.to_json() for c in self.cycles],
         }
 
@@ -219,14 +268,18 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     perms = [e for e in events if isinstance(e, Perm)]
     modes = [e for e in events if isinstance(e, ModeChange)]
     faults = [e for e in events if isinstance(e, Fault)]
+    owns = [e for e in events if isinstance(e, Own)]
     end = events[-1].t if events else 0
+    broker_faults = [f for f in faults if not f.kind.startswith(MEMBER_FAULT)]
 
     lost, lost_examples, skipped = _losses(acks, delivers)
     inflight, rewind, produced = _duplicates(delivers, commits, faults, modes)
     rewinds = _offset_rewinds(commits)
     timelines = {g: _holders(ps) for g, ps in _by_group(perms).items()}
     overlaps = [o for g, tl in sorted(timelines.items()) for o in _overlaps(g, tl, end)]
-    cycles = _cycles(faults, timelines, modes)
+    cycles = [dataclasses.replace(c, write_stall_ms=_write_stall(c.fault_t, broker_faults, acks))
+              for c in _cycles(broker_faults, timelines, modes)]
+    shared = _shared_queues(owns, delivers, end)
     return Report(
         acked=len({a.id for a in acks}),
         delivered=len(delivers),
@@ -242,6 +295,9 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
         one_reader_overlap_s=sum(o.duration_s for o in overlaps),
         overlaps=tuple(overlaps[:EXAMPLES]),
         cycles=tuple(cycles),
+        two_member_violations=len(shared),
+        two_member_overlap_s=sum(x.duration_s for x in shared),
+        shared_queues=tuple(shared[:EXAMPLES]),
     )
 
 
@@ -468,3 +524,60 @@ def _normal_again(f: Fault, modes: list[ModeChange]) -> float | None:
         elif left_normal:
             return (m.t - f.t) / NS_PER_MS
     return None
+
+
+# ----------------------------------------------------------------- producers and members
+
+
+def _write_stall(fault_t: int, faults: list[Fault], acks: list[ProduceAck]) -> float | None:
+    """The longest ack gap (ms) overlapping ``[fault_t, next broker fault)``, per topic."""
+    until = min((f.t for f in faults if f.t > fault_t), default=None)
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for a in acks:
+        by_topic[a.topic].append(a.t)
+    best: float | None = None
+    for times in by_topic.values():
+        if not times or times[0] > fault_t or times[-1] < fault_t:
+            continue  # this producer was not running across the fault
+        for prev, nxt in itertools.pairwise(times):
+            if nxt < fault_t:
+                continue
+            if until is not None and prev >= until:
+                break
+            gap = (nxt - prev) / NS_PER_MS
+            best = gap if best is None or gap > best else best
+    return best
+
+
+Interval = tuple[int, int, str]  # start, end, member
+
+
+def _shared_queues(owns: list[Own], delivers: list[Deliver], end: int) -> list[SharedQueue]:
+    intervals: dict[tuple[str, str, int], list[Interval]] = defaultdict(list)
+    open_at: dict[tuple[str, str, int, str], int] = {}
+    for o in owns:
+        key = (o.cgroup, o.topic, o.queue, o.member)
+        if o.held:
+            open_at.setdefault(key, o.t)
+        elif key in open_at:
+            intervals[key[:3]].append((open_at.pop(key), o.t, o.member))
+    for (cgroup, topic, queue, member), start in open_at.items():
+        intervals[(cgroup, topic, queue)].append((start, end, member))
+    out: list[SharedQueue] = []
+    for (cgroup, topic, queue), spans in sorted(intervals.items()):
+        spans.sort()
+        for i, (_s1, e1, m1) in enumerate(spans):
+            for s2, e2, m2 in spans[i + 1:]:
+                if s2 >= e1:
+                    break
+                if m2 != m1:
+                    out.append(SharedQueue(cgroup, topic, queue, s2,
+                                           (min(e1, e2) - s2) / NS_PER_S, (m1, m2)))
+    members_seen = {(o.cgroup, o.topic, o.queue) for o in owns}
+    for d in delivers:
+        where = (d.cgroup, d.topic, d.queue)
+        if d.member is None or where not in members_seen:
+            continue  # not a member-mode consumer: nothing to judge
+        if not any(s <= d.t <= e and m == d.member for s, e, m in intervals[where]):
+            out.append(SharedQueue(d.cgroup, d.topic, d.queue, d.t, 0.0, (d.member,)))
+    return sorted(out, key=lambda x: x.start)

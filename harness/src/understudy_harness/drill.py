@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ from understudy_operator.zk import ZkGateway, gateway
 log = logging.getLogger(__name__)
 
 FAULTS = ("kill", "hang")
+SCENARIOS = ("failover", "cluster")
+CLUSTER_TOPIC = "drill-cluster"
 
 
 class DrillError(RuntimeError):
@@ -75,6 +78,13 @@ class DrillOptions:
     #: Scrape the cluster with a private Prometheus at this interval and export its
     #: data for the SLA job (:mod:`.promrun`); ``None``: no Prometheus.
     prometheus_interval_s: float | None = None
+    #: ``failover``: a topic per group, keyed sends, faults of ``fault`` kind. ``cluster``:
+    #: one topic over every group (at least 2), unkeyed sends that route around a dead
+    #: master, ``members`` members per consumer group; cycles alternate kill and hang over
+    #: the groups' masters, and while the faulted group's slave acts a member of ``cg1``
+    #: joins, leaves cleanly or crashes (in turn).
+    scenario: str = "failover"
+    members: int = 2
 
 
 @dataclass(slots=True)
@@ -204,6 +214,13 @@ def merge_permission_logs(plan: ClusterPlan, history: Path) -> int:
     return added
 
 
+def cluster_targets(plan: ClusterPlan) -> list[Target]:
+    """The cluster scenario's one stream: a topic over every group, unkeyed sends."""
+    return [Target(label="cluster", topic=CLUSTER_TOPIC,
+                   bootstrap=tuple(b for g in plan.groups for b in plan.bootstrap(g.group)),
+                   groups=tuple(g.group for g in plan.groups), keyed=False)]
+
+
 def traffic_targets(plan: ClusterPlan) -> list[Target]:
     """One traffic stream per broker group, on topic ``drill-<group>``."""
     return [Target(label=g.group, topic=f"drill-{g.group}", bootstrap=tuple(plan.bootstrap(g.group)))
@@ -214,8 +231,12 @@ def traffic_targets(plan: ClusterPlan) -> list[Target]:
 
 
 async def _cycle(
-    n: int, plan: ClusterPlan, watch: ModeWatch, writer: HistoryWriter, status: Status, opts: DrillOptions
+    n: int, plan: ClusterPlan, watch: ModeWatch, writer: HistoryWriter, status: Status, opts: DrillOptions,
+    *, during: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
+    """Fault the next group's master, wait for slave-consume, run ``during`` (while the
+    slave acts), bring the master back, wait for NORMAL."""
+    kind = cycle_fault(n, opts)
     group = plan.groups[(n - 1) % len(plan.groups)]
     master = group.master.name
     proc = plan.process(master)
@@ -226,15 +247,17 @@ async def _cycle(
     info = procs.inspect(pid, marker=proc.marker)
     if info is None or not info.alive:
         raise DrillError(f"cycle {n}: master {master} is not running before the fault")
-    status.phase = f"cycle {n}: {opts.fault} {master}"
-    writer.fault(cycle=n, kind=opts.fault, broker=master, group=group.group)
+    status.phase = f"cycle {n}: {kind} {master}"
+    writer.fault(cycle=n, kind=kind, broker=master, group=group.group)
     frozen_at = time.monotonic()
-    procs.send(info.pid, procs.SIGNALS["STOP" if opts.fault == "hang" else "KILL"])
+    procs.send(info.pid, procs.SIGNALS["STOP" if kind == "hang" else "KILL"])
     status.phase = f"cycle {n}: waiting for slave-consume"
     await watch.wait(group.group, Mode.SLAVE_CONSUME, within_s=timeout)
     status.phase = f"cycle {n}: slave-consume"
+    if during is not None:
+        await during()
     await asyncio.sleep(opts.dwell_s)
-    if opts.fault == "hang":
+    if kind == "hang":
         # keep it frozen past its session timeout, then let it wake up believing it is master
         hold = opts.session_timeout_ms / 1000 + 0.5 - (time.monotonic() - frozen_at)
         await asyncio.sleep(max(0.0, hold))
@@ -245,6 +268,34 @@ async def _cycle(
     writer.restart(cycle=n, broker=master, group=group.group)
     status.phase = f"cycle {n}: waiting for NORMAL"
     await watch.wait(group.group, Mode.NORMAL, within_s=timeout)
+
+
+def cycle_fault(n: int, opts: DrillOptions) -> str:
+    """The fault of cycle ``n``: ``opts.fault``, or kill and hang in turn (cluster)."""
+    if opts.scenario == "cluster":
+        return FAULTS[(n - 1) % len(FAULTS)]
+    return opts.fault
+
+
+async def member_event(n: int, traffic: Traffic, writer: HistoryWriter, status: Status) -> None:
+    """Cycle ``n`` of the cluster scenario, while a slave acts: a member of ``cg1`` joins
+    (n = 1, 4, ...), leaves cleanly (2, 5, ...) or crashes and is replaced by a new one
+    (3, 6, ...). A crash is recorded as a ``member-crash`` fault: what it had handed out
+    and not committed may be delivered again (the at-least-once window)."""
+    cgroup, target = CONSUMER_GROUPS[0], traffic.targets[0]
+    members = traffic.members_of(cgroup)
+    step = (n - 1) % 3
+    if step == 0 or not members or (step == 1 and len(members) < 2):
+        status.phase = f"cycle {n}: a member joins {cgroup}"
+        traffic.add_member(target, cgroup)
+    elif step == 1:
+        status.phase = f"cycle {n}: {members[0]} leaves {cgroup}"
+        await traffic.remove_member(members[0], crash=False)
+    else:
+        status.phase = f"cycle {n}: {members[0]} crashes"
+        writer.fault(cycle=n, kind="member-crash", broker=members[0], group=cgroup)
+        await traffic.remove_member(members[0], crash=True)
+        traffic.add_member(target, cgroup)
 
 
 def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -269,6 +320,12 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
     """Run the drill end to end; the cluster is always torn down."""
     if opts.fault not in FAULTS:
         raise DrillError(f"unknown fault {opts.fault!r}: expected one of {', '.join(FAULTS)}")
+    if opts.scenario not in SCENARIOS:
+        raise DrillError(f"unknown scenario {opts.scenario!r}: expected one of "
+                         f"{', '.join(SCENARIOS)}")
+    cluster = opts.scenario == "cluster"
+    if cluster:
+        opts = dataclasses.replace(opts, groups=max(2, opts.groups), members=max(1, opts.members))
     if opts.cycles and not opts.coordinated:
         raise DrillError("failover cycles need a coordinated cluster (brokers with --zk and "
                          "a controller)")
@@ -311,8 +368,10 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
         with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
             watch = await ModeWatch.open(plan) if opts.coordinated else None
             traffic = Traffic(
-                traffic_targets(plan), writer, status, rate=opts.rate, queues=opts.queues,
-                consumer_groups=CONSUMER_GROUPS,
+                cluster_targets(plan) if cluster else traffic_targets(plan), writer, status,
+                rate=opts.rate * (len(plan.groups) if cluster else 1), queues=opts.queues,
+                consumer_groups=CONSUMER_GROUPS, members=opts.members if cluster else 0,
+                session_timeout_ms=opts.session_timeout_ms,
             )  # fmt: skip
             try:
                 await traffic.start()
@@ -322,8 +381,11 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
                     status.cycle = n
                     if watch is None:  # refused above: cycles need coordination
                         raise DrillError("failover cycles need a coordinated cluster")
+                    during = None
+                    if cluster:
+                        during = functools.partial(member_event, n, traffic, writer, status)
                     try:
-                        await _cycle(n, plan, watch, writer, status, opts)
+                        await _cycle(n, plan, watch, writer, status, opts, during=during)
                     except DrillError as exc:
                         errors.append(str(exc))
                         await _revive_masters(plan)  # so the drain can still judge the run

@@ -17,7 +17,10 @@ Event types (fields besides ``type`` and ``t``):
 
 ==============  ============================================================
 produce_ack     id, topic, queue, offset — the broker acknowledged the produce
-deliver         cgroup, topic, queue, offset, id — a consumer group received it
+deliver         cgroup, topic, queue, offset, id [, member] — a consumer group
+                received it (``member``: the consumer-group member that pulled it)
+own             cgroup, topic, queue, member, held — a member began (``held`` true)
+                or stopped (false) owning and pulling a queue
 commit          cgroup, topic, queue, offset — committed offset (the NEXT offset
                 to read, i.e. last delivered + 1)
 perm            group, broker, effective (FULL/WRITE/READ/NONE) [, role]
@@ -63,6 +66,17 @@ class Deliver:
     queue: int
     offset: int
     id: str
+    member: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Own:
+    t: int
+    cgroup: str
+    topic: str
+    queue: int
+    member: str
+    held: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +122,12 @@ class Restart:
     group: str
 
 
-Event = ProduceAck | Deliver | Commit | Perm | ModeChange | Fault | Restart
+Event = ProduceAck | Deliver | Own | Commit | Perm | ModeChange | Fault | Restart
 
 _TYPES: Final[dict[str, type[Any]]] = {
     "produce_ack": ProduceAck,
     "deliver": Deliver,
+    "own": Own,
     "commit": Commit,
     "perm": Perm,
     "mode": ModeChange,
@@ -125,13 +140,15 @@ _NAMES: Final[dict[type[Any], str]] = {v: k for k, v in _TYPES.items()}
 _FIELDS: Final[dict[str, dict[str, type]]] = {
     "produce_ack": {"id": str, "topic": str, "queue": int, "offset": int},
     "deliver": {"cgroup": str, "topic": str, "queue": int, "offset": int, "id": str},
+    "own": {"cgroup": str, "topic": str, "queue": int, "member": str, "held": bool},
     "commit": {"cgroup": str, "topic": str, "queue": int, "offset": int},
     "perm": {"group": str, "broker": str, "effective": str},
     "mode": {"group": str, "mode": str, "epoch": int},
     "fault": {"cycle": int, "kind": str, "broker": str, "group": str},
     "restart": {"cycle": int, "broker": str, "group": str},
 }
-_OPTIONAL: Final[dict[str, dict[str, type]]] = {"perm": {"role": str}}
+_OPTIONAL: Final[dict[str, dict[str, type]]] = {"perm": {"role": str},
+                                                 "deliver": {"member": str}}
 
 
 def parse_event(doc: Mapping[str, Any], *, where: str = "event") -> Event | None:
@@ -174,7 +191,7 @@ def _field(doc: Mapping[str, Any], name: str, want: type, *, where: str, kind: s
     if name not in doc:
         raise HistoryError(f"{where}: {kind} is missing field {name!r}")
     value = doc[name]
-    if isinstance(value, bool) or not isinstance(value, want):
+    if (isinstance(value, bool) and want is not bool) or not isinstance(value, want):
         raise HistoryError(
             f"{where}: {kind}.{name} must be {want.__name__}, got {type(value).__name__} {value!r}"
         )
@@ -190,6 +207,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
             del doc["role"]
     if isinstance(event, ModeChange):
         doc["mode"] = event.mode.name
+    if isinstance(event, Deliver) and event.member is None:
+        del doc["member"]
     return doc
 
 
@@ -293,8 +312,13 @@ class HistoryWriter:
     def produce_ack(self, *, id: str, topic: str, queue: int, offset: int) -> None:
         self.record(ProduceAck(self.now(), id, topic, queue, offset))
 
-    def deliver(self, *, cgroup: str, topic: str, queue: int, offset: int, id: str) -> None:
-        self.record(Deliver(self.now(), cgroup, topic, queue, offset, id))
+    def deliver(self, *, cgroup: str, topic: str, queue: int, offset: int, id: str,
+                member: str | None = None) -> None:
+        self.record(Deliver(self.now(), cgroup, topic, queue, offset, id, member))
+
+    def own(self, *, cgroup: str, topic: str, queue: int, member: str, held: bool,
+            t: int | None = None) -> None:
+        self.record(Own(self.now() if t is None else t, cgroup, topic, queue, member, held))
 
     def commit(self, *, cgroup: str, topic: str, queue: int, offset: int) -> None:
         self.record(Commit(self.now(), cgroup, topic, queue, offset))

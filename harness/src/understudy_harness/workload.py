@@ -47,18 +47,41 @@ class TrafficCounts:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One stream of traffic: a topic on one broker group.
+    """One stream of traffic: a topic on one broker group, or over ``groups``.
 
     ``label`` prefixes the message ids and keys the drain bookkeeping (the drill uses the
-    broker group's name)."""
+    broker group's name). ``groups``: a cluster topic, created over these groups with
+    ``queues`` per group. ``keyed``: each message is sent with its id as key (pinned to
+    one queue); unkeyed sends are spread and move away from a group with no writer."""
 
     label: str
     topic: str
     bootstrap: tuple[str, ...]
+    groups: tuple[str, ...] = ()
+    keyed: bool = True
+
+
+@dataclass(slots=True)
+class Member:
+    """A consumer-group member run by :class:`Traffic` (``members`` > 0)."""
+
+    member_id: str
+    cgroup: str
+    target: Target
+    stop: asyncio.Event
+    task: asyncio.Task[None] | None = None
+    crash: bool = False
 
 
 class Traffic:
-    """A producer and ``consumer_groups`` consumer groups per target, recording into a history."""
+    """A producer and ``consumer_groups`` consumer groups per target, recording into a history.
+
+    ``members`` = 0: one static consumer per consumer group, restarted from the committed
+    offsets whenever :attr:`generation` changes. ``members`` > 0: that many consumer-group
+    members per consumer group (broker-held membership, cluster topics only), each
+    recording its deliveries and its queue ownership (``own`` events); members join,
+    leave cleanly (commit, then release) or crash (no commit, no leave) through
+    :meth:`add_member` and :meth:`remove_member`."""
 
     def __init__(
         self,
@@ -69,8 +92,15 @@ class Traffic:
         rate: float,
         queues: int,
         consumer_groups: Sequence[str] = CONSUMER_GROUPS,
+        members: int = 0,
+        session_timeout_ms: int = 2000,
     ) -> None:
         self.targets = tuple(targets)
+        self.members = members
+        self.session_timeout_ms = session_timeout_ms
+        self.member_runs: dict[str, Member] = {}
+        self._member_seq = 0
+        self._recorded: dict[str, dict[int, int]] = defaultdict(dict)  # per cgroup
         self.writer = writer
         self.status = counts
         self.rate = rate
@@ -90,17 +120,105 @@ class Traffic:
         from understudy_broker.client import create_topic
 
         for t in self.targets:
-            await create_topic(list(t.bootstrap), topic=t.topic, queues=self.queues)
+            if t.groups:
+                await _create_cluster_topic(t, self.queues)
+            else:
+                await create_topic(list(t.bootstrap), topic=t.topic, queues=self.queues)
             self.producers.append(asyncio.create_task(self._produce(t)))
             for cg in self.consumer_groups:
-                self.consumers.append(asyncio.create_task(self._consume(t, cg)))
+                if self.members:
+                    for _ in range(self.members):
+                        self.add_member(t, cg)
+                else:
+                    self.consumers.append(asyncio.create_task(self._consume(t, cg)))
+
+    # ---- consumer-group members -------------------------------------------------------
+
+    def add_member(self, target: Target, cgroup: str) -> str:
+        """Start a new member of ``cgroup`` (it joins; the brokers rebalance)."""
+        self._member_seq += 1
+        member = Member(f"{cgroup}-m{self._member_seq}", cgroup, target, asyncio.Event())
+        member.task = asyncio.create_task(self._member(member), name=member.member_id)
+        self.member_runs[member.member_id] = member
+        self.consumers.append(member.task)
+        return member.member_id
+
+    async def remove_member(self, member_id: str, *, crash: bool) -> None:
+        """Stop a member: cleanly (commit, leave: its queues move at once) or as a crash
+        (no commit, no leave: they move after its session timeout)."""
+        member = self.member_runs.pop(member_id)
+        member.crash = crash
+        member.stop.set()
+        if member.task is not None:
+            await settle([member.task], within_s=15)
+
+    def members_of(self, cgroup: str) -> list[str]:
+        return [m for m, run in self.member_runs.items() if run.cgroup == cgroup]
+
+    async def _member(self, member: Member) -> None:
+        from understudy_broker.client import Consumer
+
+        topic, cgroup, mid = member.target.topic, member.cgroup, member.member_id
+        recorded = self._recorded[cgroup]
+        while not member.stop.is_set() and not self.stop.is_set():
+            consumer = Consumer(
+                list(member.target.bootstrap), group=cgroup, topic=topic, max_wait_ms=200,
+                request_timeout_s=REQUEST_TIMEOUT_S, membership=True, member_id=mid,
+                session_timeout_ms=self.session_timeout_ms,
+            )  # fmt: skip
+            seen = 0
+            try:
+                await asyncio.wait_for(consumer.start(), 3 * REQUEST_TIMEOUT_S)
+                last_commit = time.monotonic()
+                while not member.stop.is_set() and not self.stop.is_set():
+                    batch = await consumer.getmany(timeout_s=0.2)
+                    seen = self._record_ownership(consumer, member, seen, recorded)
+                    for r in batch:
+                        self._delivered(member.target, cgroup, r, member=mid)
+                    if time.monotonic() - last_commit > 0.1:
+                        await self._commit(consumer, cgroup, topic, recorded)
+                        last_commit = time.monotonic()
+            except Exception as exc:
+                log.info("member %s of %s: %s; starting again", mid, cgroup, exc)
+                await asyncio.sleep(0.1)
+            finally:
+                try:
+                    with contextlib.suppress(Exception):
+                        stopping = consumer.abort() if member.crash else consumer.close()
+                        await asyncio.wait_for(stopping, 5)
+                finally:  # even when cancelled: an unrecorded release reads as ownership
+                    self._record_ownership(consumer, member, seen, recorded)
+
+    def _record_ownership(self, consumer: Any, member: Member, seen: int,
+                          recorded: dict[int, int]) -> int:
+        """Write the member's new ownership-log entries as ``own`` events; where it began
+        a queue is the broker's committed offset then (recorded like a commit, so a lost
+        commit shows as a rewind). Returns how many entries are written."""
+        log_ = consumer.ownership_log
+        for wall, what, queue in log_[seen:]:
+            held = what == "acquire"
+            self.writer.own(cgroup=member.cgroup, topic=member.target.topic, queue=queue,
+                            member=member.member_id, held=held, t=int(wall * 1e9))
+            if held:
+                self._observe_offsets(member.cgroup, member.target.topic,
+                                      {queue: consumer.started_at.get(queue)}, recorded)
+        return len(log_)
+
+    def _delivered(self, target: Target, cgroup: str, r: Any, *, member: str | None = None
+                   ) -> None:
+        mid = r.body.decode("utf-8", "replace")
+        self.writer.deliver(cgroup=cgroup, topic=target.topic, queue=r.queue, offset=r.offset,
+                            id=mid, member=member)
+        self.received[(target.label, cgroup)].add(mid)
+        self.status.delivered += 1
+        self.delivered.set()
 
     async def _produce(self, target: Target) -> None:
         from understudy_broker.client import Producer
 
         topic = target.topic
         producer = Producer(
-            list(target.bootstrap), batch_size=16, linger_ms=2, retries=3, max_in_flight=4,
+            list(target.bootstrap), batch_size=16, linger_ms=2, retries=3,
             request_timeout_s=REQUEST_TIMEOUT_S,
         )  # fmt: skip
         outstanding: set[asyncio.Future[tuple[int, int]]] = set()
@@ -114,7 +232,8 @@ class Traffic:
                 mid = f"{target.label}-{seq}"
                 seq += 1
                 try:
-                    fut = await producer.send(topic, mid.encode(), key=mid.encode())
+                    key = mid.encode() if target.keyed else None
+                    fut = await producer.send(topic, mid.encode(), key=key)
                 except Exception as exc:
                     log.debug("send %s: %s", mid, exc)
                     self.status.failed_sends += 1
@@ -163,11 +282,7 @@ class Traffic:
                 last_commit = time.monotonic()
                 while not self.stop.is_set() and generation == self.generation:
                     for r in await consumer.getmany(timeout_s=0.2):
-                        mid = r.body.decode("utf-8", "replace")
-                        self.writer.deliver(cgroup=cgroup, topic=topic, queue=r.queue, offset=r.offset, id=mid)
-                        self.received[(target.label, cgroup)].add(mid)
-                        self.status.delivered += 1
-                        self.delivered.set()
+                        self._delivered(target, cgroup, r)
                     if time.monotonic() - last_commit > 0.1:
                         await self._commit(consumer, cgroup, topic, recorded)
                         last_commit = time.monotonic()
@@ -224,6 +339,21 @@ class Traffic:
         self.producing.clear()
         self.stop.set()
         await settle([*self.producers, *self.consumers], within_s=15)
+
+
+async def _create_cluster_topic(target: Target, per_group: int) -> None:
+    """``topic create --groups`` for a cluster target; a topic left by an earlier run with
+    the same placement is used as it is."""
+    from understudy_broker import protocol as p
+    from understudy_broker.admin import admin_topic
+    from understudy_broker.client import BrokerError
+
+    req = p.AdminTopicRequest("create", target.topic, list(target.groups), per_group)
+    try:
+        await admin_topic(list(target.bootstrap), req)
+    except BrokerError as exc:
+        if exc.status != p.Status.CONFLICT:
+            raise
 
 
 async def settle(tasks: list[asyncio.Task[None]], *, within_s: float) -> None:

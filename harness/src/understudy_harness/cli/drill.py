@@ -23,6 +23,7 @@ from understudy_harness.checker import percentile
 from understudy_harness.cli.live import live_status
 from understudy_harness.drill import (
     FAULTS,
+    SCENARIOS,
     DrillError,
     DrillOptions,
     DrillResult,
@@ -49,6 +50,8 @@ class DrillCannotRun(click.ClickException):
                context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--cycles", type=click.IntRange(0, 1000), default=3, show_default=True, help="Failover/failback cycles (0: traffic and checks only).")
 @click.option("--fault", type=click.Choice(FAULTS), default="kill", show_default=True, help="kill: kill -9 the master; hang: SIGSTOP it past the session timeout, then SIGCONT.")
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="failover", show_default=True, help="failover: a topic per group, keyed sends, the --fault you choose. cluster: one topic over every group (at least 2), unkeyed sends that route around a dead master, --members members per consumer group; cycles alternate kill and hang and, while a slave acts, a member joins, leaves cleanly or crashes.")
+@click.option("--members", type=click.IntRange(1, 16), default=2, show_default=True, help="With --scenario cluster: members per consumer group at the start.")
 @click.option("--groups", type=click.IntRange(1, 20), default=1, show_default=True, help="Broker groups (cycles take their masters in turn).")
 @click.option("--slaves", type=click.IntRange(0, 8), default=1, show_default=True, help="Slaves per group.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON to this file.")
@@ -62,6 +65,8 @@ class DrillCannotRun(click.ClickException):
 def drill(
     cycles: int,
     fault: str,
+    scenario: str,
+    members: int,
     groups: int,
     slaves: int,
     json_file: Path | None,
@@ -75,8 +80,9 @@ def drill(
 ) -> None:
     """Bring up a local cluster, run producers and consumer groups, fault the master again
     and again, then check every invariant: lost acknowledged messages, duplicates
-    (in flight vs rewind), committed-offset rewinds, one-reader violations, and per cycle
-    reads-restored, failback gap and back-sync times. The cluster is always torn down."""
+    (in flight vs rewind), committed-offset rewinds, one-reader violations, two members on
+    one queue, and per cycle reads-restored, failback gap, back-sync and write-stall times.
+    The cluster is always torn down."""
     del sample_ms  # accepted and ignored (see its help)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     if cycles > 0 and slaves == 0:
@@ -91,6 +97,8 @@ def drill(
         dwell_s=dwell,
         session_timeout_ms=session_timeout_ms,
         prometheus_interval_s=scrape_interval if prometheus else None,
+        scenario=scenario,
+        members=members,
     )
     status = Status()
     result = _run_with_status(opts, status)
@@ -137,10 +145,15 @@ def _print(result: DrillResult) -> None:
         "one-reader violations",
         _flag(r.one_reader_violations) + (f" ({r.one_reader_overlap_s * 1000:.1f} ms)" if r.one_reader_violations else ""),
     )
+    summary.add_row(
+        "two members on one queue",
+        _flag(r.two_member_violations) + (f" ({r.two_member_overlap_s * 1000:.1f} ms)" if r.two_member_violations else ""),
+    )
     for label, name in (
         ("reads restored ms", "reads_restored_ms"),
         ("failback gap ms", "failback_gap_ms"),
         ("back-sync ms", "backsync_ms"),
+        ("write stall ms", "write_stall_ms"),
     ):
         values = r.figures(name)
         summary.add_row(f"{label} p50 / p99", f"{_ms(percentile(values, 50))} / {_ms(percentile(values, 99))}")
@@ -149,11 +162,12 @@ def _print(result: DrillResult) -> None:
         summary.add_row("permission source", f"{s.get('source')} ({s.get('events', 0)} changes)")
     _out.print(summary)
     if r.cycles:
-        table = Table("cycle", "group", "fault", "reads restored ms", "failback gap ms", "back-sync ms", "normal again ms")
+        table = Table("cycle", "group", "fault", "reads restored ms", "failback gap ms", "back-sync ms", "normal again ms", "write stall ms")
         for c in r.cycles:
             table.add_row(
                 str(c.cycle), c.group, f"{c.kind} {c.broker}", _ms(c.reads_restored_ms),
                 _ms(c.failback_gap_ms), _ms(c.backsync_ms), _ms(c.normal_again_ms),
+                _ms(c.write_stall_ms),
             )  # fmt: skip
         _out.print(table)
     _out.print(f"history: {result.history}")
