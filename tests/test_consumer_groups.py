@@ -253,7 +253,7 @@ def test_crashed_and_paused_members_lose_their_queues_without_sharing_them(
 
 def test_a_pull_by_a_member_that_does_not_own_the_queue_is_refused(
         cluster: tuple[Path, ClusterPlan]) -> None:
-    """A pull that names a member and a queue it does not own gets NOT_OWNER."""
+    """A pull or a commit that names a member and a queue it does not own gets NOT_OWNER."""
     _d, plan = cluster
     make_topic(plan, "owned", per_group=1)
 
@@ -266,6 +266,15 @@ def test_a_pull_by_a_member_that_does_not_own_the_queue_is_refused(
             frame = await request_once(addr(plan, "g1-0"), p.Op.PULL, req.encode())
             assert frame.status == p.Status.NOT_OWNER
             assert "does not own owned/0" in p.error_message(frame)
+            # A commit by a member that does not own the queue is refused the same way and
+            # stores nothing (the owner's offset stays where it was).
+            before = await c.commit()
+            commit = p.CommitOffsetRequest("cgo", "owned", {0: 999}, "intruder", 1)
+            frame = await request_once(addr(plan, "g1-0"), p.Op.COMMIT_OFFSET, commit.encode())
+            assert frame.status == p.Status.NOT_OWNER
+            fetch = p.FetchOffsetRequest("cgo", "owned", [0])
+            frame = await request_once(addr(plan, "g1-0"), p.Op.FETCH_OFFSET, fetch.encode())
+            assert p.OffsetsResponse.decode(frame.body).offsets[0] == before.get(0)
         finally:
             await c.close()
 

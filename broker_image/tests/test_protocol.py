@@ -79,6 +79,10 @@ def test_offset_bodies_roundtrip(group: str, topic: str, offs: dict[int, int]) -
     out = roundtrip(p.CommitOffsetRequest(group, topic, offs))
     assert isinstance(out, p.CommitOffsetRequest)
     assert (out.group, out.topic, dict(out.offsets)) == (group, topic, offs)
+    assert (out.member, out.generation) == ("", 0)
+    member = roundtrip(p.CommitOffsetRequest(group, topic, offs, "m-1", 7))
+    assert isinstance(member, p.CommitOffsetRequest)
+    assert (member.member, member.generation) == ("m-1", 7)
     fetch = roundtrip(p.FetchOffsetRequest(group, topic, sorted(offs)))
     assert isinstance(fetch, p.FetchOffsetRequest)
     assert list(fetch.queues) == sorted(offs)
@@ -217,6 +221,9 @@ def test_wrong_version_is_bad_frame() -> None:
         (p.CreateTopicRequest, b'{"topic": "t", "queues": "4"}'),
         (p.CommitOffsetRequest, b'{"group": "g", "topic": "t", "offsets": {"x": 1}}'),
         (p.CommitOffsetRequest, b'{"group": "g", "topic": "t", "offsets": {"0": -1}}'),
+        (p.CommitOffsetRequest, b'{"group": "g", "topic": "t", "offsets": {}, "member": 3}'),
+        (p.CommitOffsetRequest,
+         b'{"group": "g", "topic": "t", "offsets": {}, "member": "m", "generation": -1}'),
         (p.FetchOffsetRequest, b'{"group": "g", "topic": "t", "queues": [70000]}'),
         (p.HeartbeatResponse, b"\xff\xfe"),
     ],

@@ -909,6 +909,7 @@ class Consumer:
         self.session_timeout_s = session_timeout_ms / 1000
         self.ownership_log: list[tuple[float, str, int]] = []
         self.started_at: dict[int, int] = {}  # per queue acquired: the offset it began at
+        self._holding: set[int] = set()  # queues whose acquisition is logged, not released
         self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
             asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
@@ -953,10 +954,19 @@ class Consumer:
 
     # ---- queues ---------------------------------------------------------------------
 
-    async def _acquire(self, queue: int) -> None:
-        """Start pulling ``queue`` from the group's committed offset."""
+    async def _acquire(self, queue: int, *, background: bool = False) -> None:
+        """Start pulling ``queue`` from the group's committed offset. ``background``: the
+        offset is fetched by the pull task itself, so a member's heartbeat never waits
+        for a hung group's broker (it would miss its session and lose every queue)."""
         if queue in self._loops:
             return
+        token = next(self._tokens)
+        offset = None if background else await self._start_position(queue)
+        task = asyncio.create_task(self._pull_loop(queue, offset, token))
+        self._loops[queue] = (token, task)
+
+    async def _start_position(self, queue: int) -> int:
+        """Fetch the committed offset and start owning ``queue`` from it (logged)."""
         group = self.router.group_of(self.topic, queue)
         body = await _with_retries(
             self.router, Permission.READ, p.Op.FETCH_OFFSET,
@@ -965,11 +975,10 @@ class Consumer:
         if off is not None:
             self._committed[queue] = off
         self._positions[queue] = off if off is not None else 0
-        token = next(self._tokens)
         self.started_at[queue] = self._positions[queue]
+        self._holding.add(queue)
         self.ownership_log.append((time.time(), "acquire", queue))
-        task = asyncio.create_task(self._pull_loop(queue, self._positions[queue], token))
-        self._loops[queue] = (token, task)
+        return self._positions[queue]
 
     async def _stop_queue(self, queue: int, *, at: float | None = None) -> None:
         """Stop pulling ``queue``; its undelivered prefetched records are dropped (the
@@ -978,7 +987,9 @@ class Consumer:
         if entry is None:
             return
         await stop_tasks([entry[1]])
-        self.ownership_log.append((time.time() if at is None else at, "release", queue))
+        if queue in self._holding:  # it may have stopped before it fetched its offset
+            self._holding.discard(queue)
+            self.ownership_log.append((time.time() if at is None else at, "release", queue))
 
     async def _drop_all(self, why: str) -> None:
         if self._loops:
@@ -989,8 +1000,15 @@ class Consumer:
         at = None if lapsed is None else time.time() - (time.monotonic() - lapsed)
         for q in list(self._loops):
             await self._stop_queue(q, at=at)
+            self._forget(q)
         self._revoking.clear()
         self._generation = -1
+
+    def _forget(self, queue: int) -> None:
+        """A queue lost without a hand-over: what was handed out and not committed is the
+        next owner's to deliver again (at least once); never commit it from here."""
+        self._positions.pop(queue, None)
+        self._committed.pop(queue, None)
 
     # ---- membership -----------------------------------------------------------------
 
@@ -1008,7 +1026,7 @@ class Consumer:
         try:
             resp = p.MemberHeartbeatResponse.decode(await conn.request(
                 p.Op.MEMBER_HEARTBEAT, req.encode(),
-                timeout_s=wait_ms / 1000 + self.session_timeout_s / 3))
+                timeout_s=wait_ms / 1000 + self.session_timeout_s / 8))
         except BrokerError as exc:
             if exc.status == p.Status.TIMEOUT:  # a hung broker: ask another one next time
                 await self.router.failed(Permission.NONE, conn)
@@ -1036,6 +1054,7 @@ class Consumer:
             for q in list(self._loops):
                 if q not in owned:
                     await self._stop_queue(q)  # lost without a hand-over: expired
+                    self._forget(q)
             for q in revoking:
                 if q in self._loops:
                     await self._stop_queue(q)
@@ -1043,11 +1062,15 @@ class Consumer:
                     self._revoking.add(q)
             self._revoking &= owned
             for q in sorted(owned - revoking - set(self._loops)):
-                await self._acquire(q)
+                await self._acquire(q, background=True)
 
     async def _heartbeat_loop(self) -> None:
         backoff = Backoff(0.05, 1.0)
-        wait_ms = int(min(self.session_timeout_s / 3, 5.0) * 1000)
+        # A heartbeat stuck on a hung broker is given up after wait + S/8, and the member
+        # joins through another broker at once: worst case (answered at T, the next one
+        # hangs) it is answered again by about T + 0.65 S, inside its lease (T + 0.8 S).
+        # With S/3 + S/3 a hung broker took the whole lease: members fell out and churned.
+        wait_ms = int(min(self.session_timeout_s / 4, 5.0) * 1000)
         while True:
             try:
                 if not self._lease_valid():
@@ -1088,12 +1111,24 @@ class Consumer:
 
     # ---- pulling --------------------------------------------------------------------
 
-    async def _pull_loop(self, queue: int, offset: int, token: int) -> None:
+    async def _pull_loop(self, queue: int, offset: int | None, token: int) -> None:
         backoff = Backoff(0.1, 2.0)
         router = self.router
         group = router.group_of(self.topic, queue)
+        while offset is None:  # acquired by a heartbeat: fetch where to start here
+            if not self._lease_valid():
+                return
+            try:
+                offset = await self._start_position(queue)
+            except BrokerError as exc:
+                if not exc.retriable:
+                    await self._buffer.put(exc)
+                    return
+                await backoff.sleep()
+            except (ConnectionError, OSError, TimeoutError, p.FrameError):
+                await backoff.sleep()
         while True:
-            member = (self.group, self.member_id, self._generation) if self.membership else ("", "", 0)
+            member = (self.group, *self._membership_fields()) if self.membership else ("", "", 0)
             req = p.PullRequest(self.topic, queue, offset, self.max_bytes, self.max_wait_ms, *member)
             conn: Connection | None = None
             try:
@@ -1153,17 +1188,25 @@ class Consumer:
             for rec in await self.getmany(timeout_s=3600):
                 yield rec
 
+    def _membership_fields(self) -> tuple[str, int]:
+        return (self.member_id, max(0, self._generation)) if self.membership else ("", 0)
+
     async def commit(self) -> dict[int, int | None]:
-        """Commit what has been delivered; returns the broker's stored offsets."""
-        stored = await self._commit_queues(sorted(self._positions))
+        """Commit what has been delivered from the queues this consumer holds; returns the
+        offsets the brokers stored for those it committed."""
+        held = [q for q in sorted(self._positions)
+                if not self.membership or q in self._loops or q in self._revoking]
+        stored = await self._commit_queues(held)
         await self._settle()
         return stored
 
     async def _commit_queues(self, queues: Sequence[int]) -> dict[int, int | None]:
+        """Commit ``queues`` (those with something new) and return what the brokers
+        stored for them; queues with nothing new are not in the answer."""
         todo = {q: self._positions[q] for q in queues
                 if q in self._positions and self._committed.get(q) != self._positions[q]}
         if not todo:
-            return {q: self._committed.get(q) for q in queues}
+            return {}
         by_group: dict[str | None, dict[int, int]] = {}
         for q, o in todo.items():
             by_group.setdefault(self.router.group_of(self.topic, q), {})[q] = o
@@ -1173,7 +1216,8 @@ class Consumer:
                 self.router,
                 Permission.READ,
                 p.Op.COMMIT_OFFSET,
-                p.CommitOffsetRequest(self.group, self.topic, offsets).encode(),
+                p.CommitOffsetRequest(self.group, self.topic, offsets,
+                                      *self._membership_fields()).encode(),
                 group=group,
             )
             stored.update(p.OffsetsResponse.decode(body).offsets)

@@ -662,20 +662,25 @@ def _queue_offsets(data: Mapping[str, Any], name: str) -> dict[int, int | None]:
 
 @dataclass(frozen=True, slots=True)
 class CommitOffsetRequest:
-    """Commit the next offset to consume, per queue, for a consumer group."""
+    """Commit the next offset to consume, per queue, for a consumer group. A consumer-group
+    member names itself and its generation: the broker refuses (NOT_OWNER) a commit for a
+    queue the member does not own, as it refuses its pulls (invariant 6)."""
 
     group: str
     topic: str
     offsets: Mapping[int, int]
+    member: str = ""
+    generation: int = 0
 
     def encode(self) -> bytes:
-        return _json_body(
-            {
-                "group": self.group,
-                "topic": self.topic,
-                "offsets": {str(q): o for q, o in self.offsets.items()},
-            }
-        )
+        doc: dict[str, Any] = {
+            "group": self.group,
+            "topic": self.topic,
+            "offsets": {str(q): o for q, o in self.offsets.items()},
+        }
+        if self.member:
+            doc.update(member=self.member, generation=self.generation)
+        return _json_body(doc)
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
@@ -684,7 +689,12 @@ class CommitOffsetRequest:
         if any(v is None for v in offsets.values()):
             raise _bad("offsets: null is not a committable offset")
         clean = {q: v for q, v in offsets.items() if v is not None}
-        return cls(_field(data, "group", str), _topic_name(data), clean)
+        member = data.get("member", "")
+        generation = data.get("generation", 0)
+        if not isinstance(member, str) or isinstance(generation, bool) \
+                or not isinstance(generation, int) or generation < 0:
+            raise _bad("member must be a string and generation an integer >= 0")
+        return cls(_field(data, "group", str), _topic_name(data), clean, member, generation)
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,7 +237,7 @@ class Membership:
         if req.wait_ms and req.generation == g.doc.generation:
             # A long poll: the member hears of a change at once (it already knows what this
             # generation asks of it). Its liveness still counts from this request's arrival
-            # (clients wait at most a third of the session).
+            # (clients wait at most a quarter of the session).
             changed = g.changed
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(req.wait_ms / 1000):
@@ -472,13 +472,22 @@ class Membership:
 
     async def _expire(self, cgroup: str, member: str) -> None:
         """The member's session ended here (its own lease ended before): its queues go to
-        their takers or are freed first, then its node goes."""
+        their takers or are freed first, then its node goes. A member whose node another
+        broker took over is alive there (it moved while this broker was frozen or cut
+        off): it keeps its queues, and its node stays."""
+        path = member_path(cgroup, member)
+        try:
+            _raw, stat = await self._zk(self._client.get_async(path))
+        except NoNodeError:
+            stat = None
+        if stat is not None and stat.ephemeralOwner != self._session_id():
+            log.info("consumer group %s: member %s moved to another broker; not expired here",
+                     cgroup, member)
+            return
         with contextlib.suppress(MembershipError):
             await self._update(cgroup, lambda owners: asg.leave(owners, member))
-        path = member_path(cgroup, member)
-        with contextlib.suppress(NoNodeError, BadVersionError):
-            _raw, stat = await self._zk(self._client.get_async(path))
-            if stat.ephemeralOwner == self._session_id():  # not taken over by another broker
+        if stat is not None:
+            with contextlib.suppress(NoNodeError, BadVersionError):
                 await self._zk(self._client.delete_async(path, version=stat.version))
 
 

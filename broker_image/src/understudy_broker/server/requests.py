@@ -300,6 +300,10 @@ class Requests:
         if bad:
             raise RequestError(p.Status.BAD_REQUEST, f"queue {bad[0]} does not exist")
         self._check_placed(req.topic, req.offsets)
+        if req.member:
+            for q in sorted(req.offsets):
+                await self._check_owner(p.PullRequest(req.topic, q, 0, 0, 0, req.group,
+                                                      req.member, req.generation))
         offsets = self._store.offsets
         stored: dict[int, int | None] = {}
         moved: dict[int, int] = {}
