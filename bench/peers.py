@@ -19,6 +19,8 @@ every acknowledgement's send and receive times:
 The publisher connects to a node that is *not* the leader (chosen before each cycle; the
 others are connection fallbacks), as RabbitMQ users publish through any member: the kill
 never breaks its connection, so both figures are server failover, not client reconnects.
+JetStream's figures sit inside nats-server's Raft election timeout (a follower waits 4-9 s
+for a lost leader); publishes meanwhile fail at once (NoStreamResponseError, counted).
 
 RabbitMQ is Debian's ``rabbitmq-server`` (3.10 on bookworm), installed by this benchmark
 with apt-get when missing (not by ``make setup``: ~60 MB of Erlang only this needs). Nodes
@@ -26,7 +28,7 @@ run from /usr/lib/rabbitmq/bin (the /usr/sbin wrappers switch to the rabbitmq us
 their own epmd on a free port, a cookie in a temp HOME and no plugins. Every process is
 stopped by PID (process group) at the end, also on SIGINT/SIGTERM/SIGHUP.
 
-    python bench/peers.py [--cycles 20] [--rate 2000]   # writes bench-results/peers.json
+    python bench/peers.py [--cycles 20] [--rate 2000]   # ~7 min; writes bench-results/peers.json
 """
 
 from __future__ import annotations
