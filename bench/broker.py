@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -72,10 +73,13 @@ class Processes:
         self.logdir = logdir
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in its own process group; a restart under the same name appends
+        to its log. ``env``: the child's whole environment (default: ours)."""
+        log = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
         finally:
             log.close()
         self.procs.append(proc)
@@ -244,13 +248,35 @@ def run_understudy(
 # --------------------------------------------------------------------------- jetstream
 
 
-def start_jetstream(root: Path, procs: Processes) -> list[str]:
+@dataclasses.dataclass
+class NatsNode:
+    """One nats-server of a JetStream cluster: ``name`` is its server_name (what
+    ``stream_info().cluster.leader`` answers); restart it with :func:`start_nats`."""
+
+    name: str
+    conf: Path
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+def start_nats(procs: Processes, name: str, conf: Path, port: int) -> subprocess.Popen[bytes]:
     exe = shutil.which("nats-server")
     if exe is None:
         raise RuntimeError("nats-server is not installed (Debian package nats-server; make setup installs it)")
-    ports = [(free_port(), free_port()) for _ in range(3)]
+    proc = procs.start(f"nats-{name}", [exe, "-c", str(conf)])
+    wait_port(port, proc)
+    return proc
+
+
+def start_jetstream_nodes(root: Path, procs: Processes, n: int = 3) -> list[NatsNode]:
+    """``n`` clustered nats-servers with JetStream (file store under ``root``) on 127.0.0.1."""
+    ports = [(free_port(), free_port()) for _ in range(n)]
     routes = ", ".join(f"nats-route://127.0.0.1:{c}" for _, c in ports)
-    urls = []
+    nodes = []
     for i, (cport, rport) in enumerate(ports):
         conf = root / f"n{i}.conf"
         conf.write_text(
@@ -258,10 +284,12 @@ def start_jetstream(root: Path, procs: Processes) -> list[str]:
             f"jetstream {{ store_dir: \"{root / f'js{i}'}\", max_memory_store: 268435456, max_file_store: 4294967296 }}\n"
             f"cluster {{ name: bench, listen: 127.0.0.1:{rport}, routes: [{routes}] }}\n"
         )
-        proc = procs.start(f"nats-{i}", [exe, "-c", str(conf)])
-        wait_port(cport, proc)
-        urls.append(f"nats://127.0.0.1:{cport}")
-    return urls
+        nodes.append(NatsNode(f"n{i}", conf, cport, start_nats(procs, f"n{i}", conf, cport)))
+    return nodes
+
+
+def start_jetstream(root: Path, procs: Processes) -> list[str]:
+    return [node.url for node in start_jetstream_nodes(root, procs)]
 
 
 async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int]) -> dict[str, float]:
