@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import pathlib
+import signal
 import sys
 import tempfile
 import time
@@ -196,8 +197,7 @@ async def rebalances(traffic: Traffic, joins: int) -> dict[str, Any]:
     return {"times": times, "moved": moved, "everyone": everyone}
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="understudy-bench-cluster-")) / "c"
+async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, Any]:
     plan = await asyncio.to_thread(lc.up, directory, groups=2, slaves=1)
     try:
         boot = [b.address for g in plan.groups for b in g.brokers]
@@ -271,6 +271,10 @@ def peers(cycles: int, rate: int) -> dict[str, Any]:
     return out
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=20)
@@ -281,7 +285,15 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     load_before = os.getloadavg()
-    doc = asyncio.run(run(args))
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="understudy-bench-cluster-")) / "c"
+    # SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: through the finally below,
+    # which stops every process the cluster started, by PID.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        doc = asyncio.run(run(args, directory))
+    finally:
+        if (directory / "cluster.json").exists():
+            lc.down(directory)
     doc.update({} if args.no_peers else peers(args.cycles, int(args.rate)))
     doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
                       "after": [round(x, 2) for x in os.getloadavg()]}
