@@ -103,8 +103,8 @@ class Traffic:
             now = time.monotonic()
             for r in recs:
                 self.deliveries.append((now, int(r.body), c.member_id, r.queue))
-            if recs:
-                await c.commit()
+            if recs:  # a hung master's commit goes on in the background (at least once)
+                await c.commit(timeout_s=0.1)
             if self.stopping and not recs:
                 return
 

@@ -43,6 +43,10 @@ PERMISSION_ORDER: Final = (Permission.FULL, Permission.WRITE, Permission.READ, P
 #: How long one route watch (a long-polled GET_ROUTE) waits for a change.
 ROUTE_WAIT_MS: Final = 20_000
 READ_CHUNK: Final = 256 * 1024
+#: While no broker has answered a route request, ask one more broker this often.
+REFRESH_STAGGER_S: Final = 0.2
+#: How long a broker that failed a request is tried after the others.
+AVOID_S: Final = 5.0
 
 
 class BrokerError(Exception):
@@ -274,6 +278,7 @@ class Router:
         self.route: p.RouteResponse | None = None
         self._conns: dict[tuple[str | None, Permission], Connection] = {}
         self._lock = asyncio.Lock()
+        self._failed_at: dict[str, float] = {}  # address -> monotonic time it failed us
         self._watch: asyncio.Task[None] | None = None
         self._route_listeners: list[Callable[[p.RouteResponse, p.RouteResponse | None], None]] = []
 
@@ -364,7 +369,13 @@ class Router:
 
     def _addresses(self) -> list[str]:
         known = [b.address for g in (self.route.groups if self.route else []) for b in g.brokers]
-        return list(dict.fromkeys([*known, *self.bootstrap]))
+        now = time.monotonic()
+        return sorted(dict.fromkeys([*known, *self.bootstrap]),
+                      key=lambda a: self._avoided(a, now))
+
+    def _avoided(self, address: str, now: float) -> bool:
+        """Whether ``address`` failed a request within :data:`AVOID_S` (tried last)."""
+        return now - self._failed_at.get(address, -AVOID_S) < AVOID_S
 
     async def _connect(self, address: str) -> Connection:
         return await Connection.open(
@@ -374,26 +385,48 @@ class Router:
         )
 
     async def refresh(self) -> p.RouteResponse:
-        """Ask known brokers, then bootstrap ones, for the route; first answer wins."""
-        errors = []
-        for address in self._addresses():
-            try:
-                conn = await self._connect(address)
-            except (OSError, TimeoutError) as exc:
-                errors.append(f"{address}: {exc or type(exc).__name__}")
-                continue
-            try:
-                body = await conn.request(
-                    p.Op.GET_ROUTE, p.GetRouteRequest().encode(), timeout_s=self.connect_timeout_s
-                )
-                route = p.RouteResponse.decode(body)
-                self._learned(route)
-                return route
-            except (BrokerError, ConnectionError, p.FrameError) as exc:
-                errors.append(f"{address}: {exc}")
-            finally:
-                await conn.close()
+        """Ask known brokers, then bootstrap ones, for the route; first answer wins. One
+        more broker is asked every :data:`REFRESH_STAGGER_S` while none has answered, so
+        a hung broker (it accepts connections and never answers) costs a stagger, not a
+        whole timeout: every member heartbeat and pull loop re-routes through here."""
+        errors: list[str] = []
+        addresses = iter(self._addresses())
+        asked: dict[asyncio.Task[p.RouteResponse], str] = {}
+        pending: set[asyncio.Task[p.RouteResponse]] = set()
+        try:
+            while True:
+                address = next(addresses, None)
+                if address is not None:
+                    task = asyncio.create_task(self._ask_route(address))
+                    asked[task] = address
+                    pending.add(task)
+                if not pending:
+                    break
+                done, pending = await asyncio.wait(
+                    pending, timeout=REFRESH_STAGGER_S if address is not None else None,
+                    return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        route = task.result()
+                        self._learned(route)
+                        return route
+                    if not isinstance(exc, (OSError, TimeoutError, BrokerError,
+                                            ConnectionError, p.FrameError)):
+                        raise exc
+                    errors.append(f"{asked[task]}: {exc or type(exc).__name__}")
+        finally:
+            await stop_tasks(pending)
         raise ConnectionError("no broker answered GET_ROUTE: " + "; ".join(errors))
+
+    async def _ask_route(self, address: str) -> p.RouteResponse:
+        conn = await self._connect(address)
+        try:
+            body = await conn.request(
+                p.Op.GET_ROUTE, p.GetRouteRequest().encode(), timeout_s=self.connect_timeout_s)
+            return p.RouteResponse.decode(body)
+        finally:
+            await conn.close()
 
     async def learn_topic(self, topic: str, need: Permission) -> int:
         """The topic's queue count. A broker may learn a topic a moment after another
@@ -455,7 +488,11 @@ class Router:
             if not brokers and need is Permission.NONE:
                 brokers = [p.BrokerRoute(a, a, "", 0, 0) for a in self.bootstrap]
             errors = []
-            for b in failover_order(brokers, need):
+            now = time.monotonic()
+            # A broker that just failed us (a hung one still looks FULL in the route
+            # until its session ends) is tried last, for a while.
+            order = sorted(failover_order(brokers, need), key=lambda b: self._avoided(b.address, now))
+            for b in order:
                 try:
                     conn = await self._connect(b.address)
                 except (OSError, TimeoutError) as exc:
@@ -482,6 +519,7 @@ class Router:
         the same failure, and the first one may already have opened a fresh connection
         that the others must not close. ``conn`` is ``None`` when connecting failed."""
         if conn is not None:
+            self._failed_at[conn.address] = time.monotonic()
             if self._conns.get((group, need)) is conn:
                 del self._conns[(group, need)]
             await conn.close()
@@ -910,6 +948,7 @@ class Consumer:
         self.ownership_log: list[tuple[float, str, int]] = []
         self.started_at: dict[int, int] = {}  # per queue acquired: the offset it began at
         self._holding: set[int] = set()  # queues whose acquisition is logged, not released
+        self._commits_pending: set[asyncio.Task[None]] = set()  # commit(timeout_s) left these
         self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
             asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
@@ -1067,10 +1106,12 @@ class Consumer:
     async def _heartbeat_loop(self) -> None:
         backoff = Backoff(0.05, 1.0)
         # A heartbeat stuck on a hung broker is given up after wait + S/8, and the member
-        # joins through another broker at once: worst case (answered at T, the next one
-        # hangs) it is answered again by about T + 0.65 S, inside its lease (T + 0.8 S).
-        # With S/3 + S/3 a hung broker took the whole lease: members fell out and churned.
-        wait_ms = int(min(self.session_timeout_s / 4, 5.0) * 1000)
+        # joins through another broker at once. Worst case: the last answered heartbeat
+        # was sent at T (answered at T + wait, a long poll), the next one hangs and is
+        # given up at T + 2 wait + S/8 = T + 0.46 S, leaving a third of the session for
+        # the join elsewhere before the lease ends (T + 0.8 S). With S/3 + S/3 a hung
+        # broker took the whole lease; with S/4 the join had 0.17 S: members fell out.
+        wait_ms = int(min(self.session_timeout_s / 6, 5.0) * 1000)
         while True:
             try:
                 if not self._lease_valid():
@@ -1191,16 +1232,23 @@ class Consumer:
     def _membership_fields(self) -> tuple[str, int]:
         return (self.member_id, max(0, self._generation)) if self.membership else ("", 0)
 
-    async def commit(self) -> dict[int, int | None]:
+    async def commit(self, *, timeout_s: float | None = None) -> dict[int, int | None]:
         """Commit what has been delivered from the queues this consumer holds; returns the
-        offsets the brokers stored for those it committed."""
+        offsets the brokers stored for those it committed. Each group's queues are
+        committed at once, in parallel. ``timeout_s``: return after at most this long
+        with what was stored by then; a group that has not answered (a hung master) goes
+        on committing in the background, is skipped while it does, and its queues are
+        committed again after (what was not committed may be delivered again: at least
+        once). ``None``: wait
+        for every group (raises as the slowest does)."""
         held = [q for q in sorted(self._positions)
                 if not self.membership or q in self._loops or q in self._revoking]
-        stored = await self._commit_queues(held)
+        stored = await self._commit_queues(held, timeout_s=timeout_s)
         await self._settle()
         return stored
 
-    async def _commit_queues(self, queues: Sequence[int]) -> dict[int, int | None]:
+    async def _commit_queues(self, queues: Sequence[int], *, timeout_s: float | None = None
+                             ) -> dict[int, int | None]:
         """Commit ``queues`` (those with something new) and return what the brokers
         stored for them; queues with nothing new are not in the answer."""
         todo = {q: self._positions[q] for q in queues
@@ -1211,7 +1259,8 @@ class Consumer:
         for q, o in todo.items():
             by_group.setdefault(self.router.group_of(self.topic, q), {})[q] = o
         stored: dict[int, int | None] = {}
-        for group, offsets in by_group.items():
+
+        async def one(group: str | None, offsets: dict[int, int]) -> None:
             body = await _with_retries(
                 self.router,
                 Permission.READ,
@@ -1220,11 +1269,38 @@ class Consumer:
                                       *self._membership_fields()).encode(),
                 group=group,
             )
-            stored.update(p.OffsetsResponse.decode(body).offsets)
-        for q, kept in stored.items():
-            if kept is not None:
-                self._committed[q] = kept
+            answer = p.OffsetsResponse.decode(body).offsets
+            for q, kept in answer.items():
+                if kept is not None and kept >= self._committed.get(q, -1):
+                    self._committed[q] = kept
+            stored.update(answer)
+
+        if timeout_s is not None:  # a group still answering an earlier commit is skipped
+            by_group = {g: offs for g, offs in by_group.items()
+                        if not any(t.get_name() == f"commit-{g}" for t in self._commits_pending)}
+        tasks = [asyncio.create_task(one(g, offs), name=f"commit-{g}")
+                 for g, offs in by_group.items()]
+        if not tasks:
+            return {}
+        if timeout_s is None:
+            failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True)
+                        if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]
+            return dict(stored)
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in pending:  # finishes (or fails) on its own; close() waits for it
+            self._commits_pending.add(task)
+            task.add_done_callback(self._commit_done)
+        for task in done:
+            if task.exception() is not None:
+                log.info("commit of %s/%s: %s", self.group, self.topic, task.exception())
         return dict(stored)
+
+    def _commit_done(self, task: asyncio.Task[None]) -> None:
+        self._commits_pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("background commit of %s/%s: %s", self.group, self.topic, task.exception())
 
     async def close(self) -> None:
         """Commit what was handed out, leave the group (its queues move at once), stop."""
@@ -1247,6 +1323,10 @@ class Consumer:
         await self.router.close()
 
     async def _stop_pulling(self) -> None:
+        if self._commits_pending:  # commits left running by commit(timeout_s): bounded
+            await asyncio.wait(set(self._commits_pending), timeout=self.session_timeout_s)
+            for task in set(self._commits_pending):
+                task.cancel()
         if self._heartbeat is not None:
             await stop_tasks([self._heartbeat])
             self._heartbeat = None

@@ -237,7 +237,7 @@ class Membership:
         if req.wait_ms and req.generation == g.doc.generation:
             # A long poll: the member hears of a change at once (it already knows what this
             # generation asks of it). Its liveness still counts from this request's arrival
-            # (clients wait at most a quarter of the session).
+            # (clients wait at most a sixth of the session).
             changed = g.changed
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(req.wait_ms / 1000):
