@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-ORDER = ["broker", "failover", "sla"]  # cluster.py: run by hand until its rebalance phase stops hanging (docs/cluster.md)
+ORDER = ["broker", "failover", "sla", "cluster"]
 
 
 def main(argv: list[str]) -> int:
