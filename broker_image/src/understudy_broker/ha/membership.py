@@ -468,7 +468,12 @@ class Membership:
                     self._hosted.pop(key, None)
                     log.info("consumer group %s: member %s expired (no heartbeat for %.1fs)",
                              cgroup, member, now - h.last_seen)
-                    await self._expire(cgroup, member)
+                    try:
+                        await self._expire(cgroup, member)
+                    except Exception as exc:  # a ZooKeeper hiccup must not end expiry for good
+                        log.warning("consumer group %s: expiring %s failed (%r); retried",
+                                    cgroup, member, exc)
+                        self._hosted.setdefault(key, h)
 
     async def _expire(self, cgroup: str, member: str) -> None:
         """The member's session ended here (its own lease ended before): its queues go to
