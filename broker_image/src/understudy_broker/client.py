@@ -946,7 +946,7 @@ class Consumer:
         self.member_id = member_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(3).hex()}"
         self.session_timeout_s = session_timeout_ms / 1000
         self.ownership_log: list[tuple[float, str, int]] = []
-        self.started_at: dict[int, int] = {}  # per queue acquired: the offset it began at
+        self.started_at: dict[int, int] = {}  # per queue acquired: the committed offset it began at
         self._holding: set[int] = set()  # queues whose acquisition is logged, not released
         self._commits_pending: set[asyncio.Task[None]] = set()  # commit(timeout_s) left these
         self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
@@ -1005,16 +1005,21 @@ class Consumer:
         self._loops[queue] = (token, task)
 
     async def _start_position(self, queue: int) -> int:
-        """Fetch the committed offset and start owning ``queue`` from it (logged)."""
-        group = self.router.group_of(self.topic, queue)
-        body = await _with_retries(
-            self.router, Permission.READ, p.Op.FETCH_OFFSET,
-            p.FetchOffsetRequest(self.group, self.topic, [queue]).encode(), group=group)
-        off = p.OffsetsResponse.decode(body).offsets.get(queue)
-        if off is not None:
-            self._committed[queue] = off
-        self._positions[queue] = off if off is not None else 0
-        self.started_at[queue] = self._positions[queue]
+        """Start owning ``queue`` (logged): from the committed offset, fetched, for a queue
+        newly ours; from our own position when we never stopped owning it (a pull loop
+        restarted after a refused pull), so nothing we handed out comes again."""
+        if queue not in self._positions:
+            group = self.router.group_of(self.topic, queue)
+            body = await _with_retries(
+                self.router, Permission.READ, p.Op.FETCH_OFFSET,
+                p.FetchOffsetRequest(self.group, self.topic, [queue]).encode(), group=group)
+            off = p.OffsetsResponse.decode(body).offsets.get(queue)
+            if off is not None:
+                self._committed[queue] = off
+            self._positions[queue] = off if off is not None else 0
+            self.started_at[queue] = self._positions[queue]
+        else:
+            self.started_at.pop(queue, None)  # resumed: not a start from the committed offset
         self._holding.add(queue)
         self.ownership_log.append((time.time(), "acquire", queue))
         return self._positions[queue]
@@ -1147,6 +1152,8 @@ class Consumer:
         await self._commit_queues(todo)
         self._revoking -= set(todo)
         self._released |= set(todo)
+        for q in todo:  # handed over: if it comes back, start from the committed offset
+            self._forget(q)
         with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
             await self._apply(await self._beat())
 

@@ -199,9 +199,9 @@ class Traffic:
             held = what == "acquire"
             self.writer.own(cgroup=member.cgroup, topic=member.target.topic, queue=queue,
                             member=member.member_id, held=held, t=int(wall * 1e9))
-            if held:
+            if held and queue in consumer.started_at:  # began from the committed offset
                 self._observe_offsets(member.cgroup, member.target.topic,
-                                      {queue: consumer.started_at.get(queue)}, recorded)
+                                      {queue: consumer.started_at[queue]}, recorded)
         return len(log_)
 
     def _delivered(self, target: Target, cgroup: str, r: Any, *, member: str | None = None
