@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 from types import ModuleType
+
+from understudy_harness.testing import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "bench" / "peers.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "peers.py", "bench_peers")
 
 
 peers = _bench()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -11,16 +10,13 @@ from types import ModuleType
 
 import pytest
 
+from understudy_harness.testing import load_script
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_sla", ROOT / "bench" / "sla.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "sla.py", "bench_sla")
 
 
 def _row(size: str, form: str, samples: int, spark: float, duck: float) -> dict[str, object]:

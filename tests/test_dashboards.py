@@ -5,7 +5,6 @@ Grafana 11 dashboard JSON as far as grafana-foundation-sdk's models can tell off
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
 import json
 import pathlib
@@ -20,6 +19,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from understudy_broker.metric_names import series_names
 from understudy_harness.promql import selected_series
+from understudy_harness.testing import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIR = ROOT / "charts" / "understudy" / "files" / "grafana-dashboards"
@@ -27,14 +27,8 @@ FILES = sorted(DIR.glob("*.json"))
 
 
 def load_generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "generate_dashboards", ROOT / "charts" / "tools" / "generate_dashboards.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "charts" / "tools" / "generate_dashboards.py",
+                       "generate_dashboards")
 
 
 def dashboards() -> dict[str, dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -948,7 +949,8 @@ class Consumer:
         self.ownership_log: list[tuple[float, str, int]] = []
         self.started_at: dict[int, int] = {}  # per queue acquired: the committed offset it began at
         self._holding: set[int] = set()  # queues whose acquisition is logged, not released
-        self._commits_pending: set[asyncio.Task[None]] = set()  # commit(timeout_s) left these
+        # Per group, the commit that commit(timeout_s) left running (a hung master).
+        self._commits_pending: dict[str | None, asyncio.Task[None]] = {}
         self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
             asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
@@ -1246,8 +1248,7 @@ class Consumer:
         with what was stored by then; a group that has not answered (a hung master) goes
         on committing in the background, is skipped while it does, and its queues are
         committed again after (what was not committed may be delivered again: at least
-        once). ``None``: wait
-        for every group (raises as the slowest does)."""
+        once). ``None``: wait for every group (raises as the slowest does)."""
         held = [q for q in sorted(self._positions)
                 if not self.membership or q in self._loops or q in self._revoking]
         stored = await self._commit_queues(held, timeout_s=timeout_s)
@@ -1284,9 +1285,8 @@ class Consumer:
 
         if timeout_s is not None:  # a group still answering an earlier commit is skipped
             by_group = {g: offs for g, offs in by_group.items()
-                        if not any(t.get_name() == f"commit-{g}" for t in self._commits_pending)}
-        tasks = [asyncio.create_task(one(g, offs), name=f"commit-{g}")
-                 for g, offs in by_group.items()]
+                        if g not in self._commits_pending}
+        tasks = {asyncio.create_task(one(g, offs)): g for g, offs in by_group.items()}
         if not tasks:
             return {}
         if timeout_s is None:
@@ -1297,15 +1297,15 @@ class Consumer:
             return dict(stored)
         done, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for task in pending:  # finishes (or fails) on its own; close() waits for it
-            self._commits_pending.add(task)
-            task.add_done_callback(self._commit_done)
+            self._commits_pending[tasks[task]] = task
+            task.add_done_callback(functools.partial(self._commit_done, tasks[task]))
         for task in done:
             if task.exception() is not None:
                 log.info("commit of %s/%s: %s", self.group, self.topic, task.exception())
         return dict(stored)
 
-    def _commit_done(self, task: asyncio.Task[None]) -> None:
-        self._commits_pending.discard(task)
+    def _commit_done(self, group: str | None, task: asyncio.Task[None]) -> None:
+        del self._commits_pending[group]
         if not task.cancelled() and task.exception() is not None:
             log.info("background commit of %s/%s: %s", self.group, self.topic, task.exception())
 
@@ -1331,8 +1331,9 @@ class Consumer:
 
     async def _stop_pulling(self) -> None:
         if self._commits_pending:  # commits left running by commit(timeout_s): bounded
-            await asyncio.wait(set(self._commits_pending), timeout=self.session_timeout_s)
-            for task in set(self._commits_pending):
+            await asyncio.wait(list(self._commits_pending.values()),
+                               timeout=self.session_timeout_s)
+            for task in list(self._commits_pending.values()):
                 task.cancel()
         if self._heartbeat is not None:
             await stop_tasks([self._heartbeat])

@@ -277,7 +277,9 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     rewinds = _offset_rewinds(commits)
     timelines = {g: _holders(ps) for g, ps in _by_group(perms).items()}
     overlaps = [o for g, tl in sorted(timelines.items()) for o in _overlaps(g, tl, end)]
-    cycles = [dataclasses.replace(c, write_stall_ms=_write_stall(c.fault_t, broker_faults, acks))
+    ack_times = _ack_times_by_topic(acks)
+    cycles = [dataclasses.replace(c, write_stall_ms=_write_stall(c.fault_t, broker_faults,
+                                                                 ack_times))
               for c in _cycles(broker_faults, timelines, modes)]
     shared = _shared_queues(owns, delivers, end)
     return Report(
@@ -529,14 +531,19 @@ def _normal_again(f: Fault, modes: list[ModeChange]) -> float | None:
 # ----------------------------------------------------------------- producers and members
 
 
-def _write_stall(fault_t: int, faults: list[Fault], acks: list[ProduceAck]) -> float | None:
-    """The longest ack gap (ms) overlapping ``[fault_t, next broker fault)``, per topic."""
-    until = min((f.t for f in faults if f.t > fault_t), default=None)
+def _ack_times_by_topic(acks: list[ProduceAck]) -> list[list[int]]:
+    """Each topic's acknowledgement times, in order (``acks`` is sorted by time)."""
     by_topic: dict[str, list[int]] = defaultdict(list)
     for a in acks:
         by_topic[a.topic].append(a.t)
+    return list(by_topic.values())
+
+
+def _write_stall(fault_t: int, faults: list[Fault], ack_times: list[list[int]]) -> float | None:
+    """The longest ack gap (ms) overlapping ``[fault_t, next broker fault)``, per topic."""
+    until = min((f.t for f in faults if f.t > fault_t), default=None)
     best: float | None = None
-    for times in by_topic.values():
+    for times in ack_times:
         if not times or times[0] > fault_t or times[-1] < fault_t:
             continue  # this producer was not running across the fault
         for prev, nxt in itertools.pairwise(times):

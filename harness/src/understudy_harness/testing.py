@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib.util
 import inspect
 import os
 import signal
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Self, TypeVar
 
 from understudy_broker import protocol as p
@@ -73,6 +75,18 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}: last={last!r}")
         await asyncio.sleep(interval_s)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """Import a script that is not in a package (``bench/*.py``, ``charts/tools/*.py``) as
+    module ``name``, registered in ``sys.modules`` (its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def wait_until(cond: Callable[[], T], what: str = "", within_s: float = 20.0, *,

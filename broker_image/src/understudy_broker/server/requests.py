@@ -264,7 +264,7 @@ class Requests:
             )
         self._check_placed(req.topic, (req.queue,))
         if req.member:
-            await self._check_owner(req)
+            await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
         lg = self._store.log
         # Keep the response inside the frame limit the client most likely uses.
         max_bytes = max(1, min(req.max_bytes, self._cfg.max_frame_bytes // 2))
@@ -282,7 +282,8 @@ class Requests:
             await self._signal.wait(remaining)
             self._require_read(frame)  # permission may have changed while waiting
             if req.member:  # and so may ownership
-                await self._check_owner(req)
+                await self._check_owner(req.cgroup, req.member, req.generation, req.topic,
+                                        req.queue)
         next_offset = records[-1].queue_offset + 1 if records else offset
         self._metrics.messages_out(len(records))
         return p.PullResponse(
@@ -302,8 +303,7 @@ class Requests:
         self._check_placed(req.topic, req.offsets)
         if req.member:
             for q in sorted(req.offsets):
-                await self._check_owner(p.PullRequest(req.topic, q, 0, 0, 0, req.group,
-                                                      req.member, req.generation))
+                await self._check_owner(req.group, req.member, req.generation, req.topic, q)
         offsets = self._store.offsets
         stored: dict[int, int | None] = {}
         moved: dict[int, int] = {}
@@ -421,10 +421,11 @@ class Requests:
         p.ListGroupsRequest.decode(frame.body)
         return await _answer(self._membership().list_groups())
 
-    async def _check_owner(self, req: p.PullRequest) -> None:
+    async def _check_owner(self, cgroup: str, member: str, generation: int, topic: str,
+                           queue: int) -> None:
+        """A member's pull or commit: NOT_OWNER unless it owns the queue (invariant 6)."""
         try:
-            await self._membership().check_owner(req.cgroup, req.member, req.topic, req.queue,
-                                                 req.generation)
+            await self._membership().check_owner(cgroup, member, topic, queue, generation)
         except MembershipError as exc:
             raise RequestError(exc.status, exc.message) from None
 

@@ -25,7 +25,7 @@ import kopf
 from understudy_broker.admin import backlog_of, describe_topic
 from understudy_broker.client import BrokerError
 from understudy_broker.topology import TopicPlanError
-from understudy_broker.zklayout import TopicDoc
+from understudy_broker.zklayout import GroupConfig, TopicDoc
 from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import Runtime
 from understudy_operator.k8s.kube import BROKERTOPICS, KubeError
@@ -68,12 +68,12 @@ async def reconcile_topic(rt: Runtime, *, body: Mapping[str, Any]) -> None:
         return
     zk = await _session(rt, body, spec)
     try:
-        known = await _known_groups(zk)
+        configs = await _group_configs(zk)
         current, version = await zk.read_topic(spec.topic)
-        plan = plan_sync(spec, current, known_groups=known)
+        plan = plan_sync(spec, current, known_groups=configs.keys())
         if plan.removes:
-            backlog = await measure_backlog(zk, spec.topic, current)
-            plan = plan_sync(spec, current, known_groups=known, backlog=backlog)
+            backlog = await measure_backlog(configs, spec.topic, current)
+            plan = plan_sync(spec, current, known_groups=configs.keys(), backlog=backlog)
     except ZkError as exc:
         raise kopf.TemporaryError(f"ZooKeeper: {exc!r}", delay=5) from exc
     except TopicPlanError as exc:
@@ -119,7 +119,7 @@ async def finalize_topic(rt: Runtime, *, body: Mapping[str, Any]) -> str:
         current, version = await zk.read_topic(spec.topic)
         backlog = None
         if current is not None and spec.deletion_policy.value == "Delete":
-            backlog = await measure_backlog(zk, spec.topic, current)
+            backlog = await measure_backlog(await _group_configs(zk), spec.topic, current)
         if not plan_delete(spec, current, backlog):
             return f"topic {spec.topic} was already gone"
         deleted = await zk.delete_topic(spec.topic)
@@ -133,17 +133,15 @@ async def finalize_topic(rt: Runtime, *, body: Mapping[str, Any]) -> str:
     return f"topic {spec.topic} deleted" if deleted else f"topic {spec.topic} was already gone"
 
 
-async def measure_backlog(zk: ZkGateway, topic: str, doc: TopicDoc | None) -> dict[int, int] | None:
+async def measure_backlog(configs: Mapping[str, GroupConfig], topic: str, doc: TopicDoc | None
+                          ) -> dict[int, int] | None:
     """Unconsumed messages per queue, asked of the brokers of the topic's groups (their
-    addresses are in the groups' ZooKeeper configs); ``None`` when no broker answered, which
-    the plans treat as "still holds messages"."""
+    addresses are in the groups' ZooKeeper ``configs``); ``None`` when no broker answered,
+    which the plans treat as "still holds messages"."""
     if doc is None:
         return {}
-    bootstrap: list[str] = []
-    for group in doc.groups():
-        config = await zk.read_config(group)
-        if config is not None:
-            bootstrap.extend(f"{b.host}:{b.port}" for b in config.brokers)
+    bootstrap = [f"{b.host}:{b.port}" for group in doc.groups() if group in configs
+                 for b in configs[group].brokers]
     if not bootstrap:
         return None
     try:
@@ -153,9 +151,10 @@ async def measure_backlog(zk: ZkGateway, topic: str, doc: TopicDoc | None) -> di
         return None
 
 
-async def _known_groups(zk: ZkGateway) -> list[str]:
-    """Groups with a readable config: the ones a topic may be placed on."""
-    return [g for g in await zk.groups() if await zk.read_config(g) is not None]
+async def _group_configs(zk: ZkGateway) -> dict[str, GroupConfig]:
+    """Groups with a readable config (the ones a topic may be placed on), read once."""
+    configs = {g: await zk.read_config(g) for g in await zk.groups()}
+    return {g: c for g, c in configs.items() if c is not None}
 
 
 async def _session(rt: Runtime, body: Mapping[str, Any], spec: TopicSpec) -> ZkGateway:
