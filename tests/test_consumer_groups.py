@@ -160,6 +160,13 @@ def test_a_member_heartbeating_for_an_unknown_group_gets_a_clear_error(
     _d, plan = cluster
     make_topic(plan, "errs", per_group=1)
 
+    def known_at_g2_1() -> bool:  # it learns the topic from its ZooKeeper watch, a moment later
+        frame = asyncio.run(request_once(addr(plan, "g2-1"), p.Op.GET_ROUTE,
+                                         p.GetRouteRequest("errs").encode()))
+        return "errs" in p.RouteResponse.decode(frame.body).topics
+
+    testing.wait_until(known_at_g2_1, "g2-1 knows topic errs", 10)
+
     async def ask(body: bytes) -> p.Frame:
         return await request_once(addr(plan, "g2-1"), p.Op.MEMBER_HEARTBEAT, body)
 
