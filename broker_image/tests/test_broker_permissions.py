@@ -186,7 +186,8 @@ async def test_consumer_resumes_from_its_committed_offsets(group: dict[str, Any]
     m, s = group["m"], group["s"]
     async with Producer([m.address]) as prod:
         for i in range(40):
-            await prod.send("perm", b"resume-%d" % i, queue=i % 2)
+            # 200 bytes: 20 of them are more than one 2 KB pull.
+            await prod.send("perm", b"resume-%d " % i + b"." * 190, queue=i % 2)
         await prod.flush()
 
     # Small pulls: the first batch is only part of its queue.
