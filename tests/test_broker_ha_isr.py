@@ -16,20 +16,17 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, Connection, Consumer, Producer, create_topic
 from understudy_broker.zkclient import make_client
-from understudy_broker.zklayout import decode_isr, decode_state, isr_path, state_path
-from understudy_harness.testing import eventually
+from understudy_broker.zklayout import decode_state, state_path
+from understudy_harness.testing import eventually, isr_record
 from understudy_operator.local import cluster as lc
-from understudy_operator.local import procs
 
 pytestmark = pytest.mark.integration
 
@@ -37,22 +34,8 @@ GROUP = "g1"
 MASTER, S1, S2 = "g1-0", "g1-1", "g1-2"
 
 
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "cluster"
-    try:
-        yield directory
-    finally:
-        with contextlib.suppress(Exception):
-            lc.down(directory)
-        procs.kill_leftovers(directory)
-
-
 def isr(zk: KazooClient) -> frozenset[str] | None:
-    try:
-        return decode_isr(zk.get(isr_path(GROUP))[0])
-    except NoNodeError:
-        return None
+    return isr_record(zk, GROUP)
 
 
 def state(zk: KazooClient) -> tuple[str, str | None]:

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,17 +47,6 @@ SESSION_MS = 2000
 
 
 # ------------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "cluster"
-    try:
-        yield directory
-    finally:
-        with contextlib.suppress(Exception):
-            lc.down(directory)
-        procs.kill_leftovers(directory)
 
 
 class Recorder:

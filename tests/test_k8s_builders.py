@@ -171,6 +171,22 @@ def test_master_command(tmp_path: pathlib.Path) -> None:
     assert peers == ["orders-1=orders-1.shop.svc:9876", "orders-2=orders-2.shop.svc:9876"]
 
 
+def test_quorum_write_knobs_reach_the_master_command(tmp_path: pathlib.Path) -> None:
+    spec = spec_of(slaves=2, replication={"minInSyncReplicas": 1, "inSyncReplicas": 3,
+                                          "autoDegrade": True, "maxLagBytes": 8 << 20})
+    code, argv, _ = run_script(broker_script(spec=spec, group="orders", namespace=NS), "orders-0", tmp_path)
+    assert code == 0
+    assert flag(argv, "--min-insync-replicas") == "1"
+    assert flag(argv, "--in-sync-replicas") == "3"
+    assert flag(argv, "--max-lag-bytes") == str(8 << 20)
+    assert "--auto-degrade" in argv
+    # Without inSyncReplicas the broker's own default (the floor + 1) applies.
+    code, argv, _ = run_script(broker_script(spec=spec_of(slaves=2), group="orders", namespace=NS),
+                               "orders-0", tmp_path)
+    assert code == 0
+    assert "--in-sync-replicas" not in argv
+
+
 def test_slave_command(tmp_path: pathlib.Path) -> None:
     spec = spec_of(slaves=2, replication={"mode": "async"}, permission="READ")
     code, argv, _ = run_script(broker_script(spec=spec, group="orders", namespace=NS), "orders-2", tmp_path)

@@ -115,7 +115,8 @@ def test_schema_defaults_match_spec_py_defaults() -> None:
     implicit = parse_spec({"image": "i"}, default_zk_connect="zk:2181")
     assert explicit == implicit
     # And the defaults are really there (the comparison above is not vacuous).
-    assert defaulted["replication"] == {"mode": "sync", "minInSyncReplicas": 1, "autoDegrade": False}
+    assert defaulted["replication"] == {"mode": "sync", "minInSyncReplicas": 1,
+                                        "autoDegrade": False, "maxLagBytes": 256 << 20}
     assert defaulted["failover"]["checkIntervalMs"] == 250
 
 
@@ -126,7 +127,7 @@ def cel_rules() -> list[dict[str, Any]]:
 
 def test_cel_rules_are_present_with_messages() -> None:
     rules = cel_rules()
-    assert len(rules) == 3
+    assert len(rules) == 4
     for rule in rules:
         assert rule["rule"].strip()
         assert rule["message"].strip()
@@ -161,20 +162,32 @@ def test_cel_rejects_what_spec_py_rejects_on_known_cases() -> None:
     assert cel_verdict(
         {"image": "i", "slaves": 1, "brokers": [{"ordinal": 2, "permission": "READ"}]}
     ) == ["every spec.brokers[].ordinal must name an existing broker (0..spec.slaves)"]
+    copies = ("spec.replication.inSyncReplicas counts the master: it must be between "
+              "minInSyncReplicas + 1 and spec.slaves + 1")
+    assert cel_verdict({"image": "i", "slaves": 2, "replication": {"inSyncReplicas": 3}}) == []
+    assert cel_verdict({"image": "i", "slaves": 2, "replication": {"inSyncReplicas": 4}}) == [
+        copies]
+    assert cel_verdict({"image": "i", "slaves": 2, "replication": {
+        "inSyncReplicas": 2, "minInSyncReplicas": 2}}) == [copies]
+    assert cel_verdict({"image": "i", "slaves": 2, "replication": {
+        "mode": "async", "inSyncReplicas": 9}}) == []
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     slaves=st.integers(0, 4),
     mode=st.sampled_from(["sync", "async"]),
-    min_isr=st.integers(1, 5),
+    min_isr=st.integers(0, 5),
+    copies=st.one_of(st.none(), st.integers(1, 6)),
     ordinals=st.lists(st.integers(0, 6), max_size=3, unique=True),
 )
-def test_cel_and_spec_py_agree(slaves: int, mode: str, min_isr: int, ordinals: list[int]) -> None:
+def test_cel_and_spec_py_agree(slaves: int, mode: str, min_isr: int, copies: int | None,
+                               ordinals: list[int]) -> None:
     spec = {
         "image": "i",
         "slaves": slaves,
-        "replication": {"mode": mode, "minInSyncReplicas": min_isr},
+        "replication": {"mode": mode, "minInSyncReplicas": min_isr,
+                        **({} if copies is None else {"inSyncReplicas": copies})},
         "brokers": [{"ordinal": o, "permission": "READ"} for o in ordinals],
     }
     cel_ok = cel_verdict(spec) == []

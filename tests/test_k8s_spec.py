@@ -100,6 +100,20 @@ def test_async_group_without_slaves_is_valid() -> None:
         ),
         ({"slaves": 0}, "spec.replication.mode: sync replication needs at least one slave"),
         (
+            {"replication": {"inSyncReplicas": 4}},
+            "spec.replication.inSyncReplicas: 4 (copies, the master included) must be between "
+            "minInSyncReplicas + 1 (2) and spec.slaves + 1 (3)",
+        ),
+        (
+            {"replication": {"inSyncReplicas": 1}},
+            "spec.replication.inSyncReplicas: 1 (copies, the master included) must be between "
+            "minInSyncReplicas + 1 (2) and spec.slaves + 1 (3)",
+        ),
+        (
+            {"replication": {"maxLagBytes": 1000}},
+            "spec.replication.maxLagBytes: 1000 is out of range [1048576, 1099511627776]",
+        ),
+        (
             {"brokers": [{"ordinal": 3, "permission": "READ"}]},
             "spec.brokers[0].ordinal: 3 names no broker (the group has ordinals 0..2)",
         ),

@@ -18,7 +18,8 @@ def test_config_round_trips_through_the_shared_codec() -> None:
     spec = spec_of(
         slaves=2,
         brokers=[{"ordinal": 2, "permission": "NONE"}],
-        replication={"minInSyncReplicas": 2, "autoDegrade": True},
+        replication={"minInSyncReplicas": 1, "inSyncReplicas": 3, "autoDegrade": True,
+                     "maxLagBytes": 8 << 20},
         failover={"checkIntervalMs": 100, "detectionChecks": 3, "backSyncTimeoutSeconds": 9},
         zookeeper={"sessionTimeoutMs": 6000},
     )
@@ -31,8 +32,10 @@ def test_config_round_trips_through_the_shared_codec() -> None:
     assert config.master.replication_port == 10912
     assert config.master.http_port == 9100
     assert config.replication.sync is True
-    assert config.replication.min_insync == 2
+    assert config.replication.min_insync == 1
+    assert config.replication.in_sync_replicas == 3
     assert config.replication.auto_degrade is True
+    assert config.replication.max_lag_bytes == 8 << 20
     assert (config.failover.check_interval_ms, config.failover.detection_checks) == (100, 3)
     assert config.failover.backsync_timeout_s == 9.0
     assert config.session_timeout_ms == 6000

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from understudy_broker.zklayout import ReplicationPolicy
 from understudy_harness import testing
 from understudy_operator.cli.local import local
 from understudy_operator.local import cluster as lc
@@ -29,11 +30,12 @@ def fake_ports() -> Iterator[int]:
 
 
 def make_plan(tmp_path: Path, *, groups: int = 2, slaves: int = 2,
-              coordinated: bool = True) -> ClusterPlan:
+              coordinated: bool = True, replication: ReplicationPolicy | None = None
+              ) -> ClusterPlan:
     ports = fake_ports()
     return plan_cluster(
         directory=tmp_path, groups=groups, slaves=slaves, sync=True, coordinated=coordinated,
-        port=lambda: next(ports), zk_port=2181,
+        port=lambda: next(ports), zk_port=2181, replication=replication,
     )  # fmt: skip
 
 
@@ -176,6 +178,20 @@ def test_unknown_and_stopped_brokers_are_clear_errors(tmp_path: Path) -> None:
     assert code == 2
     code, out = run("start", "controller", "--dir", str(tmp_path))
     assert code == 2
+
+
+def test_quorum_write_flags_reach_the_master_and_bad_ones_start_nothing(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, groups=1, replication=ReplicationPolicy(
+        min_insync=1, in_sync_replicas=3, auto_degrade=True, max_lag_bytes=1 << 20))
+    argv = list(plan.process("g1-0").argv)
+    assert argv[argv.index("--in-sync-replicas") + 1] == "3"
+    assert argv[argv.index("--min-insync-replicas") + 1] == "1"
+    assert argv[argv.index("--max-lag-bytes") + 1] == str(1 << 20)
+    assert "--auto-degrade" in argv
+    code, out = run("up", "--dir", str(tmp_path / "c"), "--slaves", "1", "--in-sync-replicas", "3")
+    assert code == 2
+    assert "inSyncReplicas=3 (copies, the master included) must be between" in out
+    assert not (tmp_path / "c").exists()  # refused before ZooKeeper or a broker started
 
 
 def test_up_refuses_a_foreign_non_empty_directory(tmp_path: Path) -> None:

@@ -19,7 +19,9 @@ The world is a discrete-time model (1 tick = 1 s) of what the real parts do:
   itself holds it, and at least one does; a slave that cannot receive it is first removed
   from the ISR by a ZooKeeper write (so the reader must be connected); a running slave
   rejoins after catching up from the current reader. The controller only picks ISR
-  slaves. The acting slave pushes its offsets to the master in RECOVERING (back-sync).
+  slaves. Whether a commit is acknowledged is the real ``isr.write_outcome`` under the
+  group's quorum-write policy (inSyncReplicas, the floor, autoDegrade; several policies
+  run the same search), and a slave may run but stop acknowledging (a slow disk). The acting slave pushes its offsets to the master in RECOVERING (back-sync).
 - Controllers: two of them, each with its own memory, each taking *snapshots* (possibly
   acted on later: delayed watches, stale views) and writing with the snapshot's version.
 
@@ -38,6 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from understudy_broker.model import GroupState, Health, Mode, Permission, effective_permission
+from understudy_broker.replication.isr import AckPolicy, write_outcome
 from understudy_broker.zklayout import BrokerSpec, BrokerStatus, FailoverPolicy, GroupConfig
 from understudy_operator.controller.machine import Memory, decide, initial_state
 from understudy_operator.controller.observe import BrokerView, Observation, ProcessState
@@ -68,6 +71,7 @@ class Broker:
     view: GroupState | None = None
     lease_at: int | None = None
     commits: int = 0
+    slow: bool = False  # running, connected, but not acknowledging replication
     backsync_epoch: int | None = None
     status: BrokerStatus | None = None
     status_version: int = -1
@@ -90,6 +94,8 @@ class World:
         default_factory=lambda: [None, None])
     epochs_written: list[int] = field(default_factory=list)
     isr: set[str] = field(default_factory=lambda: set(NAMES[1:]))
+    policy: AckPolicy = field(default_factory=lambda: AckPolicy.of(min_insync=1,
+                                                                   auto_degrade=False))
 
     def __post_init__(self) -> None:
         for i, n in enumerate(NAMES):
@@ -187,18 +193,28 @@ class World:
             return
         self.counter += 1
         b.commits = self.counter  # persisted locally, acknowledged only below
-        peers = [self.brokers[n] for n in sorted(self.isr) if n != b.name]
-        reachable = [p for p in peers if p.proc == "run"]
-        if not reachable:
-            return  # nobody else can hold it: not acknowledged (the consumer retries)
-        unreachable = {p.name for p in peers if p.proc != "run"}
-        if unreachable:
+        for p in self.brokers.values():
+            if p is not b and p.name in self.isr and p.proc == "run" and not p.slow:
+                p.commits = max(p.commits, self.counter)
+        # The real rule decides (replication/isr.py), with this world's quorum-write policy.
+        outcome = self.write_outcome(b)
+        if outcome is None:
+            # Someone in the ISR has not acknowledged (dead, stopped, slow): the time bound
+            # removes them from the record, by a ZooKeeper write, before going on.
             if not self.connected(b):
                 return  # cannot record the smaller ISR: not acknowledged
-            self.isr -= unreachable
-        for p in reachable:
-            p.commits = max(p.commits, self.counter)
-        self.acked = self.counter
+            self.isr -= {m for m in self.isr - {b.name} if self.acked_by(m) < self.counter}
+            outcome = self.write_outcome(b)
+        if outcome is True:
+            self.acked = self.counter
+
+    def acked_by(self, name: str) -> int:
+        p = self.brokers[name]
+        return p.commits if p.proc == "run" else -1
+
+    def write_outcome(self, b: Broker) -> bool | None:
+        return write_outcome(recorded=frozenset(self.isr - {b.name}), joining=(), leaving=(),
+                             acked=self.acked_by, end=self.counter, policy=self.policy)
 
     def rejoin(self, s: Broker) -> None:
         """The current reader catches a running slave up and records it in the ISR."""
@@ -209,6 +225,7 @@ class World:
         if reader is s or not self.connected(reader):
             return
         s.commits = max(s.commits, reader.commits)
+        s.slow = False
         self.isr.add(s.name)
 
     def backsync(self, b: Broker) -> None:
@@ -234,6 +251,15 @@ class World:
         }
         return Observation(now=float(self.t), wall=float(self.t), brokers=views,
                            in_sync=frozenset(self.isr))
+
+    def second(self) -> None:
+        """One tick in which every broker renews and publishes and controller 0 acts."""
+        self.tick()
+        for b in self.brokers.values():
+            self.renew(b)
+            self.publish(b)
+        self.snapshot(0)
+        self.act(0)
 
     def snapshot(self, c: int) -> None:
         self.snapshots[c] = (self.state, self.version, self.observe())
@@ -271,9 +297,13 @@ names = st.sampled_from(NAMES)
 
 
 class FailoverModel(RuleBasedStateMachine):
+    #: The quorum-write policy of the group (the knobs change which writes are refused,
+    #: never what is safe: every policy below runs the same search).
+    policy = AckPolicy.of(min_insync=1, auto_degrade=False)
+
     def __init__(self) -> None:
         super().__init__()
-        self.w = World()
+        self.w = World(policy=self.policy)
 
     @rule(n=st.integers(0, 2), who=st.sets(names), c=st.sampled_from((0, 1, None)))
     def progress(self, n: int, who: set[str], c: int | None) -> None:
@@ -347,6 +377,11 @@ class FailoverModel(RuleBasedStateMachine):
         if b.proc == "run":
             b.proc = "stop"
 
+    @rule(name=st.sampled_from(NAMES[1:]))
+    def slow_disk(self, name: str) -> None:
+        """A slave keeps running but stops acknowledging what it is sent."""
+        self.w.brokers[name].slow = True
+
     @rule(name=names)
     def sigcont(self, name: str) -> None:
         b = self.w.brokers[name]
@@ -387,18 +422,33 @@ FailoverModel.TestCase.settings = settings(
 test_failover_model = FailoverModel.TestCase
 
 
+def _with_policy(policy: AckPolicy) -> type[FailoverModel]:
+    model = type(f"FailoverModel_isr{policy.in_sync_replicas}_floor{policy.min_insync}"
+                 f"_{'degrade' if policy.auto_degrade else 'strict'}", (FailoverModel,),
+                 {"policy": policy})
+    model.TestCase.settings = settings(
+        max_examples=120, stateful_step_count=60, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow])
+    return model
+
+
+# inSyncReplicas 3 (every broker) degrading to one slave; the same floor without degrade;
+# the floor at zero (the master alone acknowledges, and then no slave is eligible).
+test_failover_model_three_copies_degrading = _with_policy(
+    AckPolicy.of(min_insync=1, auto_degrade=True, in_sync_replicas=3)).TestCase
+test_failover_model_three_copies_strict = _with_policy(
+    AckPolicy.of(min_insync=1, auto_degrade=False, in_sync_replicas=3)).TestCase
+test_failover_model_master_alone_floor = _with_policy(
+    AckPolicy.of(min_insync=0, auto_degrade=True, in_sync_replicas=3)).TestCase
+
+
 def drive_to_slave_consume(w: World) -> None:
     """Master frozen by SIGSTOP; the controller fails over after its session expires."""
     for b in w.brokers.values():
         w.publish(b)
     w.brokers["m"].proc = "stop"
     while w.state.mode is not Mode.SLAVE_CONSUME:
-        w.tick()
-        for b in w.brokers.values():
-            w.renew(b)
-            w.publish(b)
-        w.snapshot(0)
-        w.act(0)
+        w.second()
         assert w.t < 60, w.state
     for b in w.brokers.values():
         w.renew(b)
@@ -492,3 +542,23 @@ def test_a_slave_that_missed_acknowledged_commits_is_never_chosen() -> None:
     fm.w.check()
     assert fm.w.state.mode is Mode.NORMAL or fm.w.state.acting != "s2"
     assert not any(b.name == "s2" for b in fm.w.readers())
+
+
+@pytest.mark.parametrize(("policy", "acknowledged"), [
+    (AckPolicy.of(min_insync=1, auto_degrade=False), True),  # two copies are enough
+    (AckPolicy.of(min_insync=1, auto_degrade=False, in_sync_replicas=3), False),  # refused
+    (AckPolicy.of(min_insync=1, auto_degrade=True, in_sync_replicas=3), True),  # degrades
+])
+def test_a_slow_slave_leaves_the_record_before_a_commit_goes_on_without_it(
+        policy: AckPolicy, acknowledged: bool) -> None:
+    w = World(policy=policy)
+    w.brokers["s2"].slow = True
+    w.commit(w.brokers["m"])
+    assert w.isr == {"s1"}  # recorded first, whatever the outcome
+    assert (w.acked == w.counter) is acknowledged
+    # The master and s1 die: s2 lacks the commit and is not eligible, so no rewind.
+    w.brokers["m"].proc = w.brokers["s1"].proc = "dead"
+    for _ in range(12):
+        w.second()
+        w.check()
+    assert w.state.acting != "s2"

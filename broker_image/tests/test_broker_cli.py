@@ -29,6 +29,11 @@ UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
         (["--port", "9000", "--replication-port", "9001", "--max-frame-bytes", "10"], "--max-frame-bytes"),
         (["--port", "9000", "--replication-port", "9001", "--permission", "ALL"], "--permission"),
         (["--port", "nine", "--replication-port", "9001"], "--port"),
+        (["--port", "9000", "--replication-port", "9001", "--min-insync-replicas", "2",
+          "--in-sync-replicas", "2"], "--in-sync-replicas 2 counts the master: it must be at "
+                                      "least --min-insync-replicas + 1 (3)"),
+        (["--port", "9000", "--replication-port", "9001", "--max-lag-bytes", "0"],
+         "--max-lag-bytes must be positive"),
     ],
 )
 def test_bad_broker_flags_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -75,5 +80,6 @@ def test_help_is_true() -> None:
     result = CliRunner().invoke(cli, ["broker", "--help"])
     assert result.exit_code == 0
     for flag in ("--data-dir", "--replication-port", "--role", "--master", "--sync / --async",
-                 "--permission", "--peer", "--flush", "--auto-degrade / --no-auto-degrade"):
+                 "--permission", "--peer", "--flush", "--auto-degrade / --no-auto-degrade",
+                 "--in-sync-replicas", "--min-insync-replicas", "--max-lag-bytes"):
         assert flag in result.output

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
+from understudy_broker.replication.isr import (
+    AckPolicy,
+    NotEnoughReplicasError,
+    ReplicationTimeoutError,
+)
 from understudy_broker.replication.master import ReplicationServer
 from understudy_broker.replication.slave import ReplicationClient
 from understudy_broker.replication.wire import HEARTBEAT, METADATA_OFFSET, PUSH_HEADER, encode_hello
@@ -260,26 +264,30 @@ async def test_sync_acks_imply_the_slave_log_holds_the_records(cluster: Cluster)
         assert [r.body for r in got] == [f"m{i}".encode()]
 
 
-async def test_min_insync_with_and_without_auto_degrade(cluster: Cluster) -> None:
-    server = await cluster.start_master(min_insync=1, auto_degrade=True)
+async def test_static_quorum_follows_the_ack_policy(cluster: Cluster) -> None:
+    # No ZooKeeper record: the seed's quorum rule, slaves within max_lag_bytes count.
+    server = await cluster.start_master(min_insync=0, auto_degrade=True, in_sync_replicas=2)
     result = cluster.log.append([Message("t", 0, None, b"x", 1)])
-    await server.wait_replicated(result.end_phys)  # no slave: degrade, return at once
+    await server.wait_replicated(result.end_phys)  # no slave: degrade to the floor (master)
     assert server.degraded
     assert server.degraded_acks == 1
-    server.auto_degrade = False
-    with pytest.raises(NotEnoughReplicasError, match="min_insync is 1"):
+    server.policy = AckPolicy.of(min_insync=1, auto_degrade=False)
+    with pytest.raises(NotEnoughReplicasError, match="the write needs 2"):
         await server.wait_replicated(result.end_phys)
 
-    server.min_insync = 2
+    server.policy = AckPolicy.of(min_insync=1, auto_degrade=False, in_sync_replicas=3)
     slave = await cluster.start_slave("only")
     await eventually(lambda: server.slave_connected, "one slave")
     result = cluster.log.append([Message("t", 0, None, b"y", 1)])
     server.notify_appended()
-    with pytest.raises(NotEnoughReplicasError, match="1 slave"):
+    with pytest.raises(NotEnoughReplicasError, match=r"2 in sync \(the master, only\), the "
+                       "write needs 3"):
         await server.wait_replicated(result.end_phys)
-    server.min_insync = 1
+    # autoDegrade: the need falls to the two copies in sync (the floor is one slave).
+    server.policy = AckPolicy.of(min_insync=1, auto_degrade=True, in_sync_replicas=3)
     await server.wait_replicated(result.end_phys)
     assert slave.log.max_phys >= result.end_phys
+    assert server.degraded_acks == 2
 
 
 async def test_waiters_fail_when_the_last_in_sync_slave_goes_away(cluster: Cluster) -> None:
@@ -293,7 +301,7 @@ async def test_waiters_fail_when_the_last_in_sync_slave_goes_away(cluster: Clust
     waiter = asyncio.create_task(server.wait_replicated(result.end_phys))
     await reader.readexactly(PUSH_HEADER.size)
     writer.close()
-    with pytest.raises(NotEnoughReplicasError, match="fell below"):
+    with pytest.raises(NotEnoughReplicasError, match=r"the write needs 2 .*; offset [0-9]+ was waiting"):
         await asyncio.wait_for(waiter, 10)
 
 

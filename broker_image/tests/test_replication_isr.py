@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from understudy_broker.replication.isr import (
+    AckPolicy,
     IsrConflictError,
     NotEnoughReplicasError,
     ReplicationTimeoutError,
+    write_outcome,
 )
 from understudy_broker.replication.master import ReplicationServer
 from understudy_broker.replication.slave import ReplicationClient
@@ -109,12 +111,84 @@ def linked(server: ReplicationServer) -> int:
     return sum(1 for lk in server.links() if lk.connected)
 
 
-async def silent_slave(server: ReplicationServer, name: str) -> asyncio.StreamWriter:
-    """A slave that says hello at offset 0 and then never acknowledges anything."""
+async def silent_slave(server: ReplicationServer, name: str, at: int = 0
+                       ) -> asyncio.StreamWriter:
+    """A slave that says hello at offset ``at`` and then never acknowledges anything."""
     _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(encode_hello(name) + HEARTBEAT.pack(0))
+    writer.write(encode_hello(name) + HEARTBEAT.pack(at))
     await writer.drain()
     return writer
+
+
+# ---- the policy, pure ---------------------------------------------------------------
+@pytest.mark.parametrize(("isr", "floor", "degrade", "in_sync", "needed"), [
+    (2, 1, False, 3, 2), (2, 1, False, 1, 2),          # the default: master + one slave
+    (3, 1, False, 2, 3),                                # no degrade: the need stays
+    (3, 1, True, 3, 3), (3, 1, True, 2, 2),             # degrade to the copies in sync...
+    (3, 1, True, 1, 2),                                 # ...never below the floor
+    (3, 0, True, 1, 1), (2, 0, True, 1, 1),             # floor 0: the master alone
+    (1, 0, False, 3, 1),                                # asynchronous in all but name
+])
+def test_copies_needed_follows_seed_001(isr: int, floor: int, degrade: bool, in_sync: int,
+                                        needed: int) -> None:
+    policy = AckPolicy.of(in_sync_replicas=isr, min_insync=floor, auto_degrade=degrade)
+    assert policy.copies_needed(in_sync) == needed
+
+
+def test_policy_defaults_to_the_floor_plus_the_master_and_refuses_a_floor_above_it() -> None:
+    assert AckPolicy.of(min_insync=2, auto_degrade=False).in_sync_replicas == 3
+    with pytest.raises(ValueError, match=r"in_sync_replicas \(2, the master included\) must be "
+                       r"at least min_insync \+ 1 \(3\)"):
+        AckPolicy.of(min_insync=2, auto_degrade=True, in_sync_replicas=2)
+    with pytest.raises(ValueError, match="min_insync must be >= 0"):
+        AckPolicy.of(min_insync=-1, auto_degrade=False)
+
+
+def test_every_member_acknowledges_even_when_fewer_copies_would_do() -> None:
+    # inSyncReplicas 2 with two in-sync slaves: the write still waits for both (that is
+    # what lets the controller fail over to either without a rewind).
+    policy = AckPolicy.of(min_insync=1, auto_degrade=False)
+    acked = {"s1": 10, "s2": 5}
+    kw: dict[str, Any] = dict(recorded=frozenset({"s1", "s2"}), joining=(),
+                              acked=lambda m: acked.get(m, -1), end=10, policy=policy)
+    assert write_outcome(leaving=(), **kw) is None
+    assert write_outcome(leaving=("s2",), **kw) is None  # not until the record drops s2
+    assert write_outcome(leaving=(), **{**kw, "recorded": frozenset({"s1"})}) is True
+    # Too few copies is refused at once, whoever has acknowledged.
+    assert write_outcome(leaving=(), **{**kw, "recorded": frozenset()}) is False
+
+
+# ---- the server -------------------------------------------------------------------
+async def test_a_slave_too_many_bytes_behind_leaves_before_the_time_bound(group: Group) -> None:
+    store = MemoryIsr(frozenset({"s1"}))
+    server = await group.master(store, min_insync=1, auto_degrade=True, in_sync_replicas=3,
+                                isr_lag_s=30.0, ack_timeout_s=30.0, max_lag_bytes=1000)
+    group.slave("s1")
+    await eventually(lambda: server.isr is not None and linked(server) == 1, "s1 linked")
+    end = group.append(b"x" * 2000)
+    await server.wait_replicated(end, start_phys=0)
+    # "silent" holds every byte, joins, then never acknowledges again.
+    writer = await silent_slave(server, "silent", at=end)
+    writer.write(HEARTBEAT.pack(end))  # acknowledges what it said it holds: it joins
+    try:
+        await eventually(lambda: store.members == {"s1", "silent"}, "silent joins")
+        # The write in flight is not lag: the next one waits for silent...
+        first = asyncio.create_task(server.wait_replicated(group.append(b"y" * 2000),
+                                                           start_phys=end))
+        await asyncio.sleep(0.3)
+        assert not first.done()
+        assert store.members == {"s1", "silent"}
+        # ...and the one after it finds silent 2 KB behind: it leaves now, not after 30 s.
+        await asyncio.wait_for(server.wait_replicated(group.append(b"z"),
+                                                      start_phys=group.log.max_phys - 60), 5)
+        await asyncio.wait_for(first, 5)
+        assert store.members == {"s1"}
+        # Each of the three writes had two copies, not inSyncReplicas' three: autoDegrade
+        # let the need fall to the copies in sync (the floor is one slave).
+        assert server.degraded_acks == 3
+        assert server.degraded
+    finally:
+        writer.close()
 
 
 async def test_absent_record_is_created_and_caught_up_slaves_stay_in_it(group: Group) -> None:
@@ -160,10 +234,14 @@ async def test_too_small_isr_refuses_or_degrades_after_shrinking(group: Group) -
     try:
         await eventually(lambda: server.isr is not None and linked(server) == len(server.isr),
                          "record loaded, its slaves linked")
-        with pytest.raises(NotEnoughReplicasError, match="min_insync is 1"):
+        with pytest.raises(NotEnoughReplicasError, match=r"1 in sync \(the master\), the "
+                           r"write needs 2 \(inSyncReplicas 2, minInSyncReplicas 1"):
             await server.wait_replicated(group.append(b"x"))
-        assert store.members == frozenset()  # shrunk first, then refused
-        server.auto_degrade = True
+        # Refused as soon as the need cannot be met (the producer moves on); the record
+        # drops the silent slave all the same.
+        await eventually(lambda: store.members == frozenset(), "silent leaves the record")
+        # autoDegrade with the floor at no slave: the master alone acknowledges.
+        server.policy = AckPolicy.of(min_insync=0, auto_degrade=True, in_sync_replicas=2)
         await server.wait_replicated(group.append(b"y"))
         assert server.degraded_acks == 1
         assert server.degraded

@@ -31,6 +31,9 @@ def test_config_round_trip() -> None:
     assert back == cfg
     assert back.master.role is Role.MASTER
     assert [s.name for s in back.slaves] == ["g1-1"]
+    quorum = _cfg(replication=ReplicationPolicy(min_insync=0, in_sync_replicas=2,
+                                                auto_degrade=True, max_lag_bytes=1 << 20))
+    assert GroupConfig.from_json(quorum.to_json()) == quorum
 
 
 def test_state_and_status_round_trip() -> None:
@@ -58,6 +61,9 @@ def test_bad_config_is_a_clear_error(data: bytes, match: str) -> None:
 def test_config_validation() -> None:
     with pytest.raises(LayoutError, match="minInSyncReplicas"):
         _cfg(replication=ReplicationPolicy(min_insync=2)).validate()
+    with pytest.raises(LayoutError, match=r"inSyncReplicas=3 \(copies, the master included\) "
+                       r"must be between minInSyncReplicas \+ 1 \(2\) and the group's 2"):
+        _cfg(replication=ReplicationPolicy(in_sync_replicas=3)).validate()
     with pytest.raises(LayoutError, match="mode"):
         decode_state(b'{"mode":"PANIC","epoch":1}')
     with pytest.raises(LayoutError, match="DNS label"):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
+from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 from understudy_broker.zklayout import GroupConfig, LayoutError
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -55,8 +56,13 @@ class BrokerConfig:
     flush_interval_ms: int = 100
     retention_bytes: int | None = None
     retention_hours: float | None = None
+    #: Quorum writes (seed 001 §9, docs/replication.md): the floor in slaves, the copies a
+    #: write needs with the master counted (None: ``min_insync_replicas + 1``), and the
+    #: byte lag beyond which a slave is not in sync.
     min_insync_replicas: int = 1
     auto_degrade: bool = False
+    in_sync_replicas: int | None = None
+    max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     ack_timeout_s: float = 5.0
     offsets_persist_interval_s: float = 1.0
@@ -134,6 +140,12 @@ def validate(cfg: BrokerConfig) -> None:
         raise ConfigError("--retention-hours must be positive")
     if cfg.min_insync_replicas < 0:
         raise ConfigError("--min-insync-replicas must be 0 or more")
+    if cfg.in_sync_replicas is not None and cfg.in_sync_replicas < cfg.min_insync_replicas + 1:
+        raise ConfigError(
+            f"--in-sync-replicas {cfg.in_sync_replicas} counts the master: it must be at least "
+            f"--min-insync-replicas + 1 ({cfg.min_insync_replicas + 1})")
+    if cfg.max_lag_bytes < 1:
+        raise ConfigError("--max-lag-bytes must be positive")
     if cfg.link_timeout_s <= 0:
         raise ConfigError("--link-timeout-ms must be positive")
     if cfg.zk is not None:

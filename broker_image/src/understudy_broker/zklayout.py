@@ -35,6 +35,7 @@ from understudy_broker.model import (
     TopicNameError,
     check_topic_name,
 )
+from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 
 DEFAULT_CHROOT = "/understudy"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -180,9 +181,19 @@ class FailoverPolicy:
 
 @dataclass(frozen=True, slots=True)
 class ReplicationPolicy:
+    """Quorum writes (seed 001 §9, docs/replication.md). ``min_insync`` counts slaves (the
+    floor); ``in_sync_replicas`` counts copies with the master (None: ``min_insync + 1``)."""
+
     sync: bool = True
     min_insync: int = 1
-    auto_degrade: bool = True
+    auto_degrade: bool = False
+    in_sync_replicas: int | None = None
+    max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES
+
+    @property
+    def copies(self) -> int:
+        """``in_sync_replicas`` with its default applied."""
+        return self.min_insync + 1 if self.in_sync_replicas is None else self.in_sync_replicas
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,11 +230,19 @@ class GroupConfig:
         names = [check_name("broker", b.name) for b in self.brokers]
         if len(set(names)) != len(names):
             raise LayoutError(f"group {self.group!r}: duplicate broker names {names}")
-        if self.replication.min_insync > len(self.slaves):
+        rp = self.replication
+        if rp.min_insync > len(self.slaves):
             raise LayoutError(
-                f"group {self.group!r}: minInSyncReplicas={self.replication.min_insync} "
+                f"group {self.group!r}: minInSyncReplicas={rp.min_insync} "
                 f"exceeds the number of slaves ({len(self.slaves)})"
             )
+        if rp.sync and not rp.min_insync + 1 <= rp.copies <= len(self.brokers):
+            raise LayoutError(
+                f"group {self.group!r}: inSyncReplicas={rp.copies} (copies, the master "
+                f"included) must be between minInSyncReplicas + 1 ({rp.min_insync + 1}) and "
+                f"the group's {len(self.brokers)} broker(s)")
+        if rp.max_lag_bytes < 1:
+            raise LayoutError(f"group {self.group!r}: maxLagBytes must be positive")
         if self.failover.check_interval_ms < 10 or self.failover.detection_checks < 1:
             raise LayoutError(f"group {self.group!r}: checkIntervalMs>=10, detectionChecks>=1")
         if self.session_timeout_ms < 500:
@@ -255,6 +274,9 @@ class GroupConfig:
                 "mode": "sync" if self.replication.sync else "async",
                 "minInSyncReplicas": self.replication.min_insync,
                 "autoDegrade": self.replication.auto_degrade,
+                **({} if self.replication.in_sync_replicas is None
+                   else {"inSyncReplicas": self.replication.in_sync_replicas}),
+                "maxLagBytes": self.replication.max_lag_bytes,
             },
             "sessionTimeoutMs": self.session_timeout_ms,
         }
@@ -293,7 +315,10 @@ class GroupConfig:
                 replication=ReplicationPolicy(
                     sync=mode == "sync",
                     min_insync=int(rp.get("minInSyncReplicas", 1)),
-                    auto_degrade=bool(rp.get("autoDegrade", True)),
+                    auto_degrade=bool(rp.get("autoDegrade", False)),
+                    in_sync_replicas=(None if rp.get("inSyncReplicas") is None
+                                      else int(rp["inSyncReplicas"])),
+                    max_lag_bytes=int(rp.get("maxLagBytes", DEFAULT_MAX_LAG_BYTES)),
                 ),
                 session_timeout_ms=int(doc.get("sessionTimeoutMs", 2000)),
             )

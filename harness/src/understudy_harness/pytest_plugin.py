@@ -8,6 +8,7 @@ Helpers that are not fixtures (polling, raw frames, the process wrapper) live in
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from understudy_harness.testing import Brokers, zk_session
 from understudy_operator.local import cluster as lc
+from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.local.zkserver import ZooKeeperServer
 
@@ -69,6 +71,19 @@ def module_brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers
         yield b
     finally:
         b.stop_all()
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory for ``lc.up``; whatever the test left running there is stopped by PID
+    at the end (``lc.down``, then any leftover the pid files name)."""
+    directory = tmp_path / "cluster"
+    try:
+        yield directory
+    finally:
+        with contextlib.suppress(Exception):
+            lc.down(directory)
+        procs.kill_leftovers(directory)
 
 
 @pytest.fixture(scope="module")

@@ -30,11 +30,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Self, TypeVar
 
+from kazoo.exceptions import NoNodeError
+
 from understudy_broker import protocol as p
 from understudy_broker.client import request_once
 from understudy_broker.model import Permission
 from understudy_broker.zkclient import make_client
-from understudy_broker.zklayout import BrokerSpec, GroupConfig
+from understudy_broker.zklayout import BrokerSpec, GroupConfig, decode_isr, isr_path
 from understudy_operator.local.plan import understudy_argv
 from understudy_operator.local.ports import free_port
 
@@ -117,6 +119,15 @@ def zk_session(connect: str, *, timeout_s: float = 5.0) -> Iterator[Any]:
     finally:
         client.stop()
         client.close()
+
+
+def isr_record(zk: Any, group: str) -> frozenset[str] | None:
+    """The group's in-sync record (``/groups/<g>/isr``) as a started kazoo client reads it;
+    None while there is none."""
+    try:
+        return decode_isr(zk.get(isr_path(group))[0])
+    except NoNodeError:
+        return None
 
 
 def paper_group(group: str, *names: str) -> GroupConfig:

@@ -29,6 +29,7 @@ from understudy_broker.config import (
 )
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
+from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 from understudy_broker.zkclient import parse_digest
 
 #: Slave master-link timeout. With coordination it bounds how soon a hung master is
@@ -58,6 +59,8 @@ def _config_from_flags(
     retention_hours: float | None,
     min_insync_replicas: int,
     auto_degrade: bool,
+    in_sync_replicas: int | None,
+    max_lag_bytes: int,
     ack_timeout: float,
     max_frame_bytes: int,
     link_timeout_ms: int | None = None,
@@ -92,6 +95,8 @@ def _config_from_flags(
         retention_hours=retention_hours,
         min_insync_replicas=min_insync_replicas,
         auto_degrade=auto_degrade,
+        in_sync_replicas=in_sync_replicas,
+        max_lag_bytes=max_lag_bytes,
         max_frame_bytes=max_frame_bytes,
         ack_timeout_s=ack_timeout,
         link_timeout_s=(link_timeout_ms if link_timeout_ms is not None
@@ -134,9 +139,17 @@ def _digest(text: str | None) -> tuple[str, str] | None:
 @click.option("--retention-bytes", type=int, default=None, help="Delete old segments beyond this many bytes.")
 @click.option("--retention-hours", type=float, default=None, help="Delete segments older than this.")
 @click.option("--min-insync-replicas", type=int, default=1, show_default=True,
-              help="Sync mode: slaves that must be in sync to acknowledge.")
+              help="Sync mode: the fewest in-sync slaves a write is ever acknowledged with "
+                   "(the floor under --auto-degrade; 0 lets the master acknowledge alone).")
+@click.option("--in-sync-replicas", type=int, default=None,
+              help="Sync mode: copies a write needs, the master included (default "
+                   "--min-insync-replicas + 1); fewer in sync: NOT_ENOUGH_REPLICAS.")
 @click.option("--auto-degrade/--no-auto-degrade", default=False, show_default=True,
-              help="Sync mode: acknowledge without a slave when none is in sync (else NOT_ENOUGH_REPLICAS).")
+              help="Sync mode: when fewer than --in-sync-replicas copies are in sync, need "
+                   "only those, down to the --min-insync-replicas floor.")
+@click.option("--max-lag-bytes", type=int, default=DEFAULT_MAX_LAG_BYTES, show_default=True,
+              help="Sync mode: a slave this many bytes behind leaves the in-sync set "
+                   "(as does one that has not acknowledged within the link timeout).")
 @click.option("--ack-timeout", type=float, default=5.0, show_default=True, help="Sync mode: seconds to wait for a slave.")
 @click.option("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, show_default=True)
 @click.option("--link-timeout-ms", type=int, default=None,

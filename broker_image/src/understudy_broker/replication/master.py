@@ -84,10 +84,11 @@ class ReplicationServer:
         port: int,
         sync: bool,
         min_insync: int = 1,
-        auto_degrade: bool = True,
+        auto_degrade: bool = False,
+        in_sync_replicas: int | None = None,
         metadata: Callable[[], dict[str, Any]],
         ack_timeout_s: float = 3.0,
-        insync_lag_bytes: int = 4 << 20,
+        max_lag_bytes: int = rules.DEFAULT_MAX_LAG_BYTES,
         metadata_interval_s: float = 1.0,
         link_timeout_s: float = 3.0,
         chunk_bytes: int = 1 << 20,
@@ -95,21 +96,21 @@ class ReplicationServer:
         isr_lag_s: float = 1.0,
         isr_retry_s: float = 0.2,
     ) -> None:
-        if min_insync < 0:
-            raise ValueError("min_insync must be >= 0")
+        if max_lag_bytes < 1:
+            raise ValueError("max_lag_bytes must be positive")
         self.log = log
         self.host = host
         self.port = port
         self.sync = sync
-        self.min_insync = min_insync
-        self.auto_degrade = auto_degrade
+        self.policy = rules.AckPolicy.of(min_insync=min_insync, auto_degrade=auto_degrade,
+                                         in_sync_replicas=in_sync_replicas)
         self.metadata = metadata
         self.ack_timeout_s = ack_timeout_s
-        self.insync_lag_bytes = insync_lag_bytes
+        self.max_lag_bytes = max_lag_bytes
         self.metadata_interval_s = metadata_interval_s
         self.link_timeout_s = link_timeout_s
         self.chunk_bytes = min(chunk_bytes, MAX_PUSH_BYTES)
-        self.degraded_acks = 0  # produces acknowledged without a quorum (auto-degrade)
+        self.degraded_acks = 0  # acknowledged with fewer than in_sync_replicas copies
         self._links: dict[str, _Link] = {}
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
@@ -171,7 +172,7 @@ class ReplicationServer:
         return (
             link.connected
             and link.acked >= 0
-            and self.log.max_phys - link.acked <= self.insync_lag_bytes
+            and self.log.max_phys - link.acked <= self.max_lag_bytes
         )
 
     def links(self) -> list[SlaveLink]:
@@ -198,17 +199,27 @@ class ReplicationServer:
 
     @property
     def degraded(self) -> bool:
-        """Sync mode running without a quorum of in-sync slaves (auto-degrade on)."""
-        return self.sync and self.auto_degrade and self._insync_count() < self.min_insync
+        """Sync mode acknowledging with fewer than ``in_sync_replicas`` copies (auto-degrade)."""
+        copies = 1 + self._insync_count()
+        return (self.sync and self.policy.auto_degrade and self.policy.degraded(copies)
+                and copies >= self.policy.copies_needed(copies))
 
     def _insync_count(self) -> int:
         if self._isr_store is not None:
             return len(self._isr - self._leaving)
         return sum(1 for lk in self._links.values() if self._in_sync(lk))
 
+    def _slaves_needed(self) -> int:
+        """Static mode: slave acknowledgements a write needs now."""
+        return self.policy.copies_needed(1 + self._insync_count()) - 1
+
     def _quorum(self) -> int:
         acked = [lk.acked for lk in self._links.values() if lk.connected and lk.acked >= 0]
-        return rules.quorum_offset(acked, self.min_insync)
+        return rules.quorum_offset(acked, self._slaves_needed())
+
+    def _count_ack(self, copies: int) -> None:
+        if self.policy.degraded(copies):
+            self.degraded_acks += 1
 
     # ---- master API ---------------------------------------------------------------
     def notify_appended(self) -> None:
@@ -226,29 +237,27 @@ class ReplicationServer:
             link.metadata_due = True
             link.wake.set()
 
-    async def wait_replicated(self, end_phys: int) -> None:
-        """See the module docstring; returns at once in async mode."""
+    async def wait_replicated(self, end_phys: int, *, start_phys: int | None = None) -> None:
+        """See the module docstring; returns at once in async mode. ``start_phys`` (where
+        the write began) is what a member's byte lag is measured from: bytes appended
+        after it are in flight, not lag."""
         if not self.sync:
             return
         if self._isr_store is not None:
-            await self._wait_isr(end_phys)
+            await self._wait_isr(end_phys, end_phys if start_phys is None else start_phys)
             return
         if end_phys <= self._quorum():
+            self._count_ack(1 + self._slaves_needed())
             return
-        if self._insync_count() < self.min_insync:
-            if self.auto_degrade:
-                self.degraded_acks += 1
-                return
-            raise NotEnoughReplicasError(
-                f"{self._insync_count()} slave(s) in sync, min_insync is {self.min_insync}"
-            )
+        if self._insync_count() < self._slaves_needed():
+            raise NotEnoughReplicasError(self._not_enough(1 + self._insync_count()))
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end_phys, next(self._counter), fut))
         try:
             await asyncio.wait_for(fut, self.ack_timeout_s)
         except TimeoutError:
             raise ReplicationTimeoutError(
-                f"no {self.min_insync} slave(s) acknowledged offset {end_phys} "
+                f"no {self._slaves_needed()} slave(s) acknowledged offset {end_phys} "
                 f"within {self.ack_timeout_s:g}s"
             ) from None
 
@@ -260,7 +269,19 @@ class ReplicationServer:
         while self._waiters and self._waiters[0][0] <= quorum:
             _end, _n, fut = heapq.heappop(self._waiters)
             if not fut.done():
+                self._count_ack(1 + self._slaves_needed())
                 fut.set_result(None)
+
+    def _not_enough(self, copies: int) -> str:
+        p = self.policy
+        if self._isr_store is not None:
+            slaves = sorted(self._required())
+        else:
+            slaves = sorted(lk.name for lk in self._links.values() if self._in_sync(lk))
+        return (f"{copies} in sync (the master{''.join(', ' + n for n in slaves)}), the write "
+                f"needs {p.copies_needed(copies)} (inSyncReplicas {p.in_sync_replicas}, "
+                f"minInSyncReplicas {p.min_insync} slave(s), autoDegrade "
+                f"{'on' if p.auto_degrade else 'off'})")
 
     # ---- in-sync set ----------------------------------------------------------------
     def _acked(self, name: str) -> int:
@@ -269,12 +290,12 @@ class ReplicationServer:
 
     def _isr_outcome(self, end: int) -> bool | None:
         """For a write ending at ``end``: None = keep waiting, True = acknowledge,
-        False = refuse (the ISR is below ``min_insync`` without auto-degrade)."""
+        False = refuse (fewer copies in sync than the policy needs)."""
         if self._isr_version is None:
             return None  # not loaded yet
         return rules.write_outcome(
             recorded=self._isr, joining=self._joining, leaving=self._leaving, acked=self._acked,
-            end=end, min_insync=self.min_insync, auto_degrade=self.auto_degrade)
+            end=end, policy=self.policy)
 
     def _required(self) -> frozenset[str]:
         return rules.required(self._isr, self._joining, self._leaving)
@@ -289,23 +310,20 @@ class ReplicationServer:
             if fut.done():
                 continue
             if outcome:
-                if len(self._required()) < self.min_insync:
-                    self.degraded_acks += 1
+                self._count_ack(1 + len(self._required()))
                 fut.set_result(None)
             else:
                 fut.set_exception(NotEnoughReplicasError(
-                    f"{len(self._isr)} slave(s) in sync ({', '.join(sorted(self._isr)) or 'none'})"
-                    f", min_insync is {self.min_insync}"))
+                    self._not_enough(1 + len(self._required()))))
 
-    async def _wait_isr(self, end: int) -> None:
+    async def _wait_isr(self, end: int, start: int) -> None:
         self._evict_disconnected()
+        self._evict_far_behind(start)
         outcome = self._isr_outcome(end)
         if outcome is not None:
             if not outcome:
-                raise NotEnoughReplicasError(
-                    f"{len(self._isr)} slave(s) in sync, min_insync is {self.min_insync}")
-            if len(self._required()) < self.min_insync:
-                self.degraded_acks += 1
+                raise NotEnoughReplicasError(self._not_enough(1 + len(self._required())))
+            self._count_ack(1 + len(self._required()))
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end, next(self._counter), fut))
@@ -331,10 +349,24 @@ class ReplicationServer:
         if lagging:
             log.warning("slave(s) %s did not acknowledge offset %d within %gs: leaving the "
                         "in-sync set", ", ".join(sorted(lagging)), end, self.isr_lag_s)
-            self._joining -= lagging
-            self._leaving |= lagging
-            self._isr_wake.set()
-            self._release_waiters()
+            self._leave(lagging)
+
+    def _evict_far_behind(self, start: int) -> None:
+        """Members more than ``max_lag_bytes`` behind the start of a write about to wait
+        leave (a slow disk): new writes stop waiting for them."""
+        far = rules.too_far_behind(self._required(), acked=self._acked, log_end=start,
+                                   max_lag_bytes=self.max_lag_bytes)
+        if far:
+            log.warning("slave(s) %s more than %d bytes behind offset %d: leaving the in-sync "
+                        "set", ", ".join(sorted(far)), self.max_lag_bytes, start)
+            self._leave(far)
+
+    def _leave(self, members: frozenset[str]) -> None:
+        """``members`` must leave the record before anything is acknowledged without them."""
+        self._joining -= members
+        self._leaving |= members
+        self._isr_wake.set()
+        self._release_waiters()
 
     def _maybe_join(self, link: _Link) -> None:
         """A connected slave that has every byte of the log joins the ISR."""
@@ -403,9 +435,7 @@ class ReplicationServer:
         if gone:
             log.warning("slave(s) %s not connected: leaving the in-sync set",
                         ", ".join(sorted(gone)))
-            self._joining -= gone
-            self._leaving |= gone
-            self._isr_wake.set()
+            self._leave(frozenset(gone))
 
     def _on_links_changed(self) -> None:
         """A link went away: waiters that can no longer be satisfied stop waiting."""
@@ -414,23 +444,14 @@ class ReplicationServer:
                 self._evict_disconnected()
             self._release_waiters()
             return
-        self._release_waiters()
-        if not self._waiters or self._insync_count() >= self.min_insync:
+        self._release_waiters()  # auto-degrade: the need may have fallen with the link
+        if not self._waiters or self._insync_count() >= self._slaves_needed():
             return
         waiters, self._waiters = self._waiters, []
         for end, _n, fut in waiters:
-            if fut.done():
-                continue
-            if self.auto_degrade:
-                self.degraded_acks += 1
-                fut.set_result(None)
-            else:
-                fut.set_exception(
-                    NotEnoughReplicasError(
-                        f"in-sync slaves fell below min_insync={self.min_insync} "
-                        f"while waiting for offset {end}"
-                    )
-                )
+            if not fut.done():
+                fut.set_exception(NotEnoughReplicasError(
+                    f"{self._not_enough(1 + self._insync_count())}; offset {end} was waiting"))
 
     # ---- per-connection -----------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -213,6 +213,8 @@ class Broker:
                 sync=cfg.sync,
                 min_insync=cfg.min_insync_replicas,
                 auto_degrade=cfg.auto_degrade,
+                in_sync_replicas=cfg.in_sync_replicas,
+                max_lag_bytes=cfg.max_lag_bytes,
                 metadata=lambda: {"topics": store.topics.snapshot(),
                                   "offsets": store.offsets.snapshot()},
                 ack_timeout_s=cfg.ack_timeout_s,

@@ -58,9 +58,10 @@ class Replica(Protocol):
         """Bytes were appended locally (a produce): push them."""
         ...
 
-    async def replicated(self, end_phys: int) -> None:
-        """Return once a write ending at ``end_phys`` may be acknowledged as far as
-        replication goes (raises the replication layer's errors)."""
+    async def replicated(self, end_phys: int, start_phys: int | None = None) -> None:
+        """Return once a write ending at ``end_phys`` (starting at ``start_phys``, when
+        known) may be acknowledged as far as replication goes (raises the replication
+        layer's errors)."""
         ...
 
     def metadata_changed(self) -> None:
@@ -118,9 +119,9 @@ class MasterReplica:
     def appended(self) -> None:
         self._server.notify_appended()
 
-    async def replicated(self, end_phys: int) -> None:
+    async def replicated(self, end_phys: int, start_phys: int | None = None) -> None:
         if self._sync:
-            await self._server.wait_replicated(end_phys)
+            await self._server.wait_replicated(end_phys, start_phys=start_phys)
 
     def metadata_changed(self) -> None:
         self._server.push_metadata_now()
@@ -195,7 +196,7 @@ class SlaveReplica:
     def appended(self) -> None:
         return None
 
-    async def replicated(self, end_phys: int) -> None:
+    async def replicated(self, end_phys: int, start_phys: int | None = None) -> None:
         return None
 
     def metadata_changed(self) -> None:

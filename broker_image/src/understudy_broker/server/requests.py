@@ -248,7 +248,7 @@ class Requests:
         self._signal.fire()
         self._replica.appended()
         await acknowledged([self._store.log_durable(result.end_phys),
-                            self._replica.replicated(result.end_phys)])
+                            self._replica.replicated(result.end_phys, result.start_phys)])
         self._metrics.messages_in(len(messages))
         self._metrics.produce_latency(time.perf_counter() - started)
         return p.ProduceResponse([(q, o) for _t, q, o in result.queue_offsets]).encode()

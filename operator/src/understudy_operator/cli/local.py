@@ -18,6 +18,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
+from understudy_broker.zklayout import ReplicationPolicy
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import DEFAULT_DIR, PlanError
 
@@ -66,9 +68,25 @@ def local() -> None:
     show_default=True,
     help="ZooKeeper session timeout for brokers (how long a hung master keeps its session).",
 )
+@click.option("--min-insync-replicas", type=click.IntRange(0, 8), default=None,
+              help="Sync mode: the fewest in-sync slaves a write is acknowledged with "
+                   "[default: 1, 0 without slaves].")
+@click.option("--in-sync-replicas", type=click.IntRange(1, 9), default=None,
+              help="Sync mode: copies a write needs, the master included "
+                   "[default: --min-insync-replicas + 1].")
+@click.option("--auto-degrade/--no-auto-degrade", default=False, show_default=True,
+              help="Sync mode: with fewer copies in sync, need only those (down to the floor).")
+@click.option("--max-lag-bytes", type=click.IntRange(1, None), default=DEFAULT_MAX_LAG_BYTES,
+              show_default=True, help="Sync mode: a slave this far behind is not in sync.")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for NORMAL.")
-def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms: int, timeout: float) -> None:
-    """Start the cluster; return once every group is NORMAL and its master reads."""
+def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms: int,
+       min_insync_replicas: int | None, in_sync_replicas: int | None, auto_degrade: bool,
+       max_lag_bytes: int, timeout: float) -> None:
+    """Start the cluster; return once every group is NORMAL and its master reads.
+    Quorum writes: docs/replication.md."""
+    replication = ReplicationPolicy(
+        sync=sync, min_insync=min(1, slaves) if min_insync_replicas is None else min_insync_replicas,
+        auto_degrade=auto_degrade, in_sync_replicas=in_sync_replicas, max_lag_bytes=max_lag_bytes)
     try:
         with _err.status("starting") as live:
             plan = lc.up(
@@ -76,6 +94,7 @@ def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms
                 groups=groups,
                 slaves=slaves,
                 sync=sync,
+                replication=replication,
                 session_timeout_ms=session_timeout_ms,
                 timeout=timeout,
                 progress=lambda msg: live.update(msg),

@@ -107,7 +107,11 @@ def broker_argv(*, spec: BrokerGroupSpec, group: str, namespace: str, ordinal: i
             "--min-insync-replicas",
             str(spec.replication.min_in_sync_replicas),
             "--auto-degrade" if spec.replication.auto_degrade else "--no-auto-degrade",
+            "--max-lag-bytes",
+            str(spec.replication.max_lag_bytes),
         ]
+        if spec.replication.in_sync_replicas is not None:
+            argv += ["--in-sync-replicas", str(spec.replication.in_sync_replicas)]
     argv += [
         "--name",
         _POD_NAME,

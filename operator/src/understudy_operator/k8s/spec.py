@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from understudy_broker.model import Permission, Role
+from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 
 MAX_SLAVES: Final = 15
 MAX_GROUP_NAME_LENGTH: Final = 40
@@ -35,6 +36,10 @@ DEFAULT_DETECTION_CHECKS: Final = 2
 DEFAULT_BACK_SYNC_TIMEOUT_SECONDS: Final = 30
 DEFAULT_STORAGE_SIZE: Final = "1Gi"
 DEFAULT_MONITORING_INTERVAL: Final = "15s"
+#: spec.replication.maxLagBytes: below 1 MiB, bytes merely in flight under load would push
+#: healthy slaves out of the in-sync set.
+MIN_MAX_LAG_BYTES: Final = 1 << 20
+MAX_MAX_LAG_BYTES: Final = 1 << 40
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
@@ -86,9 +91,14 @@ class ZooKeeperSpec:
 
 @dataclass(frozen=True, slots=True)
 class ReplicationSpec:
+    """Quorum writes (docs/replication.md): ``min_in_sync_replicas`` counts slaves (the
+    floor), ``in_sync_replicas`` counts copies with the master (None: the floor + 1)."""
+
     mode: ReplicationMode = ReplicationMode.SYNC
     min_in_sync_replicas: int = 1
     auto_degrade: bool = False
+    in_sync_replicas: int | None = None
+    max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +223,15 @@ def parse_spec(
         )
     )
     min_isr = p.integer(
-        repl_raw, "spec.replication", "minInSyncReplicas", default=1, minimum=1, maximum=MAX_SLAVES
+        repl_raw, "spec.replication", "minInSyncReplicas", default=1, minimum=0, maximum=MAX_SLAVES
     )
+    copies: int | None = None
+    if repl_raw.get("inSyncReplicas") is not None:
+        copies = p.integer(repl_raw, "spec.replication", "inSyncReplicas", default=min_isr + 1,
+                           minimum=1, maximum=MAX_SLAVES + 1)
+    max_lag = p.integer(repl_raw, "spec.replication", "maxLagBytes",
+                        default=DEFAULT_MAX_LAG_BYTES, minimum=MIN_MAX_LAG_BYTES,
+                        maximum=MAX_MAX_LAG_BYTES)
     # The CRD's CEL rules, re-checked (see crds/brokergroup.yaml).
     if mode is ReplicationMode.SYNC and slaves < 1:
         p.add("spec.replication.mode: sync replication needs at least one slave (spec.slaves >= 1)")
@@ -222,10 +239,18 @@ def parse_spec(
         p.add(
             f"spec.replication.minInSyncReplicas: {min_isr} is more than spec.slaves ({slaves})"
         )
+    elif mode is ReplicationMode.SYNC and copies is not None and not (
+            min_isr + 1 <= copies <= slaves + 1):
+        p.add(
+            f"spec.replication.inSyncReplicas: {copies} (copies, the master included) must be "
+            f"between minInSyncReplicas + 1 ({min_isr + 1}) and spec.slaves + 1 ({slaves + 1})"
+        )
     replication = ReplicationSpec(
         mode=mode,
         min_in_sync_replicas=min_isr,
         auto_degrade=p.boolean(repl_raw, "spec.replication", "autoDegrade", default=False),
+        in_sync_replicas=copies,
+        max_lag_bytes=max_lag,
     )
 
     fo_raw = p.obj(spec, "spec", "failover", _FAILOVER_KEYS)
@@ -305,7 +330,8 @@ _SPEC_KEYS: Final = frozenset(
 )
 _STORAGE_KEYS: Final = frozenset({"size", "storageClassName", "retentionOnDelete"})
 _ZK_KEYS: Final = frozenset({"connect", "chroot", "sessionTimeoutMs"})
-_REPLICATION_KEYS: Final = frozenset({"mode", "minInSyncReplicas", "autoDegrade"})
+_REPLICATION_KEYS: Final = frozenset(
+    {"mode", "minInSyncReplicas", "autoDegrade", "inSyncReplicas", "maxLagBytes"})
 _FAILOVER_KEYS: Final = frozenset(
     {"enabled", "checkIntervalMs", "detectionChecks", "backSyncTimeoutSeconds"}
 )

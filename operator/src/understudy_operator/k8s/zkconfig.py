@@ -60,7 +60,8 @@ def build_group_config(*, spec: BrokerGroupSpec, group: str, namespace: str) -> 
     sync = spec.replication.mode is ReplicationMode.SYNC
     # minInSyncReplicas only means something with sync replication; an async group may have
     # fewer slaves than the (defaulted) value, and the shared document forbids that.
-    min_insync = spec.replication.min_in_sync_replicas if sync else 0
+    repl = spec.replication
+    min_insync = repl.min_in_sync_replicas if sync else 0
     return GroupConfig(
         group=group,
         brokers=brokers,
@@ -71,7 +72,9 @@ def build_group_config(*, spec: BrokerGroupSpec, group: str, namespace: str) -> 
             backsync_timeout_s=float(spec.failover.back_sync_timeout_seconds),
         ),
         replication=ReplicationPolicy(
-            sync=sync, min_insync=min_insync, auto_degrade=spec.replication.auto_degrade
+            sync=sync, min_insync=min_insync, auto_degrade=repl.auto_degrade,
+            in_sync_replicas=repl.in_sync_replicas if sync else None,
+            max_lag_bytes=repl.max_lag_bytes,
         ),
         session_timeout_ms=spec.zookeeper.session_timeout_ms,
     ).validate()

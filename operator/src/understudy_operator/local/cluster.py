@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import shutil
 import signal
@@ -29,7 +30,7 @@ from typing import TypeVar
 
 from understudy_broker import metric_names
 from understudy_broker.model import GroupState, Permission
-from understudy_broker.zklayout import BrokerStatus, FailoverPolicy, status_path
+from understudy_broker.zklayout import BrokerStatus, FailoverPolicy, ReplicationPolicy, status_path
 from understudy_operator.controller.observe import Observation
 from understudy_operator.local import procs
 from understudy_operator.local.plan import (
@@ -137,6 +138,7 @@ def up(
     sync: bool = True,
     session_timeout_ms: int = 2000,
     failover: FailoverPolicy | None = None,
+    replication: ReplicationPolicy | None = None,
     coordinated: bool = True,
     timeout: float = 60.0,
     progress: Progress = _quiet,
@@ -146,6 +148,10 @@ def up(
     every broker answers ``/healthz``). On any failure everything started so far is
     stopped again."""
     directory = directory.resolve()
+    # Bad sizes or a bad replication policy are refused before anything starts.
+    dummy_ports = itertools.count(1)
+    plan_cluster(directory=directory, groups=groups, slaves=slaves, sync=sync,
+                 port=lambda: next(dummy_ports), zk_port=0, replication=replication)
     _claim(directory)
     zk = ZooKeeperServer(directory / ZOOKEEPER, tick_ms=ZK_TICK_MS)
     progress("starting ZooKeeper")
@@ -168,6 +174,7 @@ def up(
             zk_port=zk.port,
             session_timeout_ms=session_timeout_ms,
             failover=failover,
+            replication=replication,
         )
         plan = dataclasses.replace(
             plan, extra={"zkMarker": str(directory / ZOOKEEPER / "conf" / "zoo.cfg")}

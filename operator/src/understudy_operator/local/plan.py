@@ -16,6 +16,7 @@ State directory layout (``--dir``, default ``.understudy/local``)::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -197,6 +198,7 @@ def plan_cluster(
     zk_port: int,
     session_timeout_ms: int = 2000,
     failover: FailoverPolicy | None = None,
+    replication: ReplicationPolicy | None = None,
     chroot: str = DEFAULT_CHROOT,
 ) -> ClusterPlan:
     """Name and wire the cluster: groups ``g1..gN``, brokers ``gK-0`` (master) and
@@ -206,6 +208,9 @@ def plan_cluster(
         raise PlanError(f"--groups must be 1-50, got {groups}")
     if not 0 <= slaves <= 8:
         raise PlanError(f"--slaves must be 0-8, got {slaves}")
+    if replication is None:
+        replication = ReplicationPolicy(min_insync=min(1, slaves))
+    replication = dataclasses.replace(replication, sync=sync)
     configs = []
     for k in range(1, groups + 1):
         brokers = tuple(
@@ -220,15 +225,18 @@ def plan_cluster(
             )
             for i in range(slaves + 1)
         )
-        configs.append(
-            GroupConfig(
-                group=f"g{k}",
-                brokers=brokers,
-                failover=failover or FailoverPolicy(),
-                replication=ReplicationPolicy(sync=sync, min_insync=min(1, slaves), auto_degrade=False),
-                session_timeout_ms=session_timeout_ms,
-            ).validate()
-        )
+        try:
+            configs.append(
+                GroupConfig(
+                    group=f"g{k}",
+                    brokers=brokers,
+                    failover=failover or FailoverPolicy(),
+                    replication=replication,
+                    session_timeout_ms=session_timeout_ms,
+                ).validate()
+            )
+        except LayoutError as exc:
+            raise PlanError(str(exc)) from None
     zk_connect = f"{HOST}:{zk_port}{chroot}"
     procs = [
         broker_process(g, b, directory=directory, zk_connect=zk_connect if coordinated else None)
@@ -282,8 +290,11 @@ def broker_process(
     if b.ordinal != 0:
         m = group.master
         argv += ["--master", f"{m.host}:{m.replication_port}"]
-    if group.replication.sync and group.slaves:
-        argv += ["--min-insync-replicas", str(group.replication.min_insync)]
+    rp = group.replication
+    if rp.sync and group.slaves:
+        argv += ["--min-insync-replicas", str(rp.min_insync), "--in-sync-replicas",
+                 str(rp.copies), "--max-lag-bytes", str(rp.max_lag_bytes),
+                 "--auto-degrade" if rp.auto_degrade else "--no-auto-degrade"]
     for peer in group.brokers:
         if peer.name != b.name:
             argv += ["--peer", f"{peer.name}={peer.address}"]
