@@ -46,6 +46,7 @@ from typing import Any
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
 from understudy_broker.client import BrokerError, Consumer, Producer
+from understudy_broker.tasks import stop_tasks
 from understudy_harness.checker import check, percentile
 from understudy_harness.history import Own
 from understudy_operator.local import cluster as lc
@@ -183,8 +184,7 @@ async def rebalances(traffic: Traffic, joins: int) -> dict[str, Any]:
         moved.append(sum(len(qs - set(x.assigned)) for x in traffic.members
                          for mid, qs in before.items() if x.member_id == mid))
         await c.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop_tasks([task])
         await asyncio.sleep(0.5)
         print(f"  join {n + 1}/{joins}: first delivery after "
               f"{'-' if first is None else f'{(first - started) * 1000:.1f}'} ms, "

@@ -108,9 +108,11 @@ async def test_isr_shrinks_before_the_ack_failover_picks_in_sync_slave_and_commi
         await eventually(read_after_failback, "the consumer reading from the master again", 30)
     finally:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(producer.close(), 15)
+            async with asyncio.timeout(15):
+                await producer.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(consumer.close(), 15)
+            async with asyncio.timeout(15):
+                await consumer.close()
         zk.stop()
         zk.close()
         lc.down(plan.dir)

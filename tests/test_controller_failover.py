@@ -105,7 +105,8 @@ async def main():
                 print("status:", exc, file=sys.stderr)
         wake.clear()
         try:
-            await asyncio.wait_for(wake.wait(), 0.1)
+            async with asyncio.timeout(0.1):
+                await wake.wait()
         except asyncio.TimeoutError:
             pass
     await coord.stop()

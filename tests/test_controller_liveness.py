@@ -48,7 +48,8 @@ async def test_exit_is_an_event(tmp_path: Path, sleeper: subprocess.Popen[bytes]
         assert src.process_state("b0") is ProcessState.STOPPED
         os.kill(sleeper.pid, signal.SIGKILL)
         # Not reaped yet (a zombie): the pidfd still reports the exit as an event.
-        assert await asyncio.wait_for(exited.get(), 10) == "b0"
+        async with asyncio.timeout(10):
+            assert await exited.get() == "b0"
         assert src.process_state("b0") is ProcessState.EXITED
         sleeper.wait(timeout=10)
         assert src.process_state("b0") is ProcessState.EXITED

@@ -190,7 +190,8 @@ class FakeBroker:
                     await coord.publish_status(status)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 0.1)
+                async with asyncio.timeout(0.1):
+                    await self._wake.wait()
 
     async def stop(self) -> None:
         self._stop.set()

@@ -45,13 +45,15 @@ async def test_kill9_mid_stream_keeps_every_acknowledged_record(brokers: Any) ->
             fut.add_done_callback(done)
 
     task = asyncio.create_task(stream())
-    await asyncio.wait_for(enough.wait(), 60)
+    async with asyncio.timeout(60):
+        await enough.wait()
     master.kill9()  # mid-stream: batches are in flight, some half-written
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(prod.flush(), 10)
+        async with asyncio.timeout(10):
+            await prod.flush()
     with contextlib.suppress(Exception):
         await prod.router.close()
     snapshot = dict(acked)

@@ -284,7 +284,8 @@ async def test_losing_read_answers_a_waiting_long_poll_and_closes_the_session(
         frame: p.Frame | None = None
         while frame is None:
             # Far less than the poll's 30 s: the answer comes from losing READ.
-            data = await asyncio.wait_for(reader.read(65536), 10)
+            async with asyncio.timeout(10):
+                data = await reader.read(65536)
             assert data, "closed before answering the poll"
             dec.feed(data)
             nxt = dec.next_frame()
@@ -292,7 +293,8 @@ async def test_losing_read_answers_a_waiting_long_poll_and_closes_the_session(
         assert frame.request_id == 11
         assert frame.status == p.Status.NO_PERMISSION, p.error_message(frame)
         # Then the consumer session is closed, so the client re-routes.
-        assert await asyncio.wait_for(reader.read(65536), 10) == b""
+        async with asyncio.timeout(10):
+            assert await reader.read(65536) == b""
     finally:
         writer.close()
         with contextlib.suppress(Exception):

@@ -156,7 +156,8 @@ async def test_restart_waits_for_the_previous_sessions_node(zk: str, admin: Kazo
         await asyncio.sleep(0.3)
         assert not start.done()
         other.stop()
-        await asyncio.wait_for(start, 10)
+        async with asyncio.timeout(10):
+            await start
         try:
             _, stat = admin.get(live_path(GROUP, "m"))
             assert stat.ephemeralOwner == c.session_id

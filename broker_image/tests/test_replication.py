@@ -66,7 +66,8 @@ class Slave:
     async def stop(self) -> None:
         await self.client.stop()
         try:
-            await asyncio.wait_for(self.task, 10)
+            async with asyncio.timeout(10):
+                await self.task
         finally:
             self.log.close()
 
@@ -232,7 +233,8 @@ async def test_wait_replicated_resolves_only_after_the_slave_acknowledges(
         assert not waiter.done()  # bytes were sent, but nobody acknowledged them
         writer.write(HEARTBEAT.pack(result.end_phys))
         await writer.drain()
-        await asyncio.wait_for(waiter, 10)
+        async with asyncio.timeout(10):
+            await waiter
         assert server.links()[0].acked_offset == result.end_phys
     finally:
         writer.close()
@@ -302,7 +304,8 @@ async def test_waiters_fail_when_the_last_in_sync_slave_goes_away(cluster: Clust
     await reader.readexactly(PUSH_HEADER.size)
     writer.close()
     with pytest.raises(NotEnoughReplicasError, match=r"the write needs 2 .*; offset [0-9]+ was waiting"):
-        await asyncio.wait_for(waiter, 10)
+        async with asyncio.timeout(10):
+            await waiter
 
 
 async def test_garbage_on_the_replication_port_does_not_hurt_real_slaves(
@@ -314,7 +317,8 @@ async def test_garbage_on_the_replication_port_does_not_hurt_real_slaves(
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         writer.write(junk)
         await writer.drain()
-        assert await asyncio.wait_for(reader.read(), 10) == b""  # the master closed it
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""  # the master closed it
         writer.close()
     assert "not a replication hello" in caplog.text
     slave = await cluster.start_slave("good")
@@ -394,7 +398,8 @@ async def test_bad_frames_from_the_master_drop_the_link_and_write_nothing(
         assert log.max_phys == 0
     finally:
         await client.stop()
-        await asyncio.wait_for(task, 10)
+        async with asyncio.timeout(10):
+            await task
         server.close()
         await server.wait_closed()
         log.close()

@@ -81,7 +81,8 @@ async def pair(tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
     finally:
         await client.stop()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 10)
+            async with asyncio.timeout(10):
+                await task
         await server.stop()
         master.close()
         slave.close()
@@ -151,7 +152,8 @@ async def test_a_slave_reconnecting_with_unsynced_bytes_fsyncs_before_its_hello(
         assert slave.flushed_phys == slave.max_phys == data.end_phys
     finally:
         await again.stop()
-        await asyncio.wait_for(task, 10)
+        async with asyncio.timeout(10):
+            await task
 
 
 async def test_push_metadata_now_reaches_the_slave_before_the_interval(

@@ -91,7 +91,8 @@ class Group:
         for client, task, log in self.clients:
             await client.stop()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 10)
+                async with asyncio.timeout(10):
+                    await task
             log.close()
         if self.server is not None:
             await self.server.stop()
@@ -179,9 +180,10 @@ async def test_a_slave_too_many_bytes_behind_leaves_before_the_time_bound(group:
         assert not first.done()
         assert store.members == {"s1", "silent"}
         # ...and the one after it finds silent 2 KB behind: it leaves now, not after 30 s.
-        await asyncio.wait_for(server.wait_replicated(group.append(b"z"),
-                                                      start_phys=group.log.max_phys - 60), 5)
-        await asyncio.wait_for(first, 5)
+        async with asyncio.timeout(5):
+            await server.wait_replicated(group.append(b"z"), start_phys=group.log.max_phys - 60)
+        async with asyncio.timeout(5):
+            await first
         assert store.members == {"s1"}
         # Each of the three writes had two copies, not inSyncReplicas' three: autoDegrade
         # let the need fall to the copies in sync (the floor is one slave).

@@ -52,7 +52,8 @@ async def _send_raw_and_read(address: str, data: bytes) -> tuple[p.Frame | None,
             frame: p.Frame | None = await read_frame(reader, timeout_s=3)
         except ConnectionError:
             frame = None
-        closed = (await asyncio.wait_for(reader.read(1), 3)) == b""
+        async with asyncio.timeout(3):
+            closed = (await reader.read(1)) == b""
         return frame, closed
     finally:
         writer.close()

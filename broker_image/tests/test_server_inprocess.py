@@ -87,7 +87,8 @@ async def test_long_poll_does_not_block_the_connection_and_wakes_on_data(served:
         assert not pull.done()
         async with Producer([addr]) as prod:
             await (await prod.send("lp", b"wake up", queue=0))
-        frame = await asyncio.wait_for(pull, 20)
+        async with asyncio.timeout(20):
+            frame = await pull
         resp = p.PullResponse.decode(frame.body)
         assert [r.body for r in resp.records] == [b"wake up"]
         assert resp.next_offset == 1
@@ -103,7 +104,8 @@ async def test_losing_read_ends_a_waiting_long_poll_with_no_permission(served: A
         pull = conn.send(p.Op.PULL, p.PullRequest("lp2", 0, 0, 1 << 20, 30_000).encode())
         await conn.request(p.Op.HEARTBEAT, b"{}")  # the pull is now waiting
         auth.set(Permission.WRITE, 6)
-        frame = await asyncio.wait_for(pull, 20)
+        async with asyncio.timeout(20):
+            frame = await pull
         assert frame.status == p.Status.NO_PERMISSION
     finally:
         await conn.close()

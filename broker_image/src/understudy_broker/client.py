@@ -104,9 +104,8 @@ class Connection:
         connect_timeout_s: float = 3.0,
     ) -> Connection:
         host, port = parse_address(address)
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=READ_CHUNK), connect_timeout_s
-        )
+        async with asyncio.timeout(connect_timeout_s):
+            reader, writer = await asyncio.open_connection(host, port, limit=READ_CHUNK)
         return cls(address, reader, writer, max_frame_bytes=max_frame_bytes)
 
     @property
@@ -212,7 +211,8 @@ class Connection:
         if self._closed is None:  # the read loop was cancelled before it ever ran
             self._fail_all(ConnectionError(f"connection to {self.address} closed"))
         try:
-            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+            async with asyncio.timeout(1.0):
+                await self._writer.wait_closed()
         except TimeoutError:
             # A peer that stopped reading keeps our write buffer from draining.
             self._writer.transport.abort()
@@ -1219,8 +1219,8 @@ class Consumer:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                item = await asyncio.wait_for(self._buffer.get(),
-                                              max(0.0, deadline - time.monotonic()))
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    item = await self._buffer.get()
             except TimeoutError:
                 return []
             if isinstance(item, BaseException):

@@ -168,7 +168,8 @@ class Traffic:
             )  # fmt: skip
             seen = 0
             try:
-                await asyncio.wait_for(consumer.start(), 3 * REQUEST_TIMEOUT_S)
+                async with asyncio.timeout(3 * REQUEST_TIMEOUT_S):
+                    await consumer.start()
                 last_commit = time.monotonic()
                 while not member.stop.is_set() and not self.stop.is_set():
                     batch = await consumer.getmany(timeout_s=0.2)
@@ -185,7 +186,8 @@ class Traffic:
                 try:
                     with contextlib.suppress(Exception):
                         stopping = consumer.abort() if member.crash else consumer.close()
-                        await asyncio.wait_for(stopping, 5)
+                        async with asyncio.timeout(5):
+                            await stopping
                 finally:  # even when cancelled: an unrecorded release reads as ownership
                     self._record_ownership(consumer, member, seen, recorded)
 
@@ -243,10 +245,12 @@ class Traffic:
                 fut.add_done_callback(self._on_ack(target.label, topic, mid, outstanding))
                 await asyncio.sleep(period)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.flush(), 10)
+                async with asyncio.timeout(10):
+                    await producer.flush()
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.close(), 5)
+                async with asyncio.timeout(5):
+                    await producer.close()
 
     def _on_ack(
         self, label: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]]
@@ -275,7 +279,8 @@ class Traffic:
                 request_timeout_s=REQUEST_TIMEOUT_S,
             )  # fmt: skip
             try:
-                await asyncio.wait_for(consumer.start(), 3 * REQUEST_TIMEOUT_S)
+                async with asyncio.timeout(3 * REQUEST_TIMEOUT_S):
+                    await consumer.start()
                 # Where a (re)started consumer begins is the broker's committed offset:
                 # recording it is what exposes a commit the brokers lost (a rewind).
                 self._observe_offsets(cgroup, topic, consumer.positions, recorded)
@@ -292,7 +297,8 @@ class Traffic:
                 await asyncio.sleep(0.1)
             finally:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.close(), 5)
+                    async with asyncio.timeout(5):
+                        await consumer.close()
 
     def _observe_offsets(
         self, cgroup: str, topic: str, offsets: Mapping[int, int | None], recorded: dict[int, int]
@@ -329,7 +335,8 @@ class Traffic:
         while not self.drained():
             self.delivered.clear()
             try:
-                await asyncio.wait_for(self.delivered.wait(), deadline - time.monotonic())
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    await self.delivered.wait()
             except TimeoutError:
                 break
         complete = self.drained()

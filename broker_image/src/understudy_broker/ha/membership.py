@@ -149,7 +149,8 @@ class Membership:
                     await asyncio.to_thread(self._client.ChildrenWatch, members_dir(cgroup),
                                             self._kz(self._apply_members, cgroup))
         try:
-            await asyncio.wait_for(g.ready.wait(), GROUP_READY_TIMEOUT_S)
+            async with asyncio.timeout(GROUP_READY_TIMEOUT_S):
+                await g.ready.wait()
         except TimeoutError:
             raise MembershipError(p.Status.TIMEOUT,
                                   f"consumer group {cgroup}: ZooKeeper did not answer") from None
@@ -395,7 +396,8 @@ class Membership:
         task = self._rebalancing.get(cgroup)
         if task is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await asyncio.shield(task)
         g = self._groups[cgroup]
         # Our own write reaches our cache through the watch: wait for it (bounded).
         with contextlib.suppress(TimeoutError):

@@ -254,7 +254,8 @@ class ReplicationServer:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end_phys, next(self._counter), fut))
         try:
-            await asyncio.wait_for(fut, self.ack_timeout_s)
+            async with asyncio.timeout(self.ack_timeout_s):
+                await fut
         except TimeoutError:
             raise ReplicationTimeoutError(
                 f"no {self._slaves_needed()} slave(s) acknowledged offset {end_phys} "
@@ -330,14 +331,16 @@ class ReplicationServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ack_timeout_s
         try:
-            await asyncio.wait_for(asyncio.shield(fut), min(self.isr_lag_s, self.ack_timeout_s))
+            async with asyncio.timeout(min(self.isr_lag_s, self.ack_timeout_s)):
+                await asyncio.shield(fut)
             return
         except TimeoutError:
             # Members that have not acknowledged within the lag bound leave the ISR (the
             # record is updated before this write is acknowledged without them).
             self._evict(end)
         try:
-            await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+            async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                await fut
         except TimeoutError:
             raise ReplicationTimeoutError(
                 f"offset {end} not acknowledged by the in-sync slaves "
@@ -463,10 +466,10 @@ class ReplicationServer:
         link: _Link | None = None
         pusher: asyncio.Task[None] | None = None
         try:
-            name = await asyncio.wait_for(_read_hello(reader), self.link_timeout_s)
-            (first,) = HEARTBEAT.unpack(
-                await asyncio.wait_for(reader.readexactly(HEARTBEAT.size), self.link_timeout_s)
-            )
+            async with asyncio.timeout(self.link_timeout_s):
+                name = await _read_hello(reader)
+            async with asyncio.timeout(self.link_timeout_s):
+                (first,) = HEARTBEAT.unpack(await reader.readexactly(HEARTBEAT.size))
             self._check_start(name, first)
             old = self._links.get(name)
             if old is not None and old.connected and old.writer is not None:
@@ -551,7 +554,8 @@ class ReplicationServer:
             await writer.drain()
             link.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.wake.wait(), max(0.0, next_meta - loop.time()))
+                async with asyncio.timeout(max(0.0, next_meta - loop.time())):
+                    await link.wake.wait()
 
     def _metadata_frame(self) -> bytes | None:
         """The metadata frame, or None (logged) when the broker's callback fails or the

@@ -133,9 +133,8 @@ class ReplicationClient:
             # A previous session may have appended bytes it never fsynced: the hello
             # offset is an acknowledgement too.
             await self._fsync()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.master_host, self.master_port), self.link_timeout_s
-        )
+        async with asyncio.timeout(self.link_timeout_s):
+            reader, writer = await asyncio.open_connection(self.master_host, self.master_port)
         self._writer = writer
         writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
         await writer.drain()

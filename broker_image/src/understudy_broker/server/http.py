@@ -50,7 +50,8 @@ class HttpSidePort:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await self._server.wait_closed()
 
     def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
         """Pure routing: status, content type, body."""
@@ -68,7 +69,8 @@ class HttpSidePort:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            async with asyncio.timeout(5):
+                head = await reader.readuntil(b"\r\n\r\n")
             parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
             if len(parts) != 3:
                 status, ctype, body = 400, "text/plain", b"bad request\n"

@@ -1,0 +1,39 @@
+"""A consumer loop cancelled just as records arrive stops, and the records stay unread.
+
+Found by the cluster benchmark: a member's consume task, cancelled after ``close()``,
+hung the run. ``getmany`` waited with ``asyncio.wait_for``, which on Python 3.11 returns
+the item instead of raising when the cancellation lands in the same loop iteration as
+the item (the task runs on: a consumer loop that never stops, a ``gather`` that never
+returns). The project now bans ``asyncio.wait_for`` (ruff TID251); this pins the user-
+visible behaviour on the one path users cancel most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from understudy_broker.client import Consumer, Record
+
+
+async def test_getmany_cancelled_as_a_batch_arrives_raises_and_keeps_the_batch() -> None:
+    # No broker: the consumer is put in the state start() leaves a plain (non-group)
+    # consumer in, pulling queue 0 with token 1; only the hand-out path runs.
+    c = Consumer(["127.0.0.1:1"], group="g", topic="t", membership=False)
+    c._started = True
+    pulling = asyncio.create_task(asyncio.sleep(3600))
+    c._loops[0] = (1, pulling)
+    try:
+        waiting = asyncio.create_task(c.getmany(timeout_s=30))
+        await asyncio.sleep(0.01)  # parked on the buffer
+        batch = [Record("t", 0, 7, 0, None, b"x")]
+        c._buffer.put_nowait((0, 1, batch))  # the batch arrives...
+        waiting.cancel()  # ...and the cancellation, in the same loop iteration
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert c.positions == {}  # nothing was handed out
+        assert c._buffer.get_nowait() == (0, 1, batch)  # the next getmany gets it
+    finally:
+        pulling.cancel()
+        await asyncio.gather(pulling, return_exceptions=True)
