@@ -183,6 +183,7 @@ class Broker:
             await self._abort_start(store, replica)
             raise
         self._spawn(self._housekeeping(), "housekeeping")
+        self._spawn(store.run_recovery_points(), "recovery-point")
         if cfg.flush == "interval":
             self._spawn(store.run_interval_flush(cfg.flush_interval_ms / 1000), "flush")
         self._on_authority_change()

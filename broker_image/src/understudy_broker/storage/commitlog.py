@@ -22,10 +22,24 @@ Durability: ``FlushPolicy(mode="batch")`` fdatasyncs after each append call;
 worker thread). Recovery on open scans the last segments, truncates a torn tail and
 repairs the indexes (``RecoveryReport``); corruption inside a sealed segment raises
 :class:`CorruptSegmentError` instead of dropping data.
+
+The recovery point (``commitlog/recovery-point``, Kafka's recovery-point checkpoint,
+RocketMQ's StoreCheckpoint): :meth:`CommitLog.write_recovery_point` records a position
+the log is fsynced up to, the sequence number there and every queue's index end there.
+Recovery then scans only from that position (never before the last segments' window):
+a master restarted after ``kill -9`` re-reads the last second of records, not the whole
+active segment (2 s of CPU for a 35 MB segment on the benchmark machine, taken from the
+healthy group's writes sharing the cores). The bytes before it were fsynced before the
+file was written, and are CRC-checked again by every read. An index that does not end
+where the recovery point says (it was not on disk at a power loss) makes recovery
+rebuild every index from the whole log, as a missing index always did; an unreadable or
+impossible recovery point is ignored (logged in ``RecoveryReport.recovery_point``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import threading
@@ -36,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from understudy_broker.storage.durability import fsync_dir
+from understudy_broker.storage.durability import durable_replace, fsync_dir
 from understudy_broker.storage.index import IndexFileError, QueueIndex
 from understudy_broker.storage.records import (
     CRC_FROM,
@@ -61,6 +75,8 @@ from understudy_broker.storage.records import (
 
 _SEGMENT_RE = re.compile(r"^\d{20}$")
 _PRESERVED_TAIL_SEGMENTS = 3
+RECOVERY_POINT_FILE = "recovery-point"
+TAIL_CHECKED = 256
 
 
 # ---- errors ------------------------------------------------------------------------
@@ -118,6 +134,54 @@ class RecoveryReport:
     truncated_bytes: int
     records_scanned: int
     indexes_rebuilt: int
+    scanned_from: int = 0  # the physical offset recovery scanned from
+    recovery_point: str = "none"  # "used", "none", or why the file was ignored
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPoint:
+    """The log is on disk up to ``phys`` (a record boundary); the next record there is
+    ``next_seq``; each queue's index ended at ``ends[(topic, queue)]`` there.
+    ``tail_crc``: the CRC-32 of the (at most) :data:`TAIL_CHECKED` bytes before ``phys``
+    in its segment. The log before ``phys`` never changes, so a mismatch means the file
+    does not describe this log (a data directory put together by hand): it is ignored
+    rather than trusted to say where a record starts."""
+
+    phys: int
+    next_seq: int
+    ends: dict[tuple[str, int], int]
+    tail_crc: int = 0
+
+    def encode(self) -> bytes:
+        queues: dict[str, dict[str, int]] = {}
+        for (topic, queue), end in sorted(self.ends.items()):
+            queues.setdefault(topic, {})[str(queue)] = end
+        return json.dumps({"version": 1, "phys": self.phys, "next_seq": self.next_seq,
+                           "tail_crc": self.tail_crc, "queues": queues}, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> RecoveryPoint:
+        """Raises ``ValueError`` (with why) for anything but a well-formed version 1."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("version") != 1:
+            raise ValueError("not a version 1 recovery point")
+        phys, seq, queues = doc.get("phys"), doc.get("next_seq"), doc.get("queues")
+        crc = doc.get("tail_crc")
+        if not (isinstance(phys, int) and isinstance(seq, int) and phys >= 0 and seq >= 0
+                and isinstance(crc, int) and isinstance(queues, dict)):
+            raise ValueError("phys, next_seq, tail_crc or queues missing or malformed")
+        ends: dict[tuple[str, int], int] = {}
+        for topic, qs in queues.items():
+            if not isinstance(qs, dict):
+                raise ValueError(f"queues of {topic!r} malformed")
+            for q, end in qs.items():
+                if not (q.isdigit() and isinstance(end, int) and end >= 0):
+                    raise ValueError(f"queue {topic}/{q} malformed")
+                ends[(topic, int(q))] = end
+        return cls(phys, seq, ends, crc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,15 +326,22 @@ class CommitLog:
             return
         self._min_phys = bases[0]
         first_scanned = max(0, len(bases) - _PRESERVED_TAIL_SEGMENTS)
+        point, how = self._usable_recovery_point(bases, first_scanned)
+        scan_start = bases[first_scanned] if point is None else point.phys
         items: list[Walked] = []
         truncated = 0
-        end = bases[first_scanned]
+        end = scan_start
         for i in range(first_scanned, len(bases)):
             base = bases[i]
+            if base + self.segment_bytes <= scan_start:
+                continue
             path = self._log_dir / _segment_name(base)
-            data = path.read_bytes()
-            res = walk(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes,
-                       topics=self._topic_names)
+            skip = max(0, scan_start - base)
+            with path.open("rb") as fh:
+                fh.seek(skip)
+                data = fh.read()
+            res = walk(memoryview(data), start_phys=base + skip,
+                       segment_bytes=self.segment_bytes, topics=self._topic_names)
             last = i == len(bases) - 1
             if not last and res.valid_end != base + self.segment_bytes:
                 raise CorruptSegmentError(
@@ -280,8 +351,8 @@ class CommitLog:
                 )
             items.extend(res.named())
             end = res.valid_end
-            if last and res.valid_end - base < len(data):
-                truncated = len(data) - (res.valid_end - base)
+            if last and res.valid_end - base < skip + len(data):
+                truncated = skip + len(data) - (res.valid_end - base)
                 with path.open("r+b") as fh:
                     fh.truncate(res.valid_end - base)
                     fh.flush()
@@ -291,18 +362,77 @@ class CommitLog:
         if items:
             last_item = items[-1]
             self._next_seq = last_item.seq if last_item.is_marker else last_item.seq + 1
+        elif point is not None:
+            self._next_seq = point.next_seq
         # A last segment that is exactly full: the next append creates the next file.
         if end < bases[-1] + self.segment_bytes:
             self._open_writer(bases[-1])
         rebuilt = self._load_indexes(
-            scan_start=bases[first_scanned],
+            scan_start=scan_start,
             scanned=[s for s in items if not s.is_marker],
             truncated=truncated,
+            trusted={} if point is None else point.ends,
         )
-        self.recovery = RecoveryReport(truncated, len(items), rebuilt)
+        self.recovery = RecoveryReport(truncated, len(items), rebuilt, scan_start, how)
 
-    def _load_indexes(self, *, scan_start: int, scanned: list[Walked], truncated: int) -> int:
-        """Open every index; make each agree with the log. Returns indexes repaired."""
+    def _usable_recovery_point(self, bases: list[int], first_scanned: int
+                               ) -> tuple[RecoveryPoint | None, str]:
+        """The recovery point when recovery may start there, else None and why not."""
+        path = self._log_dir / RECOVERY_POINT_FILE
+        try:
+            point = RecoveryPoint.decode(path.read_bytes())
+        except FileNotFoundError:
+            return None, "none"
+        except (OSError, ValueError) as exc:
+            return None, f"ignored: {exc}"
+        if point.phys <= bases[first_scanned]:
+            return None, "ignored: before the scanned segments"  # nothing to save
+        base = point.phys - point.phys % self.segment_bytes
+        if base not in bases[first_scanned:]:
+            return None, f"ignored: no segment holds offset {point.phys}"
+        if (self._log_dir / _segment_name(base)).stat().st_size < point.phys - base:
+            return None, f"ignored: offset {point.phys} is past the end of the log"
+        if self._tail_crc(point.phys) != point.tail_crc:
+            return None, f"ignored: the bytes before offset {point.phys} differ"
+        return point, "used"
+
+    def _tail_crc(self, phys: int) -> int:
+        """CRC-32 of the bytes before ``phys`` in its segment (:class:`RecoveryPoint`).
+        Opens the file itself: safe from a worker thread."""
+        base = phys - phys % self.segment_bytes
+        start = max(base, phys - TAIL_CHECKED)
+        if start == phys:
+            return 0
+        fd = os.open(self._log_dir / _segment_name(base), os.O_RDONLY)
+        try:
+            return zlib.crc32(os.pread(fd, phys - start, start - base))
+        finally:
+            os.close(fd)
+
+    def recovery_mark(self) -> RecoveryPoint:
+        """Where the log stands now (call on the appending thread, between appends): hand
+        it to :meth:`write_recovery_point`."""
+        return RecoveryPoint(self._max_phys, self._next_seq,
+                             {key: ix.end for key, ix in self._indexes.items()})
+
+    def write_recovery_point(self, mark: RecoveryPoint) -> None:
+        """Record ``mark`` durably as where the next recovery starts. The log must be
+        flushed up to it already (``ValueError`` otherwise: flush through the caller's
+        group commit, so two flushes never run at once). Blocking; safe from a worker
+        thread during appends."""
+        with self._lock:
+            flushed = self._flushed_phys
+        if flushed < mark.phys:
+            raise ValueError(f"the log is flushed up to {flushed}, not to {mark.phys}")
+        point = dataclasses.replace(mark, tail_crc=self._tail_crc(mark.phys))
+        durable_replace(self._log_dir / RECOVERY_POINT_FILE, point.encode())
+
+    def _load_indexes(self, *, scan_start: int, scanned: list[Walked], truncated: int,
+                      trusted: dict[tuple[str, int], int] | None = None) -> int:
+        """Open every index; make each agree with the log. Returns indexes repaired.
+
+        ``trusted``: every queue's index end at ``scan_start`` (the recovery point); an
+        index ending elsewhere there, or missing, is rebuilt with all the others."""
         root = self.directory / "index"
         root.mkdir(parents=True, exist_ok=True)
         expected: dict[tuple[str, int], list[Walked]] = {}
@@ -327,6 +457,10 @@ class CommitLog:
                     needs_full = True
                     continue
                 self._indexes[key] = index
+                if trusted and key in trusted and (
+                        index.base + index.first_index_at_or_after(scan_start) != trusted[key]):
+                    needs_full = True
+                    continue
                 outcome = self._repair_index(index, scan_start, expected.get(key, []))
                 if outcome == "rebuild":
                     needs_full = True
@@ -342,6 +476,8 @@ class CommitLog:
                 index.append([(s.phys, s.size, s.key_hash) for s in items])
                 repaired += 1
         if not found_any and scan_start > self._min_phys:
+            needs_full = True
+        if trusted and any(end > 0 and key not in self._indexes for key, end in trusted.items()):
             needs_full = True
         if needs_full:
             return self.rebuild_indexes()

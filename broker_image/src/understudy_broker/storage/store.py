@@ -9,6 +9,7 @@ every path. :class:`Store` is that unit; it knows nothing of requests or replica
 Layout of the data directory::
 
     commitlog/<base offset>    segments (:mod:`.commitlog`)
+    commitlog/recovery-point   where the next recovery starts scanning (:mod:`.commitlog`)
     index/<topic>/<queue>      per-queue indexes (:mod:`.index`)
     offsets.json               committed consumer offsets (:mod:`.offsets`)
     topics.json                topic -> queue count (:mod:`.topics`)
@@ -28,6 +29,10 @@ from understudy_broker.storage.offsets import RESERVED_PREFIX, OffsetStore
 from understudy_broker.storage.topics import TopicRegistry
 
 log = logging.getLogger(__name__)
+
+# How often the recovery point follows the log: a restart after kill -9 re-reads at most
+# about this long of writes (plus what the flush interval left unsynced).
+RECOVERY_POINT_INTERVAL_S = 1.0
 
 
 class Store:
@@ -81,6 +86,11 @@ class Store:
             if rec.truncated_bytes or rec.indexes_rebuilt:
                 log.warning("recovered the log: truncated %d torn bytes, rebuilt %d indexes",
                             rec.truncated_bytes, rec.indexes_rebuilt)
+            if rec.recovery_point.startswith("ignored"):
+                log.warning("recovery point %s; scanned the last segments instead",
+                            rec.recovery_point)
+            log.info("opened the log: scanned %d records from offset %d (recovery point: %s)",
+                     rec.records_scanned, rec.scanned_from, rec.recovery_point)
             offsets = OffsetStore.open(directory / "offsets.json")
             topics = TopicRegistry(directory / "topics.json")
             topics.merge({t: n for t, n in log_.topics().items()
@@ -117,8 +127,32 @@ class Store:
             except OSError as exc:
                 log.error("flush failed: %s", exc)
 
+    async def run_recovery_points(self, interval_s: float = RECOVERY_POINT_INTERVAL_S) -> None:
+        """Every ``interval_s`` the log grew: make it durable up to where it stands (through
+        the group commit, so flushes never overlap) and record that as the recovery point.
+        Runs until cancelled; a failure is logged and the old point stays (it only makes
+        the next recovery scan more)."""
+        written = -1
+        while True:
+            await asyncio.sleep(interval_s)
+            mark = self.log.recovery_mark()
+            if mark.phys == written:
+                continue
+            try:
+                await self.log_commit.durable(mark.phys)
+                await asyncio.to_thread(self.log.write_recovery_point, mark)
+            except OSError as exc:
+                log.error("writing the recovery point failed: %s", exc)
+                continue
+            written = mark.phys
+
     def close(self) -> None:
-        """Flush the log and its indexes and close every file (blocking)."""
+        """Flush the log and its indexes, record the recovery point (a clean restart scans
+        nothing) and close every file (blocking)."""
         self.log.flush()
         self.log.flush_indexes()
+        try:
+            self.log.write_recovery_point(self.log.recovery_mark())
+        except OSError as exc:
+            log.error("writing the recovery point at close failed: %s", exc)
         self.log.close()
