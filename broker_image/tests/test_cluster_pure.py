@@ -209,8 +209,23 @@ def test_a_failed_group_is_skipped_until_its_time_is_up_or_its_route_changes() -
     assert not t.available("g2", 1.9)
     assert t.available("g2", 2.0)
     t.observe("g1", 0, now=100.0, failed=True)
-    t.route_changed("g1")  # the master is back at a new epoch
+    t.route_changed("g1", 100.0)  # the master is back at a new epoch
     assert t.available("g1", 100.0)
+
+
+def test_a_send_that_began_before_the_route_changed_does_not_isolate_the_new_writer() -> None:
+    t = FaultTable(steps=parse_steps("550:30000,15000:600000"))
+    t.observe("g1", 500, now=10.5, failed=True, started=10.0)  # the master hangs at 10.0
+    assert not t.available("g1", 11.0)
+    t.route_changed("g1", 13.0)  # it is back (a new epoch) three seconds later
+    # Its late answers to sends from before the hang arrive now: 3 s, one failure.
+    t.observe("g1", 3_000, now=13.1, started=10.1)
+    t.observe("g1", 0, now=13.1, failed=True, started=10.2)
+    assert t.available("g1", 13.1)
+    # A send to the new writer still counts.
+    t.observe("g1", 600, now=14.0, started=13.4)
+    assert not t.available("g1", 14.0)
+    assert t.available("g1", 44.0)
 
 
 def test_when_all_groups_are_isolated_the_least_bad_is_tried() -> None:

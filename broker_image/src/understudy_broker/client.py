@@ -687,7 +687,7 @@ class Producer:
         for g in new.groups:
             now = writers(new, g.group)
             if now and now != writers(old, g.group):
-                self.faults.route_changed(g.group)
+                self.faults.route_changed(g.group, time.monotonic())
 
     def _pick(self, topic: str, live: list[int], avoid: str | None = None) -> int:
         """Round-robin over queues whose group has a writer and is not isolated; when
@@ -782,7 +782,7 @@ class Producer:
                     resp = p.ProduceResponse.decode(await pending)
                     if group is not None:
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                            time.monotonic())
+                                            time.monotonic(), started=started)
                     for i, (q, off) in zip(items, resp.offsets, strict=False):
                         if not i.future.done():
                             i.future.set_result((q, off))
@@ -797,7 +797,7 @@ class Producer:
                 log.info("produce to %s on %s failed: %s", topic, group or "its group", error)
                 if group is not None:
                     self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                        time.monotonic(), failed=True)
+                                        time.monotonic(), failed=True, started=started)
                 await self.router.failed(Permission.WRITE, conn, group)
                 items = self._retry_elsewhere(topic, group, items, error)
                 if not items:
@@ -815,7 +815,7 @@ class Producer:
         live = self.router.live_queues(topic)
         if not movable or len({self.router.group_of(topic, q) for q in live}) < 2:
             return
-        self.faults.observe(group, (now - started) * 1000, now, failed=True)
+        self.faults.observe(group, (now - started) * 1000, now, failed=True, started=started)
         log.info("produce to %s on %s unanswered after %.0f ms: sending %d message(s) elsewhere",
                  topic, group, (now - started) * 1000, len(movable))
         for i in movable:

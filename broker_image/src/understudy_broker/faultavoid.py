@@ -10,9 +10,14 @@ latency -> 0 .. 10 minutes). A failure counts as the top step.
 Unlike RocketMQ, isolation is not only waited out: when the route shows the group's
 writer again at a newer epoch or with a fresh WRITE (routes are pushed on change), the
 producer calls :meth:`FaultTable.route_changed` and the group is tried again at once — a
-restarted master takes writes back in milliseconds instead of after ten minutes. Clock
-values are seconds from an injected monotonic clock, so every rule is tested without
-sleeping.
+restarted master takes writes back in milliseconds instead of after ten minutes. A send
+that began before that change describes the old writer: its outcome (a hung master's
+late answer, a failure) is not held against the new one. Without that rule, the answers
+a master sends as it wakes from SIGSTOP, arriving just after the route showed it back,
+isolated its group for minutes, and the next fault in another group left the producer
+nowhere to send but the faulty group (found by ``bench/cluster.py``: 500 ms write stalls).
+Clock values are seconds from an injected monotonic clock, so every rule is tested
+without sleeping.
 """
 
 from __future__ import annotations
@@ -69,10 +74,15 @@ class FaultTable:
     steps: Sequence[tuple[float, float]] = DEFAULT_STEPS
     enabled: bool = True
     _entries: dict[str, _Entry] = field(default_factory=dict)
+    _changed: dict[str, float] = field(default_factory=dict)  # group -> last route change
 
-    def observe(self, group: str, latency_ms: float, now: float, *, failed: bool = False) -> None:
-        """A send to ``group`` finished after ``latency_ms`` (or failed)."""
+    def observe(self, group: str, latency_ms: float, now: float, *, failed: bool = False,
+                started: float | None = None) -> None:
+        """A send to ``group`` that began at ``started`` finished after ``latency_ms`` (or
+        failed). Ignored when the group's route changed after the send began."""
         if not self.enabled:
+            return
+        if started is not None and started < self._changed.get(group, float("-inf")):
             return
         top = self.steps[-1][0] if self.steps else 0.0
         lat = max(latency_ms, top) if failed else latency_ms
@@ -81,9 +91,11 @@ class FaultTable:
         until = now + isolation_ms(lat, self.steps) / 1000
         self._entries[group] = _Entry(lat, until, failures)
 
-    def route_changed(self, group: str) -> None:
-        """The group's writer changed (a new epoch, WRITE back): try it again now."""
+    def route_changed(self, group: str, now: float) -> None:
+        """The group's writer changed (a new epoch, WRITE back): try it again now, and
+        disregard the outcome of every send to it that began before ``now``."""
         self._entries.pop(group, None)
+        self._changed[group] = now
 
     def available(self, group: str, now: float) -> bool:
         e = self._entries.get(group)
