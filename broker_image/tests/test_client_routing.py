@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from understudy_broker.client import BrokerError, failover_order
+from understudy_broker.client import BrokerError, connect_order, failover_order
 from understudy_broker.model import Permission
 from understudy_broker.protocol import BrokerRoute, Status
 
@@ -25,6 +25,18 @@ def test_reads_go_to_a_reader_first() -> None:
 def test_unreachable_brokers_come_last() -> None:
     brokers = [b("f", Permission.FULL, reachable=False), b("n", Permission.NONE)]
     assert [x.name for x in failover_order(brokers, Permission.READ)] == ["n", "f"]
+
+
+def test_a_broker_that_just_failed_is_tried_last_but_a_slave_never_for_writes() -> None:
+    master = BrokerRoute("m", "h:1", "master", int(Permission.FULL), 3)
+    slave = BrokerRoute("s", "h:2", "slave", int(Permission.NONE), 3)
+    avoided = {"h:1"}.__contains__  # the master's connection just closed on us
+    assert [x.name for x in connect_order([master, slave], Permission.WRITE, avoided)] == ["m"]
+    # Reads may go to the slave first: it takes READ when the controller fails over.
+    assert [x.name for x in connect_order([master, slave], Permission.READ, avoided)] == [
+        "s", "m"]
+    assert [x.name for x in connect_order([master, slave], Permission.READ,
+                                          lambda _a: False)] == ["m", "s"]
 
 
 def test_retriable_statuses() -> None:

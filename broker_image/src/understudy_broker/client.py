@@ -34,7 +34,7 @@ from typing import Final
 
 from understudy_broker import protocol as p
 from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
-from understudy_broker.model import Permission
+from understudy_broker.model import Permission, Role
 from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
 
@@ -87,6 +87,7 @@ class Connection:
         max_frame_bytes: int,
     ) -> None:
         self.address = address
+        self.opened_at = time.monotonic()
         self._reader = reader
         self._writer = writer
         self._decoder = p.FrameDecoder(max_frame_bytes)
@@ -255,6 +256,18 @@ def failover_order(brokers: Sequence[p.BrokerRoute], need: Permission) -> list[p
         )
 
     return sorted(brokers, key=key)
+
+
+def connect_order(brokers: Sequence[p.BrokerRoute], need: Permission,
+                  avoided: Callable[[str], bool]) -> list[p.BrokerRoute]:
+    """The brokers to try for ``need``, best first (pure): :func:`failover_order`, with a
+    broker that just failed us (``avoided(address)``: a hung one still looks FULL in the
+    route until its session ends) moved last. A slave is never tried for WRITE (roles are
+    fixed): tried first because the master had just failed, it could only answer
+    NOT_MASTER, and a producer counted that against the group."""
+    if need is Permission.WRITE:
+        brokers = [b for b in brokers if b.role != Role.SLAVE]
+    return sorted(failover_order(brokers, need), key=lambda b: avoided(b.address))
 
 
 class Router:
@@ -490,10 +503,7 @@ class Router:
                 brokers = [p.BrokerRoute(a, a, "", 0, 0) for a in self.bootstrap]
             errors = []
             now = time.monotonic()
-            # A broker that just failed us (a hung one still looks FULL in the route
-            # until its session ends) is tried last, for a while.
-            order = sorted(failover_order(brokers, need), key=lambda b: self._avoided(b.address, now))
-            for b in order:
+            for b in connect_order(brokers, need, lambda a: self._avoided(a, now)):
                 try:
                     conn = await self._connect(b.address)
                 except (OSError, TimeoutError) as exc:
@@ -778,11 +788,11 @@ class Producer:
                     if self.hedge_after_s is not None and group is not None:
                         done, _ = await asyncio.wait({pending}, timeout=self.hedge_after_s)
                         if not done:
-                            self._hedge(topic, group, items, started)
+                            self._hedge(topic, group, items, started, _since(started, conn))
                     resp = p.ProduceResponse.decode(await pending)
                     if group is not None:
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                            time.monotonic(), started=started)
+                                            time.monotonic(), started=_since(started, conn))
                     for i, (q, off) in zip(items, resp.offsets, strict=False):
                         if not i.future.done():
                             i.future.set_result((q, off))
@@ -795,9 +805,15 @@ class Producer:
                 except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
                     error = exc
                 log.info("produce to %s on %s failed: %s", topic, group or "its group", error)
-                if group is not None:
+                # A refusal by permission (the broker is not the writer now) says the route
+                # we used is stale, not that the group is slow: re-routing (below) is the
+                # answer. Isolating for it kept a group that had just become writable again
+                # out of rotation for minutes.
+                if group is not None and not (isinstance(error, BrokerError)
+                                              and error.status in p.ROUTING):
                     self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                        time.monotonic(), failed=True, started=started)
+                                        time.monotonic(), failed=True,
+                                        started=_since(started, conn))
                 await self.router.failed(Permission.WRITE, conn, group)
                 items = self._retry_elsewhere(topic, group, items, error)
                 if not items:
@@ -805,7 +821,8 @@ class Producer:
                 await backoff.sleep()
                 body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
 
-    def _hedge(self, topic: str, group: str, items: list[_Pending], started: float) -> None:
+    def _hedge(self, topic: str, group: str, items: list[_Pending], started: float,
+               since: float) -> None:
         """No answer from ``group`` within ``hedge_after_ms`` (a hung or very slow master):
         isolate it and send copies of the unpinned messages to another group now; the first
         acknowledgement resolves each send (the other copy may be stored too: at least
@@ -815,7 +832,7 @@ class Producer:
         live = self.router.live_queues(topic)
         if not movable or len({self.router.group_of(topic, q) for q in live}) < 2:
             return
-        self.faults.observe(group, (now - started) * 1000, now, failed=True, started=started)
+        self.faults.observe(group, (now - started) * 1000, now, failed=True, started=since)
         log.info("produce to %s on %s unanswered after %.0f ms: sending %d message(s) elsewhere",
                  topic, group, (now - started) * 1000, len(movable))
         for i in movable:
@@ -879,6 +896,14 @@ class Producer:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
+
+
+def _since(started: float, conn: Connection | None) -> float:
+    """When what a send's outcome describes began: the send, or the connection it used when
+    that is older. A connection opened before the group's route changed reaches the old
+    incarnation of its writer (one that woke from SIGSTOP and drops its old clients):
+    its failure says nothing about the new one (:meth:`FaultTable.observe`)."""
+    return started if conn is None else min(started, conn.opened_at)
 
 
 def _fail(items: list[_Pending], exc: BaseException) -> None:

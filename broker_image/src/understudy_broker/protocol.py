@@ -100,6 +100,10 @@ class Status(enum.IntEnum):
     CONFLICT = 15  # the topic exists (create), or changed while being altered
 
 
+#: Refusals that mean "not the broker for this now": the client's route is stale (or the
+#: group has no writer yet); a re-route answers them, they say nothing about latency.
+ROUTING: Final = frozenset({Status.NO_PERMISSION, Status.NOT_MASTER, Status.STALE_EPOCH})
+
 #: Statuses after which a client should re-route and retry.
 RETRIABLE: Final = frozenset(
     {
