@@ -87,7 +87,6 @@ class Connection:
         max_frame_bytes: int,
     ) -> None:
         self.address = address
-        self.opened_at = time.monotonic()
         self._reader = reader
         self._writer = writer
         self._decoder = p.FrameDecoder(max_frame_bytes)
@@ -788,11 +787,11 @@ class Producer:
                     if self.hedge_after_s is not None and group is not None:
                         done, _ = await asyncio.wait({pending}, timeout=self.hedge_after_s)
                         if not done:
-                            self._hedge(topic, group, items, started, _since(started, conn))
+                            self._hedge(topic, group, items, started)
                     resp = p.ProduceResponse.decode(await pending)
                     if group is not None:
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                            time.monotonic(), started=_since(started, conn))
+                                            time.monotonic(), started=started)
                     for i, (q, off) in zip(items, resp.offsets, strict=False):
                         if not i.future.done():
                             i.future.set_result((q, off))
@@ -812,8 +811,7 @@ class Producer:
                 if group is not None and not (isinstance(error, BrokerError)
                                               and error.status in p.ROUTING):
                     self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                        time.monotonic(), failed=True,
-                                        started=_since(started, conn))
+                                        time.monotonic(), failed=True, started=started)
                 await self.router.failed(Permission.WRITE, conn, group)
                 items = self._retry_elsewhere(topic, group, items, error)
                 if not items:
@@ -821,8 +819,7 @@ class Producer:
                 await backoff.sleep()
                 body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
 
-    def _hedge(self, topic: str, group: str, items: list[_Pending], started: float,
-               since: float) -> None:
+    def _hedge(self, topic: str, group: str, items: list[_Pending], started: float) -> None:
         """No answer from ``group`` within ``hedge_after_ms`` (a hung or very slow master):
         isolate it and send copies of the unpinned messages to another group now; the first
         acknowledgement resolves each send (the other copy may be stored too: at least
@@ -832,7 +829,7 @@ class Producer:
         live = self.router.live_queues(topic)
         if not movable or len({self.router.group_of(topic, q) for q in live}) < 2:
             return
-        self.faults.observe(group, (now - started) * 1000, now, failed=True, started=since)
+        self.faults.observe(group, (now - started) * 1000, now, failed=True, started=started)
         log.info("produce to %s on %s unanswered after %.0f ms: sending %d message(s) elsewhere",
                  topic, group, (now - started) * 1000, len(movable))
         for i in movable:
@@ -896,14 +893,6 @@ class Producer:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
-
-
-def _since(started: float, conn: Connection | None) -> float:
-    """When what a send's outcome describes began: the send, or the connection it used when
-    that is older. A connection opened before the group's route changed reaches the old
-    incarnation of its writer (one that woke from SIGSTOP and drops its old clients):
-    its failure says nothing about the new one (:meth:`FaultTable.observe`)."""
-    return started if conn is None else min(started, conn.opened_at)
 
 
 def _fail(items: list[_Pending], exc: BaseException) -> None:
