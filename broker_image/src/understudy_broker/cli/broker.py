@@ -169,7 +169,8 @@ def _digest(text: str | None) -> tuple[str, str] | None:
 def broker(log_level: str, **flags: Any) -> None:
     """Run a broker. A master: --data-dir DIR --port P --replication-port R; a slave: add
     --role slave --master HOST:R. With --zk ... --group G --name N the broker's permission
-    comes from the group's state in ZooKeeper. SIGTERM/SIGINT stop it cleanly."""
+    comes from the group's state in ZooKeeper. SIGTERM/SIGINT stop it cleanly; SIGUSR1
+    writes every asyncio task and where it waits to the log (it keeps running)."""
     try:
         cfg = _config_from_flags(**flags)
         validate(cfg)
@@ -197,6 +198,26 @@ def _run_on_best_loop(cfg: BrokerConfig) -> None:
     uvloop.run(_run(cfg))
 
 
+def _dump_tasks() -> None:
+    """SIGUSR1: write every asyncio task and where it waits to stderr (the broker's log),
+    for a broker that is alive but stuck (``kill -USR1 <pid>``; it keeps running)."""
+    tasks = asyncio.all_tasks()
+    lines = [f"--- {len(tasks)} tasks (SIGUSR1)"]
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        lines.append(f"{task.get_name()}:")
+        obj: Any = task.get_coro()
+        while obj is not None:  # the await chain, outermost first
+            frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
+            if frame is not None:
+                lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} "
+                             f"{frame.f_code.co_name}")
+            else:
+                lines.append(f"    {obj!r}")
+            obj = getattr(obj, "cr_await", None) or getattr(obj, "gi_yieldfrom", None)
+    lines.append("--- end of tasks")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
 async def _run(cfg: BrokerConfig) -> None:
     from understudy_broker.server.broker import Broker
 
@@ -205,6 +226,7 @@ async def _run(cfg: BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     where = await server.start()
     # Everything allocated so far lives as long as the process: keep it out of the
     # garbage collector's full scans (shorter pauses on the produce path).

@@ -546,8 +546,10 @@ class ReplicationServer:
                 next_meta = now + self.metadata_interval_s
             if link.push_pos < self.log.max_phys:
                 data = self.log.read_raw(link.push_pos, self.chunk_bytes)
-                writer.write(PUSH_HEADER.pack(link.push_pos, len(data)))
-                writer.write(data)
+                # One write, so one send(): header and bytes written apart cost two system
+                # calls (on loopback each also runs the receiver's TCP path) and often two
+                # wake-ups of the slave, on every replicated batch.
+                writer.writelines((PUSH_HEADER.pack(link.push_pos, len(data)), data))
                 link.push_pos += len(data)
                 await writer.drain()
                 continue

@@ -55,6 +55,7 @@ class ReplicationClient:
         link_timeout_s: float = 3.0,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 2.0,
+        commit: GroupCommit | None = None,
     ) -> None:
         self.log = log
         self.master_host = master_host
@@ -67,9 +68,11 @@ class ReplicationClient:
         self.link_timeout_s = link_timeout_s
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         # Group commit of replicated bytes (batch flush policy): one fsync in a worker
-        # thread acknowledges every push appended before it began.
-        self._commit = GroupCommit(self._flush, mark=lambda: log.max_phys,
-                                   flushed=log.flushed_phys)
+        # thread acknowledges every push appended before it began. ``commit``: the one
+        # the log's other flushers use (the broker's Store: its recovery points), so two
+        # flushes of one log never run at once.
+        self._commit = commit if commit is not None else GroupCommit(
+            self._flush, mark=lambda: log.max_phys, flushed=log.flushed_phys)
         self.connected = False
         self.master_offset: int | None = None
         self.sessions = 0  # connections made (for status and tests)

@@ -181,7 +181,7 @@ class SlaveReplica:
         self.client = ReplicationClient(
             store.log, master_host=master[0], master_port=master[1], name=name,
             on_metadata=self._on_metadata, on_append=self._on_replicated,
-            link_timeout_s=link_timeout_s,
+            link_timeout_s=link_timeout_s, commit=store.log_commit,
         )
         self.apply_commit_records()  # commits replicated after offsets.json was written
 
