@@ -250,3 +250,33 @@ def test_produce_refuses_a_bad_fault_table_before_connecting() -> None:
     out = CliRunner().invoke(produce, ["-b", "127.0.0.1:1", "-t", "x", "--fault-steps", "5-6"])
     assert out.exit_code == 2
     assert "expected LATENCY_MS:ISOLATION_MS" in out.output
+
+
+def test_a_status_republished_with_the_same_route_fields_wakes_no_route_watch() -> None:
+    """Brokers republish their status about once a second (offsets, timestamps); only a
+    change a route shows (effective permission, epoch) may wake the GET_ROUTE watches."""
+    import asyncio
+    from dataclasses import replace
+
+    from understudy_broker.ha.clusterview import ClusterView, _Group
+    from understudy_broker.model import Permission
+    from understudy_broker.zklayout import BrokerStatus
+
+    loop = asyncio.new_event_loop()
+    try:
+        view = ClusterView(client=None, loop=loop)  # type: ignore[arg-type]  # no ZooKeeper: statuses applied directly
+        woke: list[int] = []
+        view.subscribe(lambda: woke.append(view.version))
+        g = _Group()
+        st = BrokerStatus("g1-0", Permission.FULL, 7, max_offset=100, updated_ms=1)
+        view._apply_status(g, "g1-0", st.to_json())
+        assert woke == [1]
+        view._apply_status(g, "g1-0", replace(st, max_offset=900, updated_ms=2).to_json())
+        view._apply_status(g, "g1-0", replace(st, ready=True, updated_ms=3).to_json())
+        assert woke == [1]  # nothing a route shows changed
+        view._apply_status(g, "g1-0", replace(st, effective=Permission.NONE).to_json())
+        view._apply_status(g, "g1-0", replace(st, epoch_applied=8).to_json())
+        view._apply_status(g, "g1-0", None)  # the broker's status node is gone
+        assert woke == [1, 2, 3, 4]
+    finally:
+        loop.close()

@@ -5,8 +5,12 @@ groups"): per queue its group, that group's brokers and their effective permissi
 view is kept by ZooKeeper watches, not polls: ``/topics/*`` documents, and per group its
 ``config``, ``live`` children and ``status`` documents (a broker publishes its status the
 moment its effective permission changes, so a failover reaches every view within a
-notification). Each change bumps :attr:`ClusterView.version`; GET_ROUTE long-polls wait
-on it, so clients learn a new route as soon as the brokers do.
+notification). Each change to what a route shows bumps :attr:`ClusterView.version`;
+GET_ROUTE long-polls wait on it, so clients learn a new route as soon as the brokers do.
+A status republished with only its offsets or timestamp changed (every broker does that
+about once a second) shows nothing new: it bumps nothing. When it did, four brokers woke
+every client's route watch and re-ran every hosted consumer group's rebalance check four
+times a second, a CPU burst on every process at once.
 
 Threading: kazoo calls the watch functions on its threads; they only hand the data to
 the loop (``call_soon_threadsafe``). All state is read and written on the loop. A watch
@@ -47,6 +51,11 @@ class _Group:
     statuses: dict[str, BrokerStatus] = field(default_factory=dict)
     watched_status: set[str] = field(default_factory=set)
     gone: bool = False
+
+
+def _route_fields(status: BrokerStatus | None) -> tuple[int, int] | None:
+    """What :meth:`ClusterView.group_route` takes from a broker's status."""
+    return None if status is None else (int(status.effective), status.epoch_applied)
 
 
 class ClusterView:
@@ -209,6 +218,7 @@ class ClusterView:
         return fired
 
     def _apply_status(self, g: _Group, broker: str, data: bytes | None) -> None:
+        before = _route_fields(g.statuses.get(broker))
         if data is None:
             g.statuses.pop(broker, None)
         else:
@@ -217,7 +227,8 @@ class ClusterView:
             except LayoutError as exc:
                 log.debug("ignoring malformed status of %s: %s", broker, exc)
                 return
-        self._bump()
+        if _route_fields(g.statuses.get(broker)) != before:
+            self._bump()
 
     @property
     def client(self) -> KazooClient:
