@@ -385,7 +385,7 @@ class CommitLog:
             return None, "none"
         except (OSError, ValueError) as exc:
             return None, f"ignored: {exc}"
-        if point.phys <= bases[first_scanned]:
+        if point.phys < bases[first_scanned]:
             return None, "ignored: before the scanned segments"  # nothing to save
         base = point.phys - point.phys % self.segment_bytes
         if base not in bases[first_scanned:]:
