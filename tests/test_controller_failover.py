@@ -28,12 +28,14 @@ from kazoo.exceptions import NoNodeError
 from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.zklayout import (
     BrokerSpec,
+    BrokerStatus,
     FailoverPolicy,
     GroupConfig,
     config_path,
     decode_state,
     encode_state,
     state_path,
+    status_dir,
 )
 from understudy_harness.testing import UNDERSTUDY, Process, eventually
 from understudy_operator.controller.driver import Controller
@@ -270,6 +272,9 @@ async def test_acting_slave_death_moves_reads_through_fencing(
     for name in ("b0", "b1", "b2"):
         cluster.start(name)
     await eventually(lambda: len(live(admin)) == 3, "3 live brokers")
+    # b2 (the higher offset) is chosen only once the controller has seen both slaves'
+    # statuses; live nodes come first, and under load a status can lag them.
+    await eventually(lambda: slaves_linked(admin, "b1", "b2"), "both slaves' statuses")
     cluster.kill("b0")
     await eventually(mode_is(admin, Mode.SLAVE_CONSUME, "b2"), "b2 acting")
     cluster.kill("b2")
@@ -291,6 +296,18 @@ async def test_acting_slave_death_moves_reads_through_fencing(
     st = read_state(admin)
     assert st is not None
     assert st.mode is Mode.SLAVE_CONSUME
+
+
+def slaves_linked(admin: KazooClient, *names: str) -> bool:
+    """Every named slave has published a status with its master link up."""
+    for name in names:
+        try:
+            data, _ = admin.get(f"{status_dir(GROUP)}/{name}")
+        except NoNodeError:
+            return False
+        if not BrokerStatus.from_json(data).master_link:
+            return False
+    return True
 
 
 def _gauge(ctl: Controller, name: str) -> float | None:
