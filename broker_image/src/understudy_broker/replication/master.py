@@ -43,6 +43,7 @@ from understudy_broker.replication.wire import (
 )
 from understudy_broker.storage.commitlog import CommitLog
 from understudy_broker.storage.records import CommitLogError
+from understudy_broker.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ class ReplicationServer:
         self._counter = itertools.count()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._once_connected = False
         # In-sync set (only with an IsrStore). ``_isr`` is what the record says;
         # ``_joining`` caught up and is required by waiters before the record shows it;
@@ -140,6 +142,7 @@ class ReplicationServer:
         log.info("replication server listening on %s:%d (sync=%s)", self.host, self.port, self.sync)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._server is not None:
             self._server.close()
         for link in list(self._links.values()):
@@ -509,11 +512,16 @@ class ReplicationServer:
             )
         except (ReplicationError, CommitLogError) as exc:
             log.error("replication link %s (%s) dropped: %s", link and link.name, peer, exc)
+        except asyncio.CancelledError:
+            # stop() cancels the links it owns and waits for them. End normally then: on
+            # Python 3.11 the stream server's done-callback calls exception() on this task,
+            # and a cancelled one logged "Exception in callback ... CancelledError" at every
+            # broker shutdown.
+            if not self._stopping:
+                raise
         finally:
             if pusher is not None:
-                pusher.cancel()
-                with contextlib.suppress(BaseException):
-                    await pusher
+                await stop_tasks([pusher])
             writer.close()
             if link is not None:
                 link.connected = False
