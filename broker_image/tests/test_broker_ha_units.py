@@ -218,3 +218,14 @@ async def test_offsets_group_commit_writes_every_change_before_returning_and_sha
     store.merge({}, epoch=9)
     await persister.durable()
     assert OffsetStore.open(tmp_path / "offsets.json").backsync_epoch == 9
+
+
+def test_a_slave_is_told_the_master_is_back_only_when_its_live_node_reappears() -> None:
+    from understudy_broker.ha.zkauthority import master_returned
+
+    g = _group()
+    assert master_returned(frozenset({"s"}), frozenset({"s", "m"}), g)
+    assert not master_returned(frozenset({"s", "m"}), frozenset({"s", "m"}), g)  # was there
+    assert not master_returned(frozenset({"m"}), frozenset({"m", "s"}), g)  # a slave came
+    assert not master_returned(frozenset({"s", "m"}), frozenset({"s"}), g)  # it went
+    assert not master_returned(frozenset(), frozenset({"m"}), None)  # no config yet

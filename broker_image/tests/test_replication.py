@@ -430,3 +430,56 @@ def test_append_replicated_takes_whole_records_and_rejects_bad_ones(tmp_path: Pa
     finally:
         master.close()
         slave.close()
+
+
+async def test_wake_reconnects_a_slave_at_once_instead_of_after_its_backoff(
+    tmp_path: Path,
+) -> None:
+    """A master that comes back is linked at once when the broker wakes the client (it does
+    when the master's ``live`` node reappears), not after the backoff: a failback waits for
+    this link."""
+    master_log = CommitLog.open(tmp_path / "m", segment_bytes=SEG)
+    slave_log = CommitLog.open(tmp_path / "s", segment_bytes=SEG)
+    first = ReplicationServer(master_log, host="127.0.0.1", port=0, sync=False, metadata=dict)
+    await first.start()
+    port = first.port
+    await first.stop()  # the master is down: the slave's first connect is refused
+    client = ReplicationClient(slave_log, master_host="127.0.0.1", master_port=port, name="s",
+                               on_metadata=lambda _d: None, on_append=lambda: None,
+                               backoff_initial_s=600.0, backoff_max_s=600.0)
+    task = asyncio.create_task(client.run())
+    server = ReplicationServer(master_log, host="127.0.0.1", port=port, sync=False,
+                               metadata=dict)
+    try:
+        await eventually(lambda: client.last_error is not None, "the refused connect")
+        await server.start()  # back; without a wake the slave would wait ~10 minutes
+        await asyncio.sleep(0.2)
+        assert not server.slave_connected
+        client.wake()
+        await eventually(lambda: server.slave_connected, "the link after wake()", within_s=10)
+    finally:
+        await client.stop()
+        async with asyncio.timeout(10):
+            await task
+        await server.stop()
+        master_log.close()
+        slave_log.close()
+
+
+async def test_stopping_a_master_with_linked_slaves_logs_no_asyncio_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker's clean shutdown cancels its replication links; that must not look like a
+    crash in the log (Python 3.11's stream server logged "Exception in callback" for every
+    cancelled link)."""
+    c = Cluster(tmp_path)
+    try:
+        server = await c.start_master(sync=True, auto_degrade=False)
+        await c.start_slave("s1")
+        await eventually(lambda: server.slave_connected, "link")
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            await server.stop()
+            await asyncio.sleep(0.05)  # the stream server's done-callbacks run
+        assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    finally:
+        await c.close()

@@ -60,6 +60,9 @@ class BrokerHooks:
 
     facts: Callable[[], ReplicationFacts]
     offsets: Callable[[], Snapshot]
+    #: Called on the loop when the group's master registers again (its ``live`` node
+    #: reappears): a slave reconnects its replication link at once.
+    master_back: Callable[[], None] = lambda: None
 
 
 class Authority(Protocol):

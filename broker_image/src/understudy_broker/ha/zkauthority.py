@@ -147,6 +147,7 @@ class ZkAuthority(BrokerIdentity):
         self._publish_interval_s = publish_interval_s
         self._health = Health()
         self._facts: Callable[[], ReplicationFacts] = ReplicationFacts
+        self._master_back: Callable[[], None] = lambda: None
         self._backsync: BackSyncer | None = None
         self._listeners: list[Listener] = []
         self._coord: BrokerCoordinator | None = None
@@ -210,6 +211,7 @@ class ZkAuthority(BrokerIdentity):
         """Where the status document's replication fields and back-sync's offsets come
         from; call before :meth:`start`."""
         self._facts = hooks.facts
+        self._master_back = hooks.master_back
         self._backsync = BackSyncer(
             role=self._role, name=self._name, group=self._group,
             state=lambda: self._coord.state if self._coord is not None else None,
@@ -327,6 +329,9 @@ class ZkAuthority(BrokerIdentity):
     def _changed(self) -> None:
         coord = self._coord
         if coord is not None and coord.live != self._last_live:
+            if self._role is Role.SLAVE and master_returned(
+                    self._last_live, coord.live, coord.config):
+                self._master_back()
             # A broker came or went (e.g. the master's session expired): publish at once, so
             # the controller gets offsets published after that moment without waiting.
             self._last_live = coord.live
@@ -389,3 +394,8 @@ class ZkAuthority(BrokerIdentity):
                 async with asyncio.timeout(self._publish_interval_s):
                     await self._publish_now.wait()
 
+
+def master_returned(before: frozenset[str], now: frozenset[str], cfg: GroupConfig | None) -> bool:
+    """The group's master has a ``live`` node now and had none before (it registered
+    again after a restart or a lost session)."""
+    return cfg is not None and cfg.master.name in now and cfg.master.name not in before

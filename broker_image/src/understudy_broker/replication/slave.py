@@ -13,7 +13,6 @@ with jittered, capped backoff (:class:`~understudy_broker.retry.Backoff`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +33,7 @@ from understudy_broker.retry import Backoff
 from understudy_broker.storage.commitlog import CommitLog
 from understudy_broker.storage.durability import GroupCommit
 from understudy_broker.storage.records import CommitLogError
+from understudy_broker.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class ReplicationClient:
         self.sessions = 0  # connections made (for status and tests)
         self.last_error: str | None = None
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
         self._writer: asyncio.StreamWriter | None = None
 
     @property
@@ -85,6 +86,13 @@ class ReplicationClient:
         if self.master_offset is None:
             return 0
         return max(0, self.master_offset - self.log.max_phys)
+
+    def wake(self) -> None:
+        """The master is back (its ``live`` node reappeared): reconnect now, from the first
+        backoff step, instead of at the end of a wait of up to ``backoff_max_s``; a failback
+        waits for this link."""
+        self._backoff.reset()
+        self._wake.set()
 
     async def stop(self) -> None:
         self._stop.set()
@@ -116,9 +124,8 @@ class ReplicationClient:
                 self._backoff.reset()
             delay = self._backoff.next()
             log.info("replication link down (%s); retrying in %.2fs", self.last_error, delay)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stop.wait()
+            self._wake.clear()
+            await _first_of(self._stop, self._wake, timeout_s=delay)
 
     @property
     def _group_commit(self) -> bool:
@@ -140,7 +147,8 @@ class ReplicationClient:
             reader, writer = await asyncio.open_connection(self.master_host, self.master_port)
         self._writer = writer
         writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
-        await writer.drain()
+        async with asyncio.timeout(self.link_timeout_s):
+            await writer.drain()
         self.connected = True
         self.sessions += 1
         heartbeats = asyncio.create_task(self._heartbeats(writer))
@@ -183,11 +191,10 @@ class ReplicationClient:
                         wanted.set()
                     self.on_append()
         finally:
-            for task in (heartbeats, syncer):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+            # stop_tasks re-cancels a task that outlives its cancellation and lets this
+            # session's own cancellation propagate (a bare ``await task`` under
+            # ``suppress(BaseException)`` swallowed it).
+            await stop_tasks(t for t in (heartbeats, syncer) if t is not None)
             failure = syncer.exception() if syncer is not None and not syncer.cancelled() else None
             if failure is not None:
                 raise failure  # a failed fsync is the reason the link dropped
@@ -243,3 +250,12 @@ class ReplicationClient:
             await asyncio.sleep(self.heartbeat_s)
             writer.write(HEARTBEAT.pack(self._durable_offset()))
             await writer.drain()
+
+
+async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
+    """Return when one of ``events`` is set or ``timeout_s`` passed."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await stop_tasks(waits)

@@ -153,7 +153,8 @@ class Broker:
         try:
             self._permlog.open()
             self.authority.subscribe(self._on_authority_change)
-            self.authority.attach(BrokerHooks(facts=self._facts, offsets=store.offsets.snapshot))
+            self.authority.attach(BrokerHooks(facts=self._facts, offsets=store.offsets.snapshot,
+                                              master_back=self._master_back))
             await self.authority.start()
             group = await self.authority.wait_config(CONFIG_WAIT_S)
             if group is not None and (problem := spec_mismatch(cfg, group)) is not None:
@@ -306,6 +307,10 @@ class Broker:
         return self.authority.ready(master_link=link)
 
     # ---- facts for coordination -----------------------------------------------------
+
+    def _master_back(self) -> None:
+        if self._parts is not None:
+            self._parts.replica.master_back()
 
     def _facts(self) -> ReplicationFacts:
         """What the authority publishes in this broker's status."""

@@ -68,6 +68,10 @@ class Replica(Protocol):
         """Topics changed: tell slaves now rather than at the next interval."""
         ...
 
+    def master_back(self) -> None:
+        """The group's master registered again: a slave reconnects to it now."""
+        ...
+
     def record_commits(self, body: bytes | None) -> int:
         """Record consumer commits for the slaves (``body``: a commit record, ``None`` when
         nothing moved). Returns the log offset a synchronous acknowledgement must wait for
@@ -125,6 +129,9 @@ class MasterReplica:
 
     def metadata_changed(self) -> None:
         self._server.push_metadata_now()
+
+    def master_back(self) -> None:
+        return None
 
     def record_commits(self, body: bytes | None) -> int:
         if body is not None:
@@ -201,6 +208,9 @@ class SlaveReplica:
 
     def metadata_changed(self) -> None:
         return None
+
+    def master_back(self) -> None:
+        self.client.wake()
 
     def record_commits(self, body: bytes | None) -> int:
         return 0  # an acting slave keeps commits in its offsets file; back-sync returns them
