@@ -114,6 +114,10 @@ class ZooKeeperServer:
             java,
             f"-Xmx{self.heap_mb}m",
             "-XX:+UseSerialGC",
+            # C1 only: the C2 compiler was half of this server's CPU for minutes after
+            # start (310 of 680 ms in 10 s of a two-group cluster at 2000 msg/s), in bursts
+            # at the first failovers, taken from the brokers on a laptop's shared cores.
+            "-XX:TieredStopAtLevel=1",
             "-Dzookeeper.root.logger=INFO,FILE",
             f"-Dlog4j.configuration=file:{conf / 'log4j.properties'}",
             "-cp",
