@@ -40,6 +40,10 @@ permission (what consumers can pull from right now)."""
 
 # --- exported too, not (yet) read by jobs or dashboards ----------------------------------
 LOG_FLUSHES_TOTAL: Final = "understudy_log_flushes_total"  # counter {group,broker}
+LOG_FLUSH_SECONDS: Final = "understudy_log_flush_seconds"
+"""Histogram {group,broker}: one fdatasync of the commit log, the disk's part of every
+acknowledgement (master and slaves). A long one stalls every write the group acknowledges
+meanwhile; on a shared disk, every group's."""
 GROUP_DEGRADED: Final = "understudy_group_degraded"  # gauge {group}: master and slaves down
 CONTROLLER_TRANSITIONS_TOTAL: Final = "understudy_controller_transitions_total"  # {group,to}
 

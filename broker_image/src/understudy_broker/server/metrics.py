@@ -60,6 +60,13 @@ class BrokerMetrics:
             ["group", "broker"],
             registry=self.registry,
         ).labels(group=group, broker=broker)
+        self._flush_seconds = Histogram(
+            names.LOG_FLUSH_SECONDS,
+            "Wall time of one flush (fdatasync, in a worker thread) of the commit log: the disk's part of every acknowledgement.",
+            ["group", "broker"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        ).labels(group=group, broker=broker)
 
         self._consumer_lag = Gauge(
             names.CONSUMER_LAG_MESSAGES,
@@ -89,8 +96,9 @@ class BrokerMetrics:
     def rebalanced(self, consumer_group: str) -> None:
         self._rebalances.labels(consumer_group=consumer_group).inc()
 
-    def log_flushed(self) -> None:
+    def log_flushed(self, seconds: float) -> None:
         self._flushes.inc()
+        self._flush_seconds.observe(seconds)
 
     def set_permission(self, perm: Permission) -> None:
         self._permission.set(int(perm))

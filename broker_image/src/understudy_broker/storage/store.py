@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class Store:
         topics: TopicRegistry,
         *,
         flush_before_ack: bool,
-        on_log_flush: Callable[[], None],
+        on_log_flush: Callable[[float], None],
     ) -> None:
         self.log = log_
         self.offsets = offsets
@@ -73,7 +74,7 @@ class Store:
         flush: FlushPolicy,
         retention: Retention,
         flush_before_ack: bool,
-        on_log_flush: Callable[[], None] = lambda: None,
+        on_log_flush: Callable[[float], None] = lambda _s: None,
     ) -> Store:
         """Open (and recover) the log, then the offsets and topics. Topics seen in the log
         but missing from the registry (a crash between the two) are re-registered so their
@@ -102,8 +103,9 @@ class Store:
                    on_log_flush=on_log_flush)
 
     async def _flush_log(self) -> None:
+        started = time.monotonic()
         await asyncio.to_thread(self.log.flush)
-        self._on_log_flush()
+        self._on_log_flush(time.monotonic() - started)
 
     async def log_durable(self, end_phys: int) -> None:
         """Return once the log up to ``end_phys`` may be acknowledged (see the class
