@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +112,18 @@ def decode_isr(data: bytes) -> frozenset[str]:
 
 TOPICS_DIR = "/topics"
 CONSUMERS_DIR = "/consumers"
+ORDERED_DIR = "/ordered"
 GROUPS_DIR = "/groups"
 _MEMBER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def chains_path(topic: str) -> str:
+    """``/ordered/<topic>/chains``: the send and consume chains of an ordered topic, one
+    document so that one versioned write moves both (docs/ordered.md)."""
+    try:
+        return f"{ORDERED_DIR}/{check_topic_name(topic)}/chains"
+    except TopicNameError as exc:
+        raise LayoutError(str(exc)) from None
 
 
 def topic_path(topic: str) -> str:
@@ -562,3 +572,84 @@ class AssignmentDoc:
             raise
         except (KeyError, TypeError, ValueError) as exc:
             raise LayoutError(f"assignment: malformed document: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One group of a consume chain. ``until`` is the chain epoch at which the group
+    stopped being the send head (None while it is the head): its log of the topic is
+    final once its reader has applied that epoch."""
+
+    group: str
+    until: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDoc:
+    """``/ordered/<topic>/chains`` (docs/ordered.md). ``send[0]`` is the only group that
+    accepts the topic's writes, since chain epoch ``head_epoch`` (the fencing token a
+    producer names); consumers read ``consume[0]`` only. ``epoch`` grows by one with every
+    change. :meth:`check` refuses a shape no sequence of transitions produces."""
+
+    topic: str
+    send: tuple[str, ...]
+    consume: tuple[Link, ...]
+    epoch: int
+    head_epoch: int
+
+    @property
+    def head(self) -> str | None:
+        return self.send[0] if self.send else None
+
+    def consume_groups(self) -> tuple[str, ...]:
+        return tuple(link.group for link in self.consume)
+
+    def check(self, groups: Collection[str]) -> ChainDoc:
+        """Raise :class:`LayoutError` unless this is a shape the transitions can reach
+        over the topic's ``groups`` (a document edited by hand into an impossible shape
+        is refused, never acted on)."""
+        where = f"chains of {self.topic!r}"
+        consumed = self.consume_groups()
+        for kind, names in (("send", self.send), ("consume", consumed)):
+            if len(set(names)) != len(names):
+                raise LayoutError(f"{where}: a group appears twice in the {kind} chain: {names}")
+            unknown = [g for g in names if g not in groups]
+            if unknown:
+                raise LayoutError(f"{where}: {kind} chain names groups the topic is not on: "
+                                  f"{unknown}")
+        if self.epoch < 0 or not 0 <= self.head_epoch <= self.epoch:
+            raise LayoutError(f"{where}: epochs must satisfy 0 <= headEpoch <= epoch")
+        if self.send:
+            if not self.consume or self.consume[-1] != Link(self.send[0]):
+                raise LayoutError(f"{where}: the send head {self.send[0]!r} must be the "
+                                  "consume chain's tail, still open (until null)")
+            waiting = set(self.send[1:]) & set(consumed)
+            if waiting:
+                raise LayoutError(f"{where}: {sorted(waiting)} wait in the send chain but "
+                                  "still hold a backlog in the consume chain")
+        for link in self.consume[:-1] if self.send else self.consume:
+            if link.until is None or link.until > self.epoch:
+                raise LayoutError(f"{where}: consume link {link.group!r} is not the send head "
+                                  "and needs an until epoch <= epoch")
+        return self
+
+    def to_json(self) -> bytes:
+        return _dump({"topic": self.topic, "send": list(self.send),
+                      "consume": [{"group": c.group, "until": c.until} for c in self.consume],
+                      "epoch": self.epoch, "headEpoch": self.head_epoch})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ChainDoc:
+        doc = _load("chains", data)
+        try:
+            until = [c.get("until") for c in doc["consume"]]
+            return cls(
+                check_topic_name(str(doc["topic"])),
+                tuple(check_name("group", str(g)) for g in doc["send"]),
+                tuple(Link(check_name("group", str(c["group"])), None if u is None else int(u))
+                      for c, u in zip(doc["consume"], until, strict=True)),
+                int(doc["epoch"]), int(doc["headEpoch"]))
+        except LayoutError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LayoutError(f"chains: malformed document: {exc!r}") from exc

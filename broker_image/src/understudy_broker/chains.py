@@ -1,0 +1,100 @@
+"""How the send and consume chains of an ordered topic evolve (pure; docs/ordered.md).
+
+Why this module exists: an ordered topic spans several broker groups, but only one of them
+(the send head) takes its writes at a time, and consumers drain the groups in the order in
+which they were heads (seed 002). Every rule that moves a chain lives here, without I/O:
+the controller reads ``/ordered/<topic>/chains`` with its version and what the groups
+report, calls :func:`step`, and writes the result with a versioned write; a loser re-reads.
+One change per call, so every intermediate document is one the model check has seen.
+
+The rules, in the order :func:`step` applies them:
+
+1. A send head that cannot take writes with two copies (its master or its in-sync slave is
+   gone) leaves the send chain at once; its consume link is sealed at the new epoch. The
+   next send-chain group becomes head and is appended to the consume chain in the same
+   write, so no producer can learn of a head that consumers do not know.
+2. A waiting send-chain group that is not healthy leaves the send chain.
+3. The consume head leaves when it is sealed, its reader has applied the sealing epoch (its
+   log of the topic is final) and every consumer group has consumed it to the end.
+4. A healthy group that is in neither chain and holds no backlog joins the send chain's
+   tail (and, when the send chain was empty, becomes head and the consume tail).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from understudy_broker.zklayout import ChainDoc, Link
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFacts:
+    """What the controller knows of one group for one ordered topic.
+
+    ``writable``: the group is NORMAL, its master holds WRITE and enough in-sync slaves
+    for two copies. ``end``: the group's log end of the topic, as its reader reported it
+    after applying chain epoch ``view_epoch``. ``consumed``: the lowest offset committed on
+    that queue over the topic's consumer groups (``end`` when none has subscribed yet)."""
+
+    writable: bool
+    end: int
+    consumed: int
+    view_epoch: int
+
+    @property
+    def no_backlog(self) -> bool:
+        return self.consumed >= self.end
+
+
+def initial_chains(topic: str, groups: Sequence[str]) -> ChainDoc:
+    """A new ordered topic: every group waits in the send chain, the first is head."""
+    if not groups:
+        raise ValueError("an ordered topic needs at least one group")
+    return ChainDoc(topic, tuple(groups), (Link(groups[0]),), epoch=1, head_epoch=1)
+
+
+def drained(link: Link, facts: GroupFacts | None) -> bool:
+    """The link's log of the topic is final and every consumer group consumed it."""
+    return (link.until is not None and facts is not None
+            and facts.view_epoch >= link.until and facts.no_backlog)
+
+
+def step(doc: ChainDoc, facts: Mapping[str, GroupFacts],
+         groups: Sequence[str]) -> tuple[ChainDoc, str] | None:
+    """The next change of ``doc`` given ``facts`` (a group without facts is neither
+    writable nor drained), or None. ``groups``: the topic's groups, in topic order."""
+    nxt = doc.epoch + 1
+
+    def ok(g: str) -> bool:
+        f = facts.get(g)
+        return f is not None and f.writable
+
+    if doc.send and not ok(doc.send[0]):
+        old, rest = doc.send[0], doc.send[1:]
+        links = (*doc.consume[:-1], Link(old, nxt))
+        if rest:
+            return (replace(doc, send=rest, consume=(*links, Link(rest[0])), epoch=nxt,
+                            head_epoch=nxt),
+                    f"send head {old} cannot take writes with two copies; {rest[0]} is head")
+        return (replace(doc, send=(), consume=links, epoch=nxt),
+                f"send head {old} cannot take writes with two copies; no group can (sends wait)")
+    for g in doc.send[1:]:
+        if not ok(g):
+            return (replace(doc, send=tuple(x for x in doc.send if x != g), epoch=nxt),
+                    f"{g} is not healthy; it leaves the send chain")
+    if doc.consume and drained(doc.consume[0], facts.get(doc.consume[0].group)):
+        return (replace(doc, consume=doc.consume[1:], epoch=nxt),
+                f"{doc.consume[0].group} is drained; consumers move on")
+    busy = set(doc.send) | set(doc.consume_groups())
+    for g in groups:
+        f = facts.get(g)
+        if g in busy or f is None or not f.writable or not f.no_backlog:
+            continue
+        if doc.send:
+            return (replace(doc, send=(*doc.send, g), epoch=nxt),
+                    f"{g} is healthy and drained; it joins the send chain")
+        return (replace(doc, send=(g,), consume=(*doc.consume, Link(g)), epoch=nxt,
+                        head_epoch=nxt),
+                f"{g} is healthy and drained; it is the send head")
+    return None

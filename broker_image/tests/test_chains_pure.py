@@ -1,0 +1,112 @@
+"""The chain document's shape and the chain rules, on the worked example of docs/ordered.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from understudy_broker.chains import GroupFacts, initial_chains, step
+from understudy_broker.zklayout import ChainDoc, LayoutError, Link, chains_path
+
+GROUPS = ("a", "b", "c")
+
+
+def facts(*, down: tuple[str, ...] = (), backlog: tuple[str, ...] = (),
+          view: int = 99) -> dict[str, GroupFacts]:
+    return {g: GroupFacts(writable=g not in down, end=10, consumed=5 if g in backlog else 10,
+                          view_epoch=view) for g in GROUPS}
+
+
+def test_the_worked_example_of_the_docs() -> None:
+    doc = initial_chains("t", GROUPS)
+    assert (doc.send, doc.consume_groups(), doc.head) == (("a", "b", "c"), ("a",), "a")
+    assert step(doc, facts(), GROUPS) is None  # healthy and nothing to drain: stays
+
+    # a's master is killed: b is head and the consume tail in the same write.
+    doc, why = step(doc, facts(down=("a",), backlog=("a",)), GROUPS) or (doc, "")
+    assert doc.send == ("b", "c")
+    assert doc.consume == (Link("a", 2), Link("b"))
+    assert (doc.epoch, doc.head_epoch) == (2, 2)
+    assert "b is head" in why
+    # a still has a backlog, read through its acting slave: nothing moves.
+    assert step(doc, facts(down=("a",), backlog=("a",)), GROUPS) is None
+
+    # Consumers finish a: it leaves the consume chain.
+    doc, _ = step(doc, facts(down=("a",)), GROUPS) or (doc, "")
+    assert doc.consume == (Link("b"),)
+    # a is back, healthy and empty: it joins the send chain's tail.
+    doc, _ = step(doc, facts(), GROUPS) or (doc, "")
+    assert doc.send == ("b", "c", "a")
+    assert doc.epoch == 4
+    # b's slave dies: c is head.
+    doc, _ = step(doc, facts(down=("b",), backlog=("b",)), GROUPS) or (doc, "")
+    assert doc.send == ("c", "a")
+    assert doc.consume == (Link("b", 5), Link("c"))
+    assert doc.head_epoch == 5
+    doc.check(GROUPS)
+
+
+def test_a_sealed_group_is_drained_only_once_its_reader_applied_the_sealing_epoch() -> None:
+    doc = ChainDoc("t", ("b",), (Link("a", 7), Link("b")), epoch=7, head_epoch=7)
+    # Reported with epoch 6 applied: a may still have taken a late write; wait.
+    early = step(doc, facts(view=6), GROUPS)
+    assert early is None or early[0].consume[0] == Link("a", 7)
+    out = step(doc, facts(view=7), GROUPS)
+    assert out is not None
+    assert out[0].consume == (Link("b"),)
+
+
+def test_a_group_with_a_backlog_never_joins_the_send_chain() -> None:
+    doc = ChainDoc("t", ("b",), (Link("a", 2), Link("b")), epoch=2, head_epoch=2)
+    # a is healthy and reports no backlog, but its consume link is still there: it must
+    # leave the consume chain first (otherwise it could become head while consumers
+    # still read its old messages).
+    f = facts(view=1)  # a has not applied epoch 2: its link stays
+    out = step(doc, f, GROUPS)
+    assert out is not None
+    assert "a" not in out[0].send  # c joins, a does not
+    assert out[0].send == ("b", "c")
+
+
+def test_no_healthy_group_leaves_sends_waiting_and_the_first_healthy_one_becomes_head() -> None:
+    doc = initial_chains("t", ("a",))
+    doc, _ = step(doc, {"a": GroupFacts(False, 3, 3, 9)}, ("a",)) or (doc, "")
+    assert doc.send == ()
+    assert doc.consume == (Link("a", 2),)
+    assert step(doc, {"a": GroupFacts(False, 3, 3, 9)}, ("a",)) is not None  # drained: leaves
+    doc = ChainDoc("t", (), (), epoch=3, head_epoch=1)
+    doc, why = step(doc, {"a": GroupFacts(True, 3, 3, 9)}, ("a",)) or (doc, "")
+    assert doc.send == ("a",)
+    assert doc.consume == (Link("a"),)
+    assert doc.head_epoch == 4
+    assert "send head" in why
+
+
+def test_the_document_round_trips_and_has_its_own_znode() -> None:
+    doc = ChainDoc("t", ("c", "a"), (Link("b", 5), Link("c")), epoch=5, head_epoch=5)
+    assert ChainDoc.from_json(doc.to_json()) == doc
+    assert chains_path("t") == "/ordered/t/chains"
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    (ChainDoc("t", ("a", "a"), (Link("a"),), 1, 1), "twice in the send chain"),
+    (ChainDoc("t", ("a",), (Link("a"), Link("a")), 1, 1), "twice in the consume chain"),
+    (ChainDoc("t", ("x",), (Link("x"),), 1, 1), "not on"),
+    (ChainDoc("t", ("a",), (Link("b"),), 1, 1), "consume chain's tail"),
+    (ChainDoc("t", ("a",), (Link("a", 1),), 1, 1), "consume chain's tail"),
+    (ChainDoc("t", ("a", "b"), (Link("b", 1), Link("a")), 2, 2), "still hold a backlog"),
+    (ChainDoc("t", ("b",), (Link("a"), Link("b")), 2, 2), "needs an until epoch"),
+    (ChainDoc("t", ("b",), (Link("a", 9), Link("b")), 2, 2), "needs an until epoch"),
+    (ChainDoc("t", ("a",), (Link("a"),), 1, 2), "headEpoch"),
+])
+def test_a_hand_edited_impossible_shape_is_refused_with_a_clear_error(
+        doc: ChainDoc, message: str) -> None:
+    with pytest.raises(LayoutError, match=message):
+        doc.check(GROUPS)
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[]", b'{"topic": "t"}',
+                                 b'{"topic": "t", "send": ["a"], "consume": [1], '
+                                 b'"epoch": 1, "headEpoch": 1}'])
+def test_a_malformed_document_is_a_layout_error(raw: bytes) -> None:
+    with pytest.raises(LayoutError):
+        ChainDoc.from_json(raw)
