@@ -20,6 +20,8 @@ from understudy_broker import protocol as p
 from understudy_broker.cli.client import consumer_group, produce, topic
 from understudy_broker.client import BrokerError, Consumer, Producer, Router, request_once
 from understudy_broker.model import Permission
+from understudy_broker.zkclient import make_client
+from understudy_broker.zklayout import ChainDoc, chains_path, ordered_dir, topic_path
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
 
@@ -278,3 +280,42 @@ def test_writes_continue_while_a_master_hangs(cluster: tuple[Path, ClusterPlan])
     acked, ack_during, consumed = asyncio.run(run())
     assert ack_during > 200, f"only {ack_during} sends were acknowledged during the hang"
     assert acked <= consumed, f"{len(acked - consumed)} acknowledged messages lost"
+
+
+def test_an_ordered_topic_is_created_with_its_chains_and_deleted_with_them(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """`topic create --ordered` writes the topic and its initial chains in one ZooKeeper
+    transaction (docs/ordered.md); more than one queue per group is refused and changes
+    nothing; a delete takes the chains with it."""
+    _d, plan = cluster
+    b = address(plan, "g1-1")
+    zk = make_client(plan.zk_connect, timeout_s=5.0)
+    zk.start(timeout=10)
+    try:
+        out = CliRunner().invoke(topic, ["create", "-b", b, "-t", "ledger", "--groups", "g1,g2",
+                                         "--queues-per-group", "4", "--ordered"])
+        assert out.exit_code != 0
+        assert "one queue per group" in out.output
+        assert zk.exists(topic_path("ledger")) is None
+        assert zk.exists(chains_path("ledger")) is None
+
+        out = cli(topic, "create", "-b", b, "-t", "ledger", "--groups", "g2,g1", "--ordered",
+                  "--json")
+        assert out.exit_code == 0, out.output
+        created = json.loads(out.output)
+        assert [q["group"] for q in created["queues"]] == ["g2", "g1"]
+        raw, _stat = zk.get(chains_path("ledger"))
+        chains = ChainDoc.from_json(raw).check(("g1", "g2"))
+        assert chains.send == ("g2", "g1")  # the first group is the send head
+        assert chains.consume_groups() == ("g2",)
+
+        out = CliRunner().invoke(topic, ["alter", "-b", b, "-t", "ledger",
+                                         "--remove-groups", "g1", "--force"])
+        assert out.exit_code != 0
+        assert "ordered" in out.output
+        assert cli(topic, "delete", "-b", b, "-t", "ledger", "--force").exit_code == 0
+        assert zk.exists(topic_path("ledger")) is None
+        assert zk.exists(ordered_dir("ledger")) is None
+    finally:
+        zk.stop()
+        zk.close()

@@ -117,10 +117,34 @@ def test_bad_specs_are_refused_by_the_schema_and_by_the_parser(spec: dict[str, A
 
 def test_schema_defaults_match_the_parser_defaults() -> None:
     defaulted = crdschema.apply_defaults(spec_schema(), {"groups": ["g1"]})
-    assert defaulted["queuesPerGroup"] == 4
+    # queuesPerGroup has no schema default: the parser's is 4, or 1 for an ordered topic.
+    assert "queuesPerGroup" not in defaulted
     assert defaulted["deletionPolicy"] == "Retain"
     assert (parse_topic_spec(defaulted, name="t", default_zk_connect=ZK)
             == parse_topic_spec({"groups": ["g1"]}, name="t", default_zk_connect=ZK))
+    assert parse_topic_spec(defaulted, name="t", default_zk_connect=ZK).queues_per_group == 4
+    ordered = parse_topic_spec({"groups": ["g1", "g2"], "ordered": True}, name="t",
+                               default_zk_connect=ZK)
+    assert ordered.queues_per_group == 1
+
+
+@pytest.mark.parametrize(("spec", "refused"), [
+    ({"groups": ["g1", "g2"], "ordered": True}, False),
+    ({"groups": ["g1", "g2"], "ordered": True, "queuesPerGroup": 1}, False),
+    ({"groups": ["g1", "g2"], "ordered": True, "queuesPerGroup": 4}, True),
+    ({"groups": ["g1", "g2"], "queuesPerGroup": 4}, False),
+])
+def test_an_ordered_topic_has_one_queue_per_group_in_cel_and_in_the_parser(
+        spec: dict[str, Any], refused: bool) -> None:
+    rules = spec_schema()["x-kubernetes-validations"]
+    cel = crdschema.cel_failures(rules, spec_schema(), spec)
+    assert cel == (["an ordered topic has one queue per group (omit queuesPerGroup, or set 1)"]
+                   if refused else [])
+    if refused:
+        with pytest.raises(SpecError, match="one queue per group"):
+            parse_topic_spec(spec, name="t", default_zk_connect=ZK)
+    else:
+        parse_topic_spec(spec, name="t", default_zk_connect=ZK)
 
 
 def test_topic_name_defaults_to_the_resource_name_and_zookeeper_to_the_operators() -> None:
@@ -218,7 +242,7 @@ def test_removing_queues_asks_for_the_backlog_and_refuses_a_busy_queue() -> None
 
 
 def test_a_change_of_ordering_is_refused_against_the_document() -> None:
-    current = plan_create("orders", ["g1", "g2"], 2, known_groups=KNOWN, ordered=True)
+    current = plan_create("orders", ["g1", "g2"], 1, known_groups=KNOWN, ordered=True)
     with pytest.raises(TopicPlanError) as info:
         plan_sync(topic_spec(), current, known_groups=KNOWN)
     assert info.value.code == "ordered-mismatch"

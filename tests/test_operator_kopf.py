@@ -50,10 +50,13 @@ from understudy_broker.ha.coordinator import BrokerCoordinator
 from understudy_broker.model import Health, Mode, Permission, effective_permission
 from understudy_broker.zklayout import (
     BrokerStatus,
+    ChainDoc,
     GroupConfig,
     TopicDoc,
+    chains_path,
     config_path,
     decode_state,
+    ordered_dir,
     state_path,
     topic_path,
 )
@@ -913,6 +916,41 @@ async def test_brokertopic_is_synced_into_zookeeper_grown_and_refusals_change_no
     await env.w.api("DELETE", f"{base}/orders")
     await eventually(lambda: env.w.get(BT, "orders") is None, what="BrokerTopic gone")
     assert topic_doc(env, "orders") == grown
+
+
+async def test_an_ordered_brokertopic_is_created_with_its_chains_and_deleted_with_them(
+        env: Env) -> None:
+    """BrokerTopic ``ordered: true``: one queue per group, the topic and its chains in one
+    transaction (the code the CLI's broker uses), both gone with a Delete policy; more
+    queues per group is an invalid spec (the CRD's CEL rule; KMock has none: the parser's
+    own check) and writes nothing."""
+    configure_groups(env, "g1", "g2")
+    zk = {"connect": env.zk_connect, "chroot": env.chroot}
+    base = f"/apis/understudy.io/v1alpha1/namespaces/{NS}/brokertopics"
+    await env.w.api("POST", base, {
+        "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
+        "metadata": {"name": "wide", "namespace": NS},
+        "spec": {"groups": ["g1", "g2"], "ordered": True, "queuesPerGroup": 4,
+                 "zookeeper": zk}})
+    invalid = await eventually(lambda: (bt_ready(env, "wide") or {}).get("reason")
+                               == "InvalidSpec" and bt_ready(env, "wide"), what="InvalidSpec")
+    assert "one queue per group" in invalid["message"]
+    assert topic_doc(env, "wide") is None
+    await env.w.api("POST", base, {
+        "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
+        "metadata": {"name": "ledger", "namespace": NS},
+        "spec": {"groups": ["g2", "g1"], "ordered": True, "deletionPolicy": "ForceDelete",
+                 "zookeeper": zk}})
+    await eventually(lambda: (bt_ready(env, "ledger") or {}).get("status") == "True",
+                     what="ledger Ready")
+    doc = topic_doc(env, "ledger")
+    assert doc == TopicDoc("ledger", ("g2", "g1"), True)
+    chains = ChainDoc.from_json(env.admin.get(chains_path("ledger"))[0]).check(("g1", "g2"))
+    assert (chains.send, chains.consume_groups()) == (("g2", "g1"), ("g2",))
+    await env.w.api("DELETE", f"{base}/ledger")
+    await eventually(lambda: env.w.get(BT, "ledger") is None, what="ledger resource gone")
+    assert topic_doc(env, "ledger") is None
+    assert env.admin.exists(ordered_dir("ledger")) is None
 
 
 async def test_brokertopic_force_delete_removes_the_topic_and_ordered_is_never_flipped(

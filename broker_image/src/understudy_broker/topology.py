@@ -32,6 +32,10 @@ class TopicPlanError(ValueError):
         self.code = code
 
 
+_ORDERED_QUEUES: Final = ("an ordered topic has one queue per group: strict order needs one "
+                          "sequence per group (omit --queues-per-group, or pass 1)")
+
+
 def _check_groups(groups: Sequence[str], known: Collection[str]) -> None:
     if not groups:
         raise TopicPlanError("no-groups", "a topic needs at least one group (--groups g1,g2)")
@@ -69,6 +73,8 @@ def plan_create(name: str, groups: Sequence[str], per_group: int, *, known_group
         raise TopicPlanError("bad-name", str(exc)) from None
     _check_groups(groups, known_groups)
     _check_count(per_group)
+    if ordered and per_group != 1:
+        raise TopicPlanError("ordered-queues", _ORDERED_QUEUES)
     if retention_hours is not None and retention_hours < 1:
         raise TopicPlanError("bad-retention", "retention must be at least 1 hour")
     return TopicDoc(name, tuple(_interleave(groups, per_group)), ordered, retention_hours)
@@ -95,6 +101,13 @@ def plan_alter(doc: TopicDoc, *, known_groups: Collection[str], add_groups: Sequ
             raise TopicPlanError("not-a-member", f"topic {doc.name!r} has no queues on group {g!r}")
     if queues_per_group is not None:
         _check_count(queues_per_group)
+    if doc.ordered and queues_per_group not in (None, 1):
+        raise TopicPlanError("ordered-queues", _ORDERED_QUEUES)
+    if doc.ordered and remove_groups:
+        raise TopicPlanError(
+            "ordered-remove", f"topic {doc.name!r} is ordered: removing a group from its "
+            "chains is not supported yet (the group would first have to leave the send chain "
+            "and be drained from the consume chain; docs/ordered.md)")
     per_now = max((len(doc.queues_of(g)) for g in current), default=1)
     per = queues_per_group if queues_per_group is not None else per_now
     removed: list[int] = [q for q, g in enumerate(queues) if g in remove_groups]

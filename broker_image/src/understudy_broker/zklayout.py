@@ -117,13 +117,18 @@ GROUPS_DIR = "/groups"
 _MEMBER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
+def ordered_dir(topic: str) -> str:
+    """``/ordered/<topic>``: an ordered topic's coordination nodes."""
+    try:
+        return f"{ORDERED_DIR}/{check_topic_name(topic)}"
+    except TopicNameError as exc:
+        raise LayoutError(str(exc)) from None
+
+
 def chains_path(topic: str) -> str:
     """``/ordered/<topic>/chains``: the send and consume chains of an ordered topic, one
     document so that one versioned write moves both (docs/ordered.md)."""
-    try:
-        return f"{ORDERED_DIR}/{check_topic_name(topic)}/chains"
-    except TopicNameError as exc:
-        raise LayoutError(str(exc)) from None
+    return f"{ordered_dir(topic)}/chains"
 
 
 def topic_path(topic: str) -> str:

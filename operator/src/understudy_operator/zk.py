@@ -34,6 +34,12 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 
 from understudy_broker import zkclient
 from understudy_broker.model import GroupState
+from understudy_broker.topicnodes import (
+    OrderedNodesLeft,
+    TopicNodesExist,
+    create_topic_nodes,
+    delete_topic_nodes,
+)
 from understudy_broker.zkclient import digest_acl, kazoo_future, make_client
 from understudy_broker.zklayout import (
     CONTROLLERS_DIR,
@@ -365,11 +371,19 @@ class ZkGateway:
         """Create the topic (``version`` -1) or replace the version read; ``False`` when
         it exists already (create) or someone else changed it first."""
         if version < 0:
-            return await self.create(topic_path(doc.name), doc.to_json()) is not None
+            try:  # an ordered topic with its chains, in one transaction
+                await create_topic_nodes(self.client, doc, acl=self.acl,
+                                         loop=asyncio.get_running_loop())
+            except OrderedNodesLeft:
+                raise
+            except TopicNodesExist:
+                return False
+            return True
         return await self.set_data(topic_path(doc.name), doc.to_json(), version=version)
 
     async def delete_topic(self, topic: str) -> bool:
-        return await self.delete(topic_path(topic))
+        """Delete the topic (with an ordered topic's chains); ``False`` when it was gone."""
+        return await delete_topic_nodes(self.client, topic, loop=asyncio.get_running_loop())
 
     async def delete_group(self, group: str) -> None:
         """Remove ``/groups/<group>`` and ``/controllers/<group>`` recursively."""

@@ -390,8 +390,10 @@ def topic() -> None:
 @click.option("--groups", default=None, metavar="G1,G2",
               help="Spread the topic over these broker groups (a cluster topic).")
 @click.option("--queues-per-group", type=click.IntRange(1, 1024), default=None,
-              help="Queues on each group of --groups (default 4).")
-@click.option("--ordered", is_flag=True, help="A strictly ordered topic.")
+              help="Queues on each group of --groups (default 4; an ordered topic has 1).")
+@click.option("--ordered", is_flag=True,
+              help="A strictly ordered topic: one queue per group, written through the send "
+                   "chain and read through the consume chain (docs/ordered.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the topic as one JSON object.")
 def topic_create(bootstrap: tuple[str, ...], name: str, queues: int, groups: str | None,
                  queues_per_group: int | None, ordered: bool, as_json: bool) -> None:
@@ -414,7 +416,8 @@ def topic_create(bootstrap: tuple[str, ...], name: str, queues: int, groups: str
         click.echo(f"topic {resp.topic}: {verb}, {resp.queues} queues")
         return
     names = [g.strip() for g in groups.split(",") if g.strip()]
-    req = p.AdminTopicRequest("create", name, names, queues_per_group or 4, ordered=ordered)
+    per_group = queues_per_group or (1 if ordered else 4)
+    req = p.AdminTopicRequest("create", name, names, per_group, ordered=ordered)
     _admin(boot, req, as_json)
 
 

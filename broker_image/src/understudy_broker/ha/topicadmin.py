@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from understudy_broker import protocol as p
 from understudy_broker.ha.authority import Authority
+from understudy_broker.topicnodes import TopicNodesExist, create_topic_nodes, delete_topic_nodes
 from understudy_broker.topology import check_delete, plan_alter, plan_create
 from understudy_broker.zkclient import kazoo_future
 from understudy_broker.zklayout import LayoutError, TopicDoc, topic_path
@@ -39,11 +40,9 @@ class TopicAdmin:
             doc = plan_create(req.topic, req.groups, req.queues_per_group or 1,
                               known_groups=known_groups, ordered=req.ordered)
             try:
-                await kazoo_future(loop, client.create_async(path, doc.to_json(), acl=view.acl,
-                                                             makepath=True))
-            except NodeExistsError:
-                raise TopicConflict(f"topic {req.topic!r} exists already "
-                                    "(understudy topic alter changes it)") from None
+                await create_topic_nodes(client, doc, acl=view.acl, loop=loop)
+            except TopicNodesExist as exc:
+                raise TopicConflict(str(exc)) from None
             await view.wait_topic(req.topic, doc)
             return doc
         try:
@@ -60,7 +59,10 @@ class TopicAdmin:
         try:
             if req.action == "delete":
                 check_delete(current, backlog=req.backlog, force=req.force)
-                await kazoo_future(loop, client.delete_async(path, version=stat.version))
+                # An ordered topic's chains go with it, in the same transaction.
+                if not await delete_topic_nodes(client, req.topic, loop=loop,
+                                                version=stat.version):
+                    raise NoNodeError
                 await view.wait_topic(req.topic, None)
                 return None
             doc = plan_alter(current, known_groups=known_groups, add_groups=req.add_groups,

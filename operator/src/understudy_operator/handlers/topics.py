@@ -24,6 +24,7 @@ import kopf
 
 from understudy_broker.admin import backlog_of, describe_topic
 from understudy_broker.client import BrokerError
+from understudy_broker.topicnodes import OrderedNodesLeft
 from understudy_broker.topology import TopicPlanError
 from understudy_broker.zklayout import GroupConfig, TopicDoc
 from understudy_operator.handlers import events
@@ -90,6 +91,11 @@ async def reconcile_topic(rt: Runtime, *, body: Mapping[str, Any]) -> None:
             written = await zk.write_topic(plan.doc, version=version)
         except ZkError as exc:
             raise kopf.TemporaryError(f"ZooKeeper: {exc!r}", delay=5) from exc
+        except OrderedNodesLeft as exc:
+            rt.metrics.errors.labels("topic", "ordered-leftover").inc()
+            await _report(rt, body, ready=False, reason="Refused", message=str(exc), warn=True,
+                          placed=current, spec=spec)
+            return
         if not written:  # another writer (a replica, the CLI) got there first: re-read
             raise kopf.TemporaryError(f"topic {spec.topic!r} changed while syncing", delay=1)
         placed = plan.doc

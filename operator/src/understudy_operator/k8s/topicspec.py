@@ -77,9 +77,13 @@ def parse_topic_spec(spec: Mapping[str, Any], *, name: str,
         where = "spec.topicName" if "topicName" in spec else "metadata.name"
         p.add(f"{where}: {exc}")
     groups = _groups(p, spec.get("groups"))
-    per_group = p.integer(spec, "spec", "queuesPerGroup", default=DEFAULT_QUEUES_PER_GROUP,
-                          minimum=1, maximum=MAX_QUEUES_PER_GROUP)
     ordered = p.boolean(spec, "spec", "ordered", default=False)
+    per_group = p.integer(spec, "spec", "queuesPerGroup",
+                          default=1 if ordered else DEFAULT_QUEUES_PER_GROUP,
+                          minimum=1, maximum=MAX_QUEUES_PER_GROUP)
+    if ordered and per_group != 1:
+        p.add("spec.queuesPerGroup: an ordered topic has one queue per group "
+              "(omit queuesPerGroup, or set 1)")
     policy = DeletionPolicy(p.enum_str(spec, "spec", "deletionPolicy", tuple(DeletionPolicy),
                                        default=DeletionPolicy.RETAIN.value))
     raw_zk = spec.get("zookeeper")
