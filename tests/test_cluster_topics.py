@@ -18,10 +18,25 @@ from click.testing import CliRunner
 
 from understudy_broker import protocol as p
 from understudy_broker.cli.client import consumer_group, produce, topic
-from understudy_broker.client import BrokerError, Consumer, Producer, Router, request_once
+from understudy_broker.client import (
+    BrokerError,
+    Connection,
+    Consumer,
+    Producer,
+    Router,
+    request_once,
+)
 from understudy_broker.model import Permission
 from understudy_broker.zkclient import make_client
-from understudy_broker.zklayout import ChainDoc, chains_path, ordered_dir, topic_path
+from understudy_broker.zklayout import (
+    BrokerStatus,
+    ChainDoc,
+    OrderedFacts,
+    chains_path,
+    ordered_dir,
+    status_path,
+    topic_path,
+)
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
 
@@ -35,6 +50,13 @@ def cluster(two_groups: tuple[Path, ClusterPlan]) -> tuple[Path, ClusterPlan]:
 
 def address(plan: ClusterPlan, broker: str) -> str:
     return plan.address(broker)
+
+
+def wait_until(cond: Any, what: str, within_s: float = 15.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def cli(command: Any, *args: str) -> Any:
@@ -308,6 +330,33 @@ def test_an_ordered_topic_is_created_with_its_chains_and_deleted_with_them(
         chains = ChainDoc.from_json(raw).check(("g1", "g2"))
         assert chains.send == ("g2", "g1")  # the first group is the send head
         assert chains.consume_groups() == ("g2",)
+
+        # The send head's reader publishes what the chain mover needs: the log end of the
+        # topic's queue there, how far the consumer groups got, the chain epoch applied.
+        def facts() -> OrderedFacts | None:
+            raw, _ = zk.get(status_path("g2", "g2-0"))
+            return BrokerStatus.from_json(raw).ordered.get("ledger")
+
+        async def send_three() -> None:
+            async with Producer([b]) as prod:
+                for i in range(3):
+                    await (await prod.send("ledger", b"o%d" % i, queue=0))  # queue 0: g2
+
+        asyncio.run(send_three())
+        wait_until(lambda: facts() == OrderedFacts(end=3, consumed=3, view_epoch=1),
+                   "g2-0 publishing end 3 (no consumer group yet: nothing held)")
+
+        async def commit_one() -> None:
+            conn = await Connection.open(address(plan, "g2-0"))
+            try:
+                await conn.request(p.Op.COMMIT_OFFSET,
+                                   p.CommitOffsetRequest("audit", "ledger", {0: 1}).encode())
+            finally:
+                await conn.close()
+
+        asyncio.run(commit_one())
+        wait_until(lambda: facts() == OrderedFacts(end=3, consumed=1, view_epoch=1),
+                   "g2-0 publishing the consumer group's offset")
 
         out = CliRunner().invoke(topic, ["alter", "-b", b, "-t", "ledger",
                                          "--remove-groups", "g1", "--force"])

@@ -110,3 +110,27 @@ def test_a_hand_edited_impossible_shape_is_refused_with_a_clear_error(
 def test_a_malformed_document_is_a_layout_error(raw: bytes) -> None:
     with pytest.raises(LayoutError):
         ChainDoc.from_json(raw)
+
+
+def test_consumed_upto_counts_every_consumer_group_that_committed_on_the_topic() -> None:
+    from understudy_broker.chains import consumed_upto
+
+    assert consumed_upto({}, "t", 0, end=9) == 9  # nobody consumes: nothing is held
+    assert consumed_upto({"cg": {"other": {0: 1}}}, "t", 0, end=9) == 9
+    offsets = {"a": {"t": {0: 7}}, "b": {"t": {0: 4}}}
+    assert consumed_upto(offsets, "t", 0, end=9) == 4  # the slowest group
+    # A group that committed on the topic but not yet on this queue has read none of it.
+    assert consumed_upto({"a": {"t": {0: 7}}, "b": {"t": {1: 3}}}, "t", 0, end=9) == 0
+
+
+def test_a_status_carries_each_ordered_topics_facts_and_old_statuses_still_parse() -> None:
+    from understudy_broker.model import Permission
+    from understudy_broker.zklayout import BrokerStatus, OrderedFacts
+
+    st = BrokerStatus("g1-0", Permission.FULL, 3, ordered={"t": OrderedFacts(9, 4, 2)})
+    assert BrokerStatus.from_json(st.to_json()) == st
+    old = b'{"broker": "g1-0", "effective": "FULL", "epochApplied": 3}'
+    assert BrokerStatus.from_json(old).ordered == {}
+    with pytest.raises(LayoutError):
+        BrokerStatus.from_json(b'{"broker": "b", "effective": "FULL", "epochApplied": 1, '
+                               b'"ordered": {"t": {"end": 1}}}')

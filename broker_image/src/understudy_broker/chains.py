@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from understudy_broker.model import Snapshot
 from understudy_broker.zklayout import ChainDoc, Link
 
 
@@ -45,6 +46,18 @@ class GroupFacts:
     @property
     def no_backlog(self) -> bool:
         return self.consumed >= self.end
+
+
+def consumed_upto(offsets: Snapshot, topic: str, queue: int, end: int) -> int:
+    """The lowest committed offset of ``queue`` over the consumer groups that committed
+    anything on ``topic`` (one that has not reached this queue yet counts as 0); ``end``
+    when no consumer group has committed on the topic. A consumer group counts from its
+    first commit on the topic: one that subscribed and never committed does not hold a
+    group in the consume chain (docs/ordered.md)."""
+    groups = [queues for topics in offsets.values() if (queues := topics.get(topic))]
+    if not groups:
+        return end
+    return min(queues.get(queue, 0) for queues in groups)
 
 
 def initial_chains(topic: str, groups: Sequence[str]) -> ChainDoc:

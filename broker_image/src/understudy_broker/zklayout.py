@@ -374,6 +374,17 @@ def decode_state(data: bytes) -> GroupState:
 
 
 @dataclass(frozen=True, slots=True)
+class OrderedFacts:
+    """What a group's reader reports for one ordered topic (docs/ordered.md): the log end of
+    the topic's queue on the group, the lowest offset committed there over the consumer
+    groups that committed on the topic, and the chain epoch the broker had applied."""
+
+    end: int
+    consumed: int
+    view_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerStatus:
     """``/groups/<group>/status/<broker>``, refreshed by the broker about once a second.
 
@@ -395,10 +406,13 @@ class BrokerStatus:
     ready: bool = False
     pid: int | None = None
     updated_ms: int = 0
+    ordered: dict[str, OrderedFacts] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return _dump(
             {
+                "ordered": {t: {"end": f.end, "consumed": f.consumed, "viewEpoch": f.view_epoch}
+                            for t, f in sorted(self.ordered.items())},
                 "broker": self.broker,
                 "effective": self.effective.label,
                 "epochApplied": self.epoch_applied,
@@ -433,8 +447,11 @@ class BrokerStatus:
                 ready=bool(doc.get("ready", False)),
                 pid=None if pid is None else int(pid),
                 updated_ms=int(doc.get("updatedMs", 0)),
+                ordered={str(t): OrderedFacts(int(f["end"]), int(f["consumed"]),
+                                              int(f["viewEpoch"]))
+                         for t, f in (doc.get("ordered") or {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LayoutError(f"status: malformed document: {exc!r}") from exc
 
 

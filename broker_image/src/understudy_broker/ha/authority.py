@@ -31,7 +31,7 @@ from understudy_broker.config import BrokerConfig, Peer
 from understudy_broker.model import Health, Permission, Role, Snapshot, effective_permission
 from understudy_broker.protocol import BrokerRoute, GroupRoute
 from understudy_broker.replication.isr import IsrStore
-from understudy_broker.zklayout import GroupConfig
+from understudy_broker.zklayout import GroupConfig, OrderedFacts
 
 if TYPE_CHECKING:
     from understudy_broker.ha.clusterview import ClusterView
@@ -63,6 +63,9 @@ class BrokerHooks:
     #: Called on the loop when the group's master registers again (its ``live`` node
     #: reappears): a slave reconnects its replication link at once.
     master_back: Callable[[], None] = lambda: None
+    #: Per ordered topic with a queue on this group: what the chain mover needs from this
+    #: broker (its status publishes it; docs/ordered.md).
+    ordered: Callable[[], dict[str, OrderedFacts]] = dict
 
 
 class Authority(Protocol):

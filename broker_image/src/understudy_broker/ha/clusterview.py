@@ -33,9 +33,11 @@ from understudy_broker.zklayout import (
     GROUPS_DIR,
     TOPICS_DIR,
     BrokerStatus,
+    ChainDoc,
     GroupConfig,
     LayoutError,
     TopicDoc,
+    chains_path,
     config_path,
     live_dir,
     status_dir,
@@ -68,6 +70,10 @@ class ClusterView:
         self._loop = loop
         self._listeners: list[Callable[[], None]] = []
         self.topics: dict[str, TopicDoc] = {}
+        #: Each ordered topic's chains (docs/ordered.md), by watch; a document whose shape
+        #: is impossible is logged and not applied.
+        self.chains: dict[str, ChainDoc] = {}
+        self._chain_watches: set[str] = set()
         self._groups: dict[str, _Group] = {}
         self.version = 0
         self._changed = asyncio.Event()
@@ -150,6 +156,35 @@ class ClusterView:
             return
         if self.topics.get(name) != doc:
             self.topics[name] = doc
+            self._bump()
+        if doc.ordered and name not in self._chain_watches:
+            self._chain_watches.add(name)
+            self._arm(self._client.DataWatch, chains_path(name), self._chains_watch(name))
+
+    def _chains_watch(self, name: str) -> Callable[..., Any]:
+        def fired(data: bytes | None, *_: Any) -> bool:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(self._apply_chains, name, data)
+                if data is None:  # the topic was deleted: a new one re-arms
+                    self._loop.call_soon_threadsafe(self._chain_watches.discard, name)
+            return data is not None
+        return fired
+
+    def _apply_chains(self, name: str, data: bytes | None) -> None:
+        if data is None:
+            if self.chains.pop(name, None) is not None:
+                self._bump()
+            return
+        topic = self.topics.get(name)
+        try:
+            doc = ChainDoc.from_json(data)
+            if topic is not None:
+                doc.check(topic.groups())
+        except LayoutError as exc:
+            log.error("ignoring the chains of %s: %s", name, exc)
+            return
+        if self.chains.get(name) != doc:
+            self.chains[name] = doc
             self._bump()
 
     # ------------------------------------------------------------------ groups

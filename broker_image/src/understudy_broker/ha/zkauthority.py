@@ -60,6 +60,7 @@ from understudy_broker.zklayout import (
     BrokerStatus,
     GroupConfig,
     LayoutError,
+    OrderedFacts,
     decode_isr,
     encode_isr,
 )
@@ -148,6 +149,7 @@ class ZkAuthority(BrokerIdentity):
         self._health = Health()
         self._facts: Callable[[], ReplicationFacts] = ReplicationFacts
         self._master_back: Callable[[], None] = lambda: None
+        self._ordered: Callable[[], dict[str, OrderedFacts]] = dict
         self._backsync: BackSyncer | None = None
         self._listeners: list[Listener] = []
         self._coord: BrokerCoordinator | None = None
@@ -212,6 +214,7 @@ class ZkAuthority(BrokerIdentity):
         from; call before :meth:`start`."""
         self._facts = hooks.facts
         self._master_back = hooks.master_back
+        self._ordered = hooks.ordered
         self._backsync = BackSyncer(
             role=self._role, name=self._name, group=self._group,
             state=lambda: self._coord.state if self._coord is not None else None,
@@ -375,6 +378,7 @@ class ZkAuthority(BrokerIdentity):
             slave_once_connected=self._health.slave_once_connected,
             backsync_epoch=facts.backsync_epoch, ready=ready,
             pid=os.getpid(), updated_ms=int(time.time() * 1000),
+            ordered=self._ordered() if eff & Permission.READ else {},
         )
 
     async def _publish_loop(self) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from understudy_broker import protocol as p
+from understudy_broker.chains import consumed_upto
 from understudy_broker.config import BrokerConfig, ConfigError, spec_mismatch
 from understudy_broker.ha.authority import (
     Authority,
@@ -53,6 +54,7 @@ from understudy_broker.server.requests import AppendSignal, Requests
 from understudy_broker.storage.commitlog import FlushPolicy, Retention
 from understudy_broker.storage.store import Store
 from understudy_broker.tasks import stop_tasks
+from understudy_broker.zklayout import OrderedFacts
 
 log = logging.getLogger("understudy.broker")
 
@@ -154,7 +156,8 @@ class Broker:
             self._permlog.open()
             self.authority.subscribe(self._on_authority_change)
             self.authority.attach(BrokerHooks(facts=self._facts, offsets=store.offsets.snapshot,
-                                              master_back=self._master_back))
+                                              master_back=self._master_back,
+                                              ordered=self._ordered_facts))
             await self.authority.start()
             group = await self.authority.wait_config(CONFIG_WAIT_S)
             if group is not None and (problem := spec_mismatch(cfg, group)) is not None:
@@ -307,6 +310,25 @@ class Broker:
         return self.authority.ready(master_link=link)
 
     # ---- facts for coordination -----------------------------------------------------
+
+    def _ordered_facts(self) -> dict[str, OrderedFacts]:
+        """For each ordered topic with a queue on this group: its log end here, how far
+        every consumer group that committed on it got, and the chain epoch applied."""
+        view, parts = self.authority.cluster, self._parts
+        if view is None or parts is None:
+            return {}
+        mine = {name: queues[0] for name, doc in view.topics.items()
+                if doc.ordered and (queues := doc.queues_of(self.authority.group))}
+        if not mine:
+            return {}
+        out: dict[str, OrderedFacts] = {}
+        offsets = parts.store.offsets.snapshot()
+        for name, queue in mine.items():
+            end = parts.store.log.queue_end(name, queue)
+            chains = view.chains.get(name)
+            out[name] = OrderedFacts(end, consumed_upto(offsets, name, queue, end),
+                                     chains.epoch if chains is not None else 0)
+        return out
 
     def _master_back(self) -> None:
         if self._parts is not None:
