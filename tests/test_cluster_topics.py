@@ -31,6 +31,7 @@ from understudy_broker.zkclient import make_client
 from understudy_broker.zklayout import (
     BrokerStatus,
     ChainDoc,
+    Link,
     OrderedFacts,
     chains_path,
     ordered_dir,
@@ -366,5 +367,74 @@ def test_an_ordered_topic_is_created_with_its_chains_and_deleted_with_them(
         assert zk.exists(topic_path("ledger")) is None
         assert zk.exists(ordered_dir("ledger")) is None
     finally:
+        zk.stop()
+        zk.close()
+
+
+def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """docs/ordered.md's worked example on real processes: the send head's master is
+    killed, so the next group becomes head and the consume tail in one write; the old head
+    stays in the consume chain until the consumer group has read it to its end (through
+    its acting slave); its restarted master rejoins the send chain's tail."""
+    directory, plan = cluster
+    b = address(plan, "g2-0")
+    zk = make_client(plan.zk_connect, timeout_s=5.0)
+    zk.start(timeout=10)
+    seen: list[tuple[tuple[str, ...], tuple[Link, ...]]] = []
+
+    def chains() -> ChainDoc:
+        doc = ChainDoc.from_json(zk.get(chains_path("chained"))[0]).check(("g1", "g2"))
+        if not seen or seen[-1] != (doc.send, doc.consume):
+            seen.append((doc.send, doc.consume))
+        return doc
+
+    async def commit(broker: str, offset: int) -> None:
+        conn = await Connection.open(address(plan, broker))
+        try:
+            frame = await conn.request(p.Op.COMMIT_OFFSET, p.CommitOffsetRequest(
+                "replay", "chained", {0: offset}).encode())
+            assert p.OffsetsResponse.decode(frame).offsets[0] == offset
+        finally:
+            await conn.close()
+
+    async def send_three() -> None:
+        async with Producer([b]) as prod:
+            for i in range(3):
+                await (await prod.send("chained", b"c%d" % i, queue=0))  # queue 0: g1
+
+    try:
+        assert cli(topic, "create", "-b", b, "-t", "chained", "--groups", "g1,g2",
+                   "--ordered").exit_code == 0
+        asyncio.run(send_three())
+        asyncio.run(commit("g1-0", 1))  # the consumer group read one of g1's three
+        wait_until(lambda: chains().consume == (Link("g1"),), "the initial chains")
+
+        lc.kill(directory, "g1-0")
+        wait_until(lambda: chains().send == ("g2",), "g2 as the send head")
+        moved = chains()
+        assert moved.consume == (Link("g1", moved.head_epoch), Link("g2"))
+        time.sleep(1.0)  # g1 still holds two unread messages: it must stay
+        assert chains().consume_groups() == ("g1", "g2")
+
+        asyncio.run(commit("g1-1", 3))  # read to the end through the acting slave
+        wait_until(lambda: chains().consume == (Link("g2"),), "g1 drained and gone")
+
+        lc.start(directory, "g1-0")
+        lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
+                             deadline=time.monotonic() + 30)
+        wait_until(lambda: chains().send == ("g2", "g1"), "g1 back at the send tail")
+        epoch = chains().head_epoch
+        assert seen == [
+            (("g1", "g2"), (Link("g1"),)),
+            (("g2",), (Link("g1", epoch), Link("g2"))),
+            (("g2",), (Link("g2"),)),
+            (("g2", "g1"), (Link("g2"),)),
+        ]
+    finally:
+        with contextlib.suppress(lc.LocalError):  # already running: nothing to restore
+            lc.start(directory, "g1-0")
+            lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
+                                 deadline=time.monotonic() + 30)
         zk.stop()
         zk.close()

@@ -48,6 +48,7 @@ from understudy_broker.zklayout import (
     status_path,
 )
 from understudy_operator import zk as zkio
+from understudy_operator.controller.chainmover import ChainMover
 from understudy_operator.controller.liveness import LivenessSource
 from understudy_operator.controller.machine import PHASES, Decision, Memory, decide, initial_state
 from understudy_operator.controller.topicview import (
@@ -162,6 +163,7 @@ class Controller:
         self.generation = 0  # bumped on every session loss: leadership is per session
         self.drivers = [GroupDriver(self, g) for g in groups]
         self.topics = TopicExporter(self)
+        self.chains = ChainMover(self)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -176,6 +178,7 @@ class Controller:
         for d in self.drivers:
             self._tasks.append(self.loop.create_task(d.run(), name=f"controller-{d.group}"))
         self._tasks.append(self.loop.create_task(self.topics.run(), name="controller-topics"))
+        self._tasks.append(self.loop.create_task(self.chains.run(), name="controller-chains"))
 
     async def stop(self) -> None:
         """Resign: stop deciding, then close the session so followers take over at once."""
