@@ -398,15 +398,15 @@ def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
         finally:
             await conn.close()
 
-    async def send_three() -> None:
+    async def send(n: int) -> list[int]:
+        """Unkeyed sends: an ordered topic's go to the send head's queue, all of them."""
         async with Producer([b]) as prod:
-            for i in range(3):
-                await (await prod.send("chained", b"c%d" % i, queue=0))  # queue 0: g1
+            return [(await (await prod.send("chained", b"c%d" % i)))[0] for i in range(n)]
 
     try:
         assert cli(topic, "create", "-b", b, "-t", "chained", "--groups", "g1,g2",
                    "--ordered").exit_code == 0
-        asyncio.run(send_three())
+        assert asyncio.run(send(3)) == [0, 0, 0]  # queue 0 is g1's: the head
         asyncio.run(commit("g1-0", 1))  # the consumer group read one of g1's three
         wait_until(lambda: chains().consume == (Link("g1"),), "the initial chains")
 
@@ -414,6 +414,7 @@ def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
         wait_until(lambda: chains().send == ("g2",), "g2 as the send head")
         moved = chains()
         assert moved.consume == (Link("g1", moved.head_epoch), Link("g2"))
+        assert asyncio.run(send(2)) == [1, 1]  # g2's queue now
         time.sleep(1.0)  # g1 still holds two unread messages: it must stay
         assert chains().consume_groups() == ("g1", "g2")
 
@@ -424,6 +425,12 @@ def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
         lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
                              deadline=time.monotonic() + 30)
         wait_until(lambda: chains().send == ("g2", "g1"), "g1 back at the send tail")
+        # g1 is writable again but waits in the send chain: it refuses the topic's writes.
+        refused = asyncio.run(request_once(address(plan, "g1-0"), p.Op.PRODUCE,
+                                           p.encode_produce("chained", [(0, None, b"x")])))
+        assert refused.status == p.Status.NOT_SEND_HEAD
+        assert "its send head is g2, not 'g1'" in p.error_message(refused)
+        assert asyncio.run(send(1)) == [1]
         epoch = chains().head_epoch
         assert seen == [
             (("g1", "g2"), (Link("g1"),)),

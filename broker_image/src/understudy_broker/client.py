@@ -320,6 +320,14 @@ class Router:
             return list(range(route.topics[topic]))
         return [q for q, g in enumerate(placed) if g is not None]
 
+    def send_head(self, topic: str) -> tuple[bool, str | None]:
+        """``(ordered, head)``: whether ``topic`` is an ordered topic, and its send head
+        (None while no group can take its writes)."""
+        route = self.route
+        if route is None or topic not in route.send_heads:
+            return False, None
+        return True, route.send_heads[topic]
+
     def holds(self, group: str, need: Permission) -> bool:
         """The route shows a reachable broker of ``group`` holding ``need``."""
         return self.route is not None and any(
@@ -702,6 +710,10 @@ class Producer:
         """Round-robin over queues whose group has a writer and is not isolated; when
         every group is isolated, the least bad group's queues."""
         router, now = self.router, time.monotonic()
+        ordered, head = router.send_head(topic)
+        if ordered:  # only the send head takes an ordered topic's writes (docs/ordered.md)
+            mine = [q for q in live if router.group_of(topic, q) == head]
+            return mine[0] if mine else live[0]  # no head: the broker says so, we re-route
         rr = self._rr.setdefault(topic, itertools.count())
         def group(q: int) -> str:
             return router.group_of(topic, q) or ""
@@ -829,6 +841,8 @@ class Producer:
         live = self.router.live_queues(topic)
         if not movable or len({self.router.group_of(topic, q) for q in live}) < 2:
             return
+        if self.router.send_head(topic)[0]:
+            return  # an ordered topic: a copy on another group would be out of order
         self.faults.observe(group, (now - started) * 1000, now, failed=True, started=started)
         log.info("produce to %s on %s unanswered after %.0f ms: sending %d message(s) elsewhere",
                  topic, group, (now - started) * 1000, len(movable))

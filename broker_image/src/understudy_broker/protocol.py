@@ -98,11 +98,13 @@ class Status(enum.IntEnum):
     UNKNOWN_MEMBER = 13  # the member's session expired or it never joined: rejoin
     UNSUPPORTED = 14  # the broker runs without ZooKeeper: no cluster topics or consumer groups
     CONFLICT = 15  # the topic exists (create), or changed while being altered
+    NOT_SEND_HEAD = 16  # a write to an ordered topic on a group that is not its send head
 
 
 #: Refusals that mean "not the broker for this now": the client's route is stale (or the
 #: group has no writer yet); a re-route answers them, they say nothing about latency.
-ROUTING: Final = frozenset({Status.NO_PERMISSION, Status.NOT_MASTER, Status.STALE_EPOCH})
+ROUTING: Final = frozenset({Status.NO_PERMISSION, Status.NOT_MASTER, Status.STALE_EPOCH,
+                            Status.NOT_SEND_HEAD})
 
 #: Statuses after which a client should re-route and retry.
 RETRIABLE: Final = frozenset(
@@ -110,6 +112,7 @@ RETRIABLE: Final = frozenset(
         Status.NO_PERMISSION,
         Status.NOT_MASTER,
         Status.STALE_EPOCH,
+        Status.NOT_SEND_HEAD,
         Status.TIMEOUT,
         Status.NOT_ENOUGH_REPLICAS,
         Status.INTERNAL,
@@ -816,6 +819,9 @@ class RouteResponse:
     topic_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
     placement: Mapping[str, Sequence[str | None]] = field(default_factory=dict)
     version: int = 0
+    #: Ordered topics only: the group that takes the topic's writes now (its send head;
+    #: None while no group can), from the answering broker's view of the chains.
+    send_heads: Mapping[str, str | None] = field(default_factory=dict)
 
     def group_of(self, topic: str, queue: int) -> str | None:
         """The group holding ``queue`` of ``topic`` (None: unknown or removed)."""
@@ -838,6 +844,8 @@ class RouteResponse:
             info: dict[str, Any] = {"queues": n, "groups": list(self.topic_groups.get(t, ()))}
             if t in self.placement:
                 info["placement"] = list(self.placement[t])
+            if t in self.send_heads:
+                info["sendHead"] = self.send_heads[t]
             topics[t] = info
         return _json_body(
             {
@@ -866,6 +874,7 @@ class RouteResponse:
         topics: dict[str, int] = {}
         topic_groups: dict[str, list[str]] = {}
         placement: dict[str, list[str | None]] = {}
+        send_heads: dict[str, str | None] = {}
         for name, info in _field(data, "topics", dict).items():
             if not isinstance(info, dict):
                 raise _bad("topic info must be an object")
@@ -876,8 +885,14 @@ class RouteResponse:
                 if not isinstance(placed, list) or len(placed) != topics[name]:
                     raise _bad(f"topic {name!r}: placement must list a group per queue")
                 placement[name] = [None if x is None else str(x) for x in placed]
+            if "sendHead" in info:
+                head = info["sendHead"]
+                if head is not None and not isinstance(head, str):
+                    raise _bad(f"topic {name!r}: sendHead must be a group name or null")
+                send_heads[name] = head
         version = data.get("version", 0)
-        return cls(groups, topics, topic_groups, placement, version if isinstance(version, int) else 0)
+        return cls(groups, topics, topic_groups, placement,
+                   version if isinstance(version, int) else 0, send_heads)
 
 
 @dataclass(frozen=True, slots=True)

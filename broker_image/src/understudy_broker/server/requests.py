@@ -189,6 +189,23 @@ class Requests:
                     p.Status.BAD_REQUEST,
                     f"queue {q} of topic {topic!r} {where}, not on {self._cfg.group!r}")
 
+    def _check_send_head(self, topic: str) -> None:
+        """An ordered topic takes writes only on its send head (docs/ordered.md), as this
+        broker's watch of the chains says. (The send lease, which also fences a head whose
+        watch is late, is not built yet.)"""
+        view = self._authority.cluster
+        doc = None if view is None else view.topics.get(topic)
+        if view is None or doc is None or not doc.ordered:
+            return
+        chains = view.chains.get(topic)
+        head = chains.head if chains is not None else None
+        if head != self._cfg.group:
+            raise RequestError(
+                p.Status.NOT_SEND_HEAD,
+                f"topic {topic!r} is ordered and its send head is "
+                f"{head if head is not None else 'no group (sends wait for one)'}, "
+                f"not {self._cfg.group!r}")
+
     def _cluster(self) -> ClusterView:
         view = self._authority.cluster
         if view is None:
@@ -236,6 +253,7 @@ class Requests:
                 f"queue {bad[0]} does not exist: topic {topic!r} has {queues} queues",
             )
         self._check_placed(topic, {q for q, _k, _b in raw})
+        self._check_send_head(topic)
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
         # No await before the append: batches of one connection keep their order.
@@ -364,14 +382,19 @@ class Requests:
         for t, n in local.items():  # single-group topics (CREATE_TOPIC)
             if t not in view.topics and (req.topic is None or req.topic == t):
                 counts[t], topic_groups[t] = n, [self._cfg.group]
+        heads: dict[str, str | None] = {}
         for t, doc in cluster.items():
             counts[t] = len(doc.queues)
             topic_groups[t] = list(doc.groups())
             placement[t] = list(doc.queues)
+            if doc.ordered:
+                chains = view.chains.get(t)
+                heads[t] = chains.head if chains is not None else None
         wanted = set(view.groups()) if req.topic is None else {
             g for gs in topic_groups.values() for g in gs}
         groups = [*own, *(view.group_route(g) for g in sorted(wanted) if g != self._cfg.group)]
-        return p.RouteResponse(groups, counts, topic_groups, placement, view.version).encode()
+        return p.RouteResponse(groups, counts, topic_groups, placement, view.version,
+                               heads).encode()
 
     # ---- cluster: topics and consumer groups ------------------------------------------
 
