@@ -26,7 +26,7 @@ from understudy_broker.client import (
     Router,
     request_once,
 )
-from understudy_broker.model import Permission
+from understudy_broker.model import Mode, Permission
 from understudy_broker.zkclient import make_client
 from understudy_broker.zklayout import (
     BrokerStatus,
@@ -34,7 +34,9 @@ from understudy_broker.zklayout import (
     Link,
     OrderedFacts,
     chains_path,
+    decode_state,
     ordered_dir,
+    state_path,
     status_path,
     topic_path,
 )
@@ -51,6 +53,42 @@ def cluster(two_groups: tuple[Path, ClusterPlan]) -> tuple[Path, ClusterPlan]:
 
 def address(plan: ClusterPlan, broker: str) -> str:
     return plan.address(broker)
+
+
+def wait_known(plan: ClusterPlan, topic_name: str) -> None:
+    """Until every broker serves ``topic_name`` (the one that took the create answers once
+    its own view has it; the others learn it by watch a moment later)."""
+    async def known(broker: str) -> bool:
+        router = Router([address(plan, broker)])
+        try:
+            return topic_name in (await router.refresh()).placement
+        finally:
+            await router.close()
+
+    for broker in (b.name for g in plan.groups for b in g.brokers):
+        wait_until(lambda broker=broker: asyncio.run(known(broker)),
+                   f"{broker} serving {topic_name}")
+
+
+def wait_healthy(plan: ClusterPlan) -> None:
+    """Until every group is NORMAL with its master holding WRITE and its slave linked: what
+    the chain mover calls writable (a test before may have left a group recovering, and
+    the mover then rightly moves an ordered topic's head away from it)."""
+    zk = make_client(plan.zk_connect, timeout_s=5.0)
+    zk.start(timeout=10)
+
+    def healthy(group: str) -> bool:
+        state = decode_state(zk.get(state_path(group))[0])
+        st = BrokerStatus.from_json(zk.get(status_path(group, f"{group}-0"))[0])
+        return (state.mode is Mode.NORMAL and bool(st.effective & Permission.WRITE)
+                and bool(st.slave_links))
+
+    try:
+        for g in plan.groups:
+            wait_until(lambda g=g: healthy(g.group), f"{g.group} healthy", within_s=30)
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def wait_until(cond: Any, what: str, within_s: float = 15.0) -> None:
@@ -312,6 +350,7 @@ def test_an_ordered_topic_is_created_with_its_chains_and_deleted_with_them(
     nothing; a delete takes the chains with it."""
     _d, plan = cluster
     b = address(plan, "g1-1")
+    wait_healthy(plan)
     zk = make_client(plan.zk_connect, timeout_s=5.0)
     zk.start(timeout=10)
     try:
@@ -327,6 +366,7 @@ def test_an_ordered_topic_is_created_with_its_chains_and_deleted_with_them(
         assert out.exit_code == 0, out.output
         created = json.loads(out.output)
         assert [q["group"] for q in created["queues"]] == ["g2", "g1"]
+        wait_known(plan, "ledger")
         raw, _stat = zk.get(chains_path("ledger"))
         chains = ChainDoc.from_json(raw).check(("g1", "g2"))
         assert chains.send == ("g2", "g1")  # the first group is the send head
@@ -379,6 +419,7 @@ def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
     its acting slave); its restarted master rejoins the send chain's tail."""
     directory, plan = cluster
     b = address(plan, "g2-0")
+    wait_healthy(plan)
     zk = make_client(plan.zk_connect, timeout_s=5.0)
     zk.start(timeout=10)
     seen: list[tuple[tuple[str, ...], tuple[Link, ...]]] = []
@@ -406,6 +447,7 @@ def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
     try:
         assert cli(topic, "create", "-b", b, "-t", "chained", "--groups", "g1,g2",
                    "--ordered").exit_code == 0
+        wait_known(plan, "chained")
         assert asyncio.run(send(3)) == [0, 0, 0]  # queue 0 is g1's: the head
         asyncio.run(commit("g1-0", 1))  # the consumer group read one of g1's three
         wait_until(lambda: chains().consume == (Link("g1"),), "the initial chains")
@@ -445,3 +487,61 @@ def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
                                  deadline=time.monotonic() + 30)
         zk.stop()
         zk.close()
+
+
+def test_an_ordered_topic_is_consumed_in_order_through_its_send_heads_death(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """Invariant 7 end to end, through a master's kill -9: a member of the consumer group
+    reads the old head's rest (through its acting slave) before anything the new head took,
+    and two members never read the topic at once (one owns it)."""
+    directory, plan = cluster
+    boot = [address(plan, "g2-0"), address(plan, "g1-1")]
+    wait_healthy(plan)
+
+    async def run() -> tuple[list[bytes], list[list[int]]]:
+        async with Producer(boot) as prod:
+            async def send(*bodies: bytes) -> list[int]:
+                return [(await (await prod.send("inorder", body)))[0] for body in bodies]
+
+            a = Consumer(boot, group="replay", topic="inorder", max_wait_ms=100)
+            b = Consumer(boot, group="replay", topic="inorder", max_wait_ms=100)
+            got: list[bytes] = []
+            try:
+                await a.start()
+                await b.start()
+                assert await send(b"m0") == [0]
+                while len(got) < 1:
+                    got += [r.body for c in (a, b) for r in await c.getmany(timeout_s=0.2)]
+                for c in (a, b):
+                    await c.commit()
+                assert await send(b"m1", b"m2") == [0, 0]
+                lc.kill(directory, "g1-0")
+                deadline = time.monotonic() + 20
+                sent: list[int] = []
+                while not sent and time.monotonic() < deadline:  # until g2 is the head
+                    with contextlib.suppress(BrokerError):
+                        sent = await send(b"m3")
+                sent += await send(b"m4", b"m5")
+                while len(got) < 6 and time.monotonic() < deadline:
+                    for c in (a, b):
+                        batch = await c.getmany(timeout_s=0.2)
+                        got += [r.body for r in batch]
+                        if batch:
+                            await c.commit()
+                return got, [a.assigned, b.assigned, [sent[0]]]
+            finally:
+                await a.close()
+                await b.close()
+
+    try:
+        assert cli(topic, "create", "-b", boot[0], "-t", "inorder", "--groups", "g1,g2",
+                   "--ordered").exit_code == 0
+        wait_known(plan, "inorder")
+        got, (_a, _b, first_on_g2) = asyncio.run(run())
+    finally:
+        with contextlib.suppress(lc.LocalError):
+            lc.start(directory, "g1-0")
+        lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
+                             deadline=time.monotonic() + 30)
+    assert first_on_g2 == [1]  # m3 went to the new head, g2's queue
+    assert got == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]

@@ -320,6 +320,16 @@ class Router:
             return list(range(route.topics[topic]))
         return [q for q, g in enumerate(placed) if g is not None]
 
+    def consume_head(self, topic: str) -> tuple[bool, int | None]:
+        """``(ordered, queue)``: whether ``topic`` is an ordered topic, and the queue its
+        consumers read now (the consume chain's head group's; None while there is none)."""
+        route = self.route
+        if route is None or topic not in route.consume_heads:
+            return False, None
+        head = route.consume_heads[topic]
+        return True, next((q for q in self.live_queues(topic)
+                           if route.group_of(topic, q) == head), None)
+
     def send_head(self, topic: str) -> tuple[bool, str | None]:
         """``(ordered, head)``: whether ``topic`` is an ordered topic, and its send head
         (None while no group can take its writes)."""
@@ -809,7 +819,10 @@ class Producer:
                             i.future.set_result((q, off))
                     return
                 except BrokerError as exc:
-                    if not exc.retriable:
+                    # UNKNOWN_TOPIC for a topic our route holds: the broker's watch has not
+                    # caught up with a topic just created (send() checked the route).
+                    lagging = exc.status == p.Status.UNKNOWN_TOPIC and group is not None
+                    if not exc.retriable and not lagging:
                         _fail(items, exc)
                         return
                     error: Exception = exc
@@ -820,8 +833,8 @@ class Producer:
                 # we used is stale, not that the group is slow: re-routing (below) is the
                 # answer. Isolating for it kept a group that had just become writable again
                 # out of rotation for minutes.
-                if group is not None and not (isinstance(error, BrokerError)
-                                              and error.status in p.ROUTING):
+                if group is not None and not (isinstance(error, BrokerError) and (
+                        error.status in p.ROUTING or error.status == p.Status.UNKNOWN_TOPIC)):
                     self.faults.observe(group, (time.monotonic() - started) * 1000,
                                         time.monotonic(), failed=True, started=started)
                 await self.router.failed(Permission.WRITE, conn, group)
@@ -992,6 +1005,12 @@ class Consumer:
         self._lease_until = 0.0
         self._lock = asyncio.Lock()
         self._started = False
+        # An ordered topic (docs/ordered.md): the brokers assign its first queue, which
+        # stands for the topic; its owner reads the consume head's queue, and follows the
+        # consume chain as the route changes.
+        self._last_resp: p.MemberHeartbeatResponse | None = None
+        self._head_moved = asyncio.Event()
+        self._reapply: asyncio.Task[None] | None = None
 
     @property
     def positions(self) -> dict[int, int]:
@@ -1015,6 +1034,9 @@ class Consumer:
                               "topic: consumer-group membership needs `topic create --groups`")
         self._started = True
         if self.membership:
+            if self.router.consume_head(self.topic)[0]:
+                self.router.on_route(self._route_changed)
+                self._reapply = asyncio.create_task(self._follow_chain(), name="consume-chain")
             await self._join()
             self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="member-heartbeat")
             return
@@ -1089,11 +1111,34 @@ class Consumer:
     def _lease_valid(self) -> bool:
         return not self.membership or time.monotonic() < self._lease_until
 
+    def _unit(self) -> int | None:
+        """For an ordered topic, the queue that stands for it in the assignment."""
+        if not self.router.consume_head(self.topic)[0]:
+            return None
+        live = self.router.live_queues(self.topic)
+        return live[0] if live else None
+
+    def _route_changed(self, new: p.RouteResponse, old: p.RouteResponse | None) -> None:
+        """The consume head moved: stop reading the old head (it was read to its end: the
+        chain moves only then) and read the new one."""
+        if old is None or (new.consume_heads.get(self.topic)
+                           != old.consume_heads.get(self.topic)):
+            self._head_moved.set()
+
+    async def _follow_chain(self) -> None:
+        while True:
+            await self._head_moved.wait()
+            self._head_moved.clear()
+            if self._last_resp is not None:
+                await self._apply(self._last_resp)
+
     async def _beat(self, *, join: bool = False, wait_ms: int = 0) -> p.MemberHeartbeatResponse:
         released = sorted(self._released)
+        unit = self._unit()
         req = p.MemberHeartbeatRequest(
             self.group, self.member_id, [self.topic], int(self.session_timeout_s * 1000),
-            join=join, released=[(self.topic, q) for q in released],
+            join=join, released=sorted({(self.topic, q if unit is None else unit)
+                                        for q in released}),
             generation=self._generation, wait_ms=wait_ms)
         sent = time.monotonic()
         conn = await self.router.connection(Permission.NONE)
@@ -1119,8 +1164,13 @@ class Consumer:
 
     async def _apply(self, resp: p.MemberHeartbeatResponse) -> None:
         async with self._lock:
+            self._last_resp = resp
             owned = {q for t, q in resp.owned if t == self.topic}
             revoking = {q for t, q in resp.revoking if t == self.topic}
+            ordered, head = self.router.consume_head(self.topic)
+            if ordered:  # owning the topic's queue means reading the consume head's
+                owned = {head} if owned and head is not None else set()
+                revoking = owned if revoking else set()
             self._generation = resp.generation
             for q, (_token, task) in list(self._loops.items()):
                 if task.done():  # ended on NOT_OWNER or a lapsed lease: restart if ours
@@ -1366,6 +1416,9 @@ class Consumer:
         if self._heartbeat is not None:
             await stop_tasks([self._heartbeat])
             self._heartbeat = None
+        if self._reapply is not None:
+            await stop_tasks([self._reapply])
+            self._reapply = None
         for q in list(self._loops):
             await self._stop_queue(q)
 

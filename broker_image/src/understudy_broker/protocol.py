@@ -822,6 +822,8 @@ class RouteResponse:
     #: Ordered topics only: the group that takes the topic's writes now (its send head;
     #: None while no group can), from the answering broker's view of the chains.
     send_heads: Mapping[str, str | None] = field(default_factory=dict)
+    #: Ordered topics only: the group consumers read now (the consume chain's head).
+    consume_heads: Mapping[str, str | None] = field(default_factory=dict)
 
     def group_of(self, topic: str, queue: int) -> str | None:
         """The group holding ``queue`` of ``topic`` (None: unknown or removed)."""
@@ -846,6 +848,8 @@ class RouteResponse:
                 info["placement"] = list(self.placement[t])
             if t in self.send_heads:
                 info["sendHead"] = self.send_heads[t]
+            if t in self.consume_heads:
+                info["consumeHead"] = self.consume_heads[t]
             topics[t] = info
         return _json_body(
             {
@@ -875,6 +879,7 @@ class RouteResponse:
         topic_groups: dict[str, list[str]] = {}
         placement: dict[str, list[str | None]] = {}
         send_heads: dict[str, str | None] = {}
+        consume_heads: dict[str, str | None] = {}
         for name, info in _field(data, "topics", dict).items():
             if not isinstance(info, dict):
                 raise _bad("topic info must be an object")
@@ -885,14 +890,15 @@ class RouteResponse:
                 if not isinstance(placed, list) or len(placed) != topics[name]:
                     raise _bad(f"topic {name!r}: placement must list a group per queue")
                 placement[name] = [None if x is None else str(x) for x in placed]
-            if "sendHead" in info:
-                head = info["sendHead"]
-                if head is not None and not isinstance(head, str):
-                    raise _bad(f"topic {name!r}: sendHead must be a group name or null")
-                send_heads[name] = head
+            for key, heads in (("sendHead", send_heads), ("consumeHead", consume_heads)):
+                if key in info:
+                    head = info[key]
+                    if head is not None and not isinstance(head, str):
+                        raise _bad(f"topic {name!r}: {key} must be a group name or null")
+                    heads[name] = head
         version = data.get("version", 0)
         return cls(groups, topics, topic_groups, placement,
-                   version if isinstance(version, int) else 0, send_heads)
+                   version if isinstance(version, int) else 0, send_heads, consume_heads)
 
 
 @dataclass(frozen=True, slots=True)

@@ -497,6 +497,19 @@ class TopicDoc:
     def queues_of(self, group: str) -> tuple[int, ...]:
         return tuple(q for q, g in enumerate(self.queues) if g == group)
 
+    def assignable(self) -> tuple[int, ...]:
+        """The queues a consumer group hands out: every live queue, or for an ordered topic
+        only its first, which stands for the whole topic (one member reads it, in the
+        order of the consume chain; docs/ordered.md)."""
+        live = self.live_queues()
+        return live[:1] if self.ordered else live
+
+    def ownership_key(self, queue: int) -> int:
+        """The queue whose owner may pull or commit ``queue``: itself, or for an ordered
+        topic the queue that stands for the topic."""
+        live = self.live_queues()
+        return live[0] if self.ordered and live else queue
+
     def group_of(self, queue: int) -> str | None:
         return self.queues[queue] if 0 <= queue < len(self.queues) else None
 

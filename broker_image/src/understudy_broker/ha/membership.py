@@ -303,7 +303,9 @@ class Membership:
                 async with asyncio.timeout(1.0):
                     while generation > g.doc.generation:
                         await g.changed.wait()
-        owner = g.doc.owners.get((topic, queue))
+        doc = self._view.topics.get(topic)
+        key = queue if doc is None else doc.ownership_key(queue)
+        owner = g.doc.owners.get((topic, key))
         if owner is None or owner.member != member:
             holder = "nobody" if owner is None else repr(owner.member)
             raise MembershipError(
@@ -410,7 +412,7 @@ class Membership:
             self._rebalance_again.discard(cgroup)
             try:
                 members = self._with_ghosts(cgroup, await self._member_topics(cgroup))
-                queues = {t: list(d.live_queues()) for t, d in self._view.topics.items()}
+                queues = {t: list(d.assignable()) for t, d in self._view.topics.items()}
                 await self._update(cgroup, functools.partial(_rebalanced, members=members,
                                                              queues=queues))
             except Exception as exc:  # a ZooKeeper hiccup: the next change retries

@@ -383,6 +383,7 @@ class Requests:
             if t not in view.topics and (req.topic is None or req.topic == t):
                 counts[t], topic_groups[t] = n, [self._cfg.group]
         heads: dict[str, str | None] = {}
+        reads: dict[str, str | None] = {}
         for t, doc in cluster.items():
             counts[t] = len(doc.queues)
             topic_groups[t] = list(doc.groups())
@@ -390,11 +391,13 @@ class Requests:
             if doc.ordered:
                 chains = view.chains.get(t)
                 heads[t] = chains.head if chains is not None else None
+                reads[t] = chains.consume[0].group if chains is not None and chains.consume \
+                    else None
         wanted = set(view.groups()) if req.topic is None else {
             g for gs in topic_groups.values() for g in gs}
         groups = [*own, *(view.group_route(g) for g in sorted(wanted) if g != self._cfg.group)]
         return p.RouteResponse(groups, counts, topic_groups, placement, view.version,
-                               heads).encode()
+                               heads, reads).encode()
 
     # ---- cluster: topics and consumer groups ------------------------------------------
 
