@@ -604,6 +604,20 @@ async def _with_retries(
 # --------------------------------------------------------------------------- producer
 
 
+def _worth_retrying(exc: BrokerError) -> bool:
+    """A refused produce worth another attempt: a retriable status, or UNKNOWN_TOPIC for a
+    topic the route holds (``send`` checked it): a broker whose watch has not caught up
+    with a topic just created. Attempts stay bounded by the retries and the send timeout."""
+    return exc.retriable or exc.status == p.Status.UNKNOWN_TOPIC
+
+
+def _resolve(items: list[_Pending], resp: p.ProduceResponse) -> None:
+    """An acknowledged batch: each message's future gets its (queue, offset)."""
+    for i, (q, off) in zip(items, resp.offsets, strict=False):
+        if not i.future.done():
+            i.future.set_result((q, off))
+
+
 @dataclass(slots=True)
 class _Pending:
     queue: int
@@ -685,6 +699,8 @@ class Producer:
         # Half the window at most: a hung group's batches never starve the healthy groups.
         self._per_group_limit = min(max_in_flight_per_group, max(1, max_in_flight // 2))
         self._group_inflight: dict[str, asyncio.Semaphore] = {}
+        # Per ordered topic: one batch in flight, retried whole and first (docs/ordered.md).
+        self._ordered_turn: dict[str, asyncio.Lock] = {}
         self._buffered = asyncio.Semaphore(max_buffered)
         self._batches: dict[tuple[str, str | None], _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -785,6 +801,13 @@ class Producer:
         return sem
 
     async def _send_batch(self, topic: str, group: str | None, items: list[_Pending]) -> None:
+        if self.router.send_head(topic)[0]:
+            # An ordered topic: batches go one at a time, in the order they were made, and
+            # a failed one is re-sent whole to the send head before any later batch.
+            turn = self._ordered_turn.setdefault(topic, asyncio.Lock())
+            async with turn, self._inflight:
+                await self._send_ordered(topic, group, items)
+            return
         body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
         backoff = Backoff(self.retry_backoff_s, 2.0)
         async with self._window(group), self._inflight:
@@ -814,15 +837,10 @@ class Producer:
                     if group is not None:
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
                                             time.monotonic(), started=started)
-                    for i, (q, off) in zip(items, resp.offsets, strict=False):
-                        if not i.future.done():
-                            i.future.set_result((q, off))
+                    _resolve(items, resp)
                     return
                 except BrokerError as exc:
-                    # UNKNOWN_TOPIC for a topic our route holds: the broker's watch has not
-                    # caught up with a topic just created (send() checked the route).
-                    lagging = exc.status == p.Status.UNKNOWN_TOPIC and group is not None
-                    if not exc.retriable and not lagging:
+                    if not _worth_retrying(exc):
                         _fail(items, exc)
                         return
                     error: Exception = exc
@@ -843,6 +861,50 @@ class Producer:
                     return
                 await backoff.sleep()
                 body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
+
+    async def _send_ordered(self, topic: str, group: str | None, items: list[_Pending]) -> None:
+        """One batch of an ordered topic, to the send head, until acknowledged or past
+        its messages' send timeout: a refusal or a lost connection re-reads the route and
+        sends the same batch to the head it names (the old head may have stored it too:
+        those are duplicates, read before this copy, never out of order)."""
+        backoff = Backoff(self.retry_backoff_s, 2.0)
+        while True:
+            now = time.monotonic()
+            for i in items:
+                if not i.future.done() and now >= i.deadline:
+                    i.future.set_exception(BrokerError(
+                        p.Status.TIMEOUT, f"ordered topic {topic!r}: no send head took the "
+                        f"message within {self.send_timeout_s:g}s"))
+            items = [i for i in items if not i.future.done()]
+            if not items:
+                return
+            conn: Connection | None = None
+            try:
+                conn = await self.router.connection(Permission.WRITE, group)
+                body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
+                resp = p.ProduceResponse.decode(await conn.request(
+                    p.Op.PRODUCE, body, epoch=self.router.epoch_of(group),
+                    timeout_s=self.router.request_timeout_s))
+                _resolve(items, resp)
+                return
+            except BrokerError as exc:
+                if not _worth_retrying(exc):
+                    _fail(items, exc)
+                    return
+                error: Exception = exc
+            except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+                error = exc
+            log.info("ordered produce to %s on %s failed: %s", topic, group, error)
+            await self.router.failed(Permission.WRITE, conn, group)
+            ordered, head = self.router.send_head(topic)
+            live = self.router.live_queues(topic)
+            target = next((q for q in live if self.router.group_of(topic, q) == head), None)
+            if ordered and target is not None:
+                group = head
+                for i in items:
+                    if not i.pinned:
+                        i.queue = target
+            await backoff.sleep()
 
     def _hedge(self, topic: str, group: str, items: list[_Pending], started: float) -> None:
         """No answer from ``group`` within ``hedge_after_ms`` (a hung or very slow master):
