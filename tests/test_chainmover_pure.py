@@ -51,3 +51,12 @@ def test_no_reader_means_an_unknown_backlog_that_is_never_drained() -> None:
     assert not f.writable
     assert not f.no_backlog
     assert group_facts("t", None, None, None) == f
+
+
+def test_a_subscribed_consumer_group_that_never_committed_holds_the_group() -> None:
+    m = BrokerStatus("m", Permission.FULL, 3, slave_links=("s",),
+                     ordered={"t": OrderedFacts(9, 9, 2, groups=("replay",))})
+    assert group_facts("t", CONFIG, NORMAL, obs(m)).no_backlog  # replay read it all
+    held = group_facts("t", CONFIG, NORMAL, obs(m), subscribed={"replay", "late"})
+    assert held.consumed == 0  # "late" reads the topic and has committed nothing on it
+    assert group_facts("t", CONFIG, NORMAL, obs(m), subscribed={"replay"}).no_backlog

@@ -398,7 +398,8 @@ def test_an_ordered_topic_is_created_with_its_chains_and_deleted_with_them(
                 await conn.close()
 
         asyncio.run(commit_one())
-        wait_until(lambda: facts() == OrderedFacts(end=3, consumed=1, view_epoch=1),
+        wait_until(lambda: facts() == OrderedFacts(end=3, consumed=1, view_epoch=1,
+                                                   groups=("audit",)),
                    "g2-0 publishing the consumer group's offset")
 
         out = CliRunner().invoke(topic, ["alter", "-b", b, "-t", "ledger",
@@ -462,8 +463,24 @@ def test_the_controller_moves_an_ordered_topics_chains_through_a_master_kill(
         time.sleep(1.0)  # g1 still holds two unread messages: it must stay
         assert chains().consume_groups() == ("g1", "g2")
 
-        asyncio.run(commit("g1-1", 3))  # read to the end through the acting slave
-        wait_until(lambda: chains().consume == (Link("g2"),), "g1 drained and gone")
+        async def read_to_the_end() -> None:
+            # Another consumer group subscribes and commits nothing: it holds g1 too.
+            late = Consumer([b], group="late", topic="chained", max_wait_ms=100)
+            await late.start()
+            try:
+                await commit("g1-1", 3)  # "replay" read g1 to its end (the acting slave)
+                await asyncio.sleep(1.0)
+                assert chains().consume_groups() == ("g1", "g2")  # "late" has read nothing
+            finally:
+                await late.abort()  # crashes: its member goes once its session ends
+            leave = Consumer([b], group="late", topic="chained", max_wait_ms=100,
+                             session_timeout_ms=1000)
+            await leave.start()
+            await leave.close()  # joins and leaves cleanly, committing nothing
+
+        asyncio.run(read_to_the_end())
+        wait_until(lambda: chains().consume == (Link("g2"),), "g1 drained and gone",
+                   within_s=20)
 
         lc.start(directory, "g1-0")
         lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,

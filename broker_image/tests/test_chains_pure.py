@@ -127,10 +127,18 @@ def test_a_status_carries_each_ordered_topics_facts_and_old_statuses_still_parse
     from understudy_broker.model import Permission
     from understudy_broker.zklayout import BrokerStatus, OrderedFacts
 
-    st = BrokerStatus("g1-0", Permission.FULL, 3, ordered={"t": OrderedFacts(9, 4, 2)})
+    st = BrokerStatus("g1-0", Permission.FULL, 3,
+                      ordered={"t": OrderedFacts(9, 4, 2, groups=("a", "b"))})
     assert BrokerStatus.from_json(st.to_json()) == st
     old = b'{"broker": "g1-0", "effective": "FULL", "epochApplied": 3}'
     assert BrokerStatus.from_json(old).ordered == {}
     with pytest.raises(LayoutError):
         BrokerStatus.from_json(b'{"broker": "b", "effective": "FULL", "epochApplied": 1, '
                                b'"ordered": {"t": {"end": 1}}}')
+
+
+def test_committed_groups_are_those_with_a_commit_on_the_topic() -> None:
+    from understudy_broker.chains import committed_groups
+
+    offsets = {"b": {"t": {0: 1}}, "a": {"t": {1: 0}}, "c": {"other": {0: 5}}}
+    assert committed_groups(offsets, "t") == ("a", "b")

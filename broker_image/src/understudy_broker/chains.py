@@ -60,6 +60,12 @@ def consumed_upto(offsets: Snapshot, topic: str, queue: int, end: int) -> int:
     return min(queues.get(queue, 0) for queues in groups)
 
 
+def committed_groups(offsets: Snapshot, topic: str) -> tuple[str, ...]:
+    """The consumer groups that committed anything on ``topic`` (the ones
+    :func:`consumed_upto` counts)."""
+    return tuple(sorted(g for g, topics in offsets.items() if topics.get(topic)))
+
+
 def initial_chains(topic: str, groups: Sequence[str]) -> ChainDoc:
     """A new ordered topic: every group waits in the send chain, the first is head."""
     if not groups:

@@ -382,6 +382,9 @@ class OrderedFacts:
     end: int
     consumed: int
     view_epoch: int
+    #: The consumer groups ``consumed`` covers (those that committed on the topic); the
+    #: chain mover holds the group for a subscribed consumer group missing here.
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +414,8 @@ class BrokerStatus:
     def to_json(self) -> bytes:
         return _dump(
             {
-                "ordered": {t: {"end": f.end, "consumed": f.consumed, "viewEpoch": f.view_epoch}
+                "ordered": {t: {"end": f.end, "consumed": f.consumed, "viewEpoch": f.view_epoch,
+                                "groups": list(f.groups)}
                             for t, f in sorted(self.ordered.items())},
                 "broker": self.broker,
                 "effective": self.effective.label,
@@ -448,7 +452,8 @@ class BrokerStatus:
                 pid=None if pid is None else int(pid),
                 updated_ms=int(doc.get("updatedMs", 0)),
                 ordered={str(t): OrderedFacts(int(f["end"]), int(f["consumed"]),
-                                              int(f["viewEpoch"]))
+                                              int(f["viewEpoch"]),
+                                              tuple(str(g) for g in f.get("groups", ())))
                          for t, f in (doc.get("ordered") or {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -42,12 +42,14 @@ from understudy_broker.topicnodes import (
 )
 from understudy_broker.zkclient import digest_acl, kazoo_future, make_client
 from understudy_broker.zklayout import (
+    CONSUMERS_DIR,
     CONTROLLERS_DIR,
     GROUPS_DIR,
     TOPICS_DIR,
     BrokerStatus,
     GroupConfig,
     LayoutError,
+    MemberDoc,
     TopicDoc,
     config_path,
     controller_path,
@@ -57,6 +59,8 @@ from understudy_broker.zklayout import (
     group_path,
     isr_path,
     live_dir,
+    member_path,
+    members_dir,
     state_path,
     status_dir,
     status_path,
@@ -380,6 +384,20 @@ class ZkGateway:
                 return False
             return True
         return await self.set_data(topic_path(doc.name), doc.to_json(), version=version)
+
+    async def subscribed_groups(self) -> dict[str, set[str]]:
+        """Topic -> the consumer groups with a live member subscribed to it (from
+        ``/consumers/<cg>/members/*``; a malformed member document is skipped)."""
+        out: dict[str, set[str]] = {}
+        for cg in await self.children(CONSUMERS_DIR):
+            for m in await self.children(members_dir(cg)):
+                found = await self.get(member_path(cg, m))
+                if found is None:
+                    continue
+                with contextlib.suppress(LayoutError):
+                    for t in MemberDoc.from_json(found[0]).topics:
+                        out.setdefault(t, set()).add(cg)
+        return out
 
     async def delete_topic(self, topic: str) -> bool:
         """Delete the topic (with an ordered topic's chains); ``False`` when it was gone."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from understudy_broker import protocol as p
-from understudy_broker.chains import consumed_upto
+from understudy_broker.chains import committed_groups, consumed_upto
 from understudy_broker.config import BrokerConfig, ConfigError, spec_mismatch
 from understudy_broker.ha.authority import (
     Authority,
@@ -327,7 +327,8 @@ class Broker:
             end = parts.store.log.queue_end(name, queue)
             chains = view.chains.get(name)
             out[name] = OrderedFacts(end, consumed_upto(offsets, name, queue, end),
-                                     chains.epoch if chains is not None else 0)
+                                     chains.epoch if chains is not None else 0,
+                                     committed_groups(offsets, name))
         return out
 
     def _master_back(self) -> None:

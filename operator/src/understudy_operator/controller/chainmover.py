@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Final
 
 from understudy_broker.chains import GroupFacts, step
@@ -35,11 +36,13 @@ TOPICS_LIST_S: Final = 1.0
 
 
 def group_facts(topic: str, config: GroupConfig | None, state: GroupState | None,
-                obs: Observation | None) -> GroupFacts:
+                obs: Observation | None, subscribed: Collection[str] = ()) -> GroupFacts:
     """One group's facts for ``topic``. Writable: NORMAL, its master live and publishing
     WRITE with at least one slave linked (two copies). The log end, the consumed offset and
     the chain epoch come from the broker publishing READ (the group's reader); without one
-    the group is treated as holding an unknown backlog (never drained, never joining)."""
+    the group is treated as holding an unknown backlog (never drained, never joining). A
+    consumer group in ``subscribed`` (a live member reads the topic) that has not committed
+    on the topic has consumed nothing of it."""
     if config is None or state is None or obs is None:
         return GroupFacts(writable=False, end=1, consumed=0, view_epoch=-1)
     master = obs.brokers.get(config.master.name)
@@ -52,8 +55,10 @@ def group_facts(topic: str, config: GroupConfig | None, state: GroupState | None
         if view.zk_live and st is not None and st.effective & Permission.READ:
             reported = st.ordered.get(topic)
             if reported is not None:
+                unseen = set(subscribed) - set(reported.groups)
                 return GroupFacts(writable=writable, end=reported.end,
-                                  consumed=reported.consumed, view_epoch=reported.view_epoch)
+                                  consumed=0 if unseen else reported.consumed,
+                                  view_epoch=reported.view_epoch)
     return GroupFacts(writable=writable, end=1, consumed=0, view_epoch=-1)
 
 
@@ -67,6 +72,7 @@ class ChainMover:
         self.moves = 0
         self._refused: set[tuple[str, int]] = set()  # (topic, version) already logged
         self._ordered: list[TopicDoc] = []
+        self._subscribed: dict[str, set[str]] = {}
         self._listed_at = -1.0
 
     async def run(self) -> None:
@@ -89,6 +95,8 @@ class ChainMover:
             self._listed_at = now
             docs = [(await zk.read_topic(name, warn=_debug))[0] for name in await zk.topics()]
             self._ordered = [d for d in docs if d is not None and d.ordered]
+        if self._ordered:  # a consumer group joining must hold what it has not read yet
+            self._subscribed = await zk.subscribed_groups()
         for doc in self._ordered:
             while await self.move_once(doc):
                 pass
@@ -128,7 +136,7 @@ class ChainMover:
         state, _v = await zk.read_state(group, warn=_debug)
         obs = None if config is None else await zk.observe_group(
             group, [b.name for b in config.brokers], warn=_debug)
-        return group_facts(topic, config, state, obs)
+        return group_facts(topic, config, state, obs, self._subscribed.get(topic, set()))
 
 
 def _debug(message: str) -> None:
