@@ -220,12 +220,16 @@ async def test_offsets_group_commit_writes_every_change_before_returning_and_sha
     assert OffsetStore.open(tmp_path / "offsets.json").backsync_epoch == 9
 
 
-def test_a_slave_is_told_the_master_is_back_only_when_its_live_node_reappears() -> None:
-    from understudy_broker.ha.zkauthority import master_returned
+def test_an_acting_slave_relinks_at_once_only_when_the_failback_waits_for_it() -> None:
+    from understudy_broker.ha.zkauthority import failback_waits_for_me
 
     g = _group()
-    assert master_returned(frozenset({"s"}), frozenset({"s", "m"}), g)
-    assert not master_returned(frozenset({"s", "m"}), frozenset({"s", "m"}), g)  # was there
-    assert not master_returned(frozenset({"m"}), frozenset({"m", "s"}), g)  # a slave came
-    assert not master_returned(frozenset({"s", "m"}), frozenset({"s"}), g)  # it went
-    assert not master_returned(frozenset(), frozenset({"m"}), None)  # no config yet
+    acting = GroupState(Mode.SLAVE_CONSUME, 3, acting="s")
+    assert failback_waits_for_me(acting, frozenset({"s", "m"}), g, "s")
+    assert not failback_waits_for_me(acting, frozenset({"s"}), g, "s")  # master not back
+    assert not failback_waits_for_me(acting, frozenset({"s", "m"}), g, "s2")  # not acting
+    # FENCING: linking to a master that just came back would make this slave ineligible,
+    # and the controller would skip SLAVE_CONSUME (a planned handoff's reads).
+    assert not failback_waits_for_me(GroupState(Mode.FENCING, 2), frozenset({"s", "m"}), g, "s")
+    assert not failback_waits_for_me(acting, frozenset({"s", "m"}), None, "s")
+    assert not failback_waits_for_me(None, frozenset({"s", "m"}), g, "s")

@@ -45,6 +45,7 @@ from understudy_broker.ha.lease import lease_clock
 from understudy_broker.ha.membership import Membership
 from understudy_broker.ha.permlog import lapse_time_ns
 from understudy_broker.model import (
+    GroupState,
     Health,
     Mode,
     Permission,
@@ -155,6 +156,7 @@ class ZkAuthority(BrokerIdentity):
         self._coord: BrokerCoordinator | None = None
         self._last: tuple[Permission, int] = (Permission.NONE, 0)
         self._last_live: frozenset[str] = frozenset()
+        self._failback_due = False
         self._publish_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._cluster: ClusterView | None = None
@@ -331,10 +333,12 @@ class ZkAuthority(BrokerIdentity):
 
     def _changed(self) -> None:
         coord = self._coord
-        if coord is not None and coord.live != self._last_live:
-            if self._role is Role.SLAVE and master_returned(
-                    self._last_live, coord.live, coord.config):
+        if coord is not None and self._role is Role.SLAVE:
+            due = failback_waits_for_me(coord.state, coord.live, coord.config, self._name)
+            if due and not self._failback_due:
                 self._master_back()
+            self._failback_due = due
+        if coord is not None and coord.live != self._last_live:
             # A broker came or went (e.g. the master's session expired): publish at once, so
             # the controller gets offsets published after that moment without waiting.
             self._last_live = coord.live
@@ -399,7 +403,12 @@ class ZkAuthority(BrokerIdentity):
                     await self._publish_now.wait()
 
 
-def master_returned(before: frozenset[str], now: frozenset[str], cfg: GroupConfig | None) -> bool:
-    """The group's master has a ``live`` node now and had none before (it registered
-    again after a restart or a lost session)."""
-    return cfg is not None and cfg.master.name in now and cfg.master.name not in before
+def failback_waits_for_me(state: GroupState | None, live: frozenset[str],
+                          cfg: GroupConfig | None, me: str) -> bool:
+    """This slave acts for reads (SLAVE_CONSUME) and the group's master is registered again:
+    the failback (RECOVERING) waits for this slave's replication link to that master, so
+    the slave reconnects now rather than at the end of its backoff. Only then: while the
+    group is FENCING, a slave that linked to a master just restarted would stop being
+    eligible, and the controller would skip SLAVE_CONSUME (a planned handoff's reads)."""
+    return (cfg is not None and state is not None and state.mode is Mode.SLAVE_CONSUME
+            and state.acting == me and cfg.master.name in live)
