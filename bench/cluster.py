@@ -44,11 +44,13 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from understudy_broker import metric_names as names
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
 from understudy_broker.client import BrokerError, Consumer, Producer
@@ -149,22 +151,22 @@ def slow_flushes(plan: ClusterPlan) -> dict[str, tuple[float, float]]:
     ``understudy_log_flush_seconds`` histogram on its /metrics; a broker that does not
     answer is left out."""
     out: dict[str, tuple[float, float]] = {}
-    le = f'le="{SLOW_FLUSH_S}"'
     for proc in plan.processes:
         if proc.http_port is None or proc.group is None:
             continue
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{proc.http_port}/metrics",
-                                        timeout=2) as resp:
-                text = resp.read().decode()
-        except OSError:
+        text = lc.http_get(proc.http_port, "/metrics", timeout=2)
+        if text is None:
             continue
         count = fast = 0.0
-        for line in text.splitlines():
-            if line.startswith("understudy_log_flush_seconds_count"):
-                count = float(line.rsplit(" ", 1)[1])
-            elif line.startswith("understudy_log_flush_seconds_bucket") and le in line:
-                fast = float(line.rsplit(" ", 1)[1])
+        for family in text_string_to_metric_families(text):
+            if family.name != names.LOG_FLUSH_SECONDS:
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    count = sample.value
+                elif sample.name.endswith("_bucket") and \
+                        float(sample.labels["le"]) == SLOW_FLUSH_S:
+                    fast = sample.value
         out[proc.name] = (count, count - fast)
     return out
 
