@@ -320,15 +320,19 @@ class Router:
             return list(range(route.topics[topic]))
         return [q for q, g in enumerate(placed) if g is not None]
 
+    def queue_on(self, topic: str, group: str | None) -> int | None:
+        """The first live queue of ``topic`` on ``group`` (an ordered topic has one per
+        group), or None."""
+        return next((q for q in self.live_queues(topic)
+                     if group is not None and self.group_of(topic, q) == group), None)
+
     def consume_head(self, topic: str) -> tuple[bool, int | None]:
         """``(ordered, queue)``: whether ``topic`` is an ordered topic, and the queue its
         consumers read now (the consume chain's head group's; None while there is none)."""
         route = self.route
         if route is None or topic not in route.consume_heads:
             return False, None
-        head = route.consume_heads[topic]
-        return True, next((q for q in self.live_queues(topic)
-                           if route.group_of(topic, q) == head), None)
+        return True, self.queue_on(topic, route.consume_heads[topic])
 
     def send_head(self, topic: str) -> tuple[bool, str | None]:
         """``(ordered, head)``: whether ``topic`` is an ordered topic, and its send head
@@ -738,8 +742,8 @@ class Producer:
         router, now = self.router, time.monotonic()
         ordered, head = router.send_head(topic)
         if ordered:  # only the send head takes an ordered topic's writes (docs/ordered.md)
-            mine = [q for q in live if router.group_of(topic, q) == head]
-            return mine[0] if mine else live[0]  # no head: the broker says so, we re-route
+            target = router.queue_on(topic, head)
+            return live[0] if target is None else target  # no head: refused, we re-route
         rr = self._rr.setdefault(topic, itertools.count())
         def group(q: int) -> str:
             return router.group_of(topic, q) or ""
@@ -897,8 +901,7 @@ class Producer:
             log.info("ordered produce to %s on %s failed: %s", topic, group, error)
             await self.router.failed(Permission.WRITE, conn, group)
             ordered, head = self.router.send_head(topic)
-            live = self.router.live_queues(topic)
-            target = next((q for q in live if self.router.group_of(topic, q) == head), None)
+            target = self.router.queue_on(topic, head)
             if ordered and target is not None:
                 group = head
                 for i in items:
