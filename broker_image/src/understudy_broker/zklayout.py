@@ -117,12 +117,17 @@ GROUPS_DIR = "/groups"
 _MEMBER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
-def ordered_dir(topic: str) -> str:
-    """``/ordered/<topic>``: an ordered topic's coordination nodes."""
+def _topic_node(parent: str, topic: str) -> str:
+    """``<parent>/<topic>``; a bad topic name is a :class:`LayoutError`."""
     try:
-        return f"{ORDERED_DIR}/{check_topic_name(topic)}"
+        return f"{parent}/{check_topic_name(topic)}"
     except TopicNameError as exc:
         raise LayoutError(str(exc)) from None
+
+
+def ordered_dir(topic: str) -> str:
+    """``/ordered/<topic>``: an ordered topic's coordination nodes."""
+    return _topic_node(ORDERED_DIR, topic)
 
 
 def chains_path(topic: str) -> str:
@@ -132,10 +137,7 @@ def chains_path(topic: str) -> str:
 
 
 def topic_path(topic: str) -> str:
-    try:
-        return f"{TOPICS_DIR}/{check_topic_name(topic)}"
-    except TopicNameError as exc:
-        raise LayoutError(str(exc)) from None
+    return _topic_node(TOPICS_DIR, topic)
 
 
 def consumer_group_path(cgroup: str) -> str:
