@@ -34,6 +34,9 @@ CHAINS_REFRESH_S: Final = 0.2
 #: How often the list of ordered topics is read again.
 TOPICS_LIST_S: Final = 1.0
 
+#: One group as read for a pass: its config, state and observation.
+_Seen = tuple[GroupConfig | None, GroupState | None, Observation | None]
+
 
 def group_facts(topic: str, config: GroupConfig | None, state: GroupState | None,
                 obs: Observation | None, subscribed: Collection[str] = ()) -> GroupFacts:
@@ -97,12 +100,15 @@ class ChainMover:
             self._ordered = [d for d in docs if d is not None and d.ordered]
         if self._ordered:  # a consumer group joining must hold what it has not read yet
             self._subscribed = await zk.subscribed_groups()
+        seen: dict[str, _Seen] = {}  # each group is read once per pass, for every topic
         for doc in self._ordered:
-            while await self.move_once(doc):
+            while await self.move_once(doc, seen):
                 pass
 
-    async def move_once(self, topic: TopicDoc) -> bool:
-        """One change of ``topic``'s chains, written; whether something was written."""
+    async def move_once(self, topic: TopicDoc, seen: dict[str, _Seen] | None = None) -> bool:
+        """One change of ``topic``'s chains, written; whether something was written.
+        ``seen``: the groups already read in this pass (a chain write changes no group's
+        state; the readers' statuses after it are read at the next pass)."""
         zk = self.c.zk
         found = await zk.get(chains_path(topic.name))
         if found is None:
@@ -116,7 +122,12 @@ class ChainMover:
                 self._refused.add((topic.name, version))
                 log.error("topic %s: not moving its chains: %s", topic.name, exc)
             return False
-        facts = {g: await self._facts(topic.name, g) for g in groups}
+        seen = {} if seen is None else seen
+        for g in groups:
+            if g not in seen:
+                seen[g] = await self._read_group(g)
+        subscribed = self._subscribed.get(topic.name, set())
+        facts = {g: group_facts(topic.name, *seen[g], subscribed) for g in groups}
         out = step(chains, facts, groups)
         if out is None:
             return False
@@ -130,13 +141,14 @@ class ChainMover:
                              for c in new.consume) or "-")
         return True
 
-    async def _facts(self, topic: str, group: str) -> GroupFacts:
+    async def _read_group(self, group: str) -> _Seen:
         zk = self.c.zk
         config = await zk.read_config(group, warn=_debug)
         state, _v = await zk.read_state(group, warn=_debug)
         obs = None if config is None else await zk.observe_group(
             group, [b.name for b in config.brokers], warn=_debug)
-        return group_facts(topic, config, state, obs, self._subscribed.get(topic, set()))
+        return config, state, obs
+
 
 
 def _debug(message: str) -> None:
