@@ -634,3 +634,82 @@ def test_a_pipelining_producer_keeps_an_ordered_topics_order_through_a_kill(
     first = list(dict.fromkeys(got))  # duplicates dropped: each id at its first delivery
     assert set(acked) <= set(first), f"{len(set(acked) - set(first))} acknowledged ids lost"
     assert first == sorted(first), "an id was delivered before one acknowledged earlier"
+
+
+def test_one_producer_of_an_ordered_topic_sends_and_a_paused_former_one_is_refused(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """Producer leadership held by the brokers (docs/ordered.md): of two producers of an
+    ordered topic one sends and the other's sends wait; when the active one crashes the
+    other takes over after its session, and a send under the crashed one's lease (a
+    former leader woken from a pause) is refused with NOT_OWNER, as is a send with no
+    lease. A producer that closes hands the leadership on at once."""
+    _directory, plan = cluster
+    boot = [address(plan, "g1-1"), address(plan, "g2-1")]
+    wait_healthy(plan)
+
+    async def send_head() -> tuple[str, int]:
+        router = Router(boot)
+        try:
+            await router.refresh()
+            _ordered, head = router.send_head("solo")
+            queue = router.queue_on("solo", head)
+            assert head is not None
+            assert queue is not None
+            return address(plan, f"{head}-0"), queue
+        finally:
+            await router.close()
+
+    async def produce_raw(lease: p.ProduceLease | None) -> p.Frame:
+        head, queue = await send_head()
+        return await request_once(head, p.Op.PRODUCE,
+                                  p.encode_produce("solo", [(queue, None, b"late")], lease))
+
+    async def run() -> dict[str, Any]:
+        first = Producer(boot, leader_session_timeout_ms=1500)
+        second = Producer(boot, leader_session_timeout_ms=1500)
+        try:
+            assert (await (await first.send("solo", b"a0")))[1] == 0
+            old_lease = first.leadership("solo").lease
+            waiting = await second.send("solo", b"b0")
+            await asyncio.sleep(1.0)  # the second stands by: its send waits
+            standby_waited = not waiting.done() and not second.leadership("solo").active
+            crashed_at = time.monotonic()
+            await first.abort()
+            async with asyncio.timeout(10):
+                await waiting
+            took_over_s = time.monotonic() - crashed_at
+            late = await produce_raw(old_lease)
+            bare = await produce_raw(None)
+            third = Producer(boot, leader_session_timeout_ms=1500)
+            try:
+                waiting3 = await third.send("solo", b"c0")
+                await asyncio.sleep(0.3)
+                third_waited = not waiting3.done()
+                handed_at = time.monotonic()
+                await second.close()  # leaves: the third takes over at once
+                async with asyncio.timeout(10):
+                    await waiting3
+                handed_s = time.monotonic() - handed_at
+            finally:
+                await third.close()
+            return {"standby_waited": standby_waited, "took_over_s": took_over_s,
+                    "late": (late.status, p.error_message(late)), "bare": bare.status,
+                    "third_waited": third_waited,
+                    "handed_s": handed_s}
+        finally:
+            await first.abort()
+            await second.close()
+
+    assert cli(topic, "create", "-b", boot[0], "-t", "solo", "--groups", "g1,g2",
+               "--ordered").exit_code == 0
+    wait_known(plan, "solo")
+    out = asyncio.run(run())
+    assert out["standby_waited"]
+    status, message = out["late"]
+    assert status == p.Status.NOT_OWNER
+    assert "does not own solo" in message
+    assert out["bare"] == p.Status.NOT_OWNER
+    assert out["third_waited"]
+    # The crashed leader's session (1.5 s) had to end first; a clean leave hands on at once.
+    assert out["took_over_s"] >= 1.0
+    assert out["handed_s"] < out["took_over_s"]

@@ -36,6 +36,16 @@ def test_produce_request_roundtrip(topic: str, messages: list[p.ProduceMessage])
     assert list(out.messages) == messages
 
 
+def test_a_produce_carries_the_producer_lease_after_its_messages() -> None:
+    """An ordered topic's PRODUCE names the active producer and its generation
+    (docs/ordered.md); a body without one decodes as before."""
+    msgs = [(0, b"k", b"v"), (0, None, b"w")]
+    body = p.encode_produce("t", msgs, ("host-1-ab", 7))
+    assert p.decode_produce_lease(body) == ("t", msgs, ("host-1-ab", 7))
+    assert p.decode_produce(body) == ("t", msgs)
+    assert p.decode_produce_lease(p.encode_produce("t", msgs)) == ("t", msgs, None)
+
+
 @given(st.lists(st.tuples(queues, offsets), max_size=50))
 def test_produce_response_roundtrip(pairs: list[tuple[int, int]]) -> None:
     out = roundtrip(p.ProduceResponse(pairs))
@@ -212,6 +222,9 @@ def test_wrong_version_is_bad_frame() -> None:
         (p.ProduceRequest, struct.pack(">H", 1) + b"t" + struct.pack(">I", 3)),
         (p.ProduceRequest, p.ProduceRequest("t", [p.ProduceMessage(0, b"k", b"v")]).encode() + b"x"),
         (p.ProduceRequest, p.ProduceRequest("t", [p.ProduceMessage(0, None, b"vvvv")]).encode()[:-2]),
+        # a producer lease cut short, or followed by more bytes
+        (p.ProduceRequest, p.encode_produce("t", [(0, None, b"v")], ("m", 3))[:-3]),
+        (p.ProduceRequest, p.encode_produce("t", [(0, None, b"v")], ("m", 3)) + b"\x00"),
         (p.PullRequest, b"\x00\x01t"),
         (p.PullResponse, struct.pack(">QQQI", 0, 0, 0, 10**9)),
         (p.ProduceResponse, struct.pack(">I", 4)),

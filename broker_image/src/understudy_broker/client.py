@@ -641,6 +641,224 @@ class _Batch:
     timer: asyncio.TimerHandle | None = None
 
 
+class _GroupMember:
+    """A member of a group the brokers hold (docs/cluster.md): it joins through any
+    broker, keeps one long-polled heartbeat outstanding, and holds a lease that ends a
+    margin before the brokers would expire it. A consumer-group member
+    (:class:`Consumer`) and the producer leadership of an ordered topic
+    (:class:`_ProducerLeadership`) are both one."""
+
+    router: Router
+    member_id: str
+    session_timeout_s: float
+    _generation: int
+    _lease_until: float
+
+    def _lease_valid(self) -> bool:
+        return time.monotonic() < self._lease_until
+
+    def _request(self, *, join: bool, wait_ms: int
+                 ) -> tuple[p.MemberHeartbeatRequest, Callable[[], None]]:
+        """The heartbeat to send, and what to do once it is answered."""
+        raise NotImplementedError
+
+    async def _apply(self, resp: p.MemberHeartbeatResponse) -> None:
+        raise NotImplementedError
+
+    async def _drop_all(self, why: str) -> None:
+        raise NotImplementedError
+
+    async def _beat(self, *, join: bool = False, wait_ms: int = 0) -> p.MemberHeartbeatResponse:
+        req, answered = self._request(join=join, wait_ms=wait_ms)
+        sent = time.monotonic()
+        conn = await self.router.connection(Permission.NONE)
+        try:
+            resp = p.MemberHeartbeatResponse.decode(await conn.request(
+                p.Op.MEMBER_HEARTBEAT, req.encode(),
+                timeout_s=wait_ms / 1000 + self.session_timeout_s / 8))
+        except BrokerError as exc:
+            if exc.status == p.Status.TIMEOUT:  # a hung broker: ask another one next time
+                await self.router.failed(Permission.NONE, conn)
+            raise
+        except (ConnectionError, OSError, p.FrameError):
+            await self.router.failed(Permission.NONE, conn)
+            raise
+        # The brokers count us alive from the arrival of this request; we stop a margin
+        # earlier, counted from when we sent it.
+        self._lease_until = max(self._lease_until, sent + self.session_timeout_s * 0.8)
+        answered()
+        return resp
+
+    async def _join(self) -> None:
+        await self._apply(await self._beat(join=True))
+
+    async def _heartbeat_loop(self) -> None:
+        backoff = Backoff(0.05, 1.0)
+        # A heartbeat stuck on a hung broker is given up after wait + S/8, and the member
+        # joins through another broker at once. Worst case: the last answered heartbeat
+        # was sent at T (answered at T + wait, a long poll), the next one hangs and is
+        # given up at T + 2 wait + S/8 = T + 0.46 S, leaving a third of the session for
+        # the join elsewhere before the lease ends (T + 0.8 S). With S/3 + S/3 a hung
+        # broker took the whole lease; with S/4 the join had 0.17 S: members fell out.
+        wait_ms = int(min(self.session_timeout_s / 6, 5.0) * 1000)
+        while True:
+            try:
+                if not self._lease_valid():
+                    await self._drop_all("its lease ended (no heartbeat answered in time)")
+                    await self._join()
+                else:
+                    await self._apply(await self._beat(wait_ms=wait_ms))
+                backoff.reset()
+                continue
+            except BrokerError as exc:
+                if exc.status == p.Status.UNKNOWN_MEMBER:
+                    # Our hosting broker died or hung and we reached another one. While our
+                    # lease holds, the brokers still count us a member (none expired us):
+                    # join here (it takes our node over) and keep what we own; past the
+                    # lease the loop above dropped it first.
+                    log.info("member %s moves to another broker: %s", self.member_id, exc.message)
+                    with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+                        await self._join()
+                        continue
+                else:
+                    log.info("heartbeat of %s: %s", self.member_id, exc)
+            except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+                log.info("heartbeat of %s: %s; trying another broker", self.member_id, exc)
+            await backoff.sleep()
+
+    async def _leave(self, group: str, *, producer: bool = False) -> None:
+        conn = await self.router.connection(Permission.NONE)
+        await conn.request(p.Op.LEAVE_GROUP,
+                           p.LeaveGroupRequest(group, self.member_id, producer).encode(),
+                           timeout_s=5.0)
+
+
+def _member_id() -> str:
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+class _ProducerLeadership(_GroupMember):
+    """The right to send to one ordered topic (docs/ordered.md): the producers of the
+    topic are a group the brokers hold (``/producers/<topic>``) whose one unit is that
+    right. The member that owns it is the active producer; the others stand by and take
+    over when its session ends or it leaves. Every PRODUCE carries ``(member,
+    generation)``, and the brokers refuse it unless the member owns the unit, so a
+    former leader woken from a pause is refused."""
+
+    def __init__(self, router: Router, topic: str, *, session_timeout_s: float) -> None:
+        self.router = router
+        self.topic = topic
+        self.member_id = _member_id()
+        self.session_timeout_s = session_timeout_s
+        self._generation = -1
+        self._lease_until = 0.0
+        self._owns = False
+        self._revoking = False
+        self._release = False
+        self._changed = asyncio.Event()
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.term = 0  # grows each time the unit becomes ours
+        self._recheck = False
+
+    @property
+    def active(self) -> bool:
+        return self._owns and not self._revoking and self._lease_valid()
+
+    @property
+    def lease(self) -> p.ProduceLease:
+        return (self.member_id, self._generation)
+
+    def _request(self, *, join: bool, wait_ms: int
+                 ) -> tuple[p.MemberHeartbeatRequest, Callable[[], None]]:
+        release = self._release and self._owns
+        unit = self.router.live_queues(self.topic)[:1]
+        req = p.MemberHeartbeatRequest(
+            self.topic, self.member_id, [self.topic], int(self.session_timeout_s * 1000),
+            join=join, released=[(self.topic, q) for q in unit] if release else [],
+            generation=self._generation, wait_ms=wait_ms, producer=True)
+
+        def answered() -> None:
+            if release:
+                self._release = False
+        return req, answered
+
+    def _changed_now(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _apply(self, resp: p.MemberHeartbeatResponse) -> None:
+        owns = any(t == self.topic for t, _q in resp.owned)
+        self._revoking = any(t == self.topic for t, _q in resp.revoking)
+        if owns and not self._owns:
+            self.term += 1
+            log.info("producer %s is the active producer of %s (generation %d)",
+                     self.member_id, self.topic, resp.generation)
+        self._owns = owns
+        self._generation = resp.generation
+        self._changed_now()
+
+    async def _drop_all(self, why: str) -> None:
+        if self._owns:
+            log.warning("producer %s of %s stops sending: %s", self.member_id, self.topic, why)
+        self._owns = False
+        self._generation = -1
+        self._changed_now()
+
+    def start(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.create_task(self._run(), name=f"producer-lease-{self.topic}")
+
+    async def _run(self) -> None:
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                await self._join()
+                break
+            except (BrokerError, ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+                log.info("producer %s of %s: joining: %s", self.member_id, self.topic, exc)
+                await backoff.sleep()
+        await self._heartbeat_loop()
+
+    async def wait_active(self, deadline: float) -> bool:
+        """Wait until this producer may send (True) or until ``deadline`` (monotonic)."""
+        while not self.active:
+            if self._owns and self._revoking and not self._release:
+                self._release = True  # asked back (nothing of ours in flight): hand it on
+            if self._release or self._recheck:
+                self._recheck = False
+                with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+                    await self._apply(await self._beat())
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left, 0.1)):
+                    await changed.wait()
+        return True
+
+    def refused(self) -> None:
+        """A broker refused our lease: stop sending, and ask at once what we own."""
+        self._owns = False
+        self._recheck = True
+
+    async def abort(self) -> None:
+        """Stop heartbeats without leaving (a crash, for tests and drills)."""
+        if self._heartbeat is not None:
+            await stop_tasks([self._heartbeat])
+            self._heartbeat = None
+
+    async def close(self) -> None:
+        if self._heartbeat is not None:
+            await stop_tasks([self._heartbeat])
+            self._heartbeat = None
+        if self._lease_valid():
+            with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+                await self._leave(self.topic, producer=True)
+        self._owns = False
+
+
 class Producer:
     """Async producer. ``await send(...)`` returns a future of ``(queue, offset)``.
 
@@ -682,6 +900,7 @@ class Producer:
         fault_avoidance: bool = True,
         fault_steps: Sequence[tuple[float, float]] = DEFAULT_STEPS,
         hedge_after_ms: float | None = 500.0,
+        leader_session_timeout_ms: int = 6000,
     ) -> None:
         if acks not in (0, 1):
             raise ValueError("acks must be 0 or 1")
@@ -703,8 +922,11 @@ class Producer:
         # Half the window at most: a hung group's batches never starve the healthy groups.
         self._per_group_limit = min(max_in_flight_per_group, max(1, max_in_flight // 2))
         self._group_inflight: dict[str, asyncio.Semaphore] = {}
-        # Per ordered topic: one batch in flight, retried whole and first (docs/ordered.md).
+        # Per ordered topic: one batch in flight, retried whole and first, sent only while
+        # this producer is the topic's active producer (docs/ordered.md).
         self._ordered_turn: dict[str, asyncio.Lock] = {}
+        self._leaders: dict[str, _ProducerLeadership] = {}
+        self.leader_session_timeout_s = leader_session_timeout_ms / 1000
         self._buffered = asyncio.Semaphore(max_buffered)
         self._batches: dict[tuple[str, str | None], _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -866,12 +1088,29 @@ class Producer:
                 await backoff.sleep()
                 body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
 
+    def leadership(self, topic: str) -> _ProducerLeadership:
+        """This producer's standing among the producers of ordered topic ``topic`` (joined
+        at the first send to it): ``.active`` says whether it is the one that sends."""
+        lead = self._leaders.get(topic)
+        if lead is None:
+            lead = self._leaders[topic] = _ProducerLeadership(
+                self.router, topic, session_timeout_s=self.leader_session_timeout_s)
+            lead.start()
+        return lead
+
     async def _send_ordered(self, topic: str, group: str | None, items: list[_Pending]) -> None:
-        """One batch of an ordered topic, to the send head, until acknowledged or past
-        its messages' send timeout: a refusal or a lost connection re-reads the route and
-        sends the same batch to the head it names (the old head may have stored it too:
-        those are duplicates, read before this copy, never out of order)."""
+        """One batch of an ordered topic, to the send head, while this producer is the
+        topic's active producer, until acknowledged or past its messages' send timeout.
+
+        A refusal or a lost connection re-reads the route and sends the same batch to
+        the head it names (the old head may have stored it too: those are duplicates,
+        read before this copy, never out of order). A batch whose outcome is unknown is
+        never re-sent after another producer may have sent: if this producer stopped
+        being the active one since, the batch fails (another producer's messages may
+        follow the stored copy)."""
         backoff = Backoff(self.retry_backoff_s, 2.0)
+        lead = self.leadership(topic)
+        uncertain_term: int | None = None  # the term in which an attempt's outcome was lost
         while True:
             now = time.monotonic()
             for i in items:
@@ -882,22 +1121,40 @@ class Producer:
             items = [i for i in items if not i.future.done()]
             if not items:
                 return
+            if not await lead.wait_active(min(i.deadline for i in items)):
+                _fail(items, BrokerError(
+                    p.Status.TIMEOUT, f"ordered topic {topic!r}: this producer "
+                    f"({lead.member_id}) did not become its active producer within "
+                    f"{self.send_timeout_s:g}s (another producer holds it)"))
+                return
+            if uncertain_term is not None and uncertain_term != lead.term:
+                _fail(items, BrokerError(
+                    p.Status.NOT_OWNER, f"ordered topic {topic!r}: this producer stopped "
+                    "being its active producer while a send's outcome was unknown; it is "
+                    "not re-sent (it may be stored, before what another producer sent)"))
+                return
             conn: Connection | None = None
             try:
                 conn = await self.router.connection(Permission.WRITE, group)
-                body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
+                body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items],
+                                        lead.lease)
                 resp = p.ProduceResponse.decode(await conn.request(
                     p.Op.PRODUCE, body, epoch=self.router.epoch_of(group),
                     timeout_s=self.router.request_timeout_s))
                 _resolve(items, resp)
                 return
             except BrokerError as exc:
+                if exc.status == p.Status.NOT_OWNER:  # refused before the append
+                    log.info("ordered produce to %s refused: %s", topic, exc.message)
+                    lead.refused()
+                    continue
                 if not _worth_retrying(exc):
                     _fail(items, exc)
                     return
                 error: Exception = exc
             except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
                 error = exc
+                uncertain_term = lead.term if uncertain_term is None else uncertain_term
             log.info("ordered produce to %s on %s failed: %s", topic, group, error)
             await self.router.failed(Permission.WRITE, conn, group)
             ordered, head = self.router.send_head(topic)
@@ -974,10 +1231,23 @@ class Producer:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
+        """Send what is buffered, hand on the leadership of ordered topics, stop."""
         if self._closed:
             return
         await self.flush()
         self._closed = True
+        for lead in self._leaders.values():
+            await lead.close()
+        await self.router.close()
+
+    async def abort(self) -> None:
+        """Stop as a crashed process would: nothing more is sent, no leadership handed on
+        (the brokers end it when its session times out). For tests and drills."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for lead in self._leaders.values():
+            await lead.abort()
         await self.router.close()
 
     async def __aenter__(self) -> Producer:
@@ -1011,7 +1281,7 @@ class Record:
     body: bytes
 
 
-class Consumer:
+class Consumer(_GroupMember):
     """A consumer-group member of one topic.
 
     *Static* (a single-group topic, or ``membership=False``): it reads every queue.
@@ -1050,7 +1320,7 @@ class Consumer:
         self.max_wait_ms = max_wait_ms
         self.max_bytes = max_bytes
         self.membership = membership
-        self.member_id = member_id or f"{socket.gethostname()[:40]}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.member_id = member_id or _member_id()
         self.session_timeout_s = session_timeout_ms / 1000
         self.ownership_log: list[tuple[float, str, int]] = []
         self.started_at: dict[int, int] = {}  # per queue acquired: the committed offset it began at
@@ -1197,7 +1467,8 @@ class Consumer:
             if self._last_resp is not None:
                 await self._apply(self._last_resp)
 
-    async def _beat(self, *, join: bool = False, wait_ms: int = 0) -> p.MemberHeartbeatResponse:
+    def _request(self, *, join: bool, wait_ms: int
+                 ) -> tuple[p.MemberHeartbeatRequest, Callable[[], None]]:
         released = sorted(self._released)
         unit = self._unit()
         req = p.MemberHeartbeatRequest(
@@ -1205,27 +1476,10 @@ class Consumer:
             join=join, released=sorted({(self.topic, q if unit is None else unit)
                                         for q in released}),
             generation=self._generation, wait_ms=wait_ms)
-        sent = time.monotonic()
-        conn = await self.router.connection(Permission.NONE)
-        try:
-            resp = p.MemberHeartbeatResponse.decode(await conn.request(
-                p.Op.MEMBER_HEARTBEAT, req.encode(),
-                timeout_s=wait_ms / 1000 + self.session_timeout_s / 8))
-        except BrokerError as exc:
-            if exc.status == p.Status.TIMEOUT:  # a hung broker: ask another one next time
-                await self.router.failed(Permission.NONE, conn)
-            raise
-        except (ConnectionError, OSError, p.FrameError):
-            await self.router.failed(Permission.NONE, conn)
-            raise
-        # The brokers count us alive from the arrival of this request; we stop a margin
-        # earlier, counted from when we sent it.
-        self._lease_until = max(self._lease_until, sent + self.session_timeout_s * 0.8)
-        self._released -= set(released)
-        return resp
 
-    async def _join(self) -> None:
-        await self._apply(await self._beat(join=True))
+        def answered() -> None:
+            self._released -= set(released)
+        return req, answered
 
     async def _apply(self, resp: p.MemberHeartbeatResponse) -> None:
         async with self._lock:
@@ -1252,40 +1506,6 @@ class Consumer:
             self._revoking &= owned
             for q in sorted(owned - revoking - set(self._loops)):
                 await self._acquire(q, background=True)
-
-    async def _heartbeat_loop(self) -> None:
-        backoff = Backoff(0.05, 1.0)
-        # A heartbeat stuck on a hung broker is given up after wait + S/8, and the member
-        # joins through another broker at once. Worst case: the last answered heartbeat
-        # was sent at T (answered at T + wait, a long poll), the next one hangs and is
-        # given up at T + 2 wait + S/8 = T + 0.46 S, leaving a third of the session for
-        # the join elsewhere before the lease ends (T + 0.8 S). With S/3 + S/3 a hung
-        # broker took the whole lease; with S/4 the join had 0.17 S: members fell out.
-        wait_ms = int(min(self.session_timeout_s / 6, 5.0) * 1000)
-        while True:
-            try:
-                if not self._lease_valid():
-                    await self._drop_all("its lease ended (no heartbeat answered in time)")
-                    await self._join()
-                else:
-                    await self._apply(await self._beat(wait_ms=wait_ms))
-                backoff.reset()
-                continue
-            except BrokerError as exc:
-                if exc.status == p.Status.UNKNOWN_MEMBER:
-                    # Our hosting broker died or hung and we reached another one. While our
-                    # lease holds, the brokers still count us a member (none expired us):
-                    # join here (it takes our node over) and keep our queues; past the
-                    # lease the loop above dropped them first.
-                    log.info("member %s moves to another broker: %s", self.member_id, exc.message)
-                    with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
-                        await self._join()
-                        continue
-                else:
-                    log.info("heartbeat of %s: %s", self.member_id, exc)
-            except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
-                log.info("heartbeat of %s: %s; trying another broker", self.member_id, exc)
-            await backoff.sleep()
 
     async def _settle(self) -> None:
         """Commit and release the queues the brokers asked back; stop at a lapsed lease."""
@@ -1459,10 +1679,7 @@ class Consumer:
             with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
                 if self._lease_valid():
                     await self._commit_queues(sorted(self._positions))
-                    conn = await self.router.connection(Permission.NONE)
-                    await conn.request(p.Op.LEAVE_GROUP,
-                                       p.LeaveGroupRequest(self.group, self.member_id).encode(),
-                                       timeout_s=5.0)
+                    await self._leave(self.group)
         await self.router.close()
 
     async def abort(self) -> None:

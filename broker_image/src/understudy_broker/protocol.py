@@ -342,6 +342,9 @@ class _Reader:
     def pos(self) -> int:
         return self._pos
 
+    def seek(self, pos: int) -> None:
+        self._pos = pos
+
     def unpack(self, st: struct.Struct) -> tuple[Any, ...]:
         if self._pos + st.size > len(self._data):
             raise _bad("body truncated")
@@ -480,9 +483,25 @@ class ProduceRequest:
         return cls(topic, [ProduceMessage(q, k, b) for q, k, b in raw])
 
 
-def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]]) -> bytes:
+#: ``(member, generation)`` of the active producer of an ordered topic, sent after the
+#: messages of a PRODUCE (a trailer: marker byte 1, the member string, u64 generation).
+ProduceLease = tuple[str, int]
+_LEASE_MARK = 1
+_LEASE_GEN = struct.Struct(">Q")
+
+
+def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]],
+                   lease: ProduceLease | None = None) -> bytes:
     """A PRODUCE body from plain ``(queue, key, body)`` tuples, packed into one
     preallocated buffer (the producer's hot path: no object per message)."""
+    body = _encode_messages(topic, messages)
+    if lease is None:
+        return body
+    member, generation = lease
+    return body + bytes([_LEASE_MARK]) + _string(member) + _LEASE_GEN.pack(generation)
+
+
+def _encode_messages(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]]) -> bytes:
     head = _string(topic)
     msg = _PRODUCE_MSG.size
     size = len(head) + _PRODUCE_HEAD.size
@@ -510,7 +529,15 @@ def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes
 
 def decode_produce(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]]]:
     """The PRODUCE body as ``(topic, [(queue, key, body), ...])``: the broker's hot path,
-    so plain tuples and one bounds check per field instead of typed objects."""
+    so plain tuples and one bounds check per field instead of typed objects. A producer
+    lease after the messages is read by :func:`decode_produce_lease`."""
+    topic, out, _lease = decode_produce_lease(body)
+    return topic, out
+
+
+def decode_produce_lease(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]],
+                                               ProduceLease | None]:
+    """:func:`decode_produce` with the producer lease the body ends with, if any."""
     r = _Reader(body)
     topic = r.string()
     (count,) = r.unpack(_PRODUCE_HEAD)
@@ -539,9 +566,15 @@ def decode_produce(body: bytes) -> tuple[str, list[tuple[int, bytes | None, byte
             raise _bad("body truncated")
         append((queue, key, body[pos:end]))
         pos = end
+    lease: ProduceLease | None = None
+    if pos < size and body[pos] == _LEASE_MARK:
+        r.seek(pos + 1)
+        member = r.string()
+        (generation,) = r.unpack(_LEASE_GEN)
+        lease, pos = (member, generation), r.pos
     if pos != size:
         raise _bad(f"{size - pos} unexpected trailing bytes")
-    return topic, out
+    return topic, out, lease
 
 
 @dataclass(frozen=True, slots=True)
@@ -1172,13 +1205,16 @@ class MemberHeartbeatRequest:
     released: Sequence[tuple[str, int]] = ()
     generation: int = -1
     wait_ms: int = 0
+    #: A producer of an ordered topic (``cgroup`` is the topic): the brokers hold the
+    #: producers of each ordered topic as a group whose one unit is the right to send.
+    producer: bool = False
 
     def encode(self) -> bytes:
         return _json_body({
             "group": self.cgroup, "member": self.member, "topics": list(self.topics),
             "session_timeout_ms": self.session_timeout_ms, "join": self.join,
             "released": [list(k) for k in self.released], "generation": self.generation,
-            "wait_ms": self.wait_ms})
+            "wait_ms": self.wait_ms, "producer": self.producer})
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
@@ -1190,7 +1226,8 @@ class MemberHeartbeatRequest:
                    _int_field(data, "session_timeout_ms", 6000, 500, 600_000),
                    bool(data.get("join", False)), _keys(data, "released"),
                    _int_field(data, "generation", -1, -1, 1 << 62),
-                   _int_field(data, "wait_ms", 0, 0, 60_000))
+                   _int_field(data, "wait_ms", 0, 0, 60_000),
+                   bool(data.get("producer", False)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1218,26 +1255,31 @@ class MemberHeartbeatResponse:
 class LeaveGroupRequest:
     cgroup: str
     member: str
+    producer: bool = False  # as in MemberHeartbeatRequest
 
     def encode(self) -> bytes:
-        return _json_body({"group": self.cgroup, "member": self.member})
+        return _json_body({"group": self.cgroup, "member": self.member,
+                           "producer": self.producer})
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
         data = _json_object(body)
-        return cls(_field(data, "group", str), _field(data, "member", str))
+        return cls(_field(data, "group", str), _field(data, "member", str),
+                   bool(data.get("producer", False)))
 
 
 @dataclass(frozen=True, slots=True)
 class DescribeGroupRequest:
     cgroup: str
+    producer: bool = False  # the producers of ordered topic ``cgroup``
 
     def encode(self) -> bytes:
-        return _json_body({"group": self.cgroup})
+        return _json_body({"group": self.cgroup, "producer": self.producer})
 
     @classmethod
     def decode(cls, body: bytes) -> Self:
-        return cls(_field(_json_object(body), "group", str))
+        data = _json_object(body)
+        return cls(_field(data, "group", str), bool(data.get("producer", False)))
 
 
 @dataclass(frozen=True, slots=True)

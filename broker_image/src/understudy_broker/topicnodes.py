@@ -9,16 +9,18 @@ controller may ever see one without the other, so both callers use these two fun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError, RolledBackError
+from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
 
 from understudy_broker.chains import initial_chains
 from understudy_broker.zkclient import kazoo_future
 from understudy_broker.zklayout import (
     ORDERED_DIR,
+    PRODUCER_GROUPS,
     TOPICS_DIR,
     TopicDoc,
     chains_path,
@@ -75,6 +77,11 @@ async def delete_topic_nodes(client: KazooClient, topic: str, *,
     if isinstance(results[-1], NoNodeError):
         return False  # deleted meanwhile
     raise_failed(results)
+    # The producers of an ordered topic (members and assignment, held by brokers) go with
+    # it; a producer still heartbeating is told the topic is unknown.
+    producers = PRODUCER_GROUPS.group(topic)
+    with contextlib.suppress(NoNodeError, NotEmptyError):
+        await asyncio.to_thread(client.delete, producers, recursive=True)
     return True
 
 

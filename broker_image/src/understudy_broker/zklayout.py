@@ -113,6 +113,7 @@ def decode_isr(data: bytes) -> frozenset[str]:
 TOPICS_DIR = "/topics"
 CONSUMERS_DIR = "/consumers"
 ORDERED_DIR = "/ordered"
+PRODUCERS_DIR = "/producers"
 GROUPS_DIR = "/groups"
 _MEMBER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -140,12 +141,48 @@ def topic_path(topic: str) -> str:
     return _topic_node(TOPICS_DIR, topic)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSpace:
+    """Where one kind of broker-held group lives. Consumer groups are
+    ``/consumers/<cg>``; the producers of an ordered topic are ``/producers/<topic>``, a
+    group whose one assignable unit is the right to send (docs/ordered.md). Both have
+    ``members/<member>`` (ephemeral, in the hosting broker's session) and ``assignment``."""
+
+    root: str
+    kind: str
+    topic_named: bool = False
+
+    def check(self, name: str) -> str:
+        if not self.topic_named:
+            return check_name(self.kind, name)
+        try:
+            return check_topic_name(name)
+        except TopicNameError as exc:
+            raise LayoutError(f"{self.kind}: {exc}") from None
+
+    def group(self, name: str) -> str:
+        return f"{self.root}/{self.check(name)}"
+
+    def members(self, name: str) -> str:
+        return f"{self.group(name)}/members"
+
+    def member(self, name: str, member: str) -> str:
+        return f"{self.members(name)}/{check_member(member)}"
+
+    def assignment(self, name: str) -> str:
+        return f"{self.group(name)}/assignment"
+
+
+CONSUMER_GROUPS = GroupSpace(CONSUMERS_DIR, "consumer group")
+PRODUCER_GROUPS = GroupSpace(PRODUCERS_DIR, "producers of ordered topic", topic_named=True)
+
+
 def consumer_group_path(cgroup: str) -> str:
-    return f"{CONSUMERS_DIR}/{check_name('consumer group', cgroup)}"
+    return CONSUMER_GROUPS.group(cgroup)
 
 
 def members_dir(cgroup: str) -> str:
-    return f"{consumer_group_path(cgroup)}/members"
+    return CONSUMER_GROUPS.members(cgroup)
 
 
 def check_member(member: str) -> str:
@@ -157,11 +194,11 @@ def check_member(member: str) -> str:
 
 
 def member_path(cgroup: str, member: str) -> str:
-    return f"{members_dir(cgroup)}/{check_member(member)}"
+    return CONSUMER_GROUPS.member(cgroup, member)
 
 
 def assignment_path(cgroup: str) -> str:
-    return f"{consumer_group_path(cgroup)}/assignment"
+    return CONSUMER_GROUPS.assignment(cgroup)
 
 
 # --------------------------------------------------------------------------- documents

@@ -53,6 +53,16 @@ or the end):
   window; the cycle's figure is the largest over topics. It includes the failback, when
   the returning master takes writes back. ``None`` without acks on both sides.
 
+Ordered topics (named by ``topic`` events with ``ordered`` true):
+
+* **Order violation**: the first delivery of an acknowledged id ``x`` to a consumer group
+  while an id acknowledged before ``x`` (on the same topic) has not been delivered to that
+  group yet. Acknowledgement order is the order of the ``produce_ack`` events; deliveries
+  are taken in the order they were recorded. Repeats of an id already delivered are
+  duplicates (above), not order violations; an id the group never receives is counted as
+  lost or skipped, and is left out of the order check (else every later delivery would
+  count again for the same gap). Unacknowledged ids are not judged.
+
 Consumer-group members (the ``own`` events, from each member's ownership log):
 
 * **Two members on one queue**: any instant at which two members of one consumer group
@@ -86,6 +96,7 @@ from understudy_harness.history import (
     Own,
     Perm,
     ProduceAck,
+    TopicInfo,
     parse_events,
 )
 
@@ -176,6 +187,8 @@ class Report:
     two_member_violations: int = 0
     two_member_overlap_s: float = 0.0
     shared_queues: tuple[SharedQueue, ...] = field(default_factory=tuple)
+    order_violations: int = 0
+    order_examples: tuple[str, ...] = ()
 
     @property
     def violations(self) -> list[str]:
@@ -200,6 +213,8 @@ class Report:
                 f"{self.two_member_violations} time(s) two members on one queue, "
                 f"{self.two_member_overlap_s:.3f}s in all"
             )
+        if self.order_violations:
+            out.append(f"{self.order_violations} order violation(s) on ordered topics")
         return out
 
     @property
@@ -240,6 +255,8 @@ class Report:
             "write_stall_ms_p99": _r(percentile(stalls, 99)),
             "two_member_violations": self.two_member_violations,
             "two_member_overlap_s": round(self.two_member_overlap_s, 6),
+            "order_violations": self.order_violations,
+            "order_examples": list(self.order_examples),
             "cycles": [c.to_json() for c in self.cycles],
         }
 
@@ -282,6 +299,8 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
                                                                  ack_times))
               for c in _cycles(broker_faults, timelines, modes)]
     shared = _shared_queues(owns, delivers, end)
+    ordered = {e.topic for e in events if isinstance(e, TopicInfo) and e.ordered}
+    disorder = _order_violations(acks, delivers, ordered)
     return Report(
         acked=len({a.id for a in acks}),
         delivered=len(delivers),
@@ -300,6 +319,8 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
         two_member_violations=len(shared),
         two_member_overlap_s=sum(x.duration_s for x in shared),
         shared_queues=tuple(shared[:EXAMPLES]),
+        order_violations=len(disorder),
+        order_examples=tuple(disorder[:EXAMPLES]),
     )
 
 
@@ -317,6 +338,45 @@ def _losses(
     lost = sorted(acked - anywhere)
     skipped = {cg: len((acked & anywhere) - ids) for cg, ids in sorted(by_cgroup.items())}
     return len(lost), tuple(lost[:EXAMPLES]), skipped
+
+
+def _order_violations(acks: list[ProduceAck], delivers: list[Deliver],
+                      ordered: set[str]) -> list[str]:
+    """Invariant 7 (see the module's definitions): one entry per first delivery that came
+    while an id acknowledged before it was still missing for its consumer group."""
+    if not ordered:
+        return []
+    delivered = {(d.cgroup, d.topic, d.id) for d in delivers if d.topic in ordered}
+    cgroups = {d.cgroup for d in delivers if d.topic in ordered}
+    # Per (cgroup, topic): the acknowledged ids in acknowledgement order, leaving out those
+    # the group never received (lost or skipped, counted there).
+    ranks: dict[tuple[str, str], dict[str, int]] = {}
+    order: dict[tuple[str, str], list[str]] = {}
+    for a in acks:
+        if a.topic not in ordered:
+            continue
+        for cg in cgroups:
+            key = (cg, a.topic)
+            r = ranks.setdefault(key, {})
+            if a.id not in r and (cg, a.topic, a.id) in delivered:
+                r[a.id] = len(r)
+                order.setdefault(key, []).append(a.id)
+    got: dict[tuple[str, str], set[str]] = defaultdict(set)
+    next_missing: dict[tuple[str, str], int] = defaultdict(int)
+    out: list[str] = []
+    for d in delivers:
+        key = (d.cgroup, d.topic)
+        rank = ranks.get(key, {}).get(d.id)
+        if rank is None or d.id in got[key]:
+            continue  # not an acknowledged id of an ordered topic, or a repeat
+        got[key].add(d.id)
+        ids, i = order[key], next_missing[key]
+        if rank > i:
+            out.append(f"{d.cgroup} got {d.id} before {ids[i]} on {d.topic}")
+        while i < len(ids) and ids[i] in got[key]:
+            i += 1
+        next_missing[key] = i
+    return out
 
 
 def _duplicates(

@@ -122,7 +122,16 @@ class Restart:
     group: str
 
 
-Event = ProduceAck | Deliver | Own | Commit | Perm | ModeChange | Fault | Restart
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic the run used; ``ordered`` ones are judged for order (invariant 7)."""
+
+    t: int
+    topic: str
+    ordered: bool
+
+
+Event = ProduceAck | Deliver | Own | Commit | Perm | ModeChange | Fault | Restart | TopicInfo
 
 _TYPES: Final[dict[str, type[Any]]] = {
     "produce_ack": ProduceAck,
@@ -133,6 +142,7 @@ _TYPES: Final[dict[str, type[Any]]] = {
     "mode": ModeChange,
     "fault": Fault,
     "restart": Restart,
+    "topic": TopicInfo,
 }
 _NAMES: Final[dict[type[Any], str]] = {v: k for k, v in _TYPES.items()}
 
@@ -146,6 +156,7 @@ _FIELDS: Final[dict[str, dict[str, type]]] = {
     "mode": {"group": str, "mode": str, "epoch": int},
     "fault": {"cycle": int, "kind": str, "broker": str, "group": str},
     "restart": {"cycle": int, "broker": str, "group": str},
+    "topic": {"topic": str, "ordered": bool},
 }
 _OPTIONAL: Final[dict[str, dict[str, type]]] = {"perm": {"role": str},
                                                  "deliver": {"member": str}}
@@ -339,6 +350,9 @@ class HistoryWriter:
 
     def fault(self, *, cycle: int, kind: str, broker: str, group: str) -> None:
         self.record(Fault(self.now(), cycle, kind, broker, group))
+
+    def topic(self, *, topic: str, ordered: bool) -> None:
+        self.record(TopicInfo(self.now(), topic, ordered))
 
     def restart(self, *, cycle: int, broker: str, group: str) -> None:
         self.record(Restart(self.now(), cycle, broker, group))

@@ -141,6 +141,12 @@ class Authority(Protocol):
         """Consumer groups held by brokers (``None`` without ZooKeeper)."""
         ...
 
+    @property
+    def producers(self) -> Membership | None:
+        """The producers of ordered topics, held by brokers like consumer groups: the one
+        that owns the topic's unit is its active producer (``None`` without ZooKeeper)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -285,6 +291,10 @@ class StaticAuthority(BrokerIdentity):
 
     @property
     def membership(self) -> Membership | None:
+        return None
+
+    @property
+    def producers(self) -> Membership | None:
         return None
 
     async def wait_config(self, timeout_s: float) -> GroupConfig | None:

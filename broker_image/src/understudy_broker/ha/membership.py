@@ -41,18 +41,14 @@ from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zkclient import kazoo_future
 from understudy_broker.zklayout import (
-    CONSUMERS_DIR,
+    CONSUMER_GROUPS,
     AssignmentDoc,
+    GroupSpace,
     LayoutError,
     MemberDoc,
     Owner,
     QueueKey,
-    assignment_path,
     check_member,
-    check_name,
-    consumer_group_path,
-    member_path,
-    members_dir,
 )
 
 log = logging.getLogger(__name__)
@@ -94,7 +90,9 @@ class Membership:
     def __init__(self, client: KazooClient, loop: asyncio.AbstractEventLoop, *, broker: str,
                  view: ClusterView, acl: Any = None,
                  on_rebalance: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 space: GroupSpace = CONSUMER_GROUPS) -> None:
+        self._space = space
         self._client = client
         self._loop = loop
         self._broker = broker
@@ -139,21 +137,21 @@ class Membership:
                 g = self._groups.get(cgroup)
                 if g is None:
                     if not create and await self._zk(
-                            self._client.exists_async(consumer_group_path(cgroup))) is None:
+                            self._client.exists_async(self._space.group(cgroup))) is None:
                         return None
                     g = self._groups[cgroup] = _Group()
-                    await asyncio.to_thread(self._client.ensure_path, members_dir(cgroup),
+                    await asyncio.to_thread(self._client.ensure_path, self._space.members(cgroup),
                                             self._acl)
-                    await asyncio.to_thread(self._client.DataWatch, assignment_path(cgroup),
+                    await asyncio.to_thread(self._client.DataWatch, self._space.assignment(cgroup),
                                             self._kz(self._apply_assignment, cgroup))
-                    await asyncio.to_thread(self._client.ChildrenWatch, members_dir(cgroup),
+                    await asyncio.to_thread(self._client.ChildrenWatch, self._space.members(cgroup),
                                             self._kz(self._apply_members, cgroup))
         try:
             async with asyncio.timeout(GROUP_READY_TIMEOUT_S):
                 await g.ready.wait()
         except TimeoutError:
             raise MembershipError(p.Status.TIMEOUT,
-                                  f"consumer group {cgroup}: ZooKeeper did not answer") from None
+                                  f"{self._space.kind} {cgroup}: ZooKeeper did not answer") from None
         return g
 
     def _kz(self, apply: Callable[..., None], cgroup: str) -> Callable[..., None]:
@@ -170,7 +168,8 @@ class Membership:
             try:
                 doc, version = AssignmentDoc.from_json(data), int(stat.version)
             except LayoutError as exc:
-                log.error("consumer group %s: malformed assignment (%s); rewriting it", cgroup, exc)
+                log.error("%s %s: malformed assignment (%s); rewriting it", self._space.kind,
+                          cgroup, exc)
                 doc, version = AssignmentDoc(0), int(stat.version)
         if version != g.version or doc != g.doc:
             g.doc, g.version = doc, version
@@ -253,7 +252,7 @@ class Membership:
         self._hosted.pop((cgroup, member), None)
         await self._update(cgroup, lambda owners: asg.leave(owners, member))
         with contextlib.suppress(NoNodeError):
-            await self._zk(self._client.delete_async(member_path(cgroup, member)))
+            await self._zk(self._client.delete_async(self._space.member(cgroup, member)))
         return p.MemberHeartbeatResponse(self._groups[cgroup].doc.generation, [], [], self._broker)
 
     async def describe(self, cgroup: str) -> p.DescribeGroupResponse:
@@ -264,7 +263,7 @@ class Membership:
         members = []
         for m in sorted(g.members):
             with contextlib.suppress(NoNodeError, LayoutError):
-                raw, _ = await self._zk(self._client.get_async(member_path(cgroup, m)))
+                raw, _ = await self._zk(self._client.get_async(self._space.member(cgroup, m)))
                 d = MemberDoc.from_json(raw)
                 members.append({"member": d.member, "broker": d.broker, "topics": list(d.topics),
                                 "session_timeout_ms": d.session_timeout_ms})
@@ -275,7 +274,7 @@ class Membership:
     async def list_groups(self) -> p.ListGroupsResponse:
         """Every consumer group with its member count and generation (read, not watched)."""
         try:
-            names = sorted(await self._zk(self._client.get_children_async(CONSUMERS_DIR)))
+            names = sorted(await self._zk(self._client.get_children_async(self._space.root)))
         except NoNodeError:
             names = []
         out = []
@@ -283,9 +282,9 @@ class Membership:
             members: list[str] = []
             generation = 0
             with contextlib.suppress(NoNodeError):
-                members = await self._zk(self._client.get_children_async(members_dir(cg)))
+                members = await self._zk(self._client.get_children_async(self._space.members(cg)))
             with contextlib.suppress(NoNodeError, LayoutError):
-                raw, _ = await self._zk(self._client.get_async(assignment_path(cg)))
+                raw, _ = await self._zk(self._client.get_async(self._space.assignment(cg)))
                 generation = AssignmentDoc.from_json(raw).generation
             out.append({"group": cg, "members": len(members), "generation": generation})
         return p.ListGroupsResponse(out)
@@ -315,17 +314,16 @@ class Membership:
 
     # ------------------------------------------------------------------ internals
 
-    @staticmethod
-    def _names(cgroup: str, member: str) -> tuple[str, str]:
+    def _names(self, cgroup: str, member: str) -> tuple[str, str]:
         try:
-            return check_name("consumer group", cgroup), check_member(member)
+            return self._space.check(cgroup), check_member(member)
         except LayoutError as exc:
             raise MembershipError(p.Status.BAD_REQUEST, str(exc)) from None
 
     async def _register(self, cgroup: str, doc: MemberDoc) -> None:
         """Create the member's ephemeral node in our session (taking it over from another
         broker's session when the member moved to us)."""
-        path = member_path(cgroup, doc.member)
+        path = self._space.member(cgroup, doc.member)
         for _ in range(3):
             try:
                 await self._zk(self._client.create_async(path, doc.to_json(), acl=self._acl,
@@ -357,7 +355,7 @@ class Membership:
                       change: Callable[[Mapping[QueueKey, Owner]], Mapping[QueueKey, Owner]]) -> None:
         """Read-modify-write of the assignment with the znode version read."""
         backoff = Backoff(0.005, 0.1)
-        path = assignment_path(cgroup)
+        path = self._space.assignment(cgroup)
         for _ in range(20):
             try:
                 raw, stat = await self._zk(self._client.get_async(path))
@@ -379,12 +377,12 @@ class Membership:
             except (BadVersionError, NodeExistsError):
                 await backoff.sleep()
                 continue
-            log.info("consumer group %s: generation %d", cgroup, nxt.generation)
+            log.info("%s %s: generation %d", self._space.kind, cgroup, nxt.generation)
             self._last_written[cgroup] = nxt.generation
             if self._on_rebalance is not None:
                 self._on_rebalance(cgroup)
             return
-        raise MembershipError(p.Status.INTERNAL, f"consumer group {cgroup}: assignment contended")
+        raise MembershipError(p.Status.INTERNAL, f"{self._space.kind} {cgroup}: assignment contended")
 
     def rebalance_soon(self, cgroup: str) -> None:
         task = self._rebalancing.get(cgroup)
@@ -416,7 +414,7 @@ class Membership:
                 await self._update(cgroup, functools.partial(_rebalanced, members=members,
                                                              queues=queues))
             except Exception as exc:  # a ZooKeeper hiccup: the next change retries
-                log.warning("consumer group %s: rebalance failed: %r", cgroup, exc)
+                log.warning("%s %s: rebalance failed: %r", self._space.kind, cgroup, exc)
             if cgroup not in self._rebalance_again:
                 return
 
@@ -440,8 +438,8 @@ class Membership:
                     topics = tuple(sorted({t for (t, _q), o in g.doc.owners.items()
                                            if o.member == m}))
                 ghosts[m] = (now + session_ms / 1000, topics)
-                log.info("consumer group %s: member %s vanished with its broker; its queues "
-                         "stay its own for %.1fs", cgroup, m, session_ms / 1000)
+                log.info("%s %s: member %s vanished with its broker; its queues "
+                         "stay its own for %.1fs", self._space.kind, cgroup, m, session_ms / 1000)
         out = dict(live)
         for m, (until, topics) in list(ghosts.items()):
             if m in live or now >= until or m not in owners:
@@ -453,10 +451,10 @@ class Membership:
 
     async def _member_topics(self, cgroup: str) -> dict[str, tuple[str, ...]]:
         out: dict[str, tuple[str, ...]] = {}
-        children = await self._zk(self._client.get_children_async(members_dir(cgroup)))
+        children = await self._zk(self._client.get_children_async(self._space.members(cgroup)))
         for m in children:
             with contextlib.suppress(NoNodeError, LayoutError):
-                raw, _ = await self._zk(self._client.get_async(member_path(cgroup, m)))
+                raw, _ = await self._zk(self._client.get_async(self._space.member(cgroup, m)))
                 doc = MemberDoc.from_json(raw)
                 out[m] = doc.topics
                 self._known[(cgroup, m)] = (doc.topics, doc.session_timeout_ms)
@@ -470,13 +468,13 @@ class Membership:
                 if now - h.last_seen > h.doc.session_timeout_ms / 1000:
                     cgroup, member = key
                     self._hosted.pop(key, None)
-                    log.info("consumer group %s: member %s expired (no heartbeat for %.1fs)",
-                             cgroup, member, now - h.last_seen)
+                    log.info("%s %s: member %s expired (no heartbeat for %.1fs)",
+                             self._space.kind, cgroup, member, now - h.last_seen)
                     try:
                         await self._expire(cgroup, member)
                     except Exception as exc:  # a ZooKeeper hiccup must not end expiry for good
-                        log.warning("consumer group %s: expiring %s failed (%r); retried",
-                                    cgroup, member, exc)
+                        log.warning("%s %s: expiring %s failed (%r); retried",
+                                    self._space.kind, cgroup, member, exc)
                         self._hosted.setdefault(key, h)
 
     async def _expire(self, cgroup: str, member: str) -> None:
@@ -484,14 +482,14 @@ class Membership:
         their takers or are freed first, then its node goes. A member whose node another
         broker took over is alive there (it moved while this broker was frozen or cut
         off): it keeps its queues, and its node stays."""
-        path = member_path(cgroup, member)
+        path = self._space.member(cgroup, member)
         try:
             _raw, stat = await self._zk(self._client.get_async(path))
         except NoNodeError:
             stat = None
         if stat is not None and stat.ephemeralOwner != self._session_id():
-            log.info("consumer group %s: member %s moved to another broker; not expired here",
-                     cgroup, member)
+            log.info("%s %s: member %s moved to another broker; not expired here",
+                     self._space.kind, cgroup, member)
             return
         with contextlib.suppress(MembershipError):
             await self._update(cgroup, lambda owners: asg.leave(owners, member))

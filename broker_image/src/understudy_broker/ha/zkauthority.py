@@ -58,6 +58,7 @@ from understudy_broker.replication.isr import IsrConflictError, IsrStore
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zkclient import Digest, digest_acl
 from understudy_broker.zklayout import (
+    PRODUCER_GROUPS,
     BrokerStatus,
     GroupConfig,
     LayoutError,
@@ -161,6 +162,7 @@ class ZkAuthority(BrokerIdentity):
         self._task: asyncio.Task[None] | None = None
         self._cluster: ClusterView | None = None
         self._membership: Membership | None = None
+        self._producers: Membership | None = None
 
     # ------------------------------------------------------------------ Authority
 
@@ -295,6 +297,10 @@ class ZkAuthority(BrokerIdentity):
                                       view=self._cluster, acl=acl)
         self._cluster.subscribe(self._membership.topics_changed)
         await self._membership.start()
+        self._producers = Membership(self._coord.client, loop, broker=self._name,
+                                     view=self._cluster, acl=acl, space=PRODUCER_GROUPS)
+        self._cluster.subscribe(self._producers.topics_changed)
+        await self._producers.start()
         self._task = loop.create_task(self._publish_loop(), name=f"status-{self._name}")
 
     @property
@@ -305,9 +311,14 @@ class ZkAuthority(BrokerIdentity):
     def membership(self) -> Membership | None:
         return self._membership
 
+    @property
+    def producers(self) -> Membership | None:
+        return self._producers
+
     async def stop(self) -> None:
-        if self._membership is not None:
-            await self._membership.stop()
+        for held in (self._membership, self._producers):
+            if held is not None:
+                await held.stop()
         if self._backsync is not None:
             await self._backsync.stop()
         if self._task is not None:

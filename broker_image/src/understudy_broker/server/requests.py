@@ -214,12 +214,49 @@ class Requests:
                                "or consumer groups (start brokers with --zk)")
         return view
 
-    def _membership(self) -> Membership:
-        m = self._authority.membership
+    def _membership(self, producer: bool = False) -> Membership:
+        m = self._authority.producers if producer else self._authority.membership
         if m is None:
             self._cluster()
             raise AssertionError("unreachable")  # pragma: no cover
         return m
+
+    def _check_producer_group(self, req: p.MemberHeartbeatRequest) -> None:
+        """The producers of an ordered topic are a group named after the topic, and
+        subscribed to it alone."""
+        doc = self._cluster().topics.get(req.cgroup)
+        if doc is None or not doc.ordered:
+            what = "an unknown topic" if doc is None else "not ordered"
+            raise RequestError(p.Status.BAD_REQUEST if doc is not None else p.Status.UNKNOWN_TOPIC,
+                               f"producer leadership is for ordered topics: {req.cgroup!r} is "
+                               f"{what}")
+        if list(req.topics) != [req.cgroup]:
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"a producer of ordered topic {req.cgroup!r} subscribes to it "
+                               f"alone, not to {list(req.topics)}")
+
+    async def _check_producer(self, topic: str, queue: int,
+                              lease: p.ProduceLease | None) -> None:
+        """A PRODUCE to an ordered topic comes from its active producer: the member that
+        owns the topic's unit in ``/producers/<topic>`` at the generation it names
+        (docs/ordered.md). A former leader woken from a pause is refused, as a member
+        pulling a queue it lost is (invariant 6)."""
+        view = self._authority.cluster
+        doc = None if view is None else view.topics.get(topic)
+        if doc is None or not doc.ordered:
+            return
+        if lease is None:
+            raise RequestError(
+                p.Status.NOT_OWNER,
+                f"topic {topic!r} is ordered: it takes writes only from its active producer "
+                "(the client joins the topic's producers; understudy_broker.client.Producer "
+                "does)")
+        member, generation = lease
+        try:
+            await self._membership(producer=True).check_owner(topic, member, topic, queue,
+                                                              generation)
+        except MembershipError as exc:
+            raise RequestError(exc.status, exc.message) from None
 
     # ---- handlers -------------------------------------------------------------------
 
@@ -241,7 +278,7 @@ class Requests:
     async def _produce(self, frame: p.Frame) -> bytes:
         started = time.perf_counter()
         self._require_write(frame)
-        topic, raw = p.decode_produce(frame.body)
+        topic, raw, lease = p.decode_produce_lease(frame.body)
         queues = self._queues(topic)
         if not raw:
             return p.ProduceResponse([]).encode()
@@ -254,9 +291,14 @@ class Requests:
             )
         self._check_placed(topic, {q for q, _k, _b in raw})
         self._check_send_head(topic)
+        # Suspends only for an ordered topic, and only while our watch catches up with a
+        # producer generation newer than ours (one batch of it in flight per producer);
+        # the head is checked again after it, with no suspension before the append.
+        await self._check_producer(topic, raw[0][0], lease)
+        self._check_send_head(topic)
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
-        # No await before the append: batches of one connection keep their order.
+        # No suspension before the append: batches of one connection keep their order.
         try:
             result = self._store.log.append(messages)
         except (CommitLogError, ValueError) as exc:
@@ -433,15 +475,17 @@ class Requests:
 
     async def _member_heartbeat(self, frame: p.Frame) -> bytes:
         req = p.MemberHeartbeatRequest.decode(frame.body)
-        return await _answer(self._membership().heartbeat(req))
+        if req.producer:
+            self._check_producer_group(req)
+        return await _answer(self._membership(req.producer).heartbeat(req))
 
     async def _leave_group(self, frame: p.Frame) -> bytes:
         req = p.LeaveGroupRequest.decode(frame.body)
-        return await _answer(self._membership().leave(req))
+        return await _answer(self._membership(req.producer).leave(req))
 
     async def _describe_group(self, frame: p.Frame) -> bytes:
         req = p.DescribeGroupRequest.decode(frame.body)
-        return await _answer(self._membership().describe(req.cgroup))
+        return await _answer(self._membership(req.producer).describe(req.cgroup))
 
     async def _list_groups(self, frame: p.Frame) -> bytes:
         p.ListGroupsRequest.decode(frame.body)
