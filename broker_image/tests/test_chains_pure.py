@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from understudy_broker.chains import GroupFacts, initial_chains, step
+from understudy_broker.chains import GroupFacts, history_violations, initial_chains, step
 from understudy_broker.zklayout import ChainDoc, LayoutError, Link, chains_path
 
 GROUPS = ("a", "b", "c")
@@ -65,6 +65,22 @@ def test_a_group_with_a_backlog_never_joins_the_send_chain() -> None:
     assert out is not None
     assert "a" not in out[0].send  # c joins, a does not
     assert out[0].send == ("b", "c")
+
+
+def test_a_group_in_neither_chain_joins_even_with_an_unacknowledged_leftover() -> None:
+    """Found by bench/ordered.py: g2's master was hung with a batch appended and not yet on
+    its slave; consumers drained g2 through the acting slave, g2 left the consume chain, and
+    the master came back with that batch. Requiring no backlog kept g2 (and, once the send
+    chain was empty, the topic) out for good: nobody reads a group in neither chain."""
+    doc = ChainDoc("t", ("a",), (Link("a"),), epoch=5, head_epoch=4)
+    f = facts(backlog=("b",))  # b: in neither chain, one unacknowledged message back
+    out = step(doc, f, GROUPS)
+    assert out is not None
+    assert out[0].send == ("a", "b")
+    empty = ChainDoc("t", (), (), epoch=5, head_epoch=4)  # the bench's stuck document
+    out = step(empty, facts(down=("a",), backlog=("b",)), GROUPS)
+    assert out is not None
+    assert (out[0].send, out[0].consume) == (("b",), (Link("b"),))
 
 
 def test_no_healthy_group_leaves_sends_waiting_and_the_first_healthy_one_becomes_head() -> None:
@@ -142,3 +158,30 @@ def test_committed_groups_are_those_with_a_commit_on_the_topic() -> None:
 
     offsets = {"b": {"t": {0: 1}}, "a": {"t": {1: 0}}, "c": {"other": {0: 5}}}
     assert committed_groups(offsets, "t") == ("a", "b")
+
+
+def test_a_chain_history_made_by_the_rules_is_clean_with_or_without_skipped_versions() -> None:
+    docs = [initial_chains("t", GROUPS)]
+    for f in (facts(down=("a",), backlog=("a",)), facts(down=("a",)), facts(),
+              facts(down=("b",), backlog=("b",)), facts(down=("b",))):
+        nxt = step(docs[-1], f, GROUPS)
+        assert nxt is not None
+        docs.append(nxt[0])
+    assert history_violations(docs, GROUPS) == []
+    assert history_violations(docs[::2], GROUPS) == []  # a watch that skipped versions
+    assert history_violations([docs[0], docs[0], docs[-1]], GROUPS) == []
+
+
+def test_a_chain_history_the_rules_cannot_make_is_reported() -> None:
+    start = ChainDoc("t", ("a", "b"), (Link("a"),), 1, 1)
+    # b became head but a's open link vanished in the same write: its rest is skipped.
+    skipped = ChainDoc("t", ("b",), (Link("b"),), 2, 2)
+    assert history_violations([start, skipped], GROUPS) == [
+        "document 1: send ('b',), consume (b) at epoch 2 is no step of the rules from send "
+        "('a', 'b'), consume (a)"]
+    # Over a gap of versions (a watch that missed some), only the epoch is judged.
+    assert history_violations([start, ChainDoc("t", ("b",), (Link("b"),), 3, 2)], GROUPS) == []
+    same_epoch = ChainDoc("t", ("b",), (Link("a", 1), Link("b")), 1, 1)
+    assert history_violations([start, same_epoch], GROUPS) == ["document 1: epoch 1 after 1"]
+    bad = ChainDoc("t", ("b",), (Link("a"),), 2, 2)  # the head is not the consume tail
+    assert "must be the consume chain's tail" in history_violations([bad], GROUPS)[0]

@@ -16,17 +16,21 @@ The rules, in the order :func:`step` applies them:
 2. A waiting send-chain group that is not healthy leaves the send chain.
 3. The consume head leaves when it is sealed, its reader has applied the sealing epoch (its
    log of the topic is final) and every consumer group has consumed it to the end.
-4. A healthy group that is in neither chain and holds no backlog joins the send chain's
-   tail (and, when the send chain was empty, becomes head and the consume tail).
+4. A healthy group that is in neither chain joins the send chain's tail (and, when the
+   send chain was empty, becomes head and the consume tail). It is drained of everything
+   acknowledged on it: it left the consume chain only when drained (rule 3) and has been
+   no head since. A backlog it shows can only be what its master appended and never got
+   to a slave before it died or hung (never acknowledged), back with the master.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from understudy_broker.model import Snapshot
-from understudy_broker.zklayout import ChainDoc, Link
+from understudy_broker.zklayout import ChainDoc, LayoutError, Link
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +109,15 @@ def step(doc: ChainDoc, facts: Mapping[str, GroupFacts],
     if doc.consume and drained(doc.consume[0], facts.get(doc.consume[0].group)):
         return (replace(doc, consume=doc.consume[1:], epoch=nxt),
                 f"{doc.consume[0].group} is drained; consumers move on")
+    # A group in neither chain left the consume chain drained (rule 3) and has been no head
+    # since: every message acknowledged on it was read. What it may hold beyond that was
+    # appended by a master that died or hung before a slave had it (so never acknowledged)
+    # and came back with the master; it must not keep the group out of the send chain for
+    # good (nobody would ever read it), so it is read when the group is next head.
     busy = set(doc.send) | set(doc.consume_groups())
     for g in groups:
         f = facts.get(g)
-        if g in busy or f is None or not f.writable or not f.no_backlog:
+        if g in busy or f is None or not f.writable:
             continue
         if doc.send:
             return (replace(doc, send=(*doc.send, g), epoch=nxt),
@@ -117,3 +126,49 @@ def step(doc: ChainDoc, facts: Mapping[str, GroupFacts],
                         head_epoch=nxt),
                 f"{g} is healthy and drained; it is the send head")
     return None
+
+
+def history_violations(docs: Sequence[ChainDoc], groups: Sequence[str]) -> list[str]:
+    """What is wrong with a sequence of chain documents as a watcher saw them (the drill
+    records one):
+
+    - every document is a shape the rules reach (:meth:`ChainDoc.check`), so the send head
+      is always the consume chain's open tail (consumers knew of it before producers);
+    - a changed document has a greater epoch;
+    - a document one epoch after the one before is what :func:`step` makes of that one for
+      *some* facts of the groups (every fact combination is tried: writable or not, with a
+      backlog or not, the sealing epoch applied or not). A watch that skipped versions
+      (written within one ZooKeeper round trip) leaves a gap of more than one epoch, over
+      which only the epoch is checked.
+    """
+    out: list[str] = []
+    for i, doc in enumerate(docs):
+        try:
+            doc.check(groups)
+        except LayoutError as exc:
+            out.append(f"document {i}: {exc}")
+    for i, (a, b) in enumerate(itertools.pairwise(docs), start=1):
+        if a == b:
+            continue
+        if b.epoch <= a.epoch:
+            out.append(f"document {i}: epoch {b.epoch} after {a.epoch}")
+        elif b.epoch == a.epoch + 1 and b not in _successors(a, groups):
+            out.append(f"document {i}: send {b.send}, consume {_names(b)} at epoch {b.epoch} "
+                       f"is no step of the rules from send {a.send}, consume {_names(a)}")
+    return out
+
+
+def _successors(doc: ChainDoc, groups: Sequence[str]) -> set[ChainDoc]:
+    """Every document :func:`step` makes of ``doc``, over every combination of facts."""
+    kinds = [GroupFacts(writable=w, end=1, consumed=1 if empty else 0, view_epoch=view)
+             for w in (True, False) for empty in (True, False) for view in (0, 1 << 40)]
+    out: set[ChainDoc] = set()
+    for combo in itertools.product(kinds, repeat=len(groups)):
+        nxt = step(doc, dict(zip(groups, combo, strict=True)), groups)
+        if nxt is not None:
+            out.add(nxt[0])
+    return out
+
+
+def _names(doc: ChainDoc) -> str:
+    return "(" + ", ".join(doc.consume_groups()) + ")"
