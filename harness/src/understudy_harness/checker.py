@@ -100,8 +100,9 @@ from understudy_harness.history import (
     parse_events,
 )
 
-#: ``fault`` kinds that name a consumer-group member, not a broker (``member-crash``).
-MEMBER_FAULT = "member-"
+#: ``fault`` kinds that name a client, not a broker: a consumer-group member
+#: (``member-crash``) or a producer instance (``producer-crash``).
+CLIENT_FAULTS = ("member-", "producer-")
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 #: How many example ids/details a report keeps per category (the counts are exact).
@@ -287,7 +288,7 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     faults = [e for e in events if isinstance(e, Fault)]
     owns = [e for e in events if isinstance(e, Own)]
     end = events[-1].t if events else 0
-    broker_faults = [f for f in faults if not f.kind.startswith(MEMBER_FAULT)]
+    broker_faults = [f for f in faults if not f.kind.startswith(CLIENT_FAULTS)]
 
     lost, lost_examples, skipped = _losses(acks, delivers)
     inflight, rewind, produced = _duplicates(delivers, commits, faults, modes)

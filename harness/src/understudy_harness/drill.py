@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import tempfile
 import time
@@ -33,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from understudy_broker.chains import history_violations
 from understudy_broker.ha.permlog import FILE_NAME, read_changes
 from understudy_broker.model import Mode
-from understudy_broker.zklayout import LayoutError, decode_state, state_path
+from understudy_broker.zklayout import ChainDoc, LayoutError, chains_path, decode_state, state_path
 from understudy_harness import promrun
 from understudy_harness.checker import Report, check
 from understudy_harness.history import Fault, HistoryWriter, ModeChange, read_history
@@ -50,8 +52,9 @@ from understudy_operator.zk import ZkGateway, gateway
 log = logging.getLogger(__name__)
 
 FAULTS = ("kill", "hang")
-SCENARIOS = ("failover", "cluster")
+SCENARIOS = ("failover", "cluster", "ordered")
 CLUSTER_TOPIC = "drill-cluster"
+ORDERED_TOPIC = "drill-ordered"
 
 
 class DrillError(RuntimeError):
@@ -82,7 +85,11 @@ class DrillOptions:
     #: one topic over every group (at least 2), unkeyed sends that route around a dead
     #: master, ``members`` members per consumer group; cycles alternate kill and hang over
     #: the groups' masters, and while the faulted group's slave acts a member of ``cg1``
-    #: joins, leaves cleanly or crashes (in turn).
+    #: joins, leaves cleanly or crashes (in turn). ``ordered``: one ordered topic over every
+    #: group (at least 2) with two producer instances (one active) and ``members`` members
+    #: per consumer group; each cycle kills or hangs (in turn) the master of the topic's
+    #: send head and, while its slave acts, crashes the active producer (odd cycles) or
+    #: the active member of ``cg1`` (even cycles).
     scenario: str = "failover"
     members: int = 2
 
@@ -96,10 +103,13 @@ class DrillResult:
     sampling: dict[str, Any]
     errors: list[str] = field(default_factory=list)
     prometheus: dict[str, Any] | None = None  # the export (promrun.Export.to_json()), if any
+    #: The ordered scenario: the chain documents as watched, and what the rules say of them.
+    chain_history: list[dict[str, Any]] | None = None
+    chain_violations: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.report.ok and not self.errors
+        return self.report.ok and not self.errors and not self.chain_violations
 
     def to_json(self) -> dict[str, Any]:
         doc = self.report.to_json()
@@ -113,6 +123,9 @@ class DrillResult:
         )
         if self.prometheus is not None:
             doc["prometheus"] = self.prometheus
+        if self.chain_history is not None:
+            doc["chain_history"] = self.chain_history
+            doc["chain_violations"] = self.chain_violations
         return doc
 
 
@@ -144,6 +157,25 @@ class ModeWatch:
     def __init__(self, zk: ZkGateway) -> None:
         self._zk = zk
         self._latest: dict[str, tuple[Mode, int]] = {}
+        self.chains: list[ChainDoc] = []  # of the watched ordered topic, as seen
+
+    async def watch_chains(self, topic: str) -> None:
+        """Record every version of ``topic``'s chains this watch sees (docs/ordered.md)."""
+        def on_change(data: bytes | None) -> None:
+            if data is None:
+                return
+            try:
+                doc = ChainDoc.from_json(data)
+            except LayoutError as exc:
+                log.warning("chains of %s: unreadable: %s", topic, exc)
+                return
+            if not self.chains or self.chains[-1] != doc:
+                self.chains.append(doc)
+
+        await self._zk.data_watch(chains_path(topic), on_change)
+
+    def send_head(self) -> str | None:
+        return self.chains[-1].head if self.chains else None
 
     @classmethod
     async def open(cls, plan: ClusterPlan) -> ModeWatch:
@@ -221,6 +253,15 @@ def cluster_targets(plan: ClusterPlan) -> list[Target]:
                    groups=tuple(g.group for g in plan.groups), keyed=False)]
 
 
+def ordered_targets(plan: ClusterPlan) -> list[Target]:
+    """The ordered scenario's one stream: an ordered topic over every group, two producer
+    instances of which the brokers let one send."""
+    return [Target(label="ordered", topic=ORDERED_TOPIC,
+                   bootstrap=tuple(b for g in plan.groups for b in plan.bootstrap(g.group)),
+                   groups=tuple(g.group for g in plan.groups), keyed=False, ordered=True,
+                   producers=2)]
+
+
 def traffic_targets(plan: ClusterPlan) -> list[Target]:
     """One traffic stream per broker group, on topic ``drill-<group>``."""
     return [Target(label=g.group, topic=f"drill-{g.group}", bootstrap=tuple(plan.bootstrap(g.group)))
@@ -238,6 +279,9 @@ async def _cycle(
     slave acts), bring the master back, wait for NORMAL."""
     kind = cycle_fault(n, opts)
     group = plan.groups[(n - 1) % len(plan.groups)]
+    if opts.scenario == "ordered":  # the send head's master, wherever the head is now
+        head = watch.send_head()
+        group = next((g for g in plan.groups if g.group == head), group)
     master = group.master.name
     proc = plan.process(master)
     timeout = opts.cycle_timeout_s
@@ -271,8 +315,9 @@ async def _cycle(
 
 
 def cycle_fault(n: int, opts: DrillOptions) -> str:
-    """The fault of cycle ``n``: ``opts.fault``, or kill and hang in turn (cluster)."""
-    if opts.scenario == "cluster":
+    """The fault of cycle ``n``: ``opts.fault``, or kill and hang in turn (cluster,
+    ordered)."""
+    if opts.scenario in ("cluster", "ordered"):
         return FAULTS[(n - 1) % len(FAULTS)]
     return opts.fault
 
@@ -300,6 +345,33 @@ async def member_event(n: int, traffic: Traffic, writer: HistoryWriter, status: 
         traffic.add_member(target, cgroup)
 
 
+async def ordered_event(n: int, traffic: Traffic, writer: HistoryWriter, status: Status) -> None:
+    """Cycle ``n`` of the ordered scenario, while the old send head's slave acts: the
+    active producer crashes (odd cycles; a new instance stands by) or the member of
+    ``cg1`` reading the topic crashes (even cycles; a new member joins). Each is recorded
+    as a fault (``producer-crash``, ``member-crash``) once it has stopped."""
+    target = traffic.targets[0]
+    if n % 2:
+        name = traffic.active_producer(target)
+        if name is None:
+            status.phase = f"cycle {n}: no active producer to crash"
+            return
+        status.phase = f"cycle {n}: the active producer {name} crashes"
+        await traffic.crash_producer(name)
+        writer.fault(cycle=n, kind="producer-crash", broker=name, group=target.topic)
+        traffic.add_producer(target)
+        return
+    cgroup = CONSUMER_GROUPS[0]
+    reading = traffic.reading_members(cgroup)
+    if not reading:
+        status.phase = f"cycle {n}: no member of {cgroup} reads now"
+        return
+    status.phase = f"cycle {n}: {reading[0]}, reading for {cgroup}, crashes"
+    await traffic.remove_member(reading[0], crash=True)
+    writer.fault(cycle=n, kind="member-crash", broker=reading[0], group=cgroup)
+    traffic.add_member(target, cgroup)
+
+
 def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """Client futures that failed with a lost connection nobody awaited any more are
     expected while brokers are being killed: log them quietly, not as tracebacks on the
@@ -325,9 +397,11 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
     if opts.scenario not in SCENARIOS:
         raise DrillError(f"unknown scenario {opts.scenario!r}: expected one of "
                          f"{', '.join(SCENARIOS)}")
-    cluster = opts.scenario == "cluster"
+    cluster = opts.scenario in ("cluster", "ordered")
+    ordered = opts.scenario == "ordered"
     if cluster:
-        opts = dataclasses.replace(opts, groups=max(2, opts.groups), members=max(1, opts.members))
+        opts = dataclasses.replace(opts, groups=max(2, opts.groups),
+                                   members=max(2 if ordered else 1, opts.members))
     if opts.cycles and not opts.coordinated:
         raise DrillError("failover cycles need a coordinated cluster (brokers with --zk and "
                          "a controller)")
@@ -357,6 +431,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
     history.unlink(missing_ok=True)
     errors: list[str] = []
     completed = 0
+    chains: list[ChainDoc] = []
     prom: promrun.PrometheusServer | None = None
     exported: dict[str, Any] | None = None
     try:
@@ -369,8 +444,12 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
         # time.time_ns: the clock the brokers' permission-change logs are written with
         with HistoryWriter(history, clock=time.time_ns, clock_name="time_ns") as writer:
             watch = await ModeWatch.open(plan) if opts.coordinated else None
+            if watch is not None and ordered:
+                await watch.watch_chains(ORDERED_TOPIC)
+            targets = (ordered_targets(plan) if ordered else
+                       cluster_targets(plan) if cluster else traffic_targets(plan))
             traffic = Traffic(
-                cluster_targets(plan) if cluster else traffic_targets(plan), writer, status,
+                targets, writer, status,
                 rate=opts.rate * (len(plan.groups) if cluster else 1), queues=opts.queues,
                 consumer_groups=CONSUMER_GROUPS, members=opts.members if cluster else 0,
                 session_timeout_ms=opts.session_timeout_ms,
@@ -385,7 +464,8 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
                         raise DrillError("failover cycles need a coordinated cluster")
                     during = None
                     if cluster:
-                        during = functools.partial(member_event, n, traffic, writer, status)
+                        event = ordered_event if ordered else member_event
+                        during = functools.partial(event, n, traffic, writer, status)
                     try:
                         await _cycle(n, plan, watch, writer, status, opts, during=during)
                     except DrillError as exc:
@@ -400,6 +480,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
             finally:
                 await traffic.shutdown()
                 if watch is not None:
+                    chains = list(watch.chains)
                     await watch.close()
         if prom is not None:  # before the cluster goes: the last NORMAL must be scraped
             status.phase = "exporting from Prometheus"
@@ -422,6 +503,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
     status.phase = "checking"
     loaded = read_history(history)
     report = check(loaded.events)
+    groups = [g.group for g in plan.groups]
     return DrillResult(
         report=report,
         history=history,
@@ -430,4 +512,6 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
         sampling=sampling,
         errors=errors,
         prometheus=exported,
+        chain_history=[json.loads(d.to_json()) for d in chains] if ordered else None,
+        chain_violations=history_violations(chains, groups) if ordered else [],
     )

@@ -59,6 +59,10 @@ class Target:
     bootstrap: tuple[str, ...]
     groups: tuple[str, ...] = ()
     keyed: bool = True
+    #: An ordered topic (one queue per group, docs/ordered.md), with ``producers``
+    #: producer instances of which the brokers let one send at a time.
+    ordered: bool = False
+    producers: int = 1
 
 
 @dataclass(slots=True)
@@ -69,6 +73,19 @@ class Member:
     cgroup: str
     target: Target
     stop: asyncio.Event
+    task: asyncio.Task[None] | None = None
+    crash: bool = False
+    consumer: Any = None  # the running Consumer, while there is one
+
+
+@dataclass(slots=True)
+class ProducerRun:
+    """A producer instance run by :class:`Traffic`; ids are ``<label>-<seq>`` for the
+    first instance of a target, ``<label>.p<n>-<seq>`` for the others."""
+
+    name: str
+    target: Target
+    producer: Any = None  # the running Producer
     task: asyncio.Task[None] | None = None
     crash: bool = False
 
@@ -113,6 +130,8 @@ class Traffic:
         self.acked: dict[str, set[str]] = defaultdict(set)
         self.received: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.producers: list[asyncio.Task[None]] = []
+        self.producer_runs: dict[str, ProducerRun] = {}
+        self._producer_seq = 0
         self.consumers: list[asyncio.Task[None]] = []
         self.delivered = asyncio.Event()  # set on every delivery: wakes the drain
 
@@ -121,16 +140,49 @@ class Traffic:
 
         for t in self.targets:
             if t.groups:
-                await _create_cluster_topic(t, self.queues)
+                await _create_cluster_topic(t, 1 if t.ordered else self.queues)
             else:
                 await create_topic(list(t.bootstrap), topic=t.topic, queues=self.queues)
-            self.producers.append(asyncio.create_task(self._produce(t)))
+            self.writer.topic(topic=t.topic, ordered=t.ordered)
+            for _ in range(t.producers):
+                self.add_producer(t)
             for cg in self.consumer_groups:
                 if self.members:
                     for _ in range(self.members):
                         self.add_member(t, cg)
                 else:
                     self.consumers.append(asyncio.create_task(self._consume(t, cg)))
+
+    # ---- producers ----------------------------------------------------------------------
+
+    def add_producer(self, target: Target) -> str:
+        """Start a producer instance for ``target`` (of an ordered topic: it stands by
+        until the brokers make it the active one)."""
+        n = self._producer_seq = self._producer_seq + 1
+        first = not any(r.target == target for r in self.producer_runs.values())
+        name = target.label if first else f"{target.label}.p{n}"
+        run = ProducerRun(name, target)
+        run.task = asyncio.create_task(self._produce(run), name=f"producer-{name}")
+        self.producer_runs[name] = run
+        self.producers.append(run.task)
+        return name
+
+    def active_producer(self, target: Target) -> str | None:
+        """The producer instance of an ordered ``target`` that the brokers let send now."""
+        for name, run in self.producer_runs.items():
+            if (run.target == target and run.producer is not None
+                    and run.producer.leadership(target.topic).active):
+                return name
+        return None
+
+    async def crash_producer(self, name: str) -> None:
+        """Stop a producer instance as a crash would: nothing more sent, no hand-over (the
+        brokers end its leadership after its session). Its unacknowledged sends stay so."""
+        run = self.producer_runs.pop(name)
+        run.crash = True
+        if run.task is not None:
+            run.task.cancel()
+            await settle([run.task], within_s=10)
 
     # ---- consumer-group members -------------------------------------------------------
 
@@ -155,6 +207,11 @@ class Traffic:
     def members_of(self, cgroup: str) -> list[str]:
         return [m for m, run in self.member_runs.items() if run.cgroup == cgroup]
 
+    def reading_members(self, cgroup: str) -> list[str]:
+        """Members of ``cgroup`` pulling some queue now (of an ordered topic: the one)."""
+        return [m for m, run in self.member_runs.items()
+                if run.cgroup == cgroup and run.consumer is not None and run.consumer.assigned]
+
     async def _member(self, member: Member) -> None:
         from understudy_broker.client import Consumer
 
@@ -166,6 +223,7 @@ class Traffic:
                 request_timeout_s=REQUEST_TIMEOUT_S, membership=True, member_id=mid,
                 session_timeout_ms=self.session_timeout_ms,
             )  # fmt: skip
+            member.consumer = consumer
             seen = 0
             try:
                 async with asyncio.timeout(3 * REQUEST_TIMEOUT_S):
@@ -215,23 +273,28 @@ class Traffic:
         self.status.delivered += 1
         self.delivered.set()
 
-    async def _produce(self, target: Target) -> None:
+    async def _produce(self, run: ProducerRun) -> None:
         from understudy_broker.client import Producer
 
+        target = run.target
         topic = target.topic
-        producer = Producer(
+        producer = run.producer = Producer(
             list(target.bootstrap), batch_size=16, linger_ms=2, retries=3,
             request_timeout_s=REQUEST_TIMEOUT_S,
+            leader_session_timeout_ms=self.session_timeout_ms,
         )  # fmt: skip
+        # An ordered topic's standby sends nothing until the brokers make it the active
+        # producer (its sends would wait there anyway, and time out).
+        lead = producer.leadership(topic) if target.ordered else None
         outstanding: set[asyncio.Future[tuple[int, int]]] = set()
         period = 1 / self.rate
         seq = 0
         try:
             while self.producing.is_set():
-                if len(outstanding) > MAX_OUTSTANDING:
+                if len(outstanding) > MAX_OUTSTANDING or (lead is not None and not lead.active):
                     await asyncio.sleep(0.01)
                     continue
-                mid = f"{target.label}-{seq}"
+                mid = f"{run.name}-{seq}"
                 seq += 1
                 try:
                     key = mid.encode() if target.keyed else None
@@ -250,7 +313,7 @@ class Traffic:
         finally:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
-                    await producer.close()
+                    await (producer.abort() if run.crash else producer.close())
 
     def _on_ack(
         self, label: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]]
@@ -357,7 +420,8 @@ async def _create_cluster_topic(target: Target, per_group: int) -> None:
     from understudy_broker.admin import admin_topic
     from understudy_broker.client import BrokerError
 
-    req = p.AdminTopicRequest("create", target.topic, list(target.groups), per_group)
+    req = p.AdminTopicRequest("create", target.topic, list(target.groups), per_group,
+                              ordered=target.ordered)
     try:
         await admin_topic(list(target.bootstrap), req)
     except BrokerError as exc:

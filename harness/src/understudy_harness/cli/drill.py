@@ -50,8 +50,8 @@ class DrillCannotRun(click.ClickException):
                context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--cycles", type=click.IntRange(0, 1000), default=3, show_default=True, help="Failover/failback cycles (0: traffic and checks only).")
 @click.option("--fault", type=click.Choice(FAULTS), default="kill", show_default=True, help="kill: kill -9 the master; hang: SIGSTOP it past the session timeout, then SIGCONT.")
-@click.option("--scenario", type=click.Choice(SCENARIOS), default="failover", show_default=True, help="failover: a topic per group, keyed sends, the --fault you choose. cluster: one topic over every group (at least 2), unkeyed sends that route around a dead master, --members members per consumer group; cycles alternate kill and hang and, while a slave acts, a member joins, leaves cleanly or crashes.")
-@click.option("--members", type=click.IntRange(1, 16), default=2, show_default=True, help="With --scenario cluster: members per consumer group at the start.")
+@click.option("--scenario", type=click.Choice(SCENARIOS), default="failover", show_default=True, help="failover: a topic per group, keyed sends, the --fault you choose. cluster: one topic over every group (at least 2), unkeyed sends that route around a dead master, --members members per consumer group; cycles alternate kill and hang and, while a slave acts, a member joins, leaves cleanly or crashes. ordered: one ordered topic over every group, two producer instances (one active), --members members per consumer group; cycles kill or hang the send head's master in turn and, while its slave acts, crash the active producer or the member reading for cg1 (the JSON adds order_violations and the chain history).")
+@click.option("--members", type=click.IntRange(1, 16), default=2, show_default=True, help="With --scenario cluster or ordered: members per consumer group at the start (ordered: at least 2).")
 @click.option("--groups", type=click.IntRange(1, 20), default=1, show_default=True, help="Broker groups (cycles take their masters in turn).")
 @click.option("--slaves", type=click.IntRange(0, 8), default=1, show_default=True, help="Slaves per group.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON to this file.")
@@ -107,7 +107,7 @@ def drill(
         json_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
         _out.print(f"results written to {json_file}")
     if not result.ok:
-        for v in result.report.violations + result.errors:
+        for v in result.report.violations + result.errors + result.chain_violations:
             _err.print(f"[red]FAIL[/] {v}")
         sys.exit(1)
     _out.print("[green]all invariants held[/]")
@@ -149,6 +149,10 @@ def _print(result: DrillResult) -> None:
         "two members on one queue",
         _flag(r.two_member_violations) + (f" ({r.two_member_overlap_s * 1000:.1f} ms)" if r.two_member_violations else ""),
     )
+    summary.add_row("order violations (ordered topics)", _flag(r.order_violations))
+    if result.chain_history is not None:
+        summary.add_row("chain documents seen / rule violations",
+                        f"{len(result.chain_history)} / {_flag(len(result.chain_violations))}")
     for label, name in (
         ("reads restored ms", "reads_restored_ms"),
         ("failback gap ms", "failback_gap_ms"),
