@@ -32,14 +32,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import itertools
-import json
 import logging
 import os
 import pathlib
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -48,12 +45,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchlib import end_on_sigterm, send_at_rate, write_results
 from prometheus_client.parser import text_string_to_metric_families
 
 from understudy_broker import metric_names as names
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
-from understudy_broker.client import BrokerError, Consumer, Producer
+from understudy_broker.client import Consumer, Producer
 from understudy_broker.tasks import stop_tasks
 from understudy_harness.checker import check, percentile
 from understudy_harness.history import Own
@@ -81,36 +79,18 @@ class Traffic:
     stopping: bool = False
 
     async def produce(self) -> None:
-        """Every 5 ms, send what the rate owes; at most 2000 sends in flight. An
-        acknowledgement is timed by a callback on the send's future, not a task per send:
-        on two shared cores the load generator's own CPU is taken from the brokers."""
-        window = asyncio.Semaphore(2000)
-        outstanding: set[asyncio.Future[tuple[int, int]]] = set()
-
+        """Unkeyed sends at the rate (:func:`benchlib.send_at_rate`), each send's and
+        acknowledgement's time kept."""
         def acked(i: int, fut: asyncio.Future[tuple[int, int]]) -> None:
-            outstanding.discard(fut)
-            window.release()
             if not fut.cancelled() and fut.exception() is None:
                 self.acks[i] = time.monotonic()
 
+        def sent(i: int) -> None:
+            self.sends[i] = time.monotonic()
+
         async with Producer(self.boot, linger_ms=1, send_timeout_s=10.0) as prod:
-            n = 0
-            started = time.monotonic()
-            while not self.stopping:
-                await asyncio.sleep(0.005)
-                owed = int((time.monotonic() - started) * self.rate) - n
-                for _ in range(max(0, owed)):
-                    await window.acquire()
-                    n += 1
-                    self.sends[n] = time.monotonic()
-                    try:
-                        fut = await prod.send(TOPIC, b"%d" % n)
-                    except (BrokerError, ConnectionError):
-                        window.release()
-                        continue
-                    outstanding.add(fut)
-                    fut.add_done_callback(functools.partial(acked, n))
-            await asyncio.gather(*outstanding, return_exceptions=True)
+            await send_at_rate(prod, TOPIC, self.rate, stopping=lambda: self.stopping,
+                               acked=acked, sent=sent)
 
     async def consume(self, c: Consumer) -> None:
         while not self.stopping or c.assigned:
@@ -379,10 +359,6 @@ def _run_loop(main: Any) -> Any:
     return uvloop.run(main)
 
 
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=20)
@@ -396,9 +372,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     load_before = os.getloadavg()
     directory = pathlib.Path(tempfile.mkdtemp(prefix="understudy-bench-cluster-")) / "c"
-    # SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: through the finally below,
-    # which stops every process the cluster started, by PID.
-    signal.signal(signal.SIGTERM, _interrupt)
+    end_on_sigterm()
     try:
         doc = _run_loop(run(args, directory))
     finally:
@@ -442,9 +416,7 @@ def main(argv: list[str]) -> int:
             print(f"{peer}: publish recovery p50 {d['publish_recovery_ms_p50']} ms, p99 "
                   f"{d['publish_recovery_ms_p99']} ms; our kill write stall p99 is {ratio:.2f}x")
     print(f"load average {doc['loadavg']}, {doc['cpus']} CPUs")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2))
-    print(f"wrote {args.out}")
+    write_results(doc, args.out)
     return 0
 
 

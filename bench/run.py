@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-ORDER = ["broker", "failover", "sla", "cluster"]
+ORDER = ["broker", "failover", "sla", "cluster", "ordered"]
 
 
 def main(argv: list[str]) -> int:

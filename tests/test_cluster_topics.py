@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from understudy_broker import protocol as p
+from understudy_broker.admin import describe_topic
 from understudy_broker.cli.client import consumer_group, produce, topic
 from understudy_broker.client import (
     BrokerError,
@@ -70,6 +71,16 @@ def wait_known(plan: ClusterPlan, topic_name: str) -> None:
     for broker in (b.name for g in plan.groups for b in g.brokers):
         wait_until(lambda broker=broker: asyncio.run(known(broker)),
                    f"{broker} serving {topic_name}")
+
+
+def restore_g1(directory: Path, plan: ClusterPlan) -> None:
+    """Back to where the next test starts: g1's master running (started if a test killed
+    it) and holding READ and WRITE again (a restarted master writes only after its
+    back-sync)."""
+    with contextlib.suppress(lc.LocalError):  # already running: nothing to start
+        lc.start(directory, "g1-0")
+    lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
+                         deadline=time.monotonic() + 30)
 
 
 def wait_healthy(plan: ClusterPlan) -> None:
@@ -558,10 +569,7 @@ def test_an_ordered_topic_is_consumed_in_order_through_its_send_heads_death(
         wait_known(plan, "inorder")
         got, (_a, _b, first_on_g2) = asyncio.run(run())
     finally:
-        with contextlib.suppress(lc.LocalError):
-            lc.start(directory, "g1-0")
-        lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
-                             deadline=time.monotonic() + 30)
+        restore_g1(directory, plan)
     assert first_on_g2 == [1]  # m3 went to the new head, g2's queue
     assert got == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
 
@@ -624,10 +632,7 @@ def test_a_pipelining_producer_keeps_an_ordered_topics_order_through_a_kill(
         wait_known(plan, "piped")
         acked, got, sent = asyncio.run(run())
     finally:
-        with contextlib.suppress(lc.LocalError):
-            lc.start(directory, "g1-0")
-        lc.wait_master_holds(plan, "g1", Permission.READ | Permission.WRITE,
-                             deadline=time.monotonic() + 30)
+        restore_g1(directory, plan)
     assert sent == 300
     assert acked == sorted(acked), "acknowledgements came out of send order"
     assert len(acked) > 250, f"only {len(acked)} of 300 acknowledged"
@@ -680,6 +685,7 @@ def test_one_producer_of_an_ordered_topic_sends_and_a_paused_former_one_is_refus
             took_over_s = time.monotonic() - crashed_at
             late = await produce_raw(old_lease)
             bare = await produce_raw(None)
+            described = await describe_topic(boot, "solo")
             third = Producer(boot, leader_session_timeout_ms=1500)
             try:
                 waiting3 = await third.send("solo", b"c0")
@@ -695,7 +701,9 @@ def test_one_producer_of_an_ordered_topic_sends_and_a_paused_former_one_is_refus
             return {"standby_waited": standby_waited, "took_over_s": took_over_s,
                     "late": (late.status, p.error_message(late)), "bare": bare.status,
                     "third_waited": third_waited,
-                    "handed_s": handed_s}
+                    "handed_s": handed_s, "described": described,
+                    "second": second.leadership("solo").member_id,
+                    "first": first.leadership("solo").member_id}
         finally:
             await first.abort()
             await second.close()
@@ -713,3 +721,85 @@ def test_one_producer_of_an_ordered_topic_sends_and_a_paused_former_one_is_refus
     # The crashed leader's session (1.5 s) had to end first; a clean leave hands on at once.
     assert out["took_over_s"] >= 1.0
     assert out["handed_s"] < out["took_over_s"]
+    # `topic describe` shows who sends: the second, the crashed first gone from the group.
+    prods = out["described"]["producers"]
+    assert prods["active"] == out["second"]
+    assert out["first"] not in prods["members"]
+    assert out["described"]["send_head"] in ("g1", "g2")
+    assert out["described"]["consume_head"] is not None
+
+
+def test_an_orderly_consumer_reads_one_record_at_a_time_through_a_masters_death(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """Orderly consumption on an ordinary topic (docs/ordered.md): the queue owner gets one
+    record at a time, in queue order, and the record before is committed when it asks for
+    the next. Ownership and commits live with the brokers, so through g1's master kill -9
+    it keeps reading g1's queue through the acting slave, and when it crashes the next
+    owner starts at the one record it had not come back from (nothing earlier again)."""
+    directory, plan = cluster
+    boot = [address(plan, "g1-1"), address(plan, "g2-1")]
+    wait_healthy(plan)
+
+    per_queue = 20  # more than the 16 read: the next owner has some left on each queue
+    last_queue: list[int] = []
+    seen_now: dict[int, list[int]] = {}
+
+    def expected() -> dict[int, int]:
+        """Where the next owner starts: again at the record handed out last (never come
+        back from, so not committed); on the other queue right after its last record."""
+        out = {q: offsets[-1] + (q not in last_queue) if offsets else 0
+               for q, offsets in seen_now.items()}
+        return {q: o for q, o in out.items() if o < per_queue}
+
+    async def run() -> tuple[list[int], dict[int, list[int]], dict[int, int]]:
+        async with Producer(boot) as prod:
+            for i in range(2 * per_queue):
+                await (await prod.send("orderly", b"%d" % i, queue=i % 2))
+        a = Consumer(boot, group="orderly", topic="orderly", orderly=True, max_wait_ms=100,
+                     session_timeout_ms=1500)
+        sizes: list[int] = []
+        seen = seen_now
+        seen.update({0: [], 1: []})
+        try:
+            await a.start()
+            while sum(map(len, seen.values())) < 6:
+                batch = await a.getmany(timeout_s=0.5)
+                sizes.append(len(batch))
+                for r in batch:
+                    seen[r.queue].append(r.offset)
+            lc.kill(directory, "g1-0")
+            deadline = time.monotonic() + 20
+            while sum(map(len, seen.values())) < 16 and time.monotonic() < deadline:
+                batch = await a.getmany(timeout_s=0.5)
+                sizes.append(len(batch))
+                for r in batch:
+                    seen[r.queue].append(r.offset)
+                    last_queue[:] = [r.queue]
+        finally:
+            await a.abort()  # a crash: the last record handed out was not processed
+        b = Consumer(boot, group="orderly", topic="orderly", orderly=True, max_wait_ms=100,
+                     session_timeout_ms=1500)
+        first: dict[int, int] = {}
+        try:
+            await b.start()
+            deadline = time.monotonic() + 20
+            while len(first) < len(expected()) and time.monotonic() < deadline:
+                for r in await b.getmany(timeout_s=0.5):
+                    first.setdefault(r.queue, r.offset)
+        finally:
+            await b.close()
+        return sizes, seen, first
+
+    try:
+        assert cli(topic, "create", "-b", boot[0], "-t", "orderly", "--groups", "g1,g2",
+                   "--queues-per-group", "1").exit_code == 0
+        wait_known(plan, "orderly")
+        sizes, seen, first = asyncio.run(run())
+    finally:
+        restore_g1(directory, plan)
+    assert max(sizes) == 1
+    assert sum(map(len, seen.values())) >= 16
+    for q, offsets in seen.items():
+        assert offsets == list(range(len(offsets))), (q, offsets)  # in order, none twice
+    assert first == expected(), (first, seen, last_queue)
+    assert len(first) == 2

@@ -43,8 +43,9 @@ async def _stats(router: Router, topic: str, group: str, queues: list[int]
 
 
 async def describe_topic(bootstrap: Sequence[str], topic: str) -> dict[str, Any]:
-    """``{topic, ordered, queues: [{queue, group, writer, reader, log_end, start,
-    consumer_groups: [{consumer_group, owner, committed, lag}]}]}``."""
+    """``{topic, groups, queues: [{queue, group, writer, reader, log_end, start,
+    consumer_groups: [{consumer_group, owner, committed, lag}]}]}``; an ordered topic adds
+    ``send_head``, ``consume_head`` (groups) and ``producers`` (:func:`_producers`)."""
     router = Router(bootstrap)
     try:
         await router.learn_topic(topic, Permission.NONE)
@@ -88,10 +89,29 @@ async def describe_topic(bootstrap: Sequence[str], topic: str) -> dict[str, Any]
                     for cg in cgroups if s is not None and cg in s.committed
                 ],
             })
-        return {"topic": topic, "groups": list(route.topic_groups.get(topic, [])),
-                "queues": queues}
+        out: dict[str, Any] = {"topic": topic, "groups": list(route.topic_groups.get(topic, [])),
+                               "queues": queues}
+        ordered, head = router.send_head(topic)
+        if ordered:
+            out.update(send_head=head, consume_head=route.consume_heads.get(topic),
+                       producers=await _producers(router, topic))
+        return out
     finally:
         await router.close()
+
+
+async def _producers(router: Router, topic: str) -> dict[str, Any] | None:
+    """The producers of an ordered topic as the brokers hold them: ``{generation, active,
+    members}`` (``active``: the member that may send; None while none does)."""
+    try:
+        d = p.DescribeGroupResponse.decode(await _with_retries(
+            router, Permission.NONE, p.Op.DESCRIBE_GROUP,
+            p.DescribeGroupRequest(topic, producer=True).encode(), retries=1))
+    except (BrokerError, ConnectionError, OSError, TimeoutError):
+        return None
+    active = next((str(o["member"]) for o in d.owners if o.get("topic") == topic), None)
+    return {"generation": d.generation, "active": active,
+            "members": sorted(str(m["member"]) for m in d.members)}
 
 
 def backlog_of(described: dict[str, Any]) -> dict[int, int]:

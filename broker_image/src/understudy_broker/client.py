@@ -28,9 +28,9 @@ import os
 import socket
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from understudy_broker import protocol as p
 from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
@@ -927,6 +927,9 @@ class Producer:
         self._ordered_turn: dict[str, asyncio.Lock] = {}
         self._leaders: dict[str, _ProducerLeadership] = {}
         self.leader_session_timeout_s = leader_session_timeout_ms / 1000
+        # Per ordered topic: set when the route names another send head (a batch waiting
+        # on a hung old head is then sent to the new one, not after the old one wakes).
+        self._head_moved: dict[str, asyncio.Event] = {}
         self._buffered = asyncio.Semaphore(max_buffered)
         self._batches: dict[tuple[str, str | None], _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -957,6 +960,11 @@ class Producer:
             now = writers(new, g.group)
             if now and now != writers(old, g.group):
                 self.faults.route_changed(g.group, time.monotonic())
+        for topic, head in new.send_heads.items():
+            if old is None or old.send_heads.get(topic) != head:
+                moved = self._head_moved.pop(topic, None)
+                if moved is not None:
+                    moved.set()
 
     def _pick(self, topic: str, live: list[int], avoid: str | None = None) -> int:
         """Round-robin over queues whose group has a writer and is not isolated; when
@@ -1134,19 +1142,22 @@ class Producer:
                     "not re-sent (it may be stored, before what another producer sent)"))
                 return
             conn: Connection | None = None
+            moved = self._head_moved.setdefault(topic, asyncio.Event())
+            group = self._to_send_head(topic, group, items)  # the route may have moved on
             try:
                 conn = await self.router.connection(Permission.WRITE, group)
                 body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items],
                                         lead.lease)
-                resp = p.ProduceResponse.decode(await conn.request(
+                resp = p.ProduceResponse.decode(await _unless(moved, conn.request(
                     p.Op.PRODUCE, body, epoch=self.router.epoch_of(group),
-                    timeout_s=self.router.request_timeout_s))
+                    timeout_s=self.router.request_timeout_s)))
                 _resolve(items, resp)
                 return
             except BrokerError as exc:
                 if exc.status == p.Status.NOT_OWNER:  # refused before the append
                     log.info("ordered produce to %s refused: %s", topic, exc.message)
                     lead.refused()
+                    await backoff.sleep()
                     continue
                 if not _worth_retrying(exc):
                     _fail(items, exc)
@@ -1156,15 +1167,22 @@ class Producer:
                 error = exc
                 uncertain_term = lead.term if uncertain_term is None else uncertain_term
             log.info("ordered produce to %s on %s failed: %s", topic, group, error)
-            await self.router.failed(Permission.WRITE, conn, group)
-            ordered, head = self.router.send_head(topic)
-            target = self.router.queue_on(topic, head)
-            if ordered and target is not None:
-                group = head
-                for i in items:
-                    if not i.pinned:
-                        i.queue = target
-            await backoff.sleep()
+            if not isinstance(error, _HeadMoved):  # the old head may be fine, just not head
+                await self.router.failed(Permission.WRITE, conn, group)
+                await backoff.sleep()
+            group = self._to_send_head(topic, group, items)
+
+    def _to_send_head(self, topic: str, group: str | None, items: list[_Pending]) -> str | None:
+        """The group the route names send head of ``topic`` (``group`` while it names
+        none), with the batch's unpinned messages moved to its queue."""
+        ordered, head = self.router.send_head(topic)
+        target = self.router.queue_on(topic, head)
+        if not ordered or target is None or head == group:
+            return group
+        for i in items:
+            if not i.pinned:
+                i.queue = target
+        return head
 
     def _hedge(self, topic: str, group: str, items: list[_Pending], started: float) -> None:
         """No answer from ``group`` within ``hedge_after_ms`` (a hung or very slow master):
@@ -1257,6 +1275,32 @@ class Producer:
         await self.close()
 
 
+T = TypeVar("T")
+
+
+class _HeadMoved(ConnectionError):
+    """The route named another send head while a batch waited for the old one's answer
+    (a hung master): its outcome is unknown, as after a lost connection."""
+
+
+async def _unless(moved: asyncio.Event, request: Awaitable[T]) -> T:
+    """``request``'s answer, unless ``moved`` is set first (then :class:`_HeadMoved`; the
+    request is cancelled)."""
+    task = asyncio.ensure_future(request)
+    waiter = asyncio.ensure_future(moved.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if task.cancelled():
+        raise _HeadMoved("the send head moved while this batch waited for an answer")
+    return task.result()
+
+
 def _fail(items: list[_Pending], exc: BaseException) -> None:
     for i in items:
         if not i.future.done():
@@ -1311,9 +1355,16 @@ class Consumer(_GroupMember):
         membership: bool | None = None,
         member_id: str | None = None,
         session_timeout_ms: int = 6000,
+        orderly: bool = False,
     ) -> None:
         if session_timeout_ms < 500:
             raise ValueError("session_timeout_ms must be at least 500")
+        #: Orderly consumption (docs/ordered.md): ``getmany`` hands out one record at a
+        #: time and commits the one before it first (the caller came back: it processed
+        #: it), so a queue's next owner starts after the last record processed.
+        self.orderly = orderly
+        self._carry: tuple[int, int, list[Record]] | None = None  # the rest of a batch
+        self._handed: int | None = None  # orderly: the queue of the record handed out last
         self.group = group
         self.topic = topic
         self.router = Router(bootstrap, request_timeout_s=request_timeout_s + max_wait_ms / 1000)
@@ -1576,22 +1627,36 @@ class Consumer(_GroupMember):
             offset = resp.next_offset
 
     async def getmany(self, *, timeout_s: float = 1.0) -> list[Record]:
-        """The next batch of records (possibly empty after ``timeout_s``)."""
+        """The next batch of records (possibly empty after ``timeout_s``); with
+        ``orderly``, the next record alone, after committing the one handed out before."""
         await self.start()
+        if self.orderly and self._handed is not None:
+            queue, self._handed = self._handed, None
+            if queue in self._loops or queue in self._revoking:
+                await self._commit_queues([queue])
         await self._settle()
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    item = await self._buffer.get()
-            except TimeoutError:
-                return []
+            if self._carry is not None:
+                item: tuple[int, int, list[Record]] | BaseException = self._carry
+                self._carry = None
+            else:
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        item = await self._buffer.get()
+                except TimeoutError:
+                    return []
             if isinstance(item, BaseException):
                 raise item
             queue, token, records = item
             entry = self._loops.get(queue)
             if entry is None or entry[0] != token or not self._lease_valid():
                 continue  # pulled before the queue was given up: never handed out
+            if self.orderly:
+                if len(records) > 1:
+                    self._carry = (queue, token, records[1:])
+                records = records[:1]
+                self._handed = queue
             last = records[-1]
             self._positions[queue] = max(self._positions.get(queue, 0), last.offset + 1)
             return records

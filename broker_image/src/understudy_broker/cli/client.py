@@ -481,7 +481,8 @@ def topic_delete(bootstrap: tuple[str, ...], name: str, force: bool, as_json: bo
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def topic_describe(bootstrap: tuple[str, ...], name: str, as_json: bool) -> None:
     """Per queue: group, writer, reader, log end; per consumer group: owner, committed
-    offset and lag."""
+    offset and lag. An ordered topic also shows its send head, consume head and active
+    producer."""
     try:
         d = asyncio.run(describe_topic(_bootstrap(bootstrap), name))
     except (BrokerError, ConnectionError, OSError) as exc:
@@ -503,6 +504,14 @@ def topic_describe(bootstrap: tuple[str, ...], name: str, as_json: bool) -> None
             table.add_row(*row, c["consumer_group"], c["owner"] or "-",
                           str(c["committed"]), str(c["lag"]))
     Console().print(table)
+    if "send_head" in d:
+        prods = d.get("producers") or {}
+        standby = [m for m in prods.get("members", []) if m != prods.get("active")]
+        Console().print(
+            f"ordered: send head {d['send_head'] or '- (sends wait)'}, consume head "
+            f"{d['consume_head'] or '-'}; active producer {prods.get('active') or '-'}"
+            f" (generation {prods.get('generation', '-')}), standing by: "
+            f"{', '.join(standby) or '-'}")
 
 
 @click.group("consumer-group", short_help="Inspect consumer groups.",

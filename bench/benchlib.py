@@ -1,0 +1,69 @@
+"""What the benchmark scripts share: a producer at a steady rate, ending on SIGTERM
+through their cleanup, and writing their results file."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import pathlib
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from understudy_broker.client import BrokerError, Producer
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def end_on_sigterm() -> None:
+    """SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: through the script's
+    ``finally`` blocks, which stop every process it started, by PID."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def write_results(doc: Any, out: pathlib.Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+async def send_at_rate(prod: Producer, topic: str, rate: float, *,
+                       stopping: Callable[[], bool],
+                       acked: Callable[[int, asyncio.Future[tuple[int, int]]], None],
+                       sent: Callable[[int], None] | None = None,
+                       window: int = 2000) -> None:
+    """Every 5 ms, send what ``rate`` owes (bodies are the ids 1, 2, ...), at most
+    ``window`` unacknowledged; ``acked(id, future)`` runs when each send is done (a
+    callback on the send's future, not a task per send: on two shared cores the load
+    generator's own CPU is taken from the brokers). Returns when ``stopping()`` and every
+    send is done."""
+    slots = asyncio.Semaphore(window)
+    outstanding: set[asyncio.Future[tuple[int, int]]] = set()
+
+    def done(i: int, fut: asyncio.Future[tuple[int, int]]) -> None:
+        outstanding.discard(fut)
+        slots.release()
+        acked(i, fut)
+
+    n = 0
+    started = time.monotonic()
+    while not stopping():
+        await asyncio.sleep(0.005)
+        owed = int((time.monotonic() - started) * rate) - n
+        for _ in range(max(0, owed)):
+            await slots.acquire()
+            n += 1
+            if sent is not None:
+                sent(n)
+            try:
+                fut = await prod.send(topic, b"%d" % n)
+            except (BrokerError, ConnectionError):
+                slots.release()
+                continue
+            outstanding.add(fut)
+            fut.add_done_callback(functools.partial(done, n))
+    await asyncio.gather(*outstanding, return_exceptions=True)
