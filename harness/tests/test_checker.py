@@ -463,3 +463,21 @@ def test_order_is_judged_only_on_ordered_topics_and_a_lost_id_is_counted_once() 
     report = check(gap)
     assert report.order_violations == 0
     assert report.lost_acked == 1
+
+
+def test_a_paused_producers_late_recorded_acks_are_dated_at_its_pause() -> None:
+    """p (paused at 10, continued at 20) sent p-1 before its pause; the broker acknowledged
+    it then, but p recorded the ack only on waking (20.01), after q-0, which q sent and
+    had acknowledged meanwhile. Read p-1 then q-0 (storage order): no violation. Without
+    the pause events the same history reads as one."""
+    pause = {"type": "fault", "t": ms(10), "cycle": 1, "kind": "producer-pause",
+             "broker": "p", "group": T}
+    resume = {"type": "restart", "t": ms(20), "cycle": 1, "broker": "p", "group": T}
+    events = [ordered(), ack(1, "p-0", 0, 0), ack(15, "q-0", 0, 2), ack(20.01, "p-1", 0, 1),
+              dlv(21, "p-0", 0), dlv(22, "p-1", 1), dlv(23, "q-0", 2)]
+    assert check([*events, pause, resume]).order_violations == 0
+    assert check(events).order_violations == 1
+    # Past the grace after the resume, an ack is dated as recorded (a new send's).
+    late = [ordered(), ack(1, "p-0", 0, 0), ack(15, "q-0", 0, 2), ack(2000, "p-1", 0, 1),
+            dlv(21, "p-0", 0), dlv(22, "p-1", 1), dlv(23, "q-0", 2)]
+    assert check([*late, pause, resume]).order_violations == 1

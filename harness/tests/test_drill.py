@@ -228,17 +228,21 @@ def test_cluster_cycles_keep_every_invariant_through_kills_hangs_and_member_chur
 @pytest.mark.integration
 @pytest.mark.slow
 def test_ordered_cycles_keep_order_and_move_the_chains_by_the_rules(drill_dir: Path) -> None:
-    """Two ordered cycles: kill -9 of the send head's master while the active producer
-    crashes, then SIGSTOP of the new head's master past its session while the member
-    reading for cg1 crashes. Every consumer group gets every acknowledged message in
-    acknowledgement order, and the chains, as watched, moved only by the rules: the head
-    moved to the other group each time (seen in the history)."""
-    result = asyncio.run(run_drill(DrillOptions(cycles=2, scenario="ordered", members=2,
+    """Three ordered cycles, each faulting the master of the send head of the moment:
+    kill -9 while the active producer and cg2's reader (processes) are paused past their
+    sessions; SIGSTOP of the new head's master while the active producer crashes; kill -9
+    again while the member reading for cg1 crashes. Every consumer group gets every
+    acknowledged message in acknowledgement order, no two members of a group ever read the
+    topic at once (the paused reader's hold ended with its lease), and the chains, as
+    watched, moved only by the rules: the head went to the other group each time."""
+    result = asyncio.run(run_drill(DrillOptions(cycles=3, scenario="ordered", members=2,
                                                 directory=drill_dir, dwell_s=0.5)))
-    assert result.cycles_completed == 2
+    assert result.cycles_completed == 3
     report = result.report
-    assert [(c.kind, c.group) for c in report.cycles] == [("kill", "g1"), ("hang", "g2")]
+    assert [(c.kind, c.group) for c in report.cycles] == [
+        ("kill", "g1"), ("hang", "g2"), ("kill", "g1")]
     assert report.order_violations == 0, report.order_examples
+    assert report.two_member_violations == 0, report.shared_queues
     assert result.chain_violations == []
     assert_invariants(result)
     history = result.chain_history or []
@@ -248,7 +252,13 @@ def test_ordered_cycles_keep_order_and_move_the_chains_by_the_rules(drill_dir: P
     assert heads[heads.index("g2"):].count("g1") >= 1  # g2's hang moved the head back
     doc = result.to_json()
     assert (doc["order_violations"], doc["lost_acked"]) == (0, 0)
-    assert len(doc["cycles"]) == 2
-    faults = [json.loads(line) for line in result.history.read_text().splitlines()
-              if '"fault"' in line]
-    assert {f["kind"] for f in faults} >= {"producer-crash", "member-crash"}
+    assert len(doc["cycles"]) == 3
+    lines = [json.loads(line) for line in result.history.read_text().splitlines()]
+    faults = [f for f in lines if f.get("type") == "fault"]
+    assert {f["kind"] for f in faults} >= {"producer-pause", "member-pause", "producer-crash",
+                                           "member-crash"}
+    # The paused processes took part: the producer's acknowledgements and the consumer's
+    # deliveries are in the history.
+    ids = {e["id"] for e in lines if e.get("type") == "produce_ack"}
+    assert any(i.startswith("ordered.sub-") for i in ids)
+    assert any(e.get("member") == "cg2.sub" for e in lines if e.get("type") == "deliver")

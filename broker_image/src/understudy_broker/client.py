@@ -745,10 +745,11 @@ class _ProducerLeadership(_GroupMember):
     generation)``, and the brokers refuse it unless the member owns the unit, so a
     former leader woken from a pause is refused."""
 
-    def __init__(self, router: Router, topic: str, *, session_timeout_s: float) -> None:
+    def __init__(self, router: Router, topic: str, *, member_id: str,
+                 session_timeout_s: float) -> None:
         self.router = router
         self.topic = topic
-        self.member_id = _member_id()
+        self.member_id = member_id
         self.session_timeout_s = session_timeout_s
         self._generation = -1
         self._lease_until = 0.0
@@ -901,6 +902,7 @@ class Producer:
         fault_steps: Sequence[tuple[float, float]] = DEFAULT_STEPS,
         hedge_after_ms: float | None = 500.0,
         leader_session_timeout_ms: int = 6000,
+        member_id: str | None = None,
     ) -> None:
         if acks not in (0, 1):
             raise ValueError("acks must be 0 or 1")
@@ -927,6 +929,7 @@ class Producer:
         self._ordered_turn: dict[str, asyncio.Lock] = {}
         self._leaders: dict[str, _ProducerLeadership] = {}
         self.leader_session_timeout_s = leader_session_timeout_ms / 1000
+        self.member_id = member_id or _member_id()  # among the producers of ordered topics
         # Per ordered topic: set when the route names another send head (a batch waiting
         # on a hung old head is then sent to the new one, not after the old one wakes).
         self._head_moved: dict[str, asyncio.Event] = {}
@@ -1102,7 +1105,8 @@ class Producer:
         lead = self._leaders.get(topic)
         if lead is None:
             lead = self._leaders[topic] = _ProducerLeadership(
-                self.router, topic, session_timeout_s=self.leader_session_timeout_s)
+                self.router, topic, member_id=self.member_id,
+                session_timeout_s=self.leader_session_timeout_s)
             lead.start()
         return lead
 

@@ -61,7 +61,12 @@ Ordered topics (named by ``topic`` events with ``ordered`` true):
   are taken in the order they were recorded. Repeats of an id already delivered are
   duplicates (above), not order violations; an id the group never receives is counted as
   lost or skipped, and is left out of the order check (else every later delivery would
-  count again for the same gap). Unacknowledged ids are not judged.
+  count again for the same gap). Unacknowledged ids are not judged. A producer process
+  that was paused (a ``producer-pause`` fault naming it, then a ``restart`` naming it when
+  it was continued) reads its clock only once it runs again: the acknowledgements it
+  records from the pause until ``PAUSE_GRACE_S`` after it was continued are dated at the
+  pause (they answer sends made before it; after waking its lease is over and it sends
+  nothing new for longer than that). Its ids are ``<producer>-<n>``.
 
 Consumer-group members (the ``own`` events, from each member's ownership log):
 
@@ -96,6 +101,7 @@ from understudy_harness.history import (
     Own,
     Perm,
     ProduceAck,
+    Restart,
     TopicInfo,
     parse_events,
 )
@@ -103,6 +109,9 @@ from understudy_harness.history import (
 #: ``fault`` kinds that name a client, not a broker: a consumer-group member
 #: (``member-crash``) or a producer instance (``producer-crash``).
 CLIENT_FAULTS = ("member-", "producer-")
+#: After a paused producer is continued: how long what it records may still be answers
+#: it received while stopped (docs/local-and-drill.md).
+PAUSE_GRACE_S = 1.0
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 #: How many example ids/details a report keeps per category (the counts are exact).
@@ -301,7 +310,9 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
               for c in _cycles(broker_faults, timelines, modes)]
     shared = _shared_queues(owns, delivers, end)
     ordered = {e.topic for e in events if isinstance(e, TopicInfo) and e.ordered}
-    disorder = _order_violations(acks, delivers, ordered)
+    restarts = [e for e in events if isinstance(e, Restart)]
+    disorder = _order_violations(_paused_acks_redated(acks, faults, restarts), delivers,
+                                 ordered)
     return Report(
         acked=len({a.id for a in acks}),
         delivered=len(delivers),
@@ -339,6 +350,29 @@ def _losses(
     lost = sorted(acked - anywhere)
     skipped = {cg: len((acked & anywhere) - ids) for cg, ids in sorted(by_cgroup.items())}
     return len(lost), tuple(lost[:EXAMPLES]), skipped
+
+
+def _paused_acks_redated(acks: list[ProduceAck], faults: list[Fault],
+                         restarts: list[Restart]) -> list[ProduceAck]:
+    """``acks`` (in time order) with those a paused producer recorded on waking dated at
+    its pause (see the module's definitions), re-sorted stably."""
+    windows: list[tuple[str, int, int]] = []
+    for f in faults:
+        if f.kind != "producer-pause":
+            continue
+        resumed = next((r.t for r in restarts if r.broker == f.broker and r.t >= f.t), None)
+        if resumed is not None:
+            windows.append((f"{f.broker}-", f.t, resumed + int(PAUSE_GRACE_S * NS_PER_S)))
+    if not windows:
+        return acks
+    out = []
+    for a in acks:
+        for prefix, start, end in windows:
+            if start < a.t <= end and a.id.startswith(prefix):
+                a = dataclasses.replace(a, t=start)
+                break
+        out.append(a)
+    return sorted(out, key=lambda a: a.t)
 
 
 def _order_violations(acks: list[ProduceAck], delivers: list[Deliver],

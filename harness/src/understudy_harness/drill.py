@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import logging
+import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -34,15 +35,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from understudy_broker.admin import describe_consumer_group, describe_topic
 from understudy_broker.chains import history_violations
 from understudy_broker.ha.permlog import FILE_NAME, read_changes
 from understudy_broker.model import Mode
 from understudy_broker.zklayout import ChainDoc, LayoutError, chains_path, decode_state, state_path
-from understudy_harness import promrun
+from understudy_harness import promrun, subclients
 from understudy_harness.checker import Report, check
-from understudy_harness.history import Fault, HistoryWriter, ModeChange, read_history
+from understudy_harness.history import (
+    Deliver,
+    Fault,
+    HistoryWriter,
+    ModeChange,
+    ProduceAck,
+    read_history,
+)
 from understudy_harness.permevents import LoggedChange, perm_events_from_log
-from understudy_harness.workload import CONSUMER_GROUPS, Target, Traffic, TrafficCounts
+from understudy_harness.subclients import SubClient
+from understudy_harness.workload import (
+    CONSUMER_GROUPS,
+    Target,
+    Traffic,
+    TrafficCounts,
+    create_cluster_topic,
+)
 from understudy_operator.controller.journal import read_transitions
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
@@ -86,10 +102,11 @@ class DrillOptions:
     #: master, ``members`` members per consumer group; cycles alternate kill and hang over
     #: the groups' masters, and while the faulted group's slave acts a member of ``cg1``
     #: joins, leaves cleanly or crashes (in turn). ``ordered``: one ordered topic over every
-    #: group (at least 2) with two producer instances (one active) and ``members`` members
-    #: per consumer group; each cycle kills or hangs (in turn) the master of the topic's
-    #: send head and, while its slave acts, crashes the active producer (odd cycles) or
-    #: the active member of ``cg1`` (even cycles).
+    #: group (at least 2), a producer process and two in-process producers (one active at a
+    #: time), ``members`` members per consumer group and a consumer process in ``cg2``;
+    #: each cycle kills or hangs (in turn) the master of the topic's send head and, while
+    #: its slave acts, pauses the processes past their sessions, crashes the active
+    #: producer, or crashes the member reading for ``cg1`` (:func:`ordered_event`).
     scenario: str = "failover"
     members: int = 2
 
@@ -345,21 +362,72 @@ async def member_event(n: int, traffic: Traffic, writer: HistoryWriter, status: 
         traffic.add_member(target, cgroup)
 
 
-async def ordered_event(n: int, traffic: Traffic, writer: HistoryWriter, status: Status) -> None:
-    """Cycle ``n`` of the ordered scenario, while the old send head's slave acts: the
-    active producer crashes (odd cycles; a new instance stands by) or the member of
-    ``cg1`` reading the topic crashes (even cycles; a new member joins). Each is recorded
-    as a fault (``producer-crash``, ``member-crash``) once it has stopped."""
+async def holders(target: Target) -> dict[str, str | None]:
+    """Who the brokers let send ``target``'s ordered topic (``producer``) and who reads it
+    for each consumer group (the consumer group's name)."""
+    boot = list(target.bootstrap)
+    out: dict[str, str | None] = {"producer": None}
+    with contextlib.suppress(Exception):
+        out["producer"] = ((await describe_topic(boot, target.topic)).get("producers")
+                           or {}).get("active")
+    for cg in CONSUMER_GROUPS:
+        with contextlib.suppress(Exception):
+            d = await describe_consumer_group(boot, cg)
+            out[cg] = next((str(a["member"]) for a in d["assignment"]
+                            if a["topic"] == target.topic), None)
+    return out
+
+
+async def ordered_event(n: int, traffic: Traffic, writer: HistoryWriter, status: Status,
+                        subs: list[SubClient], session_timeout_ms: int) -> None:
+    """Cycle ``n`` of the ordered scenario, while the old send head's slave acts:
+
+    - n = 1, 4, ...: the subprocess producer and consumer (``subs``; at the start they are
+      the active producer and ``cg2``'s reader) are paused (SIGSTOP) past their sessions
+      and continued: they wake to find the brokers handed their leadership and their
+      topic on (``producer-pause``, ``member-pause`` faults);
+    - n = 2, 5, ...: the active producer crashes (no hand-over; ``producer-crash``): an
+      in-process one is replaced by a new instance standing by;
+    - n = 3, 6, ...: the member reading for ``cg1`` crashes (``member-crash``) and a new
+      member joins.
+
+    A fault is recorded once the client has stopped."""
     target = traffic.targets[0]
-    if n % 2:
+    step = (n - 1) % 3
+    if step == 0:
+        alive = [c for c in subs if c.alive]
+        if not alive:
+            status.phase = f"cycle {n}: no subprocess client to pause"
+            return
+        now = await holders(target)
+        status.phase = (f"cycle {n}: pausing {', '.join(c.name for c in alive)} (active "
+                        f"producer {now['producer']}, cg2 reads with {now.get('cg2')})")
+        for c in alive:
+            c.signal(signal.SIGSTOP)
+            kind = "producer-pause" if c.kind == "producer" else "member-pause"
+            writer.fault(cycle=n, kind=kind, broker=c.name, group=c.cgroup or target.topic)
+        await asyncio.sleep(session_timeout_ms / 1000 + 0.5)
+        for c in alive:
+            c.signal(signal.SIGCONT)
+            writer.restart(cycle=n, broker=c.name, group=c.cgroup or target.topic)
+        return
+    if step == 1:
         name = traffic.active_producer(target)
-        if name is None:
+        if name is not None:
+            status.phase = f"cycle {n}: the active producer {name} crashes"
+            await traffic.crash_producer(name)
+            writer.fault(cycle=n, kind="producer-crash", broker=name, group=target.topic)
+            traffic.add_producer(target)
+            return
+        active = (await holders(target))["producer"]
+        sub = next((c for c in subs if c.kind == "producer" and c.name == active and c.alive),
+                   None)
+        if sub is None:
             status.phase = f"cycle {n}: no active producer to crash"
             return
-        status.phase = f"cycle {n}: the active producer {name} crashes"
-        await traffic.crash_producer(name)
-        writer.fault(cycle=n, kind="producer-crash", broker=name, group=target.topic)
-        traffic.add_producer(target)
+        status.phase = f"cycle {n}: the active producer {sub.name} (a process) is killed"
+        sub.stop()
+        writer.fault(cycle=n, kind="producer-crash", broker=sub.name, group=target.topic)
         return
     cgroup = CONSUMER_GROUPS[0]
     reading = traffic.reading_members(cgroup)
@@ -370,6 +438,49 @@ async def ordered_event(n: int, traffic: Traffic, writer: HistoryWriter, status:
     await traffic.remove_member(reading[0], crash=True)
     writer.fault(cycle=n, kind="member-crash", broker=reading[0], group=cgroup)
     traffic.add_member(target, cgroup)
+
+
+async def start_subclients(plan: ClusterPlan, target: Target, opts: DrillOptions,
+                           status: Status) -> list[SubClient]:
+    """The ordered scenario's subprocess producer and ``cg2`` member, started before the
+    in-process clients so that they are the active ones at first (waited for, bounded)."""
+    await create_cluster_topic(target, 1)
+    subs = [
+        subclients.start_producer(plan.dir, target.bootstrap, target.topic, name="ordered.sub",
+                                  rate=opts.rate * len(plan.groups),
+                                  session_timeout_ms=opts.session_timeout_ms),
+        subclients.start_consumer(plan.dir, target.bootstrap, target.topic,
+                                  cgroup=CONSUMER_GROUPS[1], name="cg2.sub",
+                                  session_timeout_ms=opts.session_timeout_ms),
+    ]
+    status.phase = "waiting for the subprocess clients to be the active ones"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = await holders(target)
+        if now["producer"] == "ordered.sub" and now.get(CONSUMER_GROUPS[1]) == "cg2.sub":
+            return subs
+        if not all(c.alive for c in subs):
+            break
+        await asyncio.sleep(0.2)
+    for c in subs:
+        c.stop()
+    raise DrillError("the subprocess producer and consumer did not become active within 30 s "
+                     f"(logs: {plan.dir}/ordered.sub.log, {plan.dir}/cg2.sub.log)")
+
+
+def merge_subclients(subs: list[SubClient], traffic: Traffic, writer: HistoryWriter) -> None:
+    """Stop the subprocess clients (SIGKILL) and add what they recorded to the history and
+    to the drain's bookkeeping (their acknowledgements must be delivered, their
+    deliveries count)."""
+    label = traffic.targets[0].label
+    for c in subs:
+        c.stop()
+        for ev in c.events():
+            writer.record(ev)
+            if isinstance(ev, ProduceAck):
+                traffic.acked[label].add(ev.id)
+            elif isinstance(ev, Deliver):
+                traffic.received[(label, ev.cgroup)].add(ev.id)
 
 
 def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -454,7 +565,10 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
                 consumer_groups=CONSUMER_GROUPS, members=opts.members if cluster else 0,
                 session_timeout_ms=opts.session_timeout_ms,
             )  # fmt: skip
+            subs: list[SubClient] = []
             try:
+                if ordered:
+                    subs = await start_subclients(plan, targets[0], opts, status)
                 await traffic.start()
                 status.phase = "warming up"
                 await asyncio.sleep(opts.warmup_s)
@@ -463,9 +577,11 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
                     if watch is None:  # refused above: cycles need coordination
                         raise DrillError("failover cycles need a coordinated cluster")
                     during = None
-                    if cluster:
-                        event = ordered_event if ordered else member_event
-                        during = functools.partial(event, n, traffic, writer, status)
+                    if ordered:
+                        during = functools.partial(ordered_event, n, traffic, writer, status,
+                                                   subs, opts.session_timeout_ms)
+                    elif cluster:
+                        during = functools.partial(member_event, n, traffic, writer, status)
                     try:
                         await _cycle(n, plan, watch, writer, status, opts, during=during)
                     except DrillError as exc:
@@ -475,9 +591,12 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
                     completed = n
                     traffic.generation += 1  # consumers resume from committed offsets
                 status.phase = "draining"
+                merge_subclients(subs, traffic, writer)
                 if not await traffic.finish(drain_timeout=opts.drain_timeout_s):
                     errors.append(f"drain did not complete within {opts.drain_timeout_s:.0f}s")
             finally:
+                for c in subs:  # stopped by PID whatever happened
+                    c.stop()
                 await traffic.shutdown()
                 if watch is not None:
                     chains = list(watch.chains)

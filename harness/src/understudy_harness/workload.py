@@ -140,7 +140,7 @@ class Traffic:
 
         for t in self.targets:
             if t.groups:
-                await _create_cluster_topic(t, 1 if t.ordered else self.queues)
+                await create_cluster_topic(t, 1 if t.ordered else self.queues)
             else:
                 await create_topic(list(t.bootstrap), topic=t.topic, queues=self.queues)
             self.writer.topic(topic=t.topic, ordered=t.ordered)
@@ -413,7 +413,7 @@ class Traffic:
         await settle([*self.producers, *self.consumers], within_s=15)
 
 
-async def _create_cluster_topic(target: Target, per_group: int) -> None:
+async def create_cluster_topic(target: Target, per_group: int) -> None:
     """``topic create --groups`` for a cluster target; a topic left by an earlier run with
     the same placement is used as it is."""
     from understudy_broker import protocol as p

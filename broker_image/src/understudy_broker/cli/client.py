@@ -113,6 +113,17 @@ bootstrap_option = click.option(
               help="Latency to isolation table, e.g. 550:30000,1000:60000,15000:600000.")
 @click.option("--hedge-after-ms", type=click.FloatRange(min=1), default=500.0, show_default=True,
               help="Copy an unanswered unkeyed batch to another group after this long.")
+@click.option("--id-prefix", default=None, metavar="P",
+              help="Bodies are the ids P-0, P-1, ... (--size is ignored): for recorded runs.")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
+              help="Append one JSON line per acknowledged message (a history produce_ack "
+                   "event: t in ns, id, topic, queue, offset).")
+@click.option("--member-id", default=None,
+              help="This producer's id among the producers of an ordered topic.")
+@click.option("--leader-session-timeout-ms", type=click.IntRange(min=500), default=6000,
+              show_default=True,
+              help="Ordered topics: how long the brokers keep this producer's leadership "
+                   "without a heartbeat.")
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def produce(
     bootstrap: tuple[str, ...],
@@ -129,11 +140,17 @@ def produce(
     fault_avoidance: bool,
     fault_steps: str | None,
     hedge_after_ms: float,
+    id_prefix: str | None,
+    record_path: str | None,
+    member_id: str | None,
+    leader_session_timeout_ms: int,
     as_json: bool,
 ) -> None:
     """Produce COUNT messages of SIZE bytes and report throughput, ack latency, sends
     never acknowledged (``failed``) and the longest time with sends pending and no
-    acknowledgement (``max_ack_gap_ms``, the write stall)."""
+    acknowledgement (``max_ack_gap_ms``, the write stall). To an ordered topic, this
+    producer sends only while the brokers hold it the topic's active producer (it stands
+    by otherwise)."""
     addrs = _bootstrap(bootstrap)
     try:
         steps = DEFAULT_STEPS if fault_steps is None else parse_steps(fault_steps)
@@ -141,21 +158,26 @@ def produce(
         raise click.BadParameter(str(exc), param_hint="--fault-steps") from None
     options = {"retries": retries, "send_timeout_s": send_timeout,
                "fault_avoidance": fault_avoidance, "fault_steps": steps,
-               "hedge_after_ms": hedge_after_ms}
-    summary = asyncio.run(
-        _produce(
-            addrs,
-            topic=topic,
-            count=count,
-            size=size,
-            window=window,
-            batch_size=batch_size,
-            linger_ms=linger_ms,
-            key=key.encode() if key is not None else None,
-            rate=rate,
-            options=options,
+               "hedge_after_ms": hedge_after_ms, "member_id": member_id,
+               "leader_session_timeout_ms": leader_session_timeout_ms}
+    with contextlib.ExitStack() as stack:
+        record = stack.enter_context(open(record_path, "a", buffering=1)) if record_path else None
+        summary = asyncio.run(
+            _produce(
+                addrs,
+                topic=topic,
+                count=count,
+                size=size,
+                window=window,
+                batch_size=batch_size,
+                linger_ms=linger_ms,
+                key=key.encode() if key is not None else None,
+                rate=rate,
+                options=options,
+                id_prefix=id_prefix,
+                record=record,
+            )
         )
-    )
     _report(summary, as_json=as_json, title="produce")
     if summary["failed"]:
         sys.exit(1)
@@ -173,6 +195,8 @@ async def _produce(
     key: bytes | None,
     rate: float | None = None,
     options: dict[str, Any] | None = None,
+    id_prefix: str | None = None,
+    record: TextIO | None = None,
 ) -> dict[str, Any]:
     producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms, **(options or {}))
     slots = asyncio.Semaphore(window)
@@ -190,7 +214,7 @@ async def _produce(
         progress_at = started  # the last acknowledgement, or when sends became pending
         max_gap = 0.0
 
-        def done(fut: asyncio.Future[tuple[int, int]], *, sent_at: float) -> None:
+        def done(fut: asyncio.Future[tuple[int, int]], *, sent_at: float, body: bytes) -> None:
             nonlocal acked, outstanding, progress_at, max_gap
             slots.release()
             outstanding -= 1
@@ -202,6 +226,11 @@ async def _produce(
                     errors.append(str(exc))
                 return
             acked += 1
+            if record is not None:
+                q, off = fut.result()
+                record.write(json.dumps({"type": "produce_ack", "t": time.time_ns(),
+                                         "id": body.decode(), "topic": topic, "queue": q,
+                                         "offset": off}) + "\n")
             now = time.perf_counter()
             latencies.append(now - sent_at)
             max_gap = max(max_gap, now - progress_at)
@@ -217,10 +246,13 @@ async def _produce(
                 if outstanding == 0:
                     progress_at = time.perf_counter()
                 outstanding += 1
-                body = (prefix + b"-%d-" % i + pad)[:size] if size > 20 else pad
+                if id_prefix is not None:
+                    body = f"{id_prefix}-{i}".encode()
+                else:
+                    body = (prefix + b"-%d-" % i + pad)[:size] if size > 20 else pad
                 sent_at = time.perf_counter()
                 fut = await producer.send(topic, body, key=key)
-                fut.add_done_callback(functools.partial(done, sent_at=sent_at))
+                fut.add_done_callback(functools.partial(done, sent_at=sent_at, body=body))
                 now = time.perf_counter()
                 if now - last_draw > 0.2:
                     last_draw = now
