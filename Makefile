@@ -1,5 +1,5 @@
 # Understudy — `make demo` and `make test` work on a fresh machine: both run `make setup`.
-.PHONY: setup test test-fast lint demo bench drill-cluster e2e clean
+.PHONY: setup test test-fast lint demo bench drill-cluster drill-ordered e2e clean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -31,6 +31,14 @@ bench: setup
 drill-cluster: setup
 	@mkdir -p bench-results
 	$(VENV)/bin/understudy drill --scenario cluster --cycles $${CYCLES:-6} --json bench-results/drill-cluster.json
+
+# The ordered scenario's cycles (the send head's master killed or hung; producer and
+# consumer processes paused, the active producer and a reader crashed), judged by the
+# checker's order check and the chain rules; a soak, not part of `make test`
+# (docs/ordered.md).
+drill-ordered: setup
+	@mkdir -p bench-results
+	$(VENV)/bin/understudy drill --scenario ordered --cycles $${CYCLES:-6} --json bench-results/drill-ordered.json
 
 e2e: setup
 	$(PYTEST) -m e2e e2e -v
