@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from understudy_broker.chains import GroupFacts, history_violations, initial_chains, step
+from understudy_broker.chains import (
+    GroupFacts,
+    history_violations,
+    initial_chains,
+    step,
+    still_head,
+)
 from understudy_broker.zklayout import ChainDoc, LayoutError, Link, chains_path
 
 GROUPS = ("a", "b", "c")
@@ -185,3 +191,16 @@ def test_a_chain_history_the_rules_cannot_make_is_reported() -> None:
     assert history_violations([start, same_epoch], GROUPS) == ["document 1: epoch 1 after 1"]
     bad = ChainDoc("t", ("b",), (Link("a"),), 2, 2)  # the head is not the consume tail
     assert "must be the consume chain's tail" in history_violations([bad], GROUPS)[0]
+
+
+def test_an_ordered_write_is_acknowledged_only_by_the_head_that_appended_it() -> None:
+    """A master frozen between an ordered write's append and its acknowledgement wakes
+    after the chains moved on (found by bench/ordered.py): it must not acknowledge then."""
+    doc = ChainDoc("t", ("a", "b"), (Link("a"),), epoch=3, head_epoch=3)
+    assert still_head(doc, "a", 3, writes=True)
+    assert not still_head(doc, "a", 3, writes=False)  # its WRITE lease lapsed while frozen
+    moved = ChainDoc("t", ("b",), (Link("a", 4), Link("b")), epoch=4, head_epoch=4)
+    assert not still_head(moved, "a", 3, writes=True)
+    again = ChainDoc("t", ("a",), (Link("b", 6), Link("a")), epoch=6, head_epoch=6)
+    assert not still_head(again, "a", 3, writes=True)  # head again, but a later stint
+    assert not still_head(None, "a", 3, writes=True)

@@ -128,6 +128,15 @@ def step(doc: ChainDoc, facts: Mapping[str, GroupFacts],
     return None
 
 
+def still_head(chains: ChainDoc | None, group: str, head_epoch: int, writes: bool) -> bool:
+    """May ``group``'s master acknowledge an ordered write it appended while it was send
+    head at ``head_epoch``? Only if it still writes and is still that head: a master frozen
+    between the append and the acknowledgement wakes after the chains moved on, and an
+    acknowledgement then would come after writes the new head acknowledged."""
+    return (writes and chains is not None and chains.head == group
+            and chains.head_epoch == head_epoch)
+
+
 def history_violations(docs: Sequence[ChainDoc], groups: Sequence[str]) -> list[str]:
     """What is wrong with a sequence of chain documents as a watcher saw them (the drill
     records one):

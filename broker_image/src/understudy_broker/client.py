@@ -1169,7 +1169,9 @@ class Producer:
                 error: Exception = exc
             except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
                 error = exc
-                uncertain_term = lead.term if uncertain_term is None else uncertain_term
+            refused = isinstance(error, BrokerError) and error.status in _REFUSED_BEFORE_APPEND
+            if not refused and uncertain_term is None:  # lost or unanswered: maybe stored
+                uncertain_term = lead.term
             log.info("ordered produce to %s on %s failed: %s", topic, group, error)
             if not isinstance(error, _HeadMoved):  # the old head may be fine, just not head
                 await self.router.failed(Permission.WRITE, conn, group)
@@ -1280,6 +1282,11 @@ class Producer:
 
 
 T = TypeVar("T")
+
+#: Answers given before anything of a PRODUCE was appended (a re-send cannot duplicate).
+_REFUSED_BEFORE_APPEND = frozenset({
+    p.Status.NOT_MASTER, p.Status.NO_PERMISSION, p.Status.NOT_SEND_HEAD,
+    p.Status.UNKNOWN_TOPIC, p.Status.NOT_OWNER})
 
 
 class _HeadMoved(ConnectionError):

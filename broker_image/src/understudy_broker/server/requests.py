@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from understudy_broker import protocol as p
+from understudy_broker.chains import still_head
 from understudy_broker.config import BrokerConfig
 from understudy_broker.ha.authority import Authority
 from understudy_broker.ha.clusterview import ClusterView
@@ -189,22 +190,40 @@ class Requests:
                     p.Status.BAD_REQUEST,
                     f"queue {q} of topic {topic!r} {where}, not on {self._cfg.group!r}")
 
-    def _check_send_head(self, topic: str) -> None:
+    def _check_send_head(self, topic: str) -> int | None:
         """An ordered topic takes writes only on its send head (docs/ordered.md), as this
-        broker's watch of the chains says. (The send lease, which also fences a head whose
-        watch is late, is not built yet.)"""
+        broker's watch of the chains says; returns the epoch at which it became head
+        (``None`` for a topic that is not ordered)."""
         view = self._authority.cluster
         doc = None if view is None else view.topics.get(topic)
         if view is None or doc is None or not doc.ordered:
-            return
+            return None
         chains = view.chains.get(topic)
         head = chains.head if chains is not None else None
-        if head != self._cfg.group:
+        if chains is None or head != self._cfg.group:
             raise RequestError(
                 p.Status.NOT_SEND_HEAD,
                 f"topic {topic!r} is ordered and its send head is "
                 f"{head if head is not None else 'no group (sends wait for one)'}, "
                 f"not {self._cfg.group!r}")
+        return chains.head_epoch
+
+    def _check_still_head(self, topic: str, head_epoch: int) -> None:
+        """After an ordered write was stored and replicated: acknowledge it only if this
+        broker still writes and its group is still the send head it was when the write was
+        appended. A master frozen between the append and the acknowledgement (SIGSTOP, a
+        long pause) wakes after the chains moved on; an acknowledgement now would come after
+        writes the new head acknowledged. ``STALE_EPOCH``: stored here, not acknowledged;
+        the producer sends the batch to the new head (this copy is read first)."""
+        view = self._authority.cluster
+        chains = None if view is None else view.chains.get(topic)
+        writes = bool(self._authority.effective() & Permission.WRITE)
+        if not still_head(chains, self._cfg.group, head_epoch, writes):
+            raise RequestError(
+                p.Status.STALE_EPOCH,
+                f"topic {topic!r}: stored on {self._cfg.group!r}, but it stopped being the "
+                f"send head (head epoch {head_epoch}) or lost WRITE before the write could "
+                "be acknowledged: not acknowledged; send it to the send head the route names")
 
     def _cluster(self) -> ClusterView:
         view = self._authority.cluster
@@ -295,7 +314,7 @@ class Requests:
         # producer generation newer than ours (one batch of it in flight per producer);
         # the head is checked again after it, with no suspension before the append.
         await self._check_producer(topic, raw[0][0], lease)
-        self._check_send_head(topic)
+        head_epoch = self._check_send_head(topic)
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
         # No suspension before the append: batches of one connection keep their order.
@@ -309,6 +328,8 @@ class Requests:
         self._replica.appended()
         await acknowledged([self._store.log_durable(result.end_phys),
                             self._replica.replicated(result.end_phys, result.start_phys)])
+        if head_epoch is not None:
+            self._check_still_head(topic, head_epoch)
         self._metrics.messages_in(len(messages))
         self._metrics.produce_latency(time.perf_counter() - started)
         return p.ProduceResponse([(q, o) for _t, q, o in result.queue_offsets]).encode()
