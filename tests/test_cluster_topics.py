@@ -803,3 +803,54 @@ def test_an_orderly_consumer_reads_one_record_at_a_time_through_a_masters_death(
         assert offsets == list(range(len(offsets))), (q, offsets)  # in order, none twice
     assert first == expected(), (first, seen, last_queue)
     assert len(first) == 2
+
+
+def test_a_head_master_woken_from_a_pause_takes_no_ordered_write(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """Found by bench/ordered.py: a master woken from SIGSTOP still holds WRITE until the
+    new group state reaches it, and its chain document is as stale; it took ordered writes
+    after the chains had moved on. Now it takes them only while ZooKeeper confirmed its view
+    within the lease (docs/ordered.md "Fencing the send head"): a write from the active
+    producer, waiting in its socket when it is continued, is refused before the append,
+    and the new head takes the next one."""
+    directory, plan = cluster
+    boot = [address(plan, "g2-1"), address(plan, "g1-1")]
+    wait_healthy(plan)
+
+    async def run() -> tuple[p.Frame, list[int]]:
+        async with Producer(boot, leader_session_timeout_ms=6000) as prod:
+            assert (await (await prod.send("woken", b"w0")))[0] == 0  # g1 is head
+            lease = prod.leadership("woken").lease
+            lc.kill(directory, "g1-0", sig="STOP")
+            conn: Connection | None = None
+            try:
+                # Past the session: the controller fences g1 and the chains move to g2.
+                await asyncio.sleep(plan.session_timeout_ms / 1000 + 1.5)
+                # Connected and sent while it is stopped (the kernel accepts): the request
+                # is the first thing it reads when it wakes, as a producer's in flight is.
+                conn = await Connection.open(address(plan, "g1-0"))
+                pending = conn.send(p.Op.PRODUCE,
+                                    p.encode_produce("woken", [(0, None, b"late")], lease))
+            finally:
+                lc.kill(directory, "g1-0", sig="CONT")
+            try:
+                async with asyncio.timeout(10):
+                    late = await pending
+            finally:
+                await conn.close()
+            after = [(await (await prod.send("woken", b"w%d" % i)))[0] for i in (1, 2)]
+            return late, after
+
+    try:
+        assert cli(topic, "create", "-b", boot[0], "-t", "woken", "--groups", "g1,g2",
+                   "--ordered").exit_code == 0
+        wait_known(plan, "woken")
+        late, after = asyncio.run(run())
+    finally:
+        restore_g1(directory, plan)
+    # Refused before the append (nothing of it stored on the old head): without the lease
+    # check it was appended, and acknowledged or answered NOT_ENOUGH_REPLICAS depending on
+    # whether the slave had relinked yet.
+    assert late.status in (p.Status.NOT_SEND_HEAD, p.Status.NO_PERMISSION), (
+        late.status, p.error_message(late) if late.status else "acknowledged")
+    assert after == [1, 1]  # g2's queue: the new head

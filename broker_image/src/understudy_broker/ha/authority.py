@@ -118,6 +118,14 @@ class Authority(Protocol):
         lapse (``time.time_ns``), for the permission log; else ``None``."""
         ...
 
+    def confirmed(self) -> bool:
+        """This broker's view of its group was confirmed by ZooKeeper within the lease (the
+        read lease): false after a pause until it is confirmed again, even while WRITE is
+        still effective (WRITE ends only when the new group state arrives). Ordered topics
+        take writes only while confirmed (docs/ordered.md). Always true without
+        ZooKeeper."""
+        ...
+
     def attach(self, hooks: BrokerHooks) -> None:
         """The broker's facts and offsets, for status and back-sync (before :meth:`start`)."""
         ...
@@ -278,6 +286,9 @@ class StaticAuthority(BrokerIdentity):
 
     def lease_lapsed_at_ns(self) -> int | None:
         return None
+
+    def confirmed(self) -> bool:
+        return True
 
     def attach(self, hooks: BrokerHooks) -> None:
         return None

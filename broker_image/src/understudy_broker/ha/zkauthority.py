@@ -251,6 +251,10 @@ class ZkAuthority(BrokerIdentity):
     def isr_store(self) -> IsrStore | None:
         return ZkIsrStore(self)
 
+    def confirmed(self) -> bool:
+        coord = self._coord
+        return coord is not None and coord.lease_valid()
+
     def lease_lapsed_at_ns(self) -> int | None:
         coord = self._coord
         if coord is None or coord.lease_valid():
