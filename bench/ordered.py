@@ -49,7 +49,7 @@ from benchlib import end_on_sigterm, send_at_rate, write_results
 
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
-from understudy_broker.client import Consumer, Producer, Router
+from understudy_broker.client import BrokerError, Consumer, Producer, Router
 from understudy_broker.zklayout import ChainDoc, chains_path
 from understudy_harness.checker import check, percentile
 from understudy_harness.history import Deliver, Event, ProduceAck, TopicInfo, iter_jsonl
@@ -139,7 +139,12 @@ class Stream:
 
     async def consume(self, c: Consumer) -> None:
         while True:
-            recs = await c.getmany(timeout_s=0.1)
+            try:
+                recs = await c.getmany(timeout_s=0.1)
+            except (BrokerError, ConnectionError, OSError) as exc:  # reported, not fatal
+                print(f"  consumer {c.member_id}: {exc}", flush=True)
+                await asyncio.sleep(0.1)
+                continue
             now = time.monotonic()
             self.deliveries += [(now, int(r.body), c.member_id, r.queue, r.offset)
                                 for r in recs]

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import BrokerError, Connection, Producer, Router, create_topic
+from understudy_broker.client import (
+    BrokerError,
+    Connection,
+    Consumer,
+    Producer,
+    Router,
+    create_topic,
+)
 from understudy_broker.config import BrokerConfig
 from understudy_broker.ha.authority import StaticAuthority
 from understudy_broker.model import Permission, Role
@@ -220,3 +227,28 @@ async def test_a_failed_connection_is_dropped_but_not_its_replacement(served: An
         assert await router.connection(Permission.READ) is fresh
     finally:
         await router.close()
+
+
+async def test_a_consumer_waits_out_a_broker_that_does_not_know_the_topic_yet(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker just restarted answers UNKNOWN_TOPIC until it has taken the cluster's
+    topics in. A consumer whose route holds the topic retries (before, the error reached
+    getmany and an application loop that did not catch it stopped reading for good)."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="late", queues=1)
+    consumer = Consumer([addr], group="g", topic="late", max_wait_ms=50)
+    try:
+        await consumer.start()
+        topics = broker._parts.store.topics  # the broker's registry, as a restart leaves it
+        monkeypatch.setattr(type(topics), "get", lambda _self, _topic: None)
+        assert await consumer.getmany(timeout_s=0.5) == []  # refused meanwhile: no error
+        monkeypatch.undo()
+        async with Producer([addr]) as prod:
+            await (await prod.send("late", b"after", queue=0))
+        got: list[bytes] = []
+        async with asyncio.timeout(20):
+            while not got:
+                got = [r.body for r in await consumer.getmany(timeout_s=0.5)]
+        assert got == [b"after"]
+    finally:
+        await consumer.close()

@@ -1617,7 +1617,11 @@ class Consumer(_GroupMember):
                 if exc.status == p.Status.NOT_OWNER:
                     log.info("pull %s/%d: %s", self.topic, queue, exc.message)
                     return  # the next heartbeat says what we own
-                if not exc.retriable:
+                # UNKNOWN_TOPIC for a topic the route holds: a broker just restarted that has
+                # not taken the cluster's topics in yet (retried; a topic really gone is
+                # gone from the route refreshed below, and the next answer ends the loop).
+                if not (exc.retriable or (exc.status == p.Status.UNKNOWN_TOPIC
+                                          and router.queues(self.topic) is not None)):
                     await self._buffer.put(exc)
                     return
                 log.info("pull %s/%d: %s; re-routing", self.topic, queue, exc)
