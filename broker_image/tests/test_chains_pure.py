@@ -204,3 +204,22 @@ def test_an_ordered_write_is_acknowledged_only_by_the_head_that_appended_it() ->
     again = ChainDoc("t", ("a",), (Link("b", 6), Link("a")), epoch=6, head_epoch=6)
     assert not still_head(again, "a", 3, writes=True)  # head again, but a later stint
     assert not still_head(None, "a", 3, writes=True)
+
+
+def test_an_ordered_topic_on_one_group_keeps_order_but_sends_wait_while_it_is_down() -> None:
+    """`--ordered` over one group is allowed (docs/ordered.md "Creating one"): there is no
+    other group to send to, so sends wait while it cannot keep two copies, and the group
+    is head again once it is back and its consumers read what it held."""
+    one = ("g1",)
+    doc = initial_chains("t", one)
+    assert (doc.send, doc.consume) == (("g1",), (Link("g1"),))
+    down = {"g1": GroupFacts(writable=False, end=10, consumed=5, view_epoch=99)}
+    doc, why = step(doc, down, one) or (doc, "")
+    assert doc.send == ()
+    assert "no group can (sends wait)" in why
+    assert step(doc, down, one) is None  # nothing to do until it is back or drained
+    back = {"g1": GroupFacts(writable=True, end=10, consumed=10, view_epoch=99)}
+    doc, _ = step(doc, back, one) or (doc, "")  # drained: it leaves the consume chain
+    doc, _ = step(doc, back, one) or (doc, "")  # healthy: head again
+    assert (doc.send, doc.consume) == (("g1",), (Link("g1"),))
+    doc.check(one)
