@@ -190,15 +190,16 @@ class Requests:
                     p.Status.BAD_REQUEST,
                     f"queue {q} of topic {topic!r} {where}, not on {self._cfg.group!r}")
 
-    def _check_send_head(self, topic: str) -> int | None:
-        """An ordered topic takes writes only on its send head (docs/ordered.md), as this
-        broker's watch of the chains says; returns the epoch at which it became head
-        (``None`` for a topic that is not ordered)."""
+    def _ordered(self, topic: str) -> bool:
         view = self._authority.cluster
         doc = None if view is None else view.topics.get(topic)
-        if view is None or doc is None or not doc.ordered:
-            return None
-        chains = view.chains.get(topic)
+        return doc is not None and doc.ordered
+
+    def _check_send_head(self, topic: str) -> int:
+        """An ordered topic takes writes only on its send head (docs/ordered.md), as this
+        broker's watch of the chains says; returns the epoch at which it became head."""
+        view = self._authority.cluster
+        chains = None if view is None else view.chains.get(topic)
         head = chains.head if chains is not None else None
         if chains is None or head != self._cfg.group:
             raise RequestError(
@@ -269,10 +270,6 @@ class Requests:
         owns the topic's unit in ``/producers/<topic>`` at the generation it names
         (docs/ordered.md). A former leader woken from a pause is refused, as a member
         pulling a queue it lost is (invariant 6)."""
-        view = self._authority.cluster
-        doc = None if view is None else view.topics.get(topic)
-        if doc is None or not doc.ordered:
-            return
         if lease is None:
             raise RequestError(
                 p.Status.NOT_OWNER,
@@ -318,12 +315,14 @@ class Requests:
                 f"queue {bad[0]} does not exist: topic {topic!r} has {queues} queues",
             )
         self._check_placed(topic, {q for q, _k, _b in raw})
-        self._check_send_head(topic)
-        # Suspends only for an ordered topic, and only while our watch catches up with a
-        # producer generation newer than ours (one batch of it in flight per producer);
-        # the head is checked again after it, with no suspension before the append.
-        await self._check_producer(topic, raw[0][0], lease)
-        head_epoch = self._check_send_head(topic)
+        head_epoch: int | None = None
+        if self._ordered(topic):
+            self._check_send_head(topic)
+            # Suspends only while our watch catches up with a producer generation newer
+            # than ours (one batch of an ordered topic in flight per producer); the head
+            # is checked again after it, with no suspension before the append.
+            await self._check_producer(topic, raw[0][0], lease)
+            head_epoch = self._check_send_head(topic)
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
         # No suspension before the append: batches of one connection keep their order.
