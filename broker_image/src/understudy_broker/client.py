@@ -1147,7 +1147,7 @@ class Producer:
                 return
             conn: Connection | None = None
             moved = self._head_moved.setdefault(topic, asyncio.Event())
-            group = self._to_send_head(topic, group, items)  # the route may have moved on
+            group = self._to_send_head(topic, group, items)  # the head the route names now
             try:
                 conn = await self.router.connection(Permission.WRITE, group)
                 body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items],
@@ -1176,7 +1176,6 @@ class Producer:
             if not isinstance(error, _HeadMoved):  # the old head may be fine, just not head
                 await self.router.failed(Permission.WRITE, conn, group)
                 await backoff.sleep()
-            group = self._to_send_head(topic, group, items)
 
     def _to_send_head(self, topic: str, group: str | None, items: list[_Pending]) -> str | None:
         """The group the route names send head of ``topic`` (``group`` while it names
