@@ -11,6 +11,7 @@ visible behaviour on the one path users cancel most.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -37,3 +38,25 @@ async def test_getmany_cancelled_as_a_batch_arrives_raises_and_keeps_the_batch()
     finally:
         pulling.cancel()
         await asyncio.gather(pulling, return_exceptions=True)
+
+
+async def test_a_queue_lost_past_the_lease_is_logged_released_when_the_lease_ended() -> None:
+    """Found by the ordered drill: a member paused (SIGSTOP) past its session wakes to a
+    heartbeat answer saying its queue is gone, and logged the release on waking, after
+    the next owner had taken it: two members on one queue, by the log. It stopped pulling
+    and handing out when its lease ended (both check the lease), so that is the release."""
+    c = Consumer(["127.0.0.1:1"], group="g", topic="t", membership=True)
+    c._started = True
+    c._loops[0] = (1, asyncio.create_task(asyncio.sleep(3600)))
+    c._holding.add(0)
+    c._lease_until = time.monotonic() - 5.0  # the lease ended 5 s ago
+    await c._stop_queue(0)
+    (at, what, queue), = c.ownership_log
+    assert (what, queue) == ("release", 0)
+    assert time.time() - 5.5 < at < time.time() - 4.5
+    # Within the lease, a queue given up is released now.
+    c._loops[1] = (2, asyncio.create_task(asyncio.sleep(3600)))
+    c._holding.add(1)
+    c._lease_until = time.monotonic() + 5.0
+    await c._stop_queue(1)
+    assert abs(c.ownership_log[-1][0] - time.time()) < 0.5

@@ -1472,26 +1472,28 @@ class Consumer(_GroupMember):
         self.ownership_log.append((time.time(), "acquire", queue))
         return self._positions[queue]
 
-    async def _stop_queue(self, queue: int, *, at: float | None = None) -> None:
+    async def _stop_queue(self, queue: int) -> None:
         """Stop pulling ``queue``; its undelivered prefetched records are dropped (the
-        token no longer matches). ``at``: when the ownership really ended (wall time)."""
+        token no longer matches). Logged as released now, or, past the member's lease, when
+        the lease ended: past it the member neither pulls nor hands out (both check the
+        lease), so its hold ended then, whenever this runs (after a SIGSTOP, a heartbeat
+        answered on waking says the queue is gone: the same instant)."""
         entry = self._loops.pop(queue, None)
         if entry is None:
             return
         await stop_tasks([entry[1]])
         if queue in self._holding:  # it may have stopped before it fetched its offset
             self._holding.discard(queue)
-            self.ownership_log.append((time.time() if at is None else at, "release", queue))
+            now = time.monotonic()
+            lapsed = self.membership and now >= self._lease_until
+            at = time.time() - (now - self._lease_until) if lapsed else time.time()
+            self.ownership_log.append((at, "release", queue))
 
     async def _drop_all(self, why: str) -> None:
         if self._loops:
             log.warning("consumer %s of %s: stops every queue: %s", self.member_id, self.group, why)
-        # Past its lease the member neither pulls nor hands out (both check the lease):
-        # its hold ended when the lease did, whenever this runs (e.g. after SIGSTOP).
-        lapsed = self._lease_until if time.monotonic() >= self._lease_until else None
-        at = None if lapsed is None else time.time() - (time.monotonic() - lapsed)
         for q in list(self._loops):
-            await self._stop_queue(q, at=at)
+            await self._stop_queue(q)  # released when the lease ended, if it has
             self._forget(q)
         self._revoking.clear()
         self._generation = -1
