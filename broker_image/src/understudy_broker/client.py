@@ -36,6 +36,14 @@ from understudy_broker import protocol as p
 from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
 from understudy_broker.model import Permission, Role
 from understudy_broker.retry import Backoff
+from understudy_broker.scheduling import (
+    DEFAULT_MAX_RECONSUME,
+    ScheduleError,
+    check_deliver_at,
+    decode_retry,
+    is_system_topic,
+    retry_topic,
+)
 from understudy_broker.tasks import stop_tasks
 
 log = logging.getLogger("understudy.client")
@@ -619,7 +627,7 @@ def _resolve(items: list[_Pending], resp: p.ProduceResponse) -> None:
     """An acknowledged batch: each message's future gets its (queue, offset)."""
     for i, (q, off) in zip(items, resp.offsets, strict=False):
         if not i.future.done():
-            i.future.set_result((q, off))
+            i.future.set_result((q, -1 if off == p.SCHEDULED_OFFSET else off))
 
 
 @dataclass(slots=True)
@@ -632,6 +640,13 @@ class _Pending:
     deadline: float  # monotonic: fail after this (the send timeout)
     attempts: int = 0
     hedged: bool = False  # a copy went to another group while this one hangs
+    deliver_at: int = 0  # ms since the epoch: a delayed message (docs/delayed.md); 0 now
+
+
+def _encode_items(topic: str, items: Sequence[_Pending],
+                  lease: p.ProduceLease | None = None) -> bytes:
+    return p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items], lease,
+                            [i.deliver_at for i in items])
 
 
 @dataclass(slots=True)
@@ -991,11 +1006,25 @@ class Producer:
         return good[next(rr) % len(good)]
 
     async def send(
-        self, topic: str, body: bytes, key: bytes | None = None, queue: int | None = None
+        self, topic: str, body: bytes, key: bytes | None = None, queue: int | None = None,
+        *, deliver_at_ms: int = 0,
     ) -> asyncio.Future[tuple[int, int]]:
+        """Queue one message; the future resolves to ``(queue, offset)`` once acknowledged.
+        ``deliver_at_ms`` (ms since the epoch) delays it: consumers get it at that time,
+        not before (docs/delayed.md); a time in the past, or under a second away, is
+        delivered now; one more than ``scheduling.MAX_DELAY_MS`` away is refused
+        (``ValueError``). A delayed message's offset is -1 (it has none until due)."""
         if self._closed:
             raise RuntimeError("producer is closed")
+        if deliver_at_ms:
+            try:
+                check_deliver_at(deliver_at_ms, int(time.time() * 1000))
+            except ScheduleError as exc:
+                raise ValueError(str(exc)) from None
         live = await self._queues(topic)
+        if deliver_at_ms and self.router.send_head(topic)[0]:
+            raise ValueError(f"topic {topic!r} is ordered: delayed delivery is not supported "
+                             "on ordered topics")
         pinned = key is not None or queue is not None
         if queue is None:
             queue = live[zlib.crc32(key) % len(live)] if key is not None else self._pick(topic, live)
@@ -1006,7 +1035,8 @@ class Producer:
         fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda _f: self._buffered.release())
         self._enqueue(topic, _Pending(queue, key, body, fut, pinned,
-                                      time.monotonic() + self.send_timeout_s))
+                                      time.monotonic() + self.send_timeout_s,
+                                      deliver_at=deliver_at_ms))
         return fut
 
     def _enqueue(self, topic: str, item: _Pending) -> None:
@@ -1045,7 +1075,7 @@ class Producer:
             async with turn, self._inflight:
                 await self._send_ordered(topic, group, items)
             return
-        body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
+        body = _encode_items(topic, items)
         backoff = Backoff(self.retry_backoff_s, 2.0)
         async with self._window(group), self._inflight:
             while True:
@@ -1097,7 +1127,7 @@ class Producer:
                 if not items:
                     return
                 await backoff.sleep()
-                body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items])
+                body = _encode_items(topic, items)
 
     def leadership(self, topic: str) -> _ProducerLeadership:
         """This producer's standing among the producers of ordered topic ``topic`` (joined
@@ -1209,7 +1239,7 @@ class Producer:
             q = self._pick(topic, live, avoid=group)
             if self.router.group_of(topic, q) != group:
                 self._enqueue(topic, _Pending(q, i.key, i.body, i.future, False, i.deadline,
-                                              i.attempts + 1))
+                                              i.attempts + 1, deliver_at=i.deliver_at))
         for bkey in [k for k in self._batches if k[0] == topic and k[1] != group]:
             self._dispatch(bkey)
 
@@ -1240,7 +1270,7 @@ class Producer:
                 stay.append(i)
             else:
                 self._enqueue(topic, _Pending(q, i.key, i.body, i.future, False, i.deadline,
-                                              i.attempts))
+                                              i.attempts, deliver_at=i.deliver_at))
         for bkey in [k for k in self._batches if k[0] == topic and k[1] != group]:
             self._dispatch(bkey)
         return stay
@@ -1327,12 +1357,34 @@ def _ignore_result(fut: asyncio.Future[p.Frame]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Record:
+    """One message as a consumer gets it. A message redelivered after a nack (read from
+    the consumer group's retry topic, ``topic``) or read from a dead-letter topic carries
+    how many times it was handed back and where it was first read (``origin``: topic,
+    queue, offset)."""
+
     topic: str
     queue: int
     offset: int
     timestamp_ms: int
     key: bytes | None
     body: bytes
+    reconsume_times: int = 0
+    origin: tuple[str, int, int] | None = None
+
+
+def _record(topic: str, queue: int, r: p.PulledRecord) -> Record:
+    if not is_system_topic(topic):
+        return Record(topic, queue, r.offset, r.timestamp_ms, r.key, r.body)
+    try:
+        env = decode_retry(r.body)
+    except ScheduleError:  # written there by hand: handed out as it is
+        return Record(topic, queue, r.offset, r.timestamp_ms, r.key, r.body)
+    return Record(topic, queue, r.offset, r.timestamp_ms, r.key, env.body, env.reconsume,
+                  (env.topic, env.queue, env.offset))
+
+
+#: While a consumer also reads its retry topic, its own wait is sliced this fine.
+RETRY_POLL_S = 0.1
 
 
 class Consumer(_GroupMember):
@@ -1366,9 +1418,22 @@ class Consumer(_GroupMember):
         member_id: str | None = None,
         session_timeout_ms: int = 6000,
         orderly: bool = False,
+        retries: bool = True,
+        max_reconsume: int = DEFAULT_MAX_RECONSUME,
     ) -> None:
         if session_timeout_ms < 500:
             raise ValueError("session_timeout_ms must be at least 500")
+        if max_reconsume < 0:
+            raise ValueError("max_reconsume must not be negative")
+        #: Nacks (docs/delayed.md): a member also reads its group's retry topic once it
+        #: exists, through a second member of the group (``<member>.retry``).
+        self.retries = retries and not orderly and not is_system_topic(topic)
+        self.max_reconsume = max_reconsume
+        self._retry: Consumer | None = None
+        self._settings = dict(max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                              prefetch_batches=prefetch_batches,
+                              request_timeout_s=request_timeout_s,
+                              session_timeout_ms=session_timeout_ms)
         #: Orderly consumption (docs/ordered.md): ``getmany`` hands out one record at a
         #: time and commits the one before it first (the caller came back: it processed
         #: it), so a queue's next owner starts after the last record processed.
@@ -1430,6 +1495,8 @@ class Consumer(_GroupMember):
                               "topic: consumer-group membership needs `topic create --groups`")
         self._started = True
         if self.membership:
+            if self.retries:  # notice the group's retry topic when it is created
+                self.router.on_route(lambda _new, _old: None)
             if self.router.consume_head(self.topic)[0]:
                 self.router.on_route(self._route_changed)
                 self._reapply = asyncio.create_task(self._follow_chain(), name="consume-chain")
@@ -1637,15 +1704,67 @@ class Consumer(_GroupMember):
             backoff.reset()
             if resp.records:
                 await self._buffer.put((queue, token, [
-                    Record(self.topic, queue, r.offset, r.timestamp_ms, r.key, r.body)
-                    for r in resp.records
-                ]))
+                    _record(self.topic, queue, r) for r in resp.records]))
             offset = resp.next_offset
 
     async def getmany(self, *, timeout_s: float = 1.0) -> list[Record]:
         """The next batch of records (possibly empty after ``timeout_s``); with
-        ``orderly``, the next record alone, after committing the one handed out before."""
+        ``orderly``, the next record alone, after committing the one handed out before.
+        Redelivered (nacked) messages come first when both are waiting."""
         await self.start()
+        retry = self._retry_consumer()
+        if retry is None:
+            return await self._getmany(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = await retry.getmany(timeout_s=0)
+            if records:
+                return records
+            left = deadline - time.monotonic()
+            records = await self._getmany(min(max(left, 0.0), RETRY_POLL_S))
+            if records or left <= RETRY_POLL_S:
+                return records
+
+    def _retry_consumer(self) -> Consumer | None:
+        """The member reading this group's retry topic, started once the topic exists."""
+        if self._retry is not None or not (self.retries and self.membership):
+            return self._retry
+        route = self.router.route
+        name = retry_topic(self.group)
+        if route is None or name not in route.topics:
+            return None
+        self._retry = Consumer(self.router.bootstrap, group=self.group, topic=name,
+                               member_id=f"{self.member_id}.retry", retries=False,
+                               max_reconsume=self.max_reconsume, **self._settings)  # type: ignore[arg-type]
+        log.info("consumer group %s: reading its retry topic %s", self.group, name)
+        return self._retry
+
+    async def nack(self, record: Record, *, delay_ms: int = 1000) -> p.NackResponse:
+        """Hand ``record`` back (it failed): the group gets it again after ``delay_ms``
+        (at least a second; less is "at once") through its retry topic, with
+        ``reconsume_times`` one higher; past ``max_reconsume`` it goes to the group's
+        dead-letter topic ``%DLQ%<group>`` instead. The record counts as processed: the
+        next :meth:`commit` moves past it. Needs consumer-group membership; the member
+        must own the record's queue (``NOT_OWNER`` otherwise)."""
+        if record.topic != self.topic:
+            retry = self._retry
+            if retry is None or record.topic != retry.topic:
+                raise ValueError(f"record of topic {record.topic!r} was not read by this "
+                                 f"consumer of {self.topic!r}")
+            return await retry.nack(record, delay_ms=delay_ms)
+        await self.start()
+        if not self.membership:
+            raise BrokerError(p.Status.UNSUPPORTED,
+                              "nack needs consumer-group membership (a cluster topic)")
+        member, generation = self._membership_fields()
+        req = p.NackRequest(self.group, member, generation, record.topic, record.queue,
+                            record.offset, max(0, delay_ms), self.max_reconsume)
+        group = self.router.group_of(self.topic, record.queue)
+        body = await _with_retries(self.router, Permission.READ, p.Op.NACK, req.encode(),
+                                   group=group)
+        return p.NackResponse.decode(body)
+
+    async def _getmany(self, timeout_s: float) -> list[Record]:
         if self.orderly and self._handed is not None:
             queue, self._handed = self._handed, None
             if queue in self._loops or queue in self._revoking:
@@ -1697,6 +1816,8 @@ class Consumer(_GroupMember):
                 if not self.membership or q in self._loops or q in self._revoking]
         stored = await self._commit_queues(held, timeout_s=timeout_s)
         await self._settle()
+        if self._retry is not None:
+            await self._retry.commit(timeout_s=timeout_s)
         return stored
 
     async def _commit_queues(self, queues: Sequence[int], *, timeout_s: float | None = None
@@ -1755,6 +1876,8 @@ class Consumer(_GroupMember):
 
     async def close(self) -> None:
         """Commit what was handed out, leave the group (its queues move at once), stop."""
+        if self._retry is not None:
+            await self._retry.close()
         await self._stop_pulling()
         if self._started and self.membership:
             with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
@@ -1767,6 +1890,8 @@ class Consumer(_GroupMember):
         """Stop as a crashed process would: no commit, no leave. The brokers hand this
         member's queues on once its session times out (what was handed out and not
         committed is delivered again to the next owner: the at-least-once window)."""
+        if self._retry is not None:
+            await self._retry.abort()
         await self._stop_pulling()
         await self.router.close()
 

@@ -44,6 +44,17 @@ LOG_FLUSH_SECONDS: Final = "understudy_log_flush_seconds"
 """Histogram {group,broker}: one fdatasync of the commit log, the disk's part of every
 acknowledgement (master and slaves). A long one stalls every write the group acknowledges
 meanwhile; on a shared disk, every group's."""
+SCHEDULED_MESSAGES: Final = "understudy_scheduled_messages"
+"""Gauge {group,broker}: delayed messages and retries waiting in this broker's copy of its
+group's schedule (docs/delayed.md)."""
+SCHEDULED_OVERDUE_MESSAGES: Final = "understudy_scheduled_overdue_messages"
+"""Gauge {group,broker}: of those, the ones already due (held: no group could take them)."""
+SCHEDULED_DELIVERED_TOTAL: Final = "understudy_scheduled_delivered_total"
+"""Counter {group,broker,how}: due messages written by the schedule: ``delivered`` (by
+the master, to its own queue), ``moved`` (by the master, to another group's queue) or
+``escaped`` (by the acting slave, to another group's master)."""
+NACKS_TOTAL: Final = "understudy_nacks_total"
+"""Counter {group,broker,to}: messages handed back by consumers: ``retry`` or ``dlq``."""
 GROUP_DEGRADED: Final = "understudy_group_degraded"  # gauge {group}: master and slaves down
 CONTROLLER_TRANSITIONS_TOTAL: Final = "understudy_controller_transitions_total"  # {group,to}
 

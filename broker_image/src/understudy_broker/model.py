@@ -157,7 +157,7 @@ def effective_permission(
 # --------------------------------------------------------------------------- topics
 
 MAX_TOPIC_BYTES: Final = 200
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_TOPIC_NAME = re.compile(r"(?:%RETRY%|%DLQ%)?[A-Za-z0-9._-]{1,200}")
 
 
 class TopicNameError(ValueError):
@@ -166,11 +166,13 @@ class TopicNameError(ValueError):
 
 def check_topic_name(topic: str) -> str:
     """Topic names are 1-200 characters of ASCII letters, digits, ``.``, ``_`` and ``-``,
-    and not ``.`` or ``..`` (they become directory names). Returns the name."""
+    and not ``.`` or ``..`` (they become directory names). A consumer group's retry and
+    dead-letter topics add a ``%RETRY%`` or ``%DLQ%`` prefix to such a name
+    (docs/delayed.md). Returns the name."""
     if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
         raise TopicNameError(
             f"invalid topic name {topic!r}: 1-{MAX_TOPIC_BYTES} characters of "
-            "A-Z a-z 0-9 . _ - (not '.' or '..')"
+            "A-Z a-z 0-9 . _ - (not '.' or '..'), optionally after %RETRY% or %DLQ%"
         )
     return topic
 

@@ -77,6 +77,7 @@ class Op(enum.IntEnum):
     LEAVE_GROUP = 13  # a member leaves cleanly (after committing)
     DESCRIBE_GROUP = 14  # a consumer group's members and assignment
     LIST_GROUPS = 15  # every consumer group under the chroot
+    NACK = 16  # a member hands a message back: redelivered after a delay, or dead-lettered
 
 
 class Status(enum.IntEnum):
@@ -487,18 +488,29 @@ class ProduceRequest:
 #: messages of a PRODUCE (a trailer: marker byte 1, the member string, u64 generation).
 ProduceLease = tuple[str, int]
 _LEASE_MARK = 1
+_DELIVER_MARK = 2
 _LEASE_GEN = struct.Struct(">Q")
 
 
 def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]],
-                   lease: ProduceLease | None = None) -> bytes:
+                   lease: ProduceLease | None = None,
+                   deliver_at: Sequence[int] | None = None) -> bytes:
     """A PRODUCE body from plain ``(queue, key, body)`` tuples, packed into one
-    preallocated buffer (the producer's hot path: no object per message)."""
+    preallocated buffer (the producer's hot path: no object per message).
+
+    Trailers, each present only when needed: the producer lease of an ordered topic, then
+    ``deliver_at``, one delivery time (ms since the epoch; 0: now) per message
+    (docs/delayed.md)."""
     body = _encode_messages(topic, messages)
-    if lease is None:
-        return body
-    member, generation = lease
-    return body + bytes([_LEASE_MARK]) + _string(member) + _LEASE_GEN.pack(generation)
+    if lease is not None:
+        member, generation = lease
+        body += bytes([_LEASE_MARK]) + _string(member) + _LEASE_GEN.pack(generation)
+    if deliver_at is not None and any(deliver_at):
+        if len(deliver_at) != len(messages):
+            raise ValueError("one delivery time per message")
+        body += bytes([_DELIVER_MARK]) + _PRODUCE_HEAD.pack(len(deliver_at)) + struct.pack(
+            f">{len(deliver_at)}q", *deliver_at)
+    return body
 
 
 def _encode_messages(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]]) -> bytes:
@@ -538,6 +550,13 @@ def decode_produce(body: bytes) -> tuple[str, list[tuple[int, bytes | None, byte
 def decode_produce_lease(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]],
                                                ProduceLease | None]:
     """:func:`decode_produce` with the producer lease the body ends with, if any."""
+    topic, out, lease, _deliver = decode_produce_full(body)
+    return topic, out, lease
+
+
+def decode_produce_full(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]],
+                                              ProduceLease | None, list[int] | None]:
+    """:func:`decode_produce_lease` with the delivery times (None: all now)."""
     r = _Reader(body)
     topic = r.string()
     (count,) = r.unpack(_PRODUCE_HEAD)
@@ -572,9 +591,21 @@ def decode_produce_lease(body: bytes) -> tuple[str, list[tuple[int, bytes | None
         member = r.string()
         (generation,) = r.unpack(_LEASE_GEN)
         lease, pos = (member, generation), r.pos
+    deliver: list[int] | None = None
+    if pos < size and body[pos] == _DELIVER_MARK:
+        r.seek(pos + 1)
+        (n,) = r.unpack(_PRODUCE_HEAD)
+        if n != count:
+            raise _bad(f"{n} delivery times for {count} messages")
+        deliver = list(r.unpack(struct.Struct(f">{n}q")))
+        pos = r.pos
     if pos != size:
         raise _bad(f"{size - pos} unexpected trailing bytes")
-    return topic, out, lease
+    return topic, out, lease, deliver
+
+
+#: The offset a PRODUCE answers for a delayed message: it has none until it is due.
+SCHEDULED_OFFSET: Final = 0xFFFF_FFFF_FFFF_FFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -994,6 +1025,9 @@ class BackSyncRequest:
     sender: str
     epoch: int
     offsets: Mapping[str, Mapping[str, Mapping[int, int]]]
+    #: The schedule entries (origins) the acting slave escaped to other groups: the master
+    #: must never deliver them again (docs/delayed.md).
+    escaped: Sequence[int] = ()
 
     def encode(self) -> bytes:
         return _json_body(
@@ -1005,6 +1039,7 @@ class BackSyncRequest:
                     g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
                     for g, ts in self.offsets.items()
                 },
+                "escaped": list(self.escaped),
             }
         )
 
@@ -1018,7 +1053,12 @@ class BackSyncRequest:
             offsets = normalize_snapshot(_field(data, "offsets", dict))
         except ValueError as exc:
             raise FrameError(Status.BAD_REQUEST, f"back-sync offsets: {exc}") from None
-        return cls(_field(data, "group", str), _field(data, "sender", str), epoch, offsets)
+        escaped = data.get("escaped", [])
+        if not isinstance(escaped, list) or not all(
+                isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in escaped):
+            raise FrameError(Status.BAD_REQUEST, "back-sync escaped: a list of offsets")
+        return cls(_field(data, "group", str), _field(data, "sender", str), epoch, offsets,
+                   tuple(escaped))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1328,6 +1368,61 @@ class ListGroupsResponse:
         return cls(_field(_json_object(body), "groups", list))
 
 
+@dataclass(frozen=True, slots=True)
+class NackRequest:
+    """NACK: member ``member`` of consumer group ``cgroup`` (at assignment ``generation``)
+    hands back the record at ``offset`` of ``topic``/``queue``, which it owns: it comes
+    again after ``delay_ms`` through the group's retry topic, or goes to its dead-letter
+    topic once handed back more than ``max_reconsume`` times (docs/delayed.md)."""
+
+    cgroup: str
+    member: str
+    generation: int
+    topic: str
+    queue: int
+    offset: int
+    delay_ms: int
+    max_reconsume: int
+
+    def encode(self) -> bytes:
+        return _json_body({"group": self.cgroup, "member": self.member,
+                           "generation": self.generation, "topic": self.topic,
+                           "queue": self.queue, "offset": self.offset,
+                           "delayMs": self.delay_ms, "maxReconsume": self.max_reconsume})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        out = cls(_field(data, "group", str), _field(data, "member", str),
+                  _field(data, "generation", int), _topic_name(data),
+                  _field(data, "queue", int), _field(data, "offset", int),
+                  _field(data, "delayMs", int), _field(data, "maxReconsume", int))
+        if not out.cgroup or not out.member:
+            raise _bad("a nack names its consumer group and member")
+        if out.queue < 0 or out.offset < 0 or out.delay_ms < 0 or out.max_reconsume < 0:
+            raise _bad("queue, offset, delayMs and maxReconsume must not be negative")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class NackResponse:
+    """Where the handed-back message went (the retry or the dead-letter topic), how many
+    times it has been handed back, and when it is due (ms since the epoch)."""
+
+    topic: str
+    reconsume: int
+    due_ms: int
+
+    def encode(self) -> bytes:
+        return _json_body({"topic": self.topic, "reconsume": self.reconsume,
+                           "dueMs": self.due_ms})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_topic_name(data), _field(data, "reconsume", int), _field(data, "dueMs", int))
+
+
 #: Request and response body types per operation.
 REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicRequest,
@@ -1344,6 +1439,7 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.LEAVE_GROUP: LeaveGroupRequest,
     Op.DESCRIBE_GROUP: DescribeGroupRequest,
     Op.LIST_GROUPS: ListGroupsRequest,
+    Op.NACK: NackRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -1360,6 +1456,7 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.LEAVE_GROUP: MemberHeartbeatResponse,
     Op.DESCRIBE_GROUP: DescribeGroupResponse,
     Op.LIST_GROUPS: ListGroupsResponse,
+    Op.NACK: NackResponse,
 }
 
 

@@ -16,7 +16,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import click
@@ -40,6 +40,14 @@ from understudy_broker.client import (
     parse_address,
 )
 from understudy_broker.faultavoid import DEFAULT_STEPS, parse_steps
+from understudy_broker.scheduling import (
+    DEFAULT_MAX_RECONSUME,
+    DLQ_PREFIX,
+    ScheduleError,
+    check_deliver_at,
+    parse_deliver_at_ms,
+    parse_duration_ms,
+)
 
 _stderr = Console(stderr=True)
 
@@ -124,6 +132,12 @@ bootstrap_option = click.option(
               show_default=True,
               help="Ordered topics: how long the brokers keep this producer's leadership "
                    "without a heartbeat.")
+@click.option("--delay", default=None, metavar="DURATION",
+              help="Deliver each message this long after it is sent (90s, 5m, 2h, 40d): "
+                   "consumers get it then, not before (docs/delayed.md).")
+@click.option("--deliver-at", default=None, metavar="ISO-8601",
+              help="Deliver every message at this time (2026-12-01T09:00:00Z); a time in "
+                   "the past is delivered now.")
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def produce(
     bootstrap: tuple[str, ...],
@@ -144,6 +158,8 @@ def produce(
     record_path: str | None,
     member_id: str | None,
     leader_session_timeout_ms: int,
+    delay: str | None,
+    deliver_at: str | None,
     as_json: bool,
 ) -> None:
     """Produce COUNT messages of SIZE bytes and report throughput, ack latency, sends
@@ -156,6 +172,22 @@ def produce(
         steps = DEFAULT_STEPS if fault_steps is None else parse_steps(fault_steps)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fault-steps") from None
+    if delay is not None and deliver_at is not None:
+        raise click.UsageError("--delay and --deliver-at exclude each other")
+    when: Callable[[], int] | None = None
+    try:
+        if delay is not None:
+            delay_ms = parse_duration_ms(delay)
+            check_deliver_at(int(time.time() * 1000) + delay_ms, int(time.time() * 1000))
+            def when() -> int:
+                return int(time.time() * 1000) + delay_ms
+        elif deliver_at is not None:
+            at_ms = parse_deliver_at_ms(deliver_at)
+            check_deliver_at(at_ms, int(time.time() * 1000))
+            def when() -> int:
+                return at_ms
+    except ScheduleError as exc:
+        raise click.BadParameter(str(exc), param_hint="--delay/--deliver-at") from None
     options = {"retries": retries, "send_timeout_s": send_timeout,
                "fault_avoidance": fault_avoidance, "fault_steps": steps,
                "hedge_after_ms": hedge_after_ms, "member_id": member_id,
@@ -176,6 +208,7 @@ def produce(
                 options=options,
                 id_prefix=id_prefix,
                 record=record,
+                deliver_at=when,
             )
         )
     _report(summary, as_json=as_json, title="produce")
@@ -197,6 +230,7 @@ async def _produce(
     options: dict[str, Any] | None = None,
     id_prefix: str | None = None,
     record: TextIO | None = None,
+    deliver_at: Callable[[], int] | None = None,
 ) -> dict[str, Any]:
     producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms, **(options or {}))
     slots = asyncio.Semaphore(window)
@@ -214,7 +248,8 @@ async def _produce(
         progress_at = started  # the last acknowledgement, or when sends became pending
         max_gap = 0.0
 
-        def done(fut: asyncio.Future[tuple[int, int]], *, sent_at: float, body: bytes) -> None:
+        def done(fut: asyncio.Future[tuple[int, int]], *, sent_at: float, body: bytes,
+                 due_ms: int) -> None:
             nonlocal acked, outstanding, progress_at, max_gap
             slots.release()
             outstanding -= 1
@@ -228,9 +263,11 @@ async def _produce(
             acked += 1
             if record is not None:
                 q, off = fut.result()
-                record.write(json.dumps({"type": "produce_ack", "t": time.time_ns(),
-                                         "id": body.decode(), "topic": topic, "queue": q,
-                                         "offset": off}) + "\n")
+                event = {"type": "produce_ack", "t": time.time_ns(), "id": body.decode(),
+                         "topic": topic, "queue": q, "offset": off}
+                if due_ms:
+                    event["deliver_at_ms"] = due_ms
+                record.write(json.dumps(event) + "\n")
             now = time.perf_counter()
             latencies.append(now - sent_at)
             max_gap = max(max_gap, now - progress_at)
@@ -251,8 +288,10 @@ async def _produce(
                 else:
                     body = (prefix + b"-%d-" % i + pad)[:size] if size > 20 else pad
                 sent_at = time.perf_counter()
-                fut = await producer.send(topic, body, key=key)
-                fut.add_done_callback(functools.partial(done, sent_at=sent_at, body=body))
+                due_ms = deliver_at() if deliver_at is not None else 0
+                fut = await producer.send(topic, body, key=key, deliver_at_ms=due_ms)
+                fut.add_done_callback(functools.partial(done, sent_at=sent_at, body=body,
+                                                        due_ms=due_ms))
                 now = time.perf_counter()
                 if now - last_draw > 0.2:
                     last_draw = now
@@ -292,6 +331,14 @@ async def _produce(
 @click.option("--member-id", default=None, help="This member's id (default host-pid-random).")
 @click.option("--record", "record_path", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per delivery and per queue acquired/released.")
+@click.option("--nack-every", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Hand back every K-th message instead of processing it: it comes again "
+                   "after --nack-delay through the group's retry topic (docs/delayed.md).")
+@click.option("--nack-delay", default="1s", show_default=True, metavar="DURATION",
+              help="How long a handed-back message waits before it comes again.")
+@click.option("--max-reconsume", type=click.IntRange(min=0), default=DEFAULT_MAX_RECONSUME,
+              show_default=True,
+              help="A message handed back more often goes to %DLQ%<group> instead.")
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def consume(
     bootstrap: tuple[str, ...],
@@ -303,17 +350,27 @@ def consume(
     session_timeout_ms: int,
     member_id: str | None,
     record_path: str | None,
+    nack_every: int | None,
+    nack_delay: str,
+    max_reconsume: int,
     as_json: bool,
 ) -> None:
     """Consume COUNT messages as GROUP, committing as it goes (at-least-once). On a
-    cluster topic, several processes with one --group share its queues."""
+    cluster topic, several processes with one --group share its queues. With
+    --nack-every, every K-th message is handed back (``nacked`` in the summary) and
+    redelivered messages count (``redelivered``) like the others."""
     addrs = _bootstrap(bootstrap)
+    try:
+        nack_delay_ms = parse_duration_ms(nack_delay)
+    except ScheduleError as exc:
+        raise click.BadParameter(str(exc), param_hint="--nack-delay") from None
     with contextlib.ExitStack() as stack:
         record = stack.enter_context(open(record_path, "a", buffering=1)) if record_path else None
         summary = asyncio.run(
             _consume(addrs, topic=topic, group=group, count=count, idle_timeout=idle_timeout,
                      commit_every=commit_every, session_timeout_ms=session_timeout_ms,
-                     member_id=member_id, record=record)
+                     member_id=member_id, record=record, nack_every=nack_every,
+                     nack_delay_ms=nack_delay_ms, max_reconsume=max_reconsume)
         )
     _report(summary, as_json=as_json, title="consume")
     if summary["consumed"] < count:
@@ -331,9 +388,13 @@ async def _consume(
     session_timeout_ms: int = 6000,
     member_id: str | None = None,
     record: TextIO | None = None,
+    nack_every: int | None = None,
+    nack_delay_ms: int = 1000,
+    max_reconsume: int = DEFAULT_MAX_RECONSUME,
 ) -> dict[str, Any]:
     consumer = Consumer(bootstrap, group=group, topic=topic, member_id=member_id,
-                        session_timeout_ms=session_timeout_ms)
+                        session_timeout_ms=session_timeout_ms, max_reconsume=max_reconsume)
+    nacked = redelivered = dead = 0
     logged = 0
 
     def flush_ownership() -> None:
@@ -365,12 +426,20 @@ async def _consume(
                 last_seen = now
                 consumed += len(records)
                 since_commit += len(records)
+                redelivered += sum(1 for r in records if r.reconsume_times)
                 if record is not None:
                     t = time.time()
                     record.write("".join(json.dumps({
-                        "t": t, "kind": "deliver", "queue": r.queue, "offset": r.offset,
-                        "member": consumer.member_id,
+                        "t": t, "kind": "deliver", "topic": r.topic, "queue": r.queue,
+                        "offset": r.offset, "member": consumer.member_id,
+                        "reconsume": r.reconsume_times,
                         "id": r.body[:64].decode("utf-8", "replace")}) + "\n" for r in records))
+                if nack_every is not None:
+                    for i, r in enumerate(records):
+                        if (consumed - len(records) + i + 1) % nack_every == 0:
+                            resp = await consumer.nack(r, delay_ms=nack_delay_ms)
+                            nacked += 1
+                            dead += resp.topic.startswith(DLQ_PREFIX)
                 if since_commit >= commit_every:
                     await consumer.commit()
                     since_commit = 0
@@ -389,6 +458,9 @@ async def _consume(
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(consumed / elapsed, 1) if elapsed > 0 else 0.0,
         "positions": {str(q): o for q, o in sorted(consumer.positions.items())},
+        "nacked": nacked,
+        "redelivered": redelivered,
+        "dead_lettered": dead,
         "errors": errors,
     }
 

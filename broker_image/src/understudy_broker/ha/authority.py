@@ -66,6 +66,15 @@ class BrokerHooks:
     #: Per ordered topic with a queue on this group: what the chain mover needs from this
     #: broker (its status publishes it; docs/ordered.md).
     ordered: Callable[[], dict[str, OrderedFacts]] = dict
+    #: Back-sync of the schedule (docs/delayed.md): wait until no escape is in flight,
+    #: then the schedule entries this slave escaped; told which the master took.
+    escape_quiesce: Callable[[], Awaitable[None]] = lambda: _done()
+    escaped: Callable[[], list[int]] = list
+    escaped_synced: Callable[[list[int]], None] = lambda _o: None
+
+
+async def _done() -> None:
+    return None
 
 
 class Authority(Protocol):

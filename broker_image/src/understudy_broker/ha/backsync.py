@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, request_once
@@ -106,7 +106,9 @@ class BackSyncer:
     longer due end by itself.
 
     ``state``, ``has_read`` and ``master`` read the broker's current view (the push
-    re-checks them before every attempt); ``offsets`` is the consumer-offset snapshot.
+    re-checks them before every attempt); ``offsets`` is the consumer-offset snapshot;
+    ``escaped`` the schedule entries this slave escaped while acting, sent along after
+    ``escape_quiesce`` (docs/delayed.md) and dropped (``escaped_synced``) once taken.
     """
 
     def __init__(
@@ -119,6 +121,9 @@ class BackSyncer:
         has_read: Callable[[], bool],
         master: Callable[[], tuple[str, int] | None],
         offsets: Callable[[], Snapshot],
+        escape_quiesce: Callable[[], Awaitable[None]] | None = None,
+        escaped: Callable[[], list[int]] = list,
+        escaped_synced: Callable[[list[int]], None] = lambda _o: None,
     ) -> None:
         self._role = role
         self._name = name
@@ -127,6 +132,9 @@ class BackSyncer:
         self._has_read = has_read
         self._master = master
         self._offsets = offsets
+        self._escape_quiesce = escape_quiesce
+        self._escaped = escaped
+        self._escaped_synced = escaped_synced
         self._epoch: int | None = None  # the epoch being pushed or acknowledged
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -150,13 +158,22 @@ class BackSyncer:
         def still_due() -> bool:
             return not self._stopping and not self._has_read() and self._due() == epoch
 
+        sent: list[int] = []
+
         def request() -> p.BackSyncRequest:
-            return p.BackSyncRequest(self._group, self._name, epoch, self._offsets())
+            sent[:] = self._escaped()
+            return p.BackSyncRequest(self._group, self._name, epoch, self._offsets(), sent)
 
         started = time.monotonic()
         try:
+            if self._escape_quiesce is not None:
+                # READ is gone, so no escape starts; one in flight finishes (or fails)
+                # before the list of escaped entries is read (docs/delayed.md).
+                await self._escape_quiesce()
             answer = await push_until_acknowledged(epoch=epoch, master=self._master,
                                                    request=request, still_due=still_due)
+            if answer is not None and sent:
+                self._escaped_synced(list(sent))
         except Exception:  # a background task must report, not vanish
             log.exception("back-sync of epoch %d crashed", epoch)
             self._epoch = None

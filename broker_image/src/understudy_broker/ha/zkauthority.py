@@ -224,6 +224,8 @@ class ZkAuthority(BrokerIdentity):
             state=lambda: self._coord.state if self._coord is not None else None,
             has_read=lambda: bool(self.effective() & Permission.READ),
             master=self._master_client_address, offsets=hooks.offsets,
+            escape_quiesce=hooks.escape_quiesce, escaped=hooks.escaped,
+            escaped_synced=hooks.escaped_synced,
         )
 
     def _master_client_address(self) -> tuple[str, int] | None:

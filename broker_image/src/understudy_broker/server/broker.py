@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,10 @@ from understudy_broker.server.replica import (
     SlaveReplica,
 )
 from understudy_broker.server.requests import AppendSignal, Requests
-from understudy_broker.storage.commitlog import FlushPolicy, Retention
+from understudy_broker.server.scheduler import Escaper, Mode, Scheduler
+from understudy_broker.storage.commitlog import AppendResult, FlushPolicy, Retention
+from understudy_broker.storage.records import RecordTuple
+from understudy_broker.storage.schedule import ScheduleIndex
 from understudy_broker.storage.store import Store
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zklayout import OrderedFacts
@@ -62,6 +66,7 @@ RETENTION_EVERY_S = 10.0
 HOUSEKEEPING_EVERY_S = 0.25
 #: How long a coordinated broker waits at start for the group config (to check its ports).
 CONFIG_WAIT_S = 3.0
+SCHEDULE_FILE = "schedule.db"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,8 @@ class _Parts:
     store: Store
     replica: Replica
     requests: Requests
+    scheduler: Scheduler
+    schedule: ScheduleIndex
 
 
 class Broker:
@@ -110,6 +117,9 @@ class Broker:
         self._backsync_persisted: int | None = None
         self._last_facts: tuple[bool, tuple[str, ...], int | None] | None = None
         self._stopping = False
+        # Secondary messages (due entries escaped or moved, nacks) go out through the
+        # client library, this broker's own port first (docs/delayed.md).
+        self._escaper = Escaper(bootstrap=self._bootstrap)
 
     # ---- parts ----------------------------------------------------------------------
 
@@ -152,22 +162,32 @@ class Broker:
         )
         self._backsync_persisted = store.offsets.backsync_epoch
         replica: Replica | None = None
+        schedule: ScheduleIndex | None = None
         try:
+            schedule = ScheduleIndex.open(cfg.data_dir / SCHEDULE_FILE)
             self._permlog.open()
             self.authority.subscribe(self._on_authority_change)
-            self.authority.attach(BrokerHooks(facts=self._facts, offsets=store.offsets.snapshot,
-                                              master_back=self._master_back,
-                                              ordered=self._ordered_facts))
+            self.authority.attach(BrokerHooks(
+                facts=self._facts, offsets=store.offsets.snapshot,
+                master_back=self._master_back, ordered=self._ordered_facts,
+                escape_quiesce=lambda: self.parts.scheduler.quiesce(),
+                escaped=lambda: self.parts.scheduler.escaped(),
+                escaped_synced=lambda o: self.parts.scheduler.escaped_synced(o)))
             await self.authority.start()
             group = await self.authority.wait_config(CONFIG_WAIT_S)
             if group is not None and (problem := spec_mismatch(cfg, group)) is not None:
                 raise ConfigError(problem)
             replica = self._replica(store)
+            scheduler = Scheduler(
+                log_=store.log, index=schedule, group=cfg.group, mode=self._schedule_mode,
+                append=self._append_local, placed=self._placed_here, escaper=self._escaper,
+                on_delivered=lambda how, n, _late: self.metrics.scheduled_delivered(how, n))
             self._parts = _Parts(store, replica, Requests(
                 cfg=cfg, authority=self.authority, store=store, replica=replica,
                 signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,
-                backsync_persisted=self._on_backsync_persisted,
-            ))
+                backsync_persisted=self._on_backsync_persisted, scheduler=scheduler,
+                escaper=self._escaper,
+            ), scheduler, schedule)
             membership = self.authority.membership
             if membership is not None:
                 membership.on_rebalance(self.metrics.rebalanced)
@@ -185,8 +205,11 @@ class Broker:
                 await self._http.start()
         except BaseException:
             await self._abort_start(store, replica)
+            if schedule is not None:
+                schedule.close()
             raise
         self._spawn(self._housekeeping(), "housekeeping")
+        self._spawn(self.parts.scheduler.run(), "scheduler")
         self._spawn(store.run_recovery_points(), "recovery-point")
         if cfg.flush == "interval":
             self._spawn(store.run_interval_flush(cfg.flush_interval_ms / 1000), "flush")
@@ -258,6 +281,7 @@ class Broker:
         if parts is not None:
             await parts.replica.stop()
         await stop_tasks(list(self._background))
+        await self._escaper.close()
         await self.authority.stop()
         self._permlog.record(Permission.NONE, self.authority.epoch())
         self._permlog.close()
@@ -267,6 +291,7 @@ class Broker:
             except OSError as exc:
                 log.error("persisting consumer offsets at stop failed: %s", exc)
             parts.store.close()
+            parts.schedule.close()
             self._parts = None
 
     def _spawn(self, coro: Any, name: str) -> None:
@@ -293,6 +318,41 @@ class Broker:
                 still_lost=lambda: not self.authority.effective() & Permission.READ),
                 "close-consumer-sessions")
         self._had_read = has_read
+
+    # ---- the schedule (docs/delayed.md) ---------------------------------------------
+
+    def _schedule_mode(self) -> Mode | None:
+        """A master delivers due messages while it writes with a confirmed view (a master
+        woken from a pause must not deliver what the acting slave escaped meanwhile); the
+        acting slave escapes them while it holds READ in a coordinated group."""
+        a = self.authority
+        eff = a.effective()
+        if a.role is Role.MASTER:
+            return "deliver" if eff & Permission.WRITE and a.confirmed() else None
+        if a.cluster is not None and eff & Permission.READ:
+            return "escape"
+        return None
+
+    def _append_local(self, records: Sequence[RecordTuple]) -> AppendResult:
+        """Append as a produce does: readers and replication are woken."""
+        parts = self.parts
+        result = parts.store.log.append(records)
+        self._signal.fire()
+        parts.replica.appended()
+        return result
+
+    def _placed_here(self, topic: str, queue: int) -> bool:
+        view = self.authority.cluster
+        doc = None if view is None else view.topics.get(topic)
+        if doc is not None:
+            return doc.group_of(queue) == self.cfg.group
+        n = self.parts.store.topics.get(topic)
+        return n is not None and 0 <= queue < n
+
+    def _bootstrap(self) -> list[str]:
+        own = f"{self.cfg.host}:{self.listening.port}"
+        peers = [f"{pe.host}:{pe.port}" for pe in self.cfg.peers]
+        return [own, *peers]
 
     def _adopt_cluster_topics(self, store: Store, view: ClusterView) -> None:
         """Cluster topics with queues on this group become local topics (queue counts only
@@ -384,6 +444,7 @@ class Broker:
             if now - last_lag >= 1.0:
                 last_lag = now
                 self._report_consumer_lag(store)
+                self.metrics.schedule(*self.parts.scheduler.stats(int(time.time() * 1000)))
 
     def _report_consumer_lag(self, store: Store) -> None:
         """Consumer lag per (topic, queue, consumer group), from the broker holding READ

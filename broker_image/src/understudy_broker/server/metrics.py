@@ -82,6 +82,37 @@ class BrokerMetrics:
             registry=self.registry,
         )
 
+        self._scheduled = Gauge(
+            names.SCHEDULED_MESSAGES,
+            "Delayed messages and retries waiting in this broker's copy of the schedule.",
+            ["group", "broker"], registry=self.registry,
+        ).labels(group=group, broker=broker)
+        self._overdue = Gauge(
+            names.SCHEDULED_OVERDUE_MESSAGES,
+            "Scheduled messages already due and not yet written (held).",
+            ["group", "broker"], registry=self.registry,
+        ).labels(group=group, broker=broker)
+        self._sched_out = Counter(
+            names.counter_base(names.SCHEDULED_DELIVERED_TOTAL),
+            "Due scheduled messages written: delivered here, moved or escaped to another group.",
+            ["group", "broker", "how"], registry=self.registry,
+        )
+        self._nacks = Counter(
+            names.counter_base(names.NACKS_TOTAL),
+            "Messages handed back by consumers, by destination (retry, dlq).",
+            ["group", "broker", "to"], registry=self.registry,
+        )
+
+    def schedule(self, pending: int, overdue: int) -> None:
+        self._scheduled.set(pending)
+        self._overdue.set(overdue)
+
+    def scheduled_delivered(self, how: str, n: int) -> None:
+        self._sched_out.labels(group=self.group, broker=self.broker, how=how).inc(n)
+
+    def nacked(self, to: str) -> None:
+        self._nacks.labels(group=self.group, broker=self.broker, to=to).inc()
+
     def consumer_lag(self, lags: dict[tuple[str, int, str], int]) -> None:
         """Set every (topic, queue, consumer group) lag; series not in ``lags`` go (this
         broker no longer reads, or the group's offsets are gone)."""

@@ -25,7 +25,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from understudy_broker import protocol as p
+from understudy_broker import scheduling as sch
 from understudy_broker.chains import still_head
+from understudy_broker.client import BrokerError
 from understudy_broker.config import BrokerConfig
 from understudy_broker.ha.authority import Authority
 from understudy_broker.ha.clusterview import ClusterView
@@ -35,6 +37,7 @@ from understudy_broker.model import Permission, Role
 from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
 from understudy_broker.server.metrics import BrokerMetrics
 from understudy_broker.server.replica import Replica
+from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
 from understudy_broker.storage.records import CommitLogError
 from understudy_broker.storage.store import Store
@@ -105,6 +108,8 @@ class Requests:
         metrics: BrokerMetrics,
         stopping: Callable[[], bool],
         backsync_persisted: Callable[[int | None], None],
+        scheduler: Scheduler,
+        escaper: Escaper,
     ) -> None:
         self._cfg = cfg
         self._authority = authority
@@ -114,6 +119,8 @@ class Requests:
         self._metrics = metrics
         self._stopping = stopping
         self._backsync_persisted = backsync_persisted
+        self._scheduler = scheduler
+        self._escaper = escaper
         self._topic_admin = TopicAdmin(authority)
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
@@ -130,6 +137,7 @@ class Requests:
             p.Op.LEAVE_GROUP: self._leave_group,
             p.Op.DESCRIBE_GROUP: self._describe_group,
             p.Op.LIST_GROUPS: self._list_groups,
+            p.Op.NACK: self._nack,
         }
 
     async def handle(self, frame: p.Frame) -> bytes:
@@ -303,7 +311,7 @@ class Requests:
     async def _produce(self, frame: p.Frame) -> bytes:
         started = time.perf_counter()
         self._require_write(frame)
-        topic, raw, lease = p.decode_produce_lease(frame.body)
+        topic, raw, lease, deliver_at = p.decode_produce_full(frame.body)
         queues = self._queues(topic)
         if not raw:
             return p.ProduceResponse([]).encode()
@@ -316,7 +324,9 @@ class Requests:
             )
         self._check_placed(topic, {q for q, _k, _b in raw})
         head_epoch: int | None = None
-        if self._ordered(topic):
+        ordered = self._ordered(topic)
+        scheduled = self._scheduled(topic, raw, deliver_at, now_ms, ordered)
+        if ordered:
             self._check_send_head(topic)
             # Suspends only while our watch catches up with a producer generation newer
             # than ours (one batch of an ordered topic in flight per producer); the head
@@ -325,6 +335,13 @@ class Requests:
             head_epoch = self._check_send_head(topic)
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
+        if scheduled is not None:
+            # Delayed messages are stored in the group's schedule (docs/delayed.md).
+            for i, due in scheduled:
+                q, k, b = raw[i]
+                messages[i] = (sch.SCHEDULE_TOPIC, 0, k,
+                               sch.encode_entry(due_ms=due, topic=topic, queue=q, payload=b),
+                               now_ms)
         # No suspension before the append: batches of one connection keep their order.
         try:
             result = self._store.log.append(messages)
@@ -340,7 +357,34 @@ class Requests:
             self._check_still_head(topic, head_epoch)
         self._metrics.messages_in(len(messages))
         self._metrics.produce_latency(time.perf_counter() - started)
+        if scheduled is not None:
+            self._scheduler.wake()
+            return p.ProduceResponse([
+                (raw[i][0], p.SCHEDULED_OFFSET) if t == sch.SCHEDULE_TOPIC else (q, o)
+                for i, (t, q, o) in enumerate(result.queue_offsets)]).encode()
         return p.ProduceResponse([(q, o) for _t, q, o in result.queue_offsets]).encode()
+
+    def _scheduled(self, topic: str, raw: Sequence[tuple[int, bytes | None, bytes]],
+                   deliver_at: Sequence[int] | None, now_ms: int, ordered: bool
+                   ) -> list[tuple[int, int]] | None:
+        """``(index, due ms)`` of the messages to schedule (None: none); a delivery time
+        in the past or under a second away is delivered now; beyond the longest delay,
+        or on an ordered topic, the batch is refused and nothing is stored."""
+        if deliver_at is None:
+            return None
+        out: list[tuple[int, int]] = []
+        for i, at in enumerate(deliver_at):
+            try:
+                due = sch.check_deliver_at(at, now_ms)
+            except sch.ScheduleError as exc:
+                raise RequestError(p.Status.BAD_REQUEST, f"message {i}: {exc}") from None
+            if due:
+                out.append((i, due))
+        if out and ordered:
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"topic {topic!r} is ordered: delayed delivery is not supported "
+                               "on ordered topics (it would reorder them)")
+        return out or None
 
     async def _pull(self, frame: p.Frame) -> bytes:
         self._require_read(frame)
@@ -547,15 +591,89 @@ class Requests:
             )
         offsets = self._store.offsets
         moved = offsets.merge(req.offsets, epoch=req.epoch)
-        await self._offsets_durable()
+        waits = [self._offsets_durable()]
+        if req.escaped:
+            # What the acting slave escaped leaves this master's schedule before it
+            # delivers again; DONE records carry that to the other slaves.
+            try:
+                done = self._scheduler.absorb(req.escaped)
+            except (CommitLogError, ValueError, OSError) as exc:
+                raise RequestError(p.Status.INTERNAL,
+                                   f"recording escaped schedule entries: {exc}") from exc
+            if done is not None:
+                waits.append(self._store.log_durable(done.end_phys))
+        await acknowledged(waits)
         if moved:
             # The slaves that were not acting learn the back-synced offsets through the
             # log too (not waited for: the acting slave already holds them).
             self._replica.snapshot_offsets()
-        log.info("back-sync from %s at epoch %d persisted (%d offsets moved up)", req.sender,
-                 req.epoch, moved)
+        log.info("back-sync from %s at epoch %d persisted (%d offsets moved up, %d escaped "
+                 "schedule entries taken)", req.sender, req.epoch, moved, len(req.escaped))
         self._backsync_persisted(offsets.backsync_epoch)
         return p.BackSyncResponse(req.epoch, moved, offsets.backsync_epoch or req.epoch).encode()
+
+    async def _nack(self, frame: p.Frame) -> bytes:
+        """NACK on the broker serving the queue (it holds READ): the member must own the
+        queue (invariant 6). The message goes, as an ordinary produce through the client
+        library, to the consumer group's retry topic with a delay (stored in that group's
+        schedule) or to its dead-letter topic; an acting slave sends it to another group
+        (it never writes its own log). Answered once the copy is acknowledged."""
+        self._require_read(frame)
+        self._cluster()
+        req = p.NackRequest.decode(frame.body)
+        queues = self._queues(req.topic)
+        if req.queue >= queues:
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"queue {req.queue} does not exist: topic {req.topic!r} has "
+                               f"{queues} queues")
+        self._check_placed(req.topic, (req.queue,))
+        await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
+        records = self._store.log.read(req.topic, req.queue, req.offset, max_bytes=1,
+                                       max_records=1)
+        if not records or records[0].queue_offset != req.offset:
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"no record at offset {req.offset} of {req.topic!r}/{req.queue}")
+        rec = records[0]
+        try:
+            target, retry = sch.handed_back(topic=req.topic, queue=req.queue, offset=req.offset,
+                                            body=rec.body, cgroup=req.cgroup,
+                                            max_reconsume=req.max_reconsume)
+        except (sch.ScheduleError, ValueError) as exc:
+            raise RequestError(p.Status.BAD_REQUEST, f"cannot hand back: {exc}") from None
+        dead = target.startswith(sch.DLQ_PREFIX)
+        now_ms = int(time.time() * 1000)
+        due = 0 if dead or req.delay_ms < sch.MIN_DELAY_MS else now_ms + min(
+            req.delay_ms, sch.MAX_DELAY_MS)
+        await self._ensure_topic(target)
+        avoid = self._cfg.group if self._authority.role is Role.SLAVE else None
+        try:
+            await self._escaper.put(target, rec.key, sch.encode_retry(retry),
+                                    deliver_at_ms=due, avoid_group=avoid)
+        except NoWritableQueue as exc:
+            raise RequestError(p.Status.NOT_ENOUGH_REPLICAS,
+                               f"cannot hand the message back now: {exc}") from None
+        except BrokerError as exc:
+            raise RequestError(p.Status(exc.status) if exc.status in p.Status._value2member_map_
+                               else p.Status.INTERNAL, f"handing back: {exc.message}") from None
+        except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+            raise RequestError(p.Status.TIMEOUT, f"handing back: {exc}") from None
+        self._metrics.nacked("dlq" if dead else "retry")
+        return p.NackResponse(target, retry.reconsume, due or now_ms).encode()
+
+    async def _ensure_topic(self, topic: str) -> None:
+        """A consumer group's retry or dead-letter topic, created on first use with one
+        queue on every group of the cluster."""
+        view = self._cluster()
+        if topic in view.topics:
+            return
+        req = p.AdminTopicRequest("create", topic, groups=sorted(view.groups()),
+                                  queues_per_group=1)
+        try:
+            await self._topic_admin.apply(req, known_groups=view.groups())
+        except TopicConflict:
+            pass  # another broker created it first
+        except TopicPlanError as exc:
+            raise RequestError(p.Status.INTERNAL, f"creating {topic!r}: {exc}") from None
 
     async def _heartbeat(self, frame: p.Frame) -> bytes:
         p.HeartbeatRequest.decode(frame.body)
