@@ -256,3 +256,30 @@ def test_opening_with_a_different_segment_size_is_refused(tmp_path: Path) -> Non
     log.close()
     with pytest.raises(Exception, match="segment"):
         CommitLog.open(tmp_path, segment_bytes=SEG * 2)
+
+
+def test_released_index_entries_are_read_from_the_file_and_come_back(tmp_path: Path) -> None:
+    """The schedule queue's index keeps only its unapplied tail in memory
+    (docs/delayed.md): released entries still read, appends continue after them, and
+    repair, truncation and reopening see every entry."""
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        log.append([Message("s", 0, None, b"r%d" % i, 1) for i in range(50)])
+        before = [r.body for r in log.read("s", 0, 0, max_bytes=1 << 20, max_records=100)]
+        assert log.release_index_memory("s", 0, 30) == 30
+        assert log.release_index_memory("s", 0, 10) == 0  # already released
+        assert [r.body for r in log.read("s", 0, 0, max_bytes=1 << 20, max_records=100)] == before
+        log.append([Message("s", 0, None, b"r%d" % i, 1) for i in range(50, 60)])
+        assert log.queue_end("s", 0) == 60
+        assert log.read("s", 0, 55, max_bytes=1 << 20, max_records=1)[0].body == b"r55"
+        assert log.read("s", 0, 5, max_bytes=1, max_records=1)[0].body == b"r5"
+    finally:
+        log.close()
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        got = [r.body for r in log.read("s", 0, 0, max_bytes=1 << 20, max_records=100)]
+        assert got == [b"r%d" % i for i in range(60)]
+        assert log.rebuild_indexes() >= 1
+        assert log.queue_end("s", 0) == 60
+    finally:
+        log.close()

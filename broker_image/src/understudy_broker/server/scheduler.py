@@ -48,6 +48,8 @@ CATCH_UP_RECORDS = 4096
 #: Longest sleep between passes (new entries are indexed within it; the shortest delay is
 #: a second, so they are indexed well before they fall due).
 POLL_S = 0.1
+#: Release the schedule queue's in-memory index entries in steps of this many.
+RELEASE_EVERY = 16_384
 #: A topic that could not be escaped (no writable queue elsewhere) is not tried again
 #: for this long.
 HOLD_S = 1.0
@@ -137,6 +139,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._held: dict[str, float] = {}  # topic -> monotonic time to try again
         self._warned: dict[str, float] = {}
+        self._released = 0
         self.delivered = 0
         self.escaped_total = 0
 
@@ -240,6 +243,11 @@ class Scheduler:
             at = records[-1].queue_offset + 1
             index.apply(entries, done, at)
             applied += len(records)
+        if at - self._released >= RELEASE_EVERY:
+            # The log's in-memory index of the schedule queue would grow by 16 bytes per
+            # message scheduled; what is applied here is read from its file when due.
+            lg.release_index_memory(sch.SCHEDULE_TOPIC, 0, at)
+            self._released = at
         return applied
 
     async def _pass(self, mode: Mode) -> bool:

@@ -885,6 +885,12 @@ class CommitLog:
             i = j
         return out
 
+    def release_index_memory(self, topic: str, queue: int, before: int) -> int:
+        """Keep the index entries of ``topic``/``queue`` before offset ``before`` on disk
+        only (:meth:`.index.QueueIndex.release_before`); returns how many."""
+        ix = self._indexes.get((topic, queue))
+        return 0 if ix is None else ix.release_before(before)
+
     def queue_end(self, topic: str, queue: int) -> int:
         ix = self._indexes.get((topic, queue))
         return ix.end if ix is not None else 0

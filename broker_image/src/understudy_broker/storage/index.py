@@ -50,13 +50,17 @@ class IndexFileError(Exception):
 
 
 class QueueIndex:
-    """The index of one (topic, queue). Entries are mirrored in memory for lookups."""
+    """The index of one (topic, queue). Entries are mirrored in memory for lookups, except
+    a prefix the owner released (:meth:`release_before`): those are read from the file
+    when asked for, and the rare whole-index operations (repair, truncation, retention)
+    load them back first."""
 
     def __init__(self, path: Path, *, base: int, phys: array[int], sizes: array[int]) -> None:
         self.path = path
         self._base = base
         self._phys = phys
         self._sizes = sizes
+        self._released = 0  # entries [base, base + released) are on file only
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._dirty = False
 
@@ -102,24 +106,58 @@ class QueueIndex:
     @property
     def end(self) -> int:
         """Next logical offset to be written."""
-        return self._base + len(self._phys)
+        return self._base + self._released + len(self._phys)
 
     def __len__(self) -> int:
-        return len(self._phys)
+        return self._released + len(self._phys)
 
     def entry(self, offset: int) -> tuple[int, int]:
         """``(phys, size)`` of logical ``offset``; IndexError outside ``[base, end)``."""
         i = offset - self._base
-        if i < 0 or i >= len(self._phys):
+        if i < 0 or i >= len(self):
             raise IndexError(offset)
+        if i < self._released:
+            p, s, _h = INDEX_ENTRY.unpack(
+                os.pread(self._fd, INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE + i * INDEX_ENTRY_SIZE))
+            return p, s
+        i -= self._released
         return self._phys[i], self._sizes[i]
 
     def entries(self) -> list[tuple[int, int]]:
+        self._restore()
         return list(zip(self._phys, self._sizes, strict=True))
 
     def first_index_at_or_after(self, phys: int) -> int:
         """Position (0-based, relative to base) of the first entry with phys >= ``phys``."""
+        self._restore()
         return bisect.bisect_left(self._phys, phys)
+
+    def release_before(self, offset: int) -> int:
+        """Drop entries before ``offset`` from memory (they stay in the file; :meth:`entry`
+        reads them from it). For a queue read mostly at its end and rarely far back: the
+        schedule queue, whose pending entries the schedule index tracks (docs/delayed.md).
+        Returns the entries released."""
+        n = min(offset - self._base, len(self)) - self._released
+        if n <= 0:
+            return 0
+        del self._phys[:n]
+        del self._sizes[:n]
+        self._released += n
+        return n
+
+    def _restore(self) -> None:
+        """Load released entries back into memory."""
+        if not self._released:
+            return
+        raw = os.pread(self._fd, self._released * INDEX_ENTRY_SIZE, INDEX_HEADER_SIZE)
+        phys: array[int] = array("q")
+        sizes: array[int] = array("l")
+        for p, s, _h in INDEX_ENTRY.iter_unpack(raw):
+            phys.append(p)
+            sizes.append(s)
+        phys.extend(self._phys)
+        sizes.extend(self._sizes)
+        self._phys, self._sizes, self._released = phys, sizes, 0
 
     # ---- mutation -----------------------------------------------------------------
     def append(self, entries: list[tuple[int, int, int]]) -> None:
@@ -132,13 +170,14 @@ class QueueIndex:
         for p, s, h in entries:
             pack(buf, at, p, s, h)
             at += INDEX_ENTRY_SIZE
-        write_all(self._fd, buf, INDEX_HEADER_SIZE + len(self._phys) * INDEX_ENTRY_SIZE)
+        write_all(self._fd, buf, INDEX_HEADER_SIZE + len(self) * INDEX_ENTRY_SIZE)
         self._phys.extend([p for p, _s, _h in entries])
         self._sizes.extend([s for _p, s, _h in entries])
         self._dirty = True
 
     def truncate(self, count: int) -> None:
         """Keep only the first ``count`` entries."""
+        self._restore()
         if count >= len(self._phys):
             return
         del self._phys[count:]
