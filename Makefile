@@ -1,5 +1,5 @@
 # Understudy — `make demo` and `make test` work on a fresh machine: both run `make setup`.
-.PHONY: setup test test-fast lint demo bench drill-cluster drill-ordered e2e clean
+.PHONY: setup test test-fast lint demo bench drill-cluster drill-ordered drill-delayed e2e clean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -39,6 +39,12 @@ drill-cluster: setup
 drill-ordered: setup
 	@mkdir -p bench-results
 	$(VENV)/bin/understudy drill --scenario ordered --cycles $${CYCLES:-6} --json bench-results/drill-ordered.json
+
+# Delayed messages and nacks through kill and hang of masters, each slave acting for two
+# minutes while messages and retries fall due (escape); docs/delayed.md. A soak.
+drill-delayed: setup
+	@mkdir -p bench-results
+	$(VENV)/bin/understudy drill --scenario delayed --cycles $${CYCLES:-4} --dwell $${DWELL:-120} --json bench-results/drill-delayed.json
 
 e2e: setup
 	$(PYTEST) -m e2e e2e -v

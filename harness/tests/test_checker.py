@@ -481,3 +481,58 @@ def test_a_paused_producers_late_recorded_acks_are_dated_at_its_pause() -> None:
     late = [ordered(), ack(1, "p-0", 0, 0), ack(15, "q-0", 0, 2), ack(2000, "p-1", 0, 1),
             dlv(21, "p-0", 0), dlv(22, "p-1", 1), dlv(23, "q-0", 2)]
     assert check([*late, pause, resume]).order_violations == 1
+
+
+# ------------------------------------------------------------ delayed messages and nacks
+
+
+def delayed_ack(t: float, id: str, due_ms: int) -> dict[str, Any]:
+    return {**ack(t, id, offset=0), "offset": -1, "deliver_at_ms": due_ms}
+
+
+def nack(t: float, id: str, *, cg: str = "cg1") -> dict[str, Any]:
+    return {"type": "nack", "t": ms(t), "cgroup": cg, "id": id}
+
+
+def test_a_delayed_message_delivered_on_time_once_is_clean() -> None:
+    # t in ms on the history's clock; deliver_at_ms on the same clock (ms)
+    report = check([delayed_ack(1, "d1", 100), dlv(100.5, "d1", 0), commit(101, 1)])
+    assert report.ok
+    assert (report.scheduled_lost, report.delivered_early, report.escape_duplicates) == (0, 0, 0)
+
+
+def test_early_lost_and_twice_written_delayed_messages_are_told_apart() -> None:
+    report = check([
+        delayed_ack(1, "early", 100), dlv(60, "early", 0),  # 40 ms before its time
+        delayed_ack(2, "gone", 100),  # never delivered
+        delayed_ack(3, "twice", 100), dlv(101, "twice", 1), dlv(102, "twice", 0, queue=1),
+        dlv(103, "twice", 1),  # the same position again: a consumer-side repeat, not a copy
+    ])
+    assert report.delivered_early == 1
+    assert "early 40.0 ms early" in report.early_examples[0]
+    assert (report.scheduled_lost, report.lost_acked) == (1, 1)
+    assert report.escape_duplicates == 1
+    assert report.duplicates_produce == 1  # seen as a second write, too
+    assert "1 delayed message(s) delivered before their time" in report.violations
+    doc = report.to_json()
+    assert (doc["scheduled_lost"], doc["delivered_early"], doc["escape_duplicates"]) == (1, 1, 1)
+
+
+def test_a_handed_back_message_must_come_again_once() -> None:
+    redelivered = {"type": "deliver", "t": ms(30), "cgroup": "cg1", "topic": "%RETRY%cg1",
+                   "queue": 0, "offset": 0, "id": "m0"}
+    clean = check([ack(1, "m0"), dlv(2, "m0", 0), nack(3, "m0"), redelivered])
+    assert clean.ok
+    assert (clean.escape_duplicates, clean.duplicates_produce) == (0, 0)
+    never = check([ack(1, "m0"), dlv(2, "m0", 0), nack(3, "m0")])
+    assert never.scheduled_lost == 1
+    assert "1 delayed or handed-back message(s) never delivered" in never.violations
+    copied = check([ack(1, "m0"), dlv(2, "m0", 0), nack(3, "m0"), redelivered,
+                    {**redelivered, "t": ms(31), "queue": 1}])
+    assert copied.escape_duplicates == 1
+    assert copied.ok  # counted: the at-least-once window, not a violation
+
+
+def test_an_offset_of_minus_one_needs_a_delivery_time() -> None:
+    with pytest.raises(HistoryError, match="offset must be >= 0"):
+        check([{**ack(1, "x"), "offset": -1}])

@@ -1011,9 +1011,9 @@ class Producer:
     ) -> asyncio.Future[tuple[int, int]]:
         """Queue one message; the future resolves to ``(queue, offset)`` once acknowledged.
         ``deliver_at_ms`` (ms since the epoch) delays it: consumers get it at that time,
-        not before (docs/delayed.md); a time in the past, or under a second away, is
-        delivered now; one more than ``scheduling.MAX_DELAY_MS`` away is refused
-        (``ValueError``). A delayed message's offset is -1 (it has none until due)."""
+        not before (docs/delayed.md); a time in the past is delivered now; one more than
+        ``scheduling.MAX_DELAY_MS`` away is refused (``ValueError``). A delayed message's
+        offset is -1 (it has none until due)."""
         if self._closed:
             raise RuntimeError("producer is closed")
         if deliver_at_ms:
@@ -1741,7 +1741,7 @@ class Consumer(_GroupMember):
 
     async def nack(self, record: Record, *, delay_ms: int = 1000) -> p.NackResponse:
         """Hand ``record`` back (it failed): the group gets it again after ``delay_ms``
-        (at least a second; less is "at once") through its retry topic, with
+        (0: at once) through its retry topic, with
         ``reconsume_times`` one higher; past ``max_reconsume`` it goes to the group's
         dead-letter topic ``%DLQ%<group>`` instead. The record counts as processed: the
         next :meth:`commit` moves past it. Needs consumer-group membership; the member

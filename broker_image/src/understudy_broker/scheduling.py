@@ -43,11 +43,8 @@ RETRY_PREFIX: Final = "%RETRY%"
 DLQ_PREFIX: Final = "%DLQ%"
 #: RocketMQ's default, per consumer group (sent with each nack by the client).
 DEFAULT_MAX_RECONSUME: Final = 16
-MIN_DELAY_MS: Final = 1_000
 #: The longest delay accepted: the issue asks for "at least 40 days".
 MAX_DELAY_MS: Final = 45 * 24 * 3600 * 1000
-#: A delivery time this close to now (or in the past) is delivered now.
-DUE_NOW_MS: Final = 0
 
 KIND_ENTRY: Final = 1
 KIND_DONE: Final = 2
@@ -79,9 +76,10 @@ def is_system_topic(topic: str) -> bool:
 
 
 def check_deliver_at(deliver_at_ms: int, now_ms: int) -> int:
-    """The due time to schedule, or 0 for "deliver now" (a time in the past or closer
-    than :data:`MIN_DELAY_MS`); :class:`ScheduleError` beyond :data:`MAX_DELAY_MS`."""
-    if deliver_at_ms <= 0 or deliver_at_ms - now_ms < MIN_DELAY_MS:
+    """The due time to schedule, or 0 for "deliver now" (no time, or one not after
+    ``now_ms``: a time in the past); :class:`ScheduleError` beyond :data:`MAX_DELAY_MS`.
+    Any future time is honoured, however near: a message is never delivered early."""
+    if deliver_at_ms <= now_ms:
         return 0
     if deliver_at_ms - now_ms > MAX_DELAY_MS:
         days = (deliver_at_ms - now_ms) / 86_400_000

@@ -68,6 +68,21 @@ Ordered topics (named by ``topic`` events with ``ordered`` true):
   pause (they answer sends made before it; after waking its lease is over and it sends
   nothing new for longer than that). Its ids are ``<producer>-<n>``.
 
+Delayed messages and nacks (``produce_ack`` events with ``deliver_at_ms``, ``nack``
+events; docs/delayed.md):
+
+* **Scheduled lost**: a delayed id acknowledged and delivered to no consumer group by the
+  end (also counted in *lost*), or a ``nack`` after which its consumer group never got
+  the id again (a violation).
+* **Delivered early**: a delivery of a delayed id before its ``deliver_at_ms`` (a
+  violation; one clock on one machine).
+* **Escape duplicates**: per consumer group, a delayed or handed-back id received at more
+  positions (topic, queue, offset) than it was written for — once, plus once per ``nack``
+  of it by that group. A due message written twice (by escape and by the master, or twice
+  by escape; see the windows in docs/delayed.md) shows here, and so does a delayed send the
+  producer re-sent after its acknowledgement was lost. Counted, not a violation: the
+  at-least-once window.
+
 Consumer-group members (the ``own`` events, from each member's ownership log):
 
 * **Two members on one queue**: any instant at which two members of one consumer group
@@ -98,6 +113,7 @@ from understudy_harness.history import (
     Event,
     Fault,
     ModeChange,
+    Nack,
     Own,
     Perm,
     ProduceAck,
@@ -199,6 +215,10 @@ class Report:
     shared_queues: tuple[SharedQueue, ...] = field(default_factory=tuple)
     order_violations: int = 0
     order_examples: tuple[str, ...] = ()
+    scheduled_lost: int = 0
+    delivered_early: int = 0
+    early_examples: tuple[str, ...] = ()
+    escape_duplicates: int = 0
 
     @property
     def violations(self) -> list[str]:
@@ -225,6 +245,12 @@ class Report:
             )
         if self.order_violations:
             out.append(f"{self.order_violations} order violation(s) on ordered topics")
+        if self.scheduled_lost > self.lost_acked:
+            out.append(f"{self.scheduled_lost - self.lost_acked} delayed or handed-back "
+                       "message(s) never delivered")
+        if self.delivered_early:
+            out.append(f"{self.delivered_early} delayed message(s) delivered before their "
+                       "time")
         return out
 
     @property
@@ -267,6 +293,10 @@ class Report:
             "two_member_overlap_s": round(self.two_member_overlap_s, 6),
             "order_violations": self.order_violations,
             "order_examples": list(self.order_examples),
+            "scheduled_lost": self.scheduled_lost,
+            "delivered_early": self.delivered_early,
+            "early_examples": list(self.early_examples),
+            "escape_duplicates": self.escape_duplicates,
             "cycles": [c.to_json() for c in self.cycles],
         }
 
@@ -300,7 +330,9 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     broker_faults = [f for f in faults if not f.kind.startswith(CLIENT_FAULTS)]
 
     lost, lost_examples, skipped = _losses(acks, delivers)
-    inflight, rewind, produced = _duplicates(delivers, commits, faults, modes)
+    nacks = [e for e in events if isinstance(e, Nack)]
+    inflight, rewind, produced = _duplicates(delivers, commits, faults, modes,
+                                             {(n.cgroup, n.id) for n in nacks})
     rewinds = _offset_rewinds(commits)
     timelines = {g: _holders(ps) for g, ps in _by_group(perms).items()}
     overlaps = [o for g, tl in sorted(timelines.items()) for o in _overlaps(g, tl, end)]
@@ -313,6 +345,7 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     restarts = [e for e in events if isinstance(e, Restart)]
     disorder = _order_violations(_paused_acks_redated(acks, faults, restarts), delivers,
                                  ordered)
+    sched_lost, early, escape_dups = _scheduled(acks, delivers, nacks)
     return Report(
         acked=len({a.id for a in acks}),
         delivered=len(delivers),
@@ -333,6 +366,10 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
         shared_queues=tuple(shared[:EXAMPLES]),
         order_violations=len(disorder),
         order_examples=tuple(disorder[:EXAMPLES]),
+        scheduled_lost=sched_lost,
+        delivered_early=len(early),
+        early_examples=tuple(early[:EXAMPLES]),
+        escape_duplicates=escape_dups,
     )
 
 
@@ -350,6 +387,34 @@ def _losses(
     lost = sorted(acked - anywhere)
     skipped = {cg: len((acked & anywhere) - ids) for cg, ids in sorted(by_cgroup.items())}
     return len(lost), tuple(lost[:EXAMPLES]), skipped
+
+
+def _scheduled(acks: list[ProduceAck], delivers: list[Deliver], nacks: list[Nack]
+               ) -> tuple[int, list[str], int]:
+    """Delayed messages and nacks (see the module's definitions): scheduled ids lost,
+    deliveries before the due time, and copies written more often than asked for."""
+    due = {a.id: a.deliver_at_ms for a in acks if a.deliver_at_ms is not None}
+    handed_back: dict[tuple[str, str], int] = defaultdict(int)
+    for n in nacks:
+        handed_back[(n.cgroup, n.id)] += 1
+    anywhere = {d.id for d in delivers}
+    lost = sum(1 for i in due if i not in anywhere)
+    # A handed-back message must come again to its group after the nack.
+    last_delivery: dict[tuple[str, str], int] = {}
+    for d in delivers:
+        last_delivery[(d.cgroup, d.id)] = d.t
+    lost += sum(1 for n in nacks if last_delivery.get((n.cgroup, n.id), -1) <= n.t)
+    early: list[str] = []
+    positions: dict[tuple[str, str], set[tuple[str, int, int]]] = defaultdict(set)
+    for d in delivers:
+        at = due.get(d.id)
+        if at is not None and d.t < at * 1_000_000:
+            early.append(f"{d.cgroup} got {d.id} {(at * 1_000_000 - d.t) / 1e6:.1f} ms early")
+        if at is not None or (d.cgroup, d.id) in handed_back:
+            positions[(d.cgroup, d.id)].add((d.topic, d.queue, d.offset))
+    extra = sum(max(0, len(where) - 1 - handed_back.get(key, 0))
+                for key, where in positions.items())
+    return lost, early, extra
 
 
 def _paused_acks_redated(acks: list[ProduceAck], faults: list[Fault],
@@ -415,8 +480,12 @@ def _order_violations(acks: list[ProduceAck], delivers: list[Deliver],
 
 
 def _duplicates(
-    delivers: list[Deliver], commits: list[Commit], faults: list[Fault], modes: list[ModeChange]
+    delivers: list[Deliver], commits: list[Commit], faults: list[Fault], modes: list[ModeChange],
+    nacked: set[tuple[str, str]] | None = None,
 ) -> tuple[int, int, int]:
+    """``(in flight, rewind, produced twice)``; an id its group handed back is expected
+    at a new position (the retry topic): not "produced twice" (see *escape duplicates*)."""
+    nacked = nacked or set()
     disruptions = sorted([f.t for f in faults] + [m.t for m in modes])
     commit_log: dict[tuple[str, str, int], list[Commit]] = defaultdict(list)
     for c in commits:
@@ -430,7 +499,7 @@ def _duplicates(
         if first is None:
             first_at[pos] = d
             seen = position_of.setdefault((d.cgroup, d.id), (d.topic, d.queue, d.offset))
-            if seen != (d.topic, d.queue, d.offset):
+            if seen != (d.topic, d.queue, d.offset) and (d.cgroup, d.id) not in nacked:
                 produced += 1
             continue
         crash = _last_in(disruptions, after=first.t, upto=d.t)

@@ -68,9 +68,15 @@ from understudy_operator.zk import ZkGateway, gateway
 log = logging.getLogger(__name__)
 
 FAULTS = ("kill", "hang")
-SCENARIOS = ("failover", "cluster", "ordered")
+SCENARIOS = ("failover", "cluster", "ordered", "delayed")
 CLUSTER_TOPIC = "drill-cluster"
 ORDERED_TOPIC = "drill-ordered"
+DELAYED_TOPIC = "drill-delayed"
+#: The delayed scenario's delivery delays (ms): due while the slave acts, whatever the
+#: phase of the cycle they were sent in.
+DELAYS_MS = (1000, 5000)
+#: Members hand back the first delivery of one message in this many.
+NACK_EVERY = 10
 
 
 class DrillError(RuntimeError):
@@ -107,6 +113,11 @@ class DrillOptions:
     #: each cycle kills or hangs (in turn) the master of the topic's send head and, while
     #: its slave acts, pauses the processes past their sessions, crashes the active
     #: producer, or crashes the member reading for ``cg1`` (:func:`ordered_event`).
+    #: ``delayed``: one topic over every group (at least 2) whose every message is sent
+    #: for delivery 1-5 s later; members hand back one first delivery in ten (redelivered
+    #: a second later through the retry topic); cycles kill and hang masters in turn and
+    #: hold the slave acting for ``dwell_s`` while messages and retries fall due (escape;
+    #: the JSON adds scheduled_lost, delivered_early and escape_duplicates).
     scenario: str = "failover"
     members: int = 2
 
@@ -279,6 +290,15 @@ def ordered_targets(plan: ClusterPlan) -> list[Target]:
                    producers=2)]
 
 
+def delayed_targets(plan: ClusterPlan) -> list[Target]:
+    """The delayed scenario's one stream: delayed unkeyed sends over every group, members
+    that hand some messages back."""
+    return [Target(label="delayed", topic=DELAYED_TOPIC,
+                   bootstrap=tuple(b for g in plan.groups for b in plan.bootstrap(g.group)),
+                   groups=tuple(g.group for g in plan.groups), keyed=False,
+                   delay_ms=DELAYS_MS, nack_every=NACK_EVERY, resend=False)]
+
+
 def traffic_targets(plan: ClusterPlan) -> list[Target]:
     """One traffic stream per broker group, on topic ``drill-<group>``."""
     return [Target(label=g.group, topic=f"drill-{g.group}", bootstrap=tuple(plan.bootstrap(g.group)))
@@ -334,7 +354,7 @@ async def _cycle(
 def cycle_fault(n: int, opts: DrillOptions) -> str:
     """The fault of cycle ``n``: ``opts.fault``, or kill and hang in turn (cluster,
     ordered)."""
-    if opts.scenario in ("cluster", "ordered"):
+    if opts.scenario in ("cluster", "ordered", "delayed"):
         return FAULTS[(n - 1) % len(FAULTS)]
     return opts.fault
 
@@ -508,8 +528,9 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
     if opts.scenario not in SCENARIOS:
         raise DrillError(f"unknown scenario {opts.scenario!r}: expected one of "
                          f"{', '.join(SCENARIOS)}")
-    cluster = opts.scenario in ("cluster", "ordered")
+    cluster = opts.scenario in ("cluster", "ordered", "delayed")
     ordered = opts.scenario == "ordered"
+    delayed = opts.scenario == "delayed"
     if cluster:
         opts = dataclasses.replace(opts, groups=max(2, opts.groups),
                                    members=max(2 if ordered else 1, opts.members))
@@ -557,8 +578,8 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
             watch = await ModeWatch.open(plan) if opts.coordinated else None
             if watch is not None and ordered:
                 await watch.watch_chains(ORDERED_TOPIC)
-            targets = (ordered_targets(plan) if ordered else
-                       cluster_targets(plan) if cluster else traffic_targets(plan))
+            targets = (ordered_targets(plan) if ordered else delayed_targets(plan) if delayed
+                       else cluster_targets(plan) if cluster else traffic_targets(plan))
             traffic = Traffic(
                 targets, writer, status,
                 rate=opts.rate * (len(plan.groups) if cluster else 1), queues=opts.queues,
@@ -580,7 +601,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
                     if ordered:
                         during = functools.partial(ordered_event, n, traffic, writer, status,
                                                    subs, opts.session_timeout_ms)
-                    elif cluster:
+                    elif cluster and not delayed:
                         during = functools.partial(member_event, n, traffic, writer, status)
                     try:
                         await _cycle(n, plan, watch, writer, status, opts, during=during)

@@ -56,6 +56,8 @@ class ProduceAck:
     topic: str
     queue: int
     offset: int
+    #: A delayed message: when it is due (ms since the epoch, the producer's clock).
+    deliver_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,15 @@ class Restart:
 
 
 @dataclass(frozen=True, slots=True)
+class Nack:
+    """A consumer group handed message ``id`` back (it is expected once more)."""
+
+    t: int
+    cgroup: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
 class TopicInfo:
     """A topic the run used; ``ordered`` ones are judged for order (invariant 7)."""
 
@@ -131,7 +142,8 @@ class TopicInfo:
     ordered: bool
 
 
-Event = ProduceAck | Deliver | Own | Commit | Perm | ModeChange | Fault | Restart | TopicInfo
+Event = (ProduceAck | Deliver | Own | Commit | Perm | ModeChange | Fault | Restart | TopicInfo
+         | Nack)
 
 _TYPES: Final[dict[str, type[Any]]] = {
     "produce_ack": ProduceAck,
@@ -143,6 +155,7 @@ _TYPES: Final[dict[str, type[Any]]] = {
     "fault": Fault,
     "restart": Restart,
     "topic": TopicInfo,
+    "nack": Nack,
 }
 _NAMES: Final[dict[type[Any], str]] = {v: k for k, v in _TYPES.items()}
 
@@ -157,9 +170,11 @@ _FIELDS: Final[dict[str, dict[str, type]]] = {
     "fault": {"cycle": int, "kind": str, "broker": str, "group": str},
     "restart": {"cycle": int, "broker": str, "group": str},
     "topic": {"topic": str, "ordered": bool},
+    "nack": {"cgroup": str, "id": str},
 }
 _OPTIONAL: Final[dict[str, dict[str, type]]] = {"perm": {"role": str},
-                                                 "deliver": {"member": str}}
+                                                 "deliver": {"member": str},
+                                                 "produce_ack": {"deliver_at_ms": int}}
 
 
 def parse_event(doc: Mapping[str, Any], *, where: str = "event") -> Event | None:
@@ -185,6 +200,9 @@ def parse_event(doc: Mapping[str, Any], *, where: str = "event") -> Event | None
         if doc.get(name) is not None:
             values[name] = _field(doc, name, want, where=where, kind=kind)
     for name in ("queue", "offset", "epoch", "cycle"):
+        if (name == "offset" and kind == "produce_ack" and values[name] == -1
+                and "deliver_at_ms" in values):
+            continue  # a delayed message has no offset until it is due
         if name in values and values[name] < 0:
             raise HistoryError(f"{where}: {kind}.{name} must be >= 0, got {values[name]}")
     try:
@@ -220,6 +238,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         doc["mode"] = event.mode.name
     if isinstance(event, Deliver) and event.member is None:
         del doc["member"]
+    if isinstance(event, ProduceAck) and event.deliver_at_ms is None:
+        del doc["deliver_at_ms"]
     return doc
 
 
@@ -320,8 +340,12 @@ class HistoryWriter:
             self._write(event_to_dict(event))
             self._count += 1
 
-    def produce_ack(self, *, id: str, topic: str, queue: int, offset: int) -> None:
-        self.record(ProduceAck(self.now(), id, topic, queue, offset))
+    def produce_ack(self, *, id: str, topic: str, queue: int, offset: int,
+                    deliver_at_ms: int | None = None) -> None:
+        self.record(ProduceAck(self.now(), id, topic, queue, offset, deliver_at_ms))
+
+    def nack(self, *, cgroup: str, id: str) -> None:
+        self.record(Nack(self.now(), cgroup, id))
 
     def deliver(self, *, cgroup: str, topic: str, queue: int, offset: int, id: str,
                 member: str | None = None) -> None:

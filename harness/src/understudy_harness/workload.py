@@ -30,6 +30,8 @@ REQUEST_TIMEOUT_S = 5.0
 CONSUMER_GROUPS = ("cg1", "cg2")
 #: Sends not yet acknowledged above which a producer pauses (the group takes no writes now).
 MAX_OUTSTANDING = 2000
+#: How long a handed-back message waits before it comes again.
+NACK_DELAY_MS = 1000
 
 
 class WorkloadError(RuntimeError):
@@ -63,6 +65,16 @@ class Target:
     #: producer instances of which the brokers let one send at a time.
     ordered: bool = False
     producers: int = 1
+    #: Delayed messages (docs/delayed.md): each is sent for delivery this many ms later,
+    #: spread over the range; None: at once.
+    delay_ms: tuple[int, int] | None = None
+    #: Members hand back (nack) the first delivery of about one message in this many,
+    #: for redelivery a second later; 0: never.
+    nack_every: int = 0
+    #: ``False``: a failed or slow send is never sent again (no retry, no hedge), so every
+    #: extra copy the consumers see was written by the brokers (the delayed scenario's
+    #: escape duplicates), not by the producer's at-least-once window.
+    resend: bool = True
 
 
 @dataclass(slots=True)
@@ -129,6 +141,9 @@ class Traffic:
         self.generation = 0  # bumped to make consumers restart from the committed offsets
         self.acked: dict[str, set[str]] = defaultdict(set)
         self.received: dict[tuple[str, str], set[str]] = defaultdict(set)
+        # Handed back (nacked) ids, and those that came again: the drain waits for both.
+        self.nacked: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.redelivered: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.producers: list[asyncio.Task[None]] = []
         self.producer_runs: dict[str, ProducerRun] = {}
         self._producer_seq = 0
@@ -234,6 +249,8 @@ class Traffic:
                     seen = self._record_ownership(consumer, member, seen, recorded)
                     for r in batch:
                         self._delivered(member.target, cgroup, r, member=mid)
+                        if self._nack_this(member.target, r):
+                            await self._nack(consumer, member.target, cgroup, r)
                     if time.monotonic() - last_commit > 0.1:
                         await self._commit(consumer, cgroup, topic, recorded)
                         last_commit = time.monotonic()
@@ -264,12 +281,33 @@ class Traffic:
                                       {queue: consumer.started_at[queue]}, recorded)
         return len(log_)
 
+    @staticmethod
+    def _nack_this(target: Target, r: Any) -> bool:
+        """Hand back the first delivery of every ``nack_every``-th id (by its sequence)."""
+        if not target.nack_every or r.reconsume_times:
+            return False
+        seq = r.body.rsplit(b"-", 1)[-1]
+        return seq.isdigit() and int(seq) % target.nack_every == 0
+
+    async def _nack(self, consumer: Any, target: Target, cgroup: str, r: Any) -> None:
+        mid = r.body.decode("utf-8", "replace")
+        try:
+            await consumer.nack(r, delay_ms=NACK_DELAY_MS)
+        except Exception as exc:  # processed as delivered: it is not expected again
+            log.info("nack %s by %s: %s", mid, cgroup, exc)
+            return
+        self.writer.nack(cgroup=cgroup, id=mid)
+        self.nacked[(target.label, cgroup)].add(mid)
+
     def _delivered(self, target: Target, cgroup: str, r: Any, *, member: str | None = None
                    ) -> None:
         mid = r.body.decode("utf-8", "replace")
-        self.writer.deliver(cgroup=cgroup, topic=target.topic, queue=r.queue, offset=r.offset,
+        # r.topic: a redelivered (nacked) message comes from the group's retry topic.
+        self.writer.deliver(cgroup=cgroup, topic=r.topic, queue=r.queue, offset=r.offset,
                             id=mid, member=member)
         self.received[(target.label, cgroup)].add(mid)
+        if getattr(r, "reconsume_times", 0):
+            self.redelivered[(target.label, cgroup)].add(mid)
         self.status.delivered += 1
         self.delivered.set()
 
@@ -279,7 +317,9 @@ class Traffic:
         target = run.target
         topic = target.topic
         producer = run.producer = Producer(
-            list(target.bootstrap), batch_size=16, linger_ms=2, retries=3,
+            list(target.bootstrap), batch_size=16, linger_ms=2,
+            retries=3 if target.resend else 0,
+            hedge_after_ms=500.0 if target.resend else None,
             request_timeout_s=REQUEST_TIMEOUT_S,
             leader_session_timeout_ms=self.session_timeout_ms,
         )  # fmt: skip
@@ -295,17 +335,22 @@ class Traffic:
                     await asyncio.sleep(0.01)
                     continue
                 mid = f"{run.name}-{seq}"
+                due: int | None = None
+                if target.delay_ms is not None:
+                    lo, hi = target.delay_ms
+                    due = int(time.time() * 1000) + lo + (seq * 7919) % max(1, hi - lo + 1)
                 seq += 1
                 try:
                     key = mid.encode() if target.keyed else None
-                    fut = await producer.send(topic, mid.encode(), key=key)
+                    fut = await producer.send(topic, mid.encode(), key=key,
+                                              deliver_at_ms=due or 0)
                 except Exception as exc:
                     log.debug("send %s: %s", mid, exc)
                     self.status.failed_sends += 1
                     await asyncio.sleep(0.05)
                     continue
                 outstanding.add(fut)
-                fut.add_done_callback(self._on_ack(target.label, topic, mid, outstanding))
+                fut.add_done_callback(self._on_ack(target.label, topic, mid, outstanding, due))
                 await asyncio.sleep(period)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(10):
@@ -316,7 +361,8 @@ class Traffic:
                     await (producer.abort() if run.crash else producer.close())
 
     def _on_ack(
-        self, label: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]]
+        self, label: str, topic: str, mid: str, outstanding: set[asyncio.Future[tuple[int, int]]],
+        due: int | None = None,
     ) -> Callable[[asyncio.Future[tuple[int, int]]], None]:
         def done(fut: asyncio.Future[tuple[int, int]]) -> None:
             outstanding.discard(fut)
@@ -324,7 +370,8 @@ class Traffic:
                 self.status.failed_sends += 1
                 return
             queue, offset = fut.result()
-            self.writer.produce_ack(id=mid, topic=topic, queue=queue, offset=offset)
+            self.writer.produce_ack(id=mid, topic=topic, queue=queue, offset=offset,
+                                    deliver_at_ms=due)
             self.acked[label].add(mid)
             self.status.acked += 1
 
@@ -384,6 +431,7 @@ class Traffic:
     def drained(self) -> bool:
         return all(
             self.acked[t.label] <= self.received[(t.label, cg)]
+            and self.nacked[(t.label, cg)] <= self.redelivered[(t.label, cg)]
             for t in self.targets
             for cg in self.consumer_groups
         )

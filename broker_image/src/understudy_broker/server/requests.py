@@ -368,7 +368,7 @@ class Requests:
                    deliver_at: Sequence[int] | None, now_ms: int, ordered: bool
                    ) -> list[tuple[int, int]] | None:
         """``(index, due ms)`` of the messages to schedule (None: none); a delivery time
-        in the past or under a second away is delivered now; beyond the longest delay,
+        in the past is delivered now, any future one honoured; beyond the longest delay,
         or on an ordered topic, the batch is refused and nothing is stored."""
         if deliver_at is None:
             return None
@@ -642,8 +642,7 @@ class Requests:
             raise RequestError(p.Status.BAD_REQUEST, f"cannot hand back: {exc}") from None
         dead = target.startswith(sch.DLQ_PREFIX)
         now_ms = int(time.time() * 1000)
-        due = 0 if dead or req.delay_ms < sch.MIN_DELAY_MS else now_ms + min(
-            req.delay_ms, sch.MAX_DELAY_MS)
+        due = 0 if dead or req.delay_ms <= 0 else now_ms + min(req.delay_ms, sch.MAX_DELAY_MS)
         await self._ensure_topic(target)
         avoid = self._cfg.group if self._authority.role is Role.SLAVE else None
         try:

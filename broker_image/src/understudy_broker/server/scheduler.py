@@ -92,9 +92,16 @@ class Escaper:
         if not self._watching:
             self._watching = True
             router.on_route(lambda _new, _old: None)  # keep the route current
-        candidates = [q for q in router.live_queues(topic)
-                      if (g := router.group_of(topic, q)) is not None and g != avoid_group
-                      and router.holds(g, Permission.WRITE)]
+        writable = [q for q in router.live_queues(topic)
+                    if (g := router.group_of(topic, q)) is not None and g != avoid_group
+                    and router.holds(g, Permission.WRITE)]
+        # Send-side fault avoidance: a group that just failed or hung a send (a master
+        # frozen before its group was fenced still shows WRITE) is skipped while isolated;
+        # a copy that reached it may still be stored when it wakes (docs/delayed.md).
+        now = time.monotonic()
+        candidates = [q for q in writable
+                      if producer.faults.available(router.group_of(topic, q) or "", now)]
+        candidates = candidates or writable
         if not candidates:
             raise NoWritableQueue(
                 f"no queue of topic {topic!r} is on a group with a writer"
