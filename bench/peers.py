@@ -194,9 +194,10 @@ class RabbitNode:
 
 
 class Rabbit:
-    """A 3-node RabbitMQ cluster with its own epmd, cookie and directories under ``root``."""
+    """A RabbitMQ cluster of ``size`` nodes (3 by default) with its own epmd, cookie and
+    directories under ``root``."""
 
-    def __init__(self, root: Path, procs: Processes) -> None:
+    def __init__(self, root: Path, procs: Processes, size: int = 3) -> None:
         self.procs = procs
         (root / ".erlang.cookie").write_text("understudy-bench-peers")
         (root / ".erlang.cookie").chmod(0o400)
@@ -211,7 +212,7 @@ class Rabbit:
         wait_port(epmd, procs.start("epmd", [shutil.which("epmd") or "epmd", "-port", str(epmd),
                                              "-address", "127.0.0.1"]))
         self.nodes = []
-        for i in (1, 2, 3):
+        for i in range(1, size + 1):
             amqp, dist, d = free_port(), free_port(), root / f"rabbit{i}"
             self.nodes.append(RabbitNode(f"rabbit{i}@localhost", amqp, {
                 **self.env, "RABBITMQ_NODENAME": f"rabbit{i}@localhost",

@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-ORDER = ["broker", "failover", "sla", "cluster", "ordered"]
+ORDER = ["broker", "failover", "sla", "cluster", "ordered", "delayed"]
 
 
 def main(argv: list[str]) -> int:

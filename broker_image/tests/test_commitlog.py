@@ -204,6 +204,11 @@ def test_retention_predicate_deletes_an_old_prefix_only() -> None:
         segs, retention=Retention(max_bytes=0), now_ms=0, active_base=400, active_empty=True
     )
     assert keeps_marker == [0, 100, 200]
+    # A delayed message pending at offset 150: its segment and every later one stay.
+    pinned = segments_to_delete(
+        segs, retention=Retention(max_bytes=0), now_ms=0, active_base=400, active_empty=False,
+        keep_from=150)
+    assert pinned == [0]
 
 
 def test_apply_retention_advances_queue_start_and_survives_reopen(tmp_path: Path) -> None:

@@ -436,7 +436,8 @@ class Broker:
                         log.error("persisting consumer offsets failed: %s", exc)
             if now - last_retention >= RETENTION_EVERY_S:
                 last_retention = now
-                deleted = store.log.apply_retention(int(time.time() * 1000))
+                deleted = store.log.apply_retention(
+                    int(time.time() * 1000), keep_from=self.parts.scheduler.retention_floor())
                 if deleted:
                     log.info("retention deleted %d segment(s)", deleted)
             self.parts.replica.refresh(self.authority, self._report_lag)

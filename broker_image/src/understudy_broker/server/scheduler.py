@@ -169,10 +169,21 @@ class Scheduler:
 
     def absorb(self, origins: Sequence[int]) -> AppendResult | None:
         """The master takes a back-sync's escaped entries: they leave its schedule, and
-        DONE records carry that to every slave. Returns the append to wait for."""
-        self.catch_up()
+        DONE records carry that to every slave. Returns the append to wait for. The index
+        is brought up to the log first (an entry indexed later would come back)."""
+        while self.catch_up(chunks=64):
+            pass
         self._index.forget(list(origins))
         return self._done(list(origins))
+
+    def retention_floor(self) -> int | None:
+        """The log position retention must keep: the oldest entry still pending, or the
+        first not yet indexed (None: nothing scheduled holds the log back)."""
+        first = self._index.first_origin()
+        indexed = self._index.indexed
+        if indexed < self._log.queue_end(sch.SCHEDULE_TOPIC, 0):
+            first = indexed if first is None else min(first, indexed)
+        return None if first is None else self._log.phys_of(sch.SCHEDULE_TOPIC, 0, first)
 
     def stats(self, now_ms: int) -> tuple[int, int]:
         """``(pending, overdue)`` entries."""
@@ -184,12 +195,17 @@ class Scheduler:
         while True:
             worked = False
             try:
-                self.catch_up()
+                # A bounded step: a broker with a million entries to index (a restart, a
+                # burst) keeps answering its clients meanwhile.
+                # Deliver only from an index that has caught up with the log: a DONE
+                # record not applied yet would let an acting slave escape what the master
+                # delivered before it died.
+                worked = self.catch_up() >= CATCH_UP_RECORDS
                 mode = self._mode()
-                if mode is not None:
+                if mode is not None and not worked:
                     async with self._busy:
                         if self._mode() == mode:
-                            worked = await self._pass(mode)
+                            worked = await self._pass(mode) or worked
             except asyncio.CancelledError:
                 raise
             except Exception:  # a background task must report, not vanish
@@ -215,8 +231,9 @@ class Scheduler:
         except TimeoutError:
             pass
 
-    def catch_up(self) -> int:
-        """Apply the schedule queue of the log to the index; returns records applied."""
+    def catch_up(self, *, chunks: int = 1) -> int:
+        """Apply up to ``chunks`` reads of the schedule queue of the log to the index;
+        returns the records applied."""
         lg, index = self._log, self._index
         applied = 0
         start, end = lg.queue_start(sch.SCHEDULE_TOPIC, 0), lg.queue_end(sch.SCHEDULE_TOPIC, 0)
@@ -230,7 +247,8 @@ class Scheduler:
                 log.error("schedule: %d entries outside the log [%d, %d) dropped",
                           dropped, start, end)
             at = index.indexed if at > end else start
-        while at < end:
+        while at < end and chunks > 0:
+            chunks -= 1
             records = lg.read(sch.SCHEDULE_TOPIC, 0, at, max_bytes=4 << 20,
                               max_records=CATCH_UP_RECORDS)
             if not records:

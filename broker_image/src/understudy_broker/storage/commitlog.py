@@ -201,11 +201,14 @@ def segments_to_delete(
     now_ms: int,
     active_base: int,
     active_empty: bool,
+    keep_from: int | None = None,
 ) -> list[int]:
     """Bases of the oldest sealed segments retention removes (a prefix, never a hole).
 
     The active segment is never deleted, nor the newest sealed one while the active
-    segment is empty (its end-of-file marker carries the next sequence number).
+    segment is empty (its end-of-file marker carries the next sequence number), nor any
+    segment holding physical offset ``keep_from`` or later (a delayed message not yet
+    delivered: docs/delayed.md).
     """
     ordered = sorted(segments, key=lambda s: s.base)
     sealed = [s for s in ordered if s.base < active_base]
@@ -220,6 +223,8 @@ def segments_to_delete(
             and now_ms - seg.modified_ms > retention.max_age_s * 1000
         )
         if not (too_big or too_old):
+            break
+        if keep_from is not None and seg.base + seg.size > keep_from:
             break
         doomed.append(seg.base)
         total -= seg.size
@@ -885,6 +890,16 @@ class CommitLog:
             i = j
         return out
 
+    def phys_of(self, topic: str, queue: int, offset: int) -> int | None:
+        """Where record ``offset`` of ``topic``/``queue`` is in the log (None: not there)."""
+        ix = self._indexes.get((topic, queue))
+        if ix is None:
+            return None
+        try:
+            return ix.entry(offset)[0]
+        except IndexError:
+            return None
+
     def release_index_memory(self, topic: str, queue: int, before: int) -> int:
         """Keep the index entries of ``topic``/``queue`` before offset ``before`` on disk
         only (:meth:`.index.QueueIndex.release_before`); returns how many."""
@@ -949,8 +964,9 @@ class CommitLog:
             infos.append(SegmentInfo(base, st.st_size, int(st.st_mtime * 1000)))
         return infos
 
-    def apply_retention(self, now_ms: int) -> int:
-        """Delete the segments :func:`segments_to_delete` picks; advance queue starts."""
+    def apply_retention(self, now_ms: int, *, keep_from: int | None = None) -> int:
+        """Delete the segments :func:`segments_to_delete` picks (keeping every segment
+        from physical offset ``keep_from`` on); advance queue starts."""
         if self.retention.max_bytes is None and self.retention.max_age_s is None:
             return 0
         active_base = self._max_phys - self._max_phys % self.segment_bytes
@@ -960,6 +976,7 @@ class CommitLog:
             now_ms=now_ms,
             active_base=active_base,
             active_empty=self._max_phys == active_base,
+            keep_from=keep_from,
         )
         if not doomed:
             return 0
