@@ -121,6 +121,8 @@ def test_bad_delivery_times_get_clear_errors_and_store_nothing(
                 await prod.send("toolate", b"z", deliver_at_ms=beyond)
             except ValueError as exc:
                 error = exc
+            with pytest.raises(ValueError, match="longest delay"):
+                await prod.send("toolate", b"z", delay_ms=MAX_DELAY_MS + 60_000)
         return frame, error
 
     frame, error = asyncio.run(run())
@@ -321,3 +323,83 @@ def test_nacks_while_a_slave_acts_are_redelivered(cluster: tuple[Path, ClusterPl
     assert [(r.body, r.reconsume_times) for r in got] == [(b"flaky", 0), (b"flaky", 1)]
     assert got[1].topic == "%RETRY%acting-cg"
     assert got[1].origin == ("acting", 0, got[0].offset)
+
+
+def test_nacks_during_a_rebalance_all_reach_the_dead_letter_topic(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """A member hands back everything it reads; a second member joins midway and the
+    queues are shared anew while retries are in flight. Every message reaches the
+    dead-letter topic after its last allowed retry, whoever handed it back; a nack the
+    brokers refused (the queue had moved) leaves the message to its new owner."""
+    _d, plan = cluster
+    make_topic(plan, "churn", "g1,g2")
+    boot = [plan.address("g1-0"), plan.address("g2-0")]
+    ids = {b"c-%d" % i for i in range(40)}
+
+    async def run() -> tuple[list[Record], int]:
+        async with Producer(boot) as prod:
+            for f in [await prod.send("churn", i) for i in sorted(ids)]:
+                await f
+        refused = 0
+        stop = asyncio.Event()
+
+        async def member(name: str) -> None:
+            nonlocal refused
+            c = Consumer(boot, group="churners", topic="churn", member_id=name,
+                         max_wait_ms=100, max_reconsume=1, session_timeout_ms=3000)
+            try:
+                while not stop.is_set():
+                    for r in await c.getmany(timeout_s=0.2):
+                        try:
+                            await c.nack(r, delay_ms=500)
+                        except BrokerError as exc:
+                            if exc.status not in (p.Status.NOT_OWNER, p.Status.UNKNOWN_MEMBER):
+                                raise
+                            refused += 1
+                    await c.commit()
+            finally:
+                await c.close()
+
+        first = asyncio.create_task(member("a"))
+        await asyncio.sleep(1.5)  # a has read and handed back some; now b joins
+        second = asyncio.create_task(member("b"))
+        dead: list[Record] = []
+        d = Consumer(boot, group="inspect-churn", topic="%DLQ%churners", max_wait_ms=100)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and {r.body for r in dead} < ids:
+                with contextlib.suppress(BrokerError):  # created by the first dead letter
+                    dead.extend(await d.getmany(timeout_s=0.5))
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await asyncio.gather(first, second)
+            await d.close()
+        return dead, refused
+
+    dead, _refused = asyncio.run(run())
+    assert {r.body for r in dead} == ids
+    assert all(r.reconsume_times == 2 for r in dead)
+    assert all(r.origin is not None and r.origin[0] == "churn" for r in dead)
+
+
+def test_the_cli_hands_back_every_kth_message_and_dead_letters_them(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    _d, plan = cluster
+    make_topic(plan, "clin", "g1,g2", per_group=1)
+    b = plan.address("g1-0")
+    out = cli(produce, "-b", b, "-t", "clin", "-n", "6", "--size", "32", "--delay", "1s",
+              "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output.strip().splitlines()[-1])["acked"] == 6
+    out = cli(consume, "-b", b, "-t", "clin", "-g", "clig", "-n", "6", "--idle-timeout", "8",
+              "--nack-every", "2", "--max-reconsume", "0", "--json")
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.output.strip().splitlines()[-1])
+    assert (summary["consumed"], summary["nacked"], summary["dead_lettered"]) == (6, 3, 3)
+    out = cli(consume, "-b", b, "-t", "%DLQ%clig", "-g", "audit", "-n", "3",
+              "--idle-timeout", "8", "--json")
+    assert json.loads(out.output.strip().splitlines()[-1])["consumed"] == 3
+    out = cli(consume, "-b", b, "-t", "clin", "-g", "x", "--nack-delay", "later")
+    assert out.exit_code == 2
+    assert "is not a duration" in out.output

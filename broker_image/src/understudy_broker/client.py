@@ -1007,15 +1007,19 @@ class Producer:
 
     async def send(
         self, topic: str, body: bytes, key: bytes | None = None, queue: int | None = None,
-        *, deliver_at_ms: int = 0,
+        *, deliver_at_ms: int = 0, delay_ms: int | None = None,
     ) -> asyncio.Future[tuple[int, int]]:
         """Queue one message; the future resolves to ``(queue, offset)`` once acknowledged.
         ``deliver_at_ms`` (ms since the epoch) delays it: consumers get it at that time,
-        not before (docs/delayed.md); a time in the past is delivered now; one more than
-        ``scheduling.MAX_DELAY_MS`` away is refused (``ValueError``). A delayed message's
-        offset is -1 (it has none until due)."""
+        not before (docs/delayed.md); ``delay_ms`` is the same, counted from now. A time
+        in the past is delivered now; one more than ``scheduling.MAX_DELAY_MS`` away is
+        refused (``ValueError``). A delayed message's offset is -1 (none until due)."""
         if self._closed:
             raise RuntimeError("producer is closed")
+        if delay_ms is not None:
+            if deliver_at_ms:
+                raise ValueError("give deliver_at_ms or delay_ms, not both")
+            deliver_at_ms = int(time.time() * 1000) + delay_ms if delay_ms > 0 else 0
         if deliver_at_ms:
             try:
                 check_deliver_at(deliver_at_ms, int(time.time() * 1000))
