@@ -106,10 +106,11 @@ def lateness_summary(late: list[float], sent: int, got: int, early: int) -> dict
             "lateness_ms_max": round(max(late, default=0.0), 1)}
 
 
-async def lateness_run(send: Callable[[int, int], Any], receive: Callable[[], Any], *,
-                       rate: float, seconds: float, delay_ms: int) -> dict[str, Any]:
-    """Send ``rate`` msg/s due ``delay_ms`` later for ``seconds``; collect arrivals until
-    all came or 30 s after the last was due."""
+async def lateness_run(name: str, send: Callable[[int, int], Any],
+                       receive: Callable[[], Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Send ``args.rate`` msg/s due ``args.delay`` s later for ``args.seconds``; collect
+    arrivals until all came or 30 s after the last was due; print and return the figures."""
+    rate, seconds, delay_ms = args.rate, args.seconds, int(args.delay * 1000)
     late: list[float] = []
     seen: set[int] = set()
     early = 0
@@ -155,7 +156,10 @@ async def lateness_run(send: Callable[[int, int], Any], receive: Callable[[], An
     stop.set()
     await asyncio.wait({reader}, timeout=5)
     reader.cancel()
-    return lateness_summary(late, sent, len(seen), early)
+    out = lateness_summary(late, sent, len(seen), early)
+    print(f"{name}: lateness p50 {out['lateness_ms_p50']} ms, p99 {out['lateness_ms_p99']} "
+          f"ms, lost {out['scheduled_lost']}, early {out['early']}", flush=True)
+    return out
 
 
 # --------------------------------------------------------------------------- Understudy
@@ -199,12 +203,9 @@ async def understudy(plan: ClusterPlan, counts: list[int], args: argparse.Namesp
             return [r.body for r in await consumer.getmany(timeout_s=0.2)]
 
         try:
-            out.update(await lateness_run(send, receive, rate=args.rate, seconds=args.seconds,
-                                          delay_ms=int(args.delay * 1000)))
+            out.update(await lateness_run("understudy", send, receive, args))
         finally:
             await consumer.close()
-    print(f"understudy: lateness p50 {out['lateness_ms_p50']} ms, p99 {out['lateness_ms_p99']} "
-          f"ms, lost {out['scheduled_lost']}, early {out['early']}", flush=True)
     return out
 
 
@@ -270,12 +271,9 @@ async def _rabbit(rabbit: Rabbit, counts: list[int], args: argparse.Namespace) -
             got, buffered[:] = list(buffered), []
             return got
 
-        out.update(await lateness_run(publish, receive, rate=args.rate, seconds=args.seconds,
-                                      delay_ms=int(args.delay * 1000)))
+        out.update(await lateness_run("rabbitmq", publish, receive, args))
     finally:
         await conn.close()
-    print(f"rabbitmq: lateness p50 {out['lateness_ms_p50']} ms, p99 {out['lateness_ms_p99']} ms,"
-          f" lost {out['scheduled_lost']}, early {out['early']}", flush=True)
     return out
 
 

@@ -147,13 +147,7 @@ def decode(body: bytes) -> Entry | list[int]:
         if len(body) < _ENTRY.size:
             raise ScheduleError("schedule entry truncated")
         _k, due, queue, tlen = _ENTRY.unpack_from(body)
-        end = _ENTRY.size + tlen
-        if len(body) < end:
-            raise ScheduleError("schedule entry truncated")
-        try:
-            topic = check_topic_name(body[_ENTRY.size:end].decode())
-        except (UnicodeDecodeError, TopicNameError) as exc:
-            raise ScheduleError(f"schedule entry: {exc}") from None
+        topic, end = _topic_at(body, _ENTRY.size, tlen, "schedule entry")
         return Entry(due, topic, queue, body[end:])
     if body[0] == KIND_DONE:
         if len(body) < _DONE_HEAD.size:
@@ -189,14 +183,19 @@ def decode_retry(body: bytes) -> Retry:
     if len(body) < _RETRY.size or body[0] != _RETRY_MAGIC:
         raise ScheduleError("not a retry envelope")
     _m, reconsume, queue, offset, tlen = _RETRY.unpack_from(body)
-    end = _RETRY.size + tlen
-    if len(body) < end:
-        raise ScheduleError("retry envelope truncated")
-    try:
-        topic = check_topic_name(body[_RETRY.size:end].decode())
-    except (UnicodeDecodeError, TopicNameError) as exc:
-        raise ScheduleError(f"retry envelope: {exc}") from None
+    topic, end = _topic_at(body, _RETRY.size, tlen, "retry envelope")
     return Retry(reconsume, topic, queue, offset, body[end:])
+
+
+def _topic_at(body: bytes, start: int, length: int, what: str) -> tuple[str, int]:
+    """The topic name stored at ``body[start:start + length]``, and where it ends."""
+    end = start + length
+    if len(body) < end:
+        raise ScheduleError(f"{what} truncated")
+    try:
+        return check_topic_name(body[start:end].decode()), end
+    except (UnicodeDecodeError, TopicNameError) as exc:
+        raise ScheduleError(f"{what}: {exc}") from None
 
 
 def handed_back(*, topic: str, queue: int, offset: int, body: bytes, cgroup: str,

@@ -119,7 +119,7 @@ class Broker:
         self._stopping = False
         # Secondary messages (due entries escaped or moved, nacks) go out through the
         # client library, this broker's own port first (docs/delayed.md).
-        self._escaper = Escaper(bootstrap=self._bootstrap)
+        self._escaper = Escaper(bootstrap=self._bootstrap, writable=self._group_writable)
 
     # ---- parts ----------------------------------------------------------------------
 
@@ -348,6 +348,15 @@ class Broker:
             return doc.group_of(queue) == self.cfg.group
         n = self.parts.store.topics.get(topic)
         return n is not None and 0 <= queue < n
+
+    def _group_writable(self, group: str) -> bool:
+        """A live broker of ``group`` publishes WRITE (this broker's ZooKeeper view); a
+        broker without ZooKeeper knows only its own group."""
+        view = self.authority.cluster
+        if view is None:
+            return group == self.cfg.group and bool(self.authority.effective() & Permission.WRITE)
+        return any(b.reachable and b.permission & Permission.WRITE
+                   for b in view.group_route(group).brokers)
 
     def _bootstrap(self) -> list[str]:
         own = f"{self.cfg.host}:{self.listening.port}"
