@@ -190,10 +190,15 @@ def test_scheduled_messages_survive_a_master_kill_by_escape_and_are_delivered_on
             return seen, {}
 
         seen, _ = asyncio.run(while_down())
-        # Held: the one-group topic's messages are overdue on the acting slave.
+        # Held: the one-group topic's messages are overdue on the acting slave (its
+        # figures are refreshed every second).
         acting = next(b for b in plan.groups[0].brokers if b.name == "g1-1")
-        metrics = lc.http_get(acting.http_port, "/metrics") or ""
-        overdue = lc._metric_values(metrics, "understudy_scheduled_overdue_messages")
+        overdue: list[float] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (overdue and overdue[0] >= 5):
+            metrics = lc.http_get(acting.http_port, "/metrics") or ""
+            overdue = lc._metric_values(metrics, "understudy_scheduled_overdue_messages")
+            time.sleep(0.2)
     finally:
         restart_g1(directory, plan)
 

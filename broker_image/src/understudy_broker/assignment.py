@@ -48,6 +48,9 @@ def _rebalance_topic(current: Mapping[int, Owner], members: list[str],
     live = set(members)
     holder: dict[int, str] = {}  # a live member that holds (may pull) the queue now
     target: dict[int, str] = {}  # where the queue is heading
+    # Queues whose holder was handing them to a member that left: back with the holder
+    # for now, but not ones it was meant to keep.
+    fell_back: set[int] = set()
     for q in sorted(set(queues)):
         o = current.get(q)
         if o is None:
@@ -55,6 +58,8 @@ def _rebalance_topic(current: Mapping[int, Owner], members: list[str],
         if o.member in live:
             holder[q] = o.member
             target[q] = o.next if o.next in live else o.member
+            if o.next is not None and o.next not in live:
+                fell_back.add(q)
         elif o.next in live:
             target[q] = o.next  # the holder is gone: its taker needs no release
     all_queues = sorted(set(queues))
@@ -68,8 +73,11 @@ def _rebalance_topic(current: Mapping[int, Owner], members: list[str],
     desired: dict[int, str] = {}
     pool: list[int] = [q for q in all_queues if q not in target]
     for x in members:
-        # Keep what x already holds before what is still being handed to it; low ids first.
-        keep = sorted(heading[x], key=lambda q: (holder.get(q) != x, q))
+        # Keep what x was meant to keep, then what it already holds before what is still
+        # being handed to it; low ids first. (Hypothesis found the case: a holder whose
+        # hand-overs never completed kept a fallen-back queue and gave away one it was
+        # meant to keep.)
+        keep = sorted(heading[x], key=lambda q: (q in fell_back, holder.get(q) != x, q))
         for q in keep[: quota[x]]:
             desired[q] = x
         pool.extend(keep[quota[x]:])

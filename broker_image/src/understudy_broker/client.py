@@ -1721,7 +1721,14 @@ class Consumer(_GroupMember):
             return await self._getmany(timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
-            records = await retry.getmany(timeout_s=0)
+            try:
+                records = await retry.getmany(timeout_s=0)
+            except (BrokerError, ConnectionError, OSError, TimeoutError) as exc:
+                # The retry member could not start or pull now (a broker that has not
+                # learned the retry topic yet): this member's own queues go on; it tries
+                # again at the next call.
+                log.warning("consumer group %s: retry topic: %s", self.group, exc)
+                records = []
             if records:
                 return records
             left = deadline - time.monotonic()
