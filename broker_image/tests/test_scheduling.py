@@ -140,3 +140,15 @@ def test_an_unreadable_index_is_set_aside_and_rebuilt(tmp_path: Path) -> None:
     ix.close()
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT COUNT(*) FROM entry").fetchone() == (0,)
+
+
+def test_back_sync_carries_escaped_offsets_as_runs() -> None:
+    req = p.BackSyncRequest("g1", "g1-1", 3, {}, (7, 1, 2, 3, 9, 8, 20))
+    body = req.encode()
+    assert b'"escaped":[[1,4],[7,10],[20,21]]' in body.replace(b" ", b"")
+    assert sorted(p.BackSyncRequest.decode(body).escaped) == [1, 2, 3, 7, 8, 9, 20]
+    for bad in (b'[[3,3]]', b'[[5,2]]', b'[7]', b'"x"', b'[[1,true]]'):
+        doc = body.replace(b'[[1,4],[7,10],[20,21]]', bad).replace(
+            b'[[1, 4], [7, 10], [20, 21]]', bad)
+        with pytest.raises(p.FrameError, match="offset ranges"):
+            p.BackSyncRequest.decode(doc)

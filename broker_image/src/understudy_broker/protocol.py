@@ -1026,7 +1026,7 @@ class BackSyncRequest:
     epoch: int
     offsets: Mapping[str, Mapping[str, Mapping[int, int]]]
     #: The schedule entries (origins) the acting slave escaped to other groups: the master
-    #: must never deliver them again (docs/delayed.md).
+    #: must never deliver them again (docs/delayed.md). Sent as ``[first, end)`` runs.
     escaped: Sequence[int] = ()
 
     def encode(self) -> bytes:
@@ -1039,7 +1039,7 @@ class BackSyncRequest:
                     g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
                     for g, ts in self.offsets.items()
                 },
-                "escaped": list(self.escaped),
+                "escaped": _ranges(self.escaped),
             }
         )
 
@@ -1053,12 +1053,29 @@ class BackSyncRequest:
             offsets = normalize_snapshot(_field(data, "offsets", dict))
         except ValueError as exc:
             raise FrameError(Status.BAD_REQUEST, f"back-sync offsets: {exc}") from None
-        escaped = data.get("escaped", [])
-        if not isinstance(escaped, list) or not all(
-                isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in escaped):
-            raise FrameError(Status.BAD_REQUEST, "back-sync escaped: a list of offsets")
+        raw = data.get("escaped", [])
+        escaped: list[int] = []
+        for pair in raw if isinstance(raw, list) else [None]:
+            if not (isinstance(pair, list) and len(pair) == 2
+                    and all(isinstance(o, int) and not isinstance(o, bool) for o in pair)
+                    and 0 <= pair[0] < pair[1]):
+                raise FrameError(Status.BAD_REQUEST,
+                                 "back-sync escaped: a list of [first, end) offset ranges")
+            escaped.extend(range(pair[0], pair[1]))
         return cls(_field(data, "group", str), _field(data, "sender", str), epoch, offsets,
                    tuple(escaped))
+
+
+def _ranges(offsets: Sequence[int]) -> list[list[int]]:
+    """Offsets as sorted ``[first, end)`` runs: an acting slave escapes nearly everything
+    that fell due while it acted, so its escaped offsets are a few long runs."""
+    out: list[list[int]] = []
+    for o in sorted(set(offsets)):
+        if out and out[-1][1] == o:
+            out[-1][1] = o + 1
+        else:
+            out.append([o, o + 1])
+    return out
 
 
 @dataclass(frozen=True, slots=True)
