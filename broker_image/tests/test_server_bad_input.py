@@ -142,6 +142,13 @@ async def test_truncated_frame_then_hangup_leaves_the_broker_serving(broker: Any
         (p.Op.BACKSYNC_OFFSETS, b"{}", p.Status.BAD_FRAME),
         (p.Op.PRODUCE, b"\x00\x04safe\xff\xff\xff\xff", p.Status.BAD_FRAME),
         (p.Op.PULL, b"not a pull", p.Status.BAD_FRAME),
+        # JSON nested past Python's recursion limit: bad input with a final answer, not
+        # INTERNAL (which clients retry).
+        (p.Op.QUEUE_STATS, b"[" * 60_000, p.Status.BAD_FRAME),
+        (p.Op.CREATE_TOPIC, b'{"g":' * 12_000, p.Status.BAD_FRAME),
+        # A delivery time beyond the longest delay (docs/delayed.md).
+        (p.Op.PRODUCE, p.encode_produce("safe", [(0, None, b"x")], None, [2**62]),
+         p.Status.BAD_REQUEST),
         (p.Op.CREATE_TOPIC, b'{"topic": "bad name!", "queues": 2}', p.Status.BAD_REQUEST),
         (p.Op.PULL, p.PullRequest("nope", 0, 0, 1000, 0).encode(), p.Status.UNKNOWN_TOPIC),
         (p.Op.PULL, p.PullRequest("safe", 9, 0, 1000, 0).encode(), p.Status.BAD_REQUEST),

@@ -388,6 +388,8 @@ def _json_object(body: bytes) -> dict[str, Any]:
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _bad(f"body is not JSON: {exc}") from None
+    except RecursionError:  # bad input, not a broker fault: a final answer, not INTERNAL
+        raise _bad("body is not JSON this broker accepts: nested too deeply") from None
     if not isinstance(data, dict):
         raise _bad("JSON body must be an object")
     return data

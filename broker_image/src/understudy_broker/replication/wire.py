@@ -111,6 +111,8 @@ def decode_metadata(body: bytes) -> tuple[int, dict[str, Any]]:
         data = doc["data"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ReplicationProtocolError(f"bad metadata frame: {exc}") from None
+    except RecursionError:
+        raise ReplicationProtocolError("bad metadata frame: nested too deeply") from None
     if not isinstance(max_phys, int) or not isinstance(data, dict):
         raise ReplicationProtocolError("bad metadata frame: wrong field types")
     return max_phys, data
