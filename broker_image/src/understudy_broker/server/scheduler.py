@@ -45,8 +45,8 @@ Mode = Literal["deliver", "escape"]
 BATCH = 512
 #: Schedule records applied to the index per read.
 CATCH_UP_RECORDS = 4096
-#: Longest sleep between passes (new entries are indexed within it; the shortest delay is
-#: a second, so they are indexed well before they fall due).
+#: Longest sleep between passes: a new entry is indexed within it (a produce also wakes
+#: the scheduler at once), so a delay shorter than this can be up to this late, never early.
 POLL_S = 0.1
 #: Release the schedule queue's in-memory index entries in steps of this many.
 RELEASE_EVERY = 16_384
