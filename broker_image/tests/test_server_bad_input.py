@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import BrokerError, Consumer, Producer, create_topic
+from understudy_broker.client import BrokerError, Consumer, Producer, create_topic, request_once
 from understudy_harness.testing import raw_request, read_frame
 
 pytestmark = pytest.mark.integration
@@ -207,3 +207,29 @@ async def test_a_topic_name_the_log_would_refuse_is_refused_at_create(broker: An
         (await raw_request(broker.address, p.Op.GET_ROUTE, p.GetRouteRequest().encode())).body)
     assert "café" not in route.topics
     assert ".." not in route.topics
+
+
+async def test_a_message_no_consumer_could_receive_is_refused_at_produce(broker: Any) -> None:
+    """Issue 14: a body just under the frame limit fitted the PRODUCE frame but not the
+    PULL answer carrying it, so it was acknowledged and every consumer stopped at its
+    offset for good. Now the largest message accepted is one a consumer can receive."""
+    await create_topic([broker.address], topic="edge", queues=1)
+    overhead = p.pulled_frame_bytes(None, b"")
+    largest = MAX_FRAME - overhead
+    # Fits a produce frame (its header is smaller than the pull answer's)...
+    too_big = p.encode_produce("edge", [(0, None, b"e" * (largest + 8))])
+    assert p.HEADER_SIZE + len(too_big) <= MAX_FRAME
+    refused = await raw_request(broker.address, p.Op.PRODUCE, too_big)
+    assert refused.status == p.Status.TOO_LARGE
+    assert "could never be delivered" in p.error_message(refused)
+    accepted = await raw_request(broker.address, p.Op.PRODUCE,
+                                 p.encode_produce("edge", [(0, None, b"e" * largest)]))
+    assert accepted.status == p.Status.OK, p.error_message(accepted)
+    # ...and what was accepted comes back within the frame limit (the refused one was
+    # not stored: the queue holds exactly one message).
+    pulled = await request_once(broker.address, p.Op.PULL,
+                                p.PullRequest("edge", 0, 0, MAX_FRAME, 0).encode(),
+                                timeout_s=5, max_frame_bytes=MAX_FRAME)
+    resp = p.PullResponse.decode(pulled.body)
+    assert [len(r.body) for r in resp.records] == [largest]
+    assert resp.queue_end == 1

@@ -325,6 +325,13 @@ _PULL_RECORD = struct.Struct(
 MAX_QUEUES: Final = 0xFFFF
 
 
+def pulled_frame_bytes(key: bytes | None, body: bytes) -> int:
+    """The size of the PULL answer frame that carries this one message: a broker refuses
+    at produce a message no consumer with its frame limit could ever receive."""
+    return (HEADER_SIZE + _PULL_RESP_HEAD.size + _PULL_RECORD.size
+            + (len(key) if key is not None else 0) + len(body))
+
+
 def _bad(message: str) -> FrameError:
     return FrameError(Status.BAD_FRAME, message)
 

@@ -323,6 +323,18 @@ class Requests:
                 f"queue {bad[0]} does not exist: topic {topic!r} has {queues} queues",
             )
         self._check_placed(topic, {q for q, _k, _b in raw})
+        limit = self._cfg.max_frame_bytes
+        # Only a frame near the limit can hold such a message: no per-message cost else.
+        large = p.pulled_frame_bytes(None, frame.body) > limit
+        for i, (_q, k, b) in enumerate(raw if large else ()):
+            if p.pulled_frame_bytes(k, b) > limit:
+                # It fits the produce frame (a smaller header), but the PULL answer that
+                # carries it would not: stored, it would stop every consumer at its offset.
+                raise RequestError(
+                    p.Status.TOO_LARGE,
+                    f"message {i} of {len(b) + (len(k) if k else 0)} bytes (body and key) "
+                    f"could never be delivered: the pull answer carrying it would be "
+                    f"{p.pulled_frame_bytes(k, b)} bytes, over the {limit}-byte frame limit")
         head_epoch: int | None = None
         ordered = self._ordered(topic)
         scheduled = self._scheduled(topic, raw, deliver_at, now_ms, ordered)
