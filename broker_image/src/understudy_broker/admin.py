@@ -19,10 +19,7 @@ from understudy_broker.model import Permission
 
 
 def _holder(route: p.RouteResponse, group: str, need: Permission) -> str | None:
-    for b in route.brokers_of(group):
-        if b.reachable and (b.permission & need) == need:
-            return b.name
-    return None
+    return next((b.name for b in route.brokers_of(group) if b.holds(need)), None)
 
 
 async def _stats(router: Router, topic: str, group: str, queues: list[int]

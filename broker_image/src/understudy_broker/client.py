@@ -353,7 +353,7 @@ class Router:
     def holds(self, group: str, need: Permission) -> bool:
         """The route shows a reachable broker of ``group`` holding ``need``."""
         return self.route is not None and any(
-            b.reachable and (b.permission & need) == need for b in self.route.brokers_of(group))
+            b.holds(need) for b in self.route.brokers_of(group))
 
     def on_route(self, listener: Callable[[p.RouteResponse, p.RouteResponse | None], None]) -> None:
         """``listener(new, old)`` after every route learned; starts the route watch: one
@@ -973,7 +973,7 @@ class Producer:
             if route is None:
                 return set()
             return {(b.name, b.epoch) for b in route.brokers_of(group)
-                    if b.reachable and b.permission & Permission.WRITE}
+                    if b.holds(Permission.WRITE)}
         for g in new.groups:
             now = writers(new, g.group)
             if now and now != writers(old, g.group):

@@ -848,6 +848,10 @@ class BrokerRoute:
     epoch: int
     reachable: bool = True
 
+    def holds(self, need: int) -> bool:
+        """Reachable, and its effective permission includes all of ``need``."""
+        return self.reachable and (self.permission & need) == need
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -355,8 +355,7 @@ class Broker:
         view = self.authority.cluster
         if view is None:
             return group == self.cfg.group and bool(self.authority.effective() & Permission.WRITE)
-        return any(b.reachable and b.permission & Permission.WRITE
-                   for b in view.group_route(group).brokers)
+        return any(b.holds(Permission.WRITE) for b in view.group_route(group).brokers)
 
     def _bootstrap(self) -> list[str]:
         own = f"{self.cfg.host}:{self.listening.port}"
