@@ -183,6 +183,16 @@ class Requests:
             raise RequestError(p.Status.UNKNOWN_TOPIC, f"unknown topic {topic!r}")
         return n
 
+    def _check_queue(self, topic: str, queue: int) -> None:
+        """``queue`` of ``topic`` exists and lives on this group (a read or a nack)."""
+        queues = self._queues(topic)
+        if queue >= queues:
+            raise RequestError(
+                p.Status.BAD_REQUEST,
+                f"queue {queue} does not exist: topic {topic!r} has {queues} queues",
+            )
+        self._check_placed(topic, (queue,))
+
     def _check_placed(self, topic: str, queues: Iterable[int]) -> None:
         """A cluster topic's queue is served only by the group it lives on."""
         view = self._authority.cluster
@@ -401,13 +411,7 @@ class Requests:
     async def _pull(self, frame: p.Frame) -> bytes:
         self._require_read(frame)
         req = p.PullRequest.decode(frame.body)
-        queues = self._queues(req.topic)
-        if req.queue >= queues:
-            raise RequestError(
-                p.Status.BAD_REQUEST,
-                f"queue {req.queue} does not exist: topic {req.topic!r} has {queues} queues",
-            )
-        self._check_placed(req.topic, (req.queue,))
+        self._check_queue(req.topic, req.queue)
         if req.member:
             await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
         lg = self._store.log
@@ -633,12 +637,7 @@ class Requests:
         self._require_read(frame)
         self._cluster()
         req = p.NackRequest.decode(frame.body)
-        queues = self._queues(req.topic)
-        if req.queue >= queues:
-            raise RequestError(p.Status.BAD_REQUEST,
-                               f"queue {req.queue} does not exist: topic {req.topic!r} has "
-                               f"{queues} queues")
-        self._check_placed(req.topic, (req.queue,))
+        self._check_queue(req.topic, req.queue)
         await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
         records = self._store.log.read(req.topic, req.queue, req.offset, max_bytes=1,
                                        max_records=1)
@@ -663,9 +662,12 @@ class Requests:
         except NoWritableQueue as exc:
             raise RequestError(p.Status.NOT_ENOUGH_REPLICAS,
                                f"cannot hand the message back now: {exc}") from None
-        except BrokerError as exc:
-            raise RequestError(p.Status(exc.status) if exc.status in p.Status._value2member_map_
-                               else p.Status.INTERNAL, f"handing back: {exc.message}") from None
+        except BrokerError as exc:  # the receiving group's answer, passed on
+            try:
+                status = p.Status(exc.status)
+            except ValueError:
+                status = p.Status.INTERNAL
+            raise RequestError(status, f"handing back: {exc.message}") from None
         except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
             raise RequestError(p.Status.TIMEOUT, f"handing back: {exc}") from None
         self._metrics.nacked("dlq" if dead else "retry")
