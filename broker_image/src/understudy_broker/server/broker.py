@@ -181,7 +181,7 @@ class Broker:
             scheduler = Scheduler(
                 log_=store.log, index=schedule, group=cfg.group, mode=self._schedule_mode,
                 append=self._append_local, placed=self._placed_here, escaper=self._escaper,
-                on_delivered=lambda how, n, _late: self.metrics.scheduled_delivered(how, n))
+                on_delivered=self.metrics.scheduled_delivered)
             self._parts = _Parts(store, replica, Requests(
                 cfg=cfg, authority=self.authority, store=store, replica=replica,
                 signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,

@@ -141,7 +141,7 @@ class Scheduler:
         append: Callable[[Sequence[RecordTuple]], AppendResult],
         placed: Callable[[str, int], bool],
         escaper: Escaper,
-        on_delivered: Callable[[str, int, int], None] = lambda _kind, _n, _late: None,
+        on_delivered: Callable[[str, int], None] = lambda _how, _n: None,
     ) -> None:
         self._log = log_
         self._index = index
@@ -156,8 +156,6 @@ class Scheduler:
         self._held: dict[str, float] = {}  # topic -> monotonic time to try again
         self._warned: dict[str, float] = {}
         self._released = 0
-        self.delivered = 0
-        self.escaped_total = 0
 
     # ---- what the broker asks -------------------------------------------------------
 
@@ -295,8 +293,7 @@ class Scheduler:
         local_origins: list[int] = []
         remote: list[tuple[int, sch.Entry, bytes | None]] = []
         dropped: list[int] = []
-        lateness = 0
-        for origin, due_ms in due:
+        for origin, _due_ms in due:
             records = self._log.read(sch.SCHEDULE_TOPIC, 0, origin, max_bytes=1,
                                      max_records=1)
             if not records or records[0].queue_offset != origin:
@@ -315,7 +312,6 @@ class Scheduler:
                 continue
             if entry.topic in self._held:
                 continue
-            lateness = max(lateness, now_ms - due_ms)
             if mode == "deliver" and self._placed(entry.topic, entry.queue):
                 local.append((entry.topic, entry.queue, rec.key, entry.payload, now_ms))
                 local_origins.append(origin)
@@ -328,14 +324,12 @@ class Scheduler:
         if local:
             self._done(local_origins, before=local)
             self._index.forget(local_origins)
-            self.delivered += len(local)
-            self._on_delivered("delivered", len(local), lateness)
+            self._on_delivered("delivered", len(local))
         if remote:
             ok = await self._send_remote(mode, remote)
             if ok:
                 self._finish(mode, ok)
-                self.escaped_total += len(ok)
-                self._on_delivered("escaped" if mode == "escape" else "moved", len(ok), lateness)
+                self._on_delivered("escaped" if mode == "escape" else "moved", len(ok))
         return bool(local or dropped or remote)
 
     async def _send_remote(self, mode: Mode, items: list[tuple[int, sch.Entry, bytes | None]]
