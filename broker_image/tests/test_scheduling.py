@@ -152,3 +152,16 @@ def test_back_sync_carries_escaped_offsets_as_runs() -> None:
             b'[[1, 4], [7, 10], [20, 21]]', bad)
         with pytest.raises(p.FrameError, match="offset ranges"):
             p.BackSyncRequest.decode(doc)
+
+
+def test_a_cut_moves_the_applied_position_into_the_log(tmp_path: Path) -> None:
+    """Retention took the head of the schedule queue past what was applied: applying
+    resumes at the new start. (It stayed behind it, so every pass cut and logged again.)"""
+    ix = ScheduleIndex.open(tmp_path / "s.db")
+    ix.apply([(0, NOW), (1, NOW)], [], 2)
+    assert ix.cut(9, 5) == 2
+    assert (ix.indexed, ix.pending()) == (5, 0)
+    ix.apply([(7, NOW)], [], 8)
+    assert ix.cut(6, 0) == 1  # recovery cut the tail: back to its end
+    assert ix.indexed == 6
+    ix.close()

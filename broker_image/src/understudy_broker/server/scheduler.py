@@ -253,7 +253,7 @@ class Scheduler:
             if dropped:
                 log.error("schedule: %d entries outside the log [%d, %d) dropped",
                           dropped, start, end)
-            at = index.indexed if at > end else start
+            at = index.indexed
         while at < end and chunks > 0:
             chunks -= 1
             records = lg.read(sch.SCHEDULE_TOPIC, 0, at, max_bytes=4 << 20,

@@ -112,15 +112,16 @@ class ScheduleIndex:
 
     def cut(self, end: int, start: int) -> int:
         """The schedule queue now spans ``[start, end)`` (recovery cut its tail, or
-        retention its head): forget what lies outside. Returns entries dropped."""
+        retention its head): forget what lies outside, and apply the log from inside it
+        (``indexed`` is moved into ``[start, end]``). Returns entries dropped."""
+        indexed = min(max(self.indexed, start), end)
         db = self._db
         db.execute("BEGIN")
         try:
             n = db.execute("DELETE FROM entry WHERE origin >= ? OR origin < ?",
                            (end, start)).rowcount
             db.execute("DELETE FROM escaped WHERE origin >= ?", (end,))
-            if self.indexed > end:
-                db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('indexed', ?)", (end,))
+            db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('indexed', ?)", (indexed,))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
