@@ -306,7 +306,7 @@ class Traffic:
         self.writer.deliver(cgroup=cgroup, topic=r.topic, queue=r.queue, offset=r.offset,
                             id=mid, member=member)
         self.received[(target.label, cgroup)].add(mid)
-        if getattr(r, "reconsume_times", 0):
+        if r.reconsume_times:
             self.redelivered[(target.label, cgroup)].add(mid)
         self.status.delivered += 1
         self.delivered.set()

@@ -65,12 +65,12 @@ class Escaper:
     (nacks). ``bootstrap`` gives broker addresses (this broker's own client port first:
     any broker answers a route)."""
 
-    def __init__(self, *, bootstrap: Callable[[], list[str]], send_timeout_s: float = 5.0,
-                 writable: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, *, bootstrap: Callable[[], list[str]],
+                 writable: Callable[[str], bool], send_timeout_s: float = 5.0) -> None:
         self._bootstrap = bootstrap
-        # Whether a group has a writer now, from the broker's own ZooKeeper view (fresher
-        # than the client's route: a drill found a nack's copy sent to a group 4 s after
-        # its hung master had been fenced). None: the client's route.
+        # Whether a group has a writer now, from the broker's own ZooKeeper view, not the
+        # client's route (a drill found a nack's copy sent to a group 4 s after its hung
+        # master had been fenced: the route's watch was parked on the hung broker).
         self._writable = writable
         self._send_timeout_s = send_timeout_s
         self._producer: Producer | None = None
@@ -96,14 +96,9 @@ class Escaper:
         if not self._watching:
             self._watching = True
             router.on_route(lambda _new, _old: None)  # keep the route current
-        def has_writer(group: str) -> bool:
-            if self._writable is not None:
-                return self._writable(group)
-            return router.holds(group, Permission.WRITE)
-
         writable = [q for q in router.live_queues(topic)
                     if (g := router.group_of(topic, q)) is not None and g != avoid_group
-                    and has_writer(g)]
+                    and self._writable(g)]
         # Send-side fault avoidance: a group that just failed or hung a send (a master
         # frozen before its group was fenced still shows WRITE) is skipped while isolated;
         # a copy that reached it may still be stored when it wakes (docs/delayed.md).
