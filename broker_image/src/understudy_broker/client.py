@@ -30,7 +30,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from understudy_broker import protocol as p
 from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
@@ -1434,10 +1434,10 @@ class Consumer(_GroupMember):
         self.retries = retries and not orderly and not is_system_topic(topic)
         self.max_reconsume = max_reconsume
         self._retry: Consumer | None = None
-        self._settings = dict(max_wait_ms=max_wait_ms, max_bytes=max_bytes,
-                              prefetch_batches=prefetch_batches,
-                              request_timeout_s=request_timeout_s,
-                              session_timeout_ms=session_timeout_ms)
+        # What the retry member shares with this one.
+        self._settings: dict[str, Any] = dict(
+            max_wait_ms=max_wait_ms, max_bytes=max_bytes, prefetch_batches=prefetch_batches,
+            request_timeout_s=request_timeout_s, session_timeout_ms=session_timeout_ms)
         #: Orderly consumption (docs/ordered.md): ``getmany`` hands out one record at a
         #: time and commits the one before it first (the caller came back: it processed
         #: it), so a queue's next owner starts after the last record processed.
@@ -1746,7 +1746,7 @@ class Consumer(_GroupMember):
             return None
         self._retry = Consumer(self.router.bootstrap, group=self.group, topic=name,
                                member_id=f"{self.member_id}.retry", retries=False,
-                               max_reconsume=self.max_reconsume, **self._settings)  # type: ignore[arg-type]
+                               max_reconsume=self.max_reconsume, **self._settings)
         log.info("consumer group %s: reading its retry topic %s", self.group, name)
         return self._retry
 
