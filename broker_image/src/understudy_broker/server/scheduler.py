@@ -196,6 +196,7 @@ class Scheduler:
     async def run(self) -> None:
         while True:
             worked = False
+            mode: Mode | None = None
             try:
                 # A bounded step: a broker with a million entries to index (a restart, a
                 # burst) keeps answering its clients meanwhile.
@@ -207,7 +208,7 @@ class Scheduler:
                 if mode is not None and not worked:
                     async with self._busy:
                         if self._mode() == mode:
-                            worked = await self._pass(mode) or worked
+                            worked = await self._pass(mode)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a background task must report, not vanish
