@@ -41,9 +41,9 @@ def test_a_produce_carries_the_producer_lease_after_its_messages() -> None:
     (docs/ordered.md); a body without one decodes as before."""
     msgs = [(0, b"k", b"v"), (0, None, b"w")]
     body = p.encode_produce("t", msgs, ("host-1-ab", 7))
-    assert p.decode_produce_lease(body) == ("t", msgs, ("host-1-ab", 7))
+    assert p.decode_produce_full(body) == ("t", msgs, ("host-1-ab", 7), None)
     assert p.decode_produce(body) == ("t", msgs)
-    assert p.decode_produce_lease(p.encode_produce("t", msgs)) == ("t", msgs, None)
+    assert p.decode_produce_full(p.encode_produce("t", msgs)) == ("t", msgs, None, None)
 
 
 @given(st.lists(st.tuples(queues, offsets), max_size=50))

@@ -550,22 +550,16 @@ def _encode_messages(topic: str, messages: Sequence[tuple[int, bytes | None, byt
 
 def decode_produce(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]]]:
     """The PRODUCE body as ``(topic, [(queue, key, body), ...])``: the broker's hot path,
-    so plain tuples and one bounds check per field instead of typed objects. A producer
-    lease after the messages is read by :func:`decode_produce_lease`."""
-    topic, out, _lease = decode_produce_lease(body)
+    so plain tuples and one bounds check per field instead of typed objects. The trailers
+    after the messages are read by :func:`decode_produce_full`."""
+    topic, out, _lease, _deliver = decode_produce_full(body)
     return topic, out
-
-
-def decode_produce_lease(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]],
-                                               ProduceLease | None]:
-    """:func:`decode_produce` with the producer lease the body ends with, if any."""
-    topic, out, lease, _deliver = decode_produce_full(body)
-    return topic, out, lease
 
 
 def decode_produce_full(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]],
                                               ProduceLease | None, list[int] | None]:
-    """:func:`decode_produce_lease` with the delivery times (None: all now)."""
+    """:func:`decode_produce` with its trailers: the producer lease of an ordered topic
+    (None: none) and the delivery times (None: all now)."""
     r = _Reader(body)
     topic = r.string()
     (count,) = r.unpack(_PRODUCE_HEAD)
