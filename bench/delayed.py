@@ -39,7 +39,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -68,13 +67,9 @@ def rss_mb(pid: int) -> float:
 
 
 def metric(port: int, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else None
+    """A broker's one series ``name`` (the local cluster's metrics reader)."""
+    values = lc._metric_values(lc.http_get(port, "/metrics", timeout=2) or "", name)
+    return values[0] if values else None
 
 
 def body(due_ms: int, i: int) -> bytes:
@@ -82,7 +77,7 @@ def body(due_ms: int, i: int) -> bytes:
     return head + b"x" * (BODY - len(head))
 
 
-async def schedule_until(prod: Producer, upto: int, done: int, *, far: bool = True) -> int:
+async def schedule_until(prod: Producer, upto: int, done: int) -> int:
     """Send scheduled messages (due over the next day) until ``upto`` were acknowledged."""
     now = int(time.time() * 1000)
     window: set[asyncio.Future[tuple[int, int]]] = set()
