@@ -94,40 +94,27 @@ class ScheduleIndex:
     def apply(self, entries: Sequence[tuple[int, int]], done: Iterable[int], upto: int) -> None:
         """In one transaction: add ``(origin, due)`` entries (not those escaped here),
         remove the ``done`` origins, and record that the log is applied up to ``upto``."""
-        db = self._db
-        db.execute("BEGIN")
-        try:
+        with self._tx() as db:
             added = db.executemany(
                 "INSERT OR IGNORE INTO entry (origin, due) SELECT ?, ? "
                 "WHERE NOT EXISTS (SELECT 1 FROM escaped WHERE origin = ?)",
                 [(o, d, o) for o, d in entries]).rowcount
-            gone = db.executemany("DELETE FROM entry WHERE origin = ?",
-                                  [(o,) for o in done]).rowcount
-            db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('indexed', ?)", (upto,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        self._pending += max(0, added) - max(0, gone)
+            gone = self._delete(db, done)
+            self._set_indexed(db, upto)
+        self._pending += max(0, added) - gone
 
     def cut(self, end: int, start: int) -> int:
         """The schedule queue now spans ``[start, end)`` (recovery cut its tail, or
         retention its head): forget what lies outside, and apply the log from inside it
         (``indexed`` is moved into ``[start, end]``). Returns entries dropped."""
         indexed = min(max(self.indexed, start), end)
-        db = self._db
-        db.execute("BEGIN")
-        try:
-            n = db.execute("DELETE FROM entry WHERE origin >= ? OR origin < ?",
-                           (end, start)).rowcount
+        with self._tx() as db:
+            n = int(db.execute("DELETE FROM entry WHERE origin >= ? OR origin < ?",
+                               (end, start)).rowcount)
             db.execute("DELETE FROM escaped WHERE origin >= ?", (end,))
-            db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('indexed', ?)", (indexed,))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        self._pending -= int(n)
-        return int(n)
+            self._set_indexed(db, indexed)
+        self._pending -= n
+        return n
 
     # ---- what is due ----------------------------------------------------------------
 
@@ -159,18 +146,11 @@ class ScheduleIndex:
     def escaped_add(self, origins: Sequence[int]) -> None:
         """Entries this acting slave delivered to another group: gone from the schedule,
         remembered for back-sync. Committed before it returns (survives kill -9)."""
-        db = self._db
-        db.execute("BEGIN")
-        try:
-            gone = db.executemany("DELETE FROM entry WHERE origin = ?",
-                                  [(o,) for o in origins]).rowcount
+        with self._tx() as db:
+            gone = self._delete(db, origins)
             db.executemany("INSERT OR IGNORE INTO escaped (origin) VALUES (?)",
                            [(o,) for o in origins])
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        self._pending -= max(0, gone)
+        self._pending -= gone
 
     def escaped(self) -> list[int]:
         return [int(o) for (o,) in self._db.execute("SELECT origin FROM escaped ORDER BY origin")]
@@ -184,12 +164,24 @@ class ScheduleIndex:
     def forget(self, origins: Sequence[int]) -> None:
         """Remove entries (the master took them from a back-sync; its DONE follows)."""
         with self._tx() as db:
-            gone = db.executemany("DELETE FROM entry WHERE origin = ?",
-                                  [(o,) for o in origins]).rowcount
-        self._pending -= max(0, gone)
+            gone = self._delete(db, origins)
+        self._pending -= gone
+
+    # ---- the one copy of each write ---------------------------------------------------
+
+    @staticmethod
+    def _delete(db: sqlite3.Connection, origins: Iterable[int]) -> int:
+        """Remove pending entries; returns how many were there."""
+        return max(0, db.executemany("DELETE FROM entry WHERE origin = ?",
+                                     [(o,) for o in origins]).rowcount)
+
+    @staticmethod
+    def _set_indexed(db: sqlite3.Connection, upto: int) -> None:
+        db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('indexed', ?)", (upto,))
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
         db = self._db
         db.execute("BEGIN")
         try:
