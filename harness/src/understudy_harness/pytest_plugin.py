@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from understudy_harness.testing import Brokers, zk_session
+from understudy_harness.testing import Brokers, SmallDisk, zk_session
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan
@@ -98,3 +98,20 @@ def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     finally:
         if (directory / "cluster.json").exists():
             lc.down(directory)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A tmpfs for a data directory that fills up (``small_disk.mount(size)`` returns its
+    path); unmounted at the end. Skips, saying why, where the machine refuses the mount
+    (it needs root)."""
+    disk = SmallDisk(tmp_path / "small-disk")
+    try:
+        disk.mount(1 << 20)
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    disk.unmount()
+    try:
+        yield disk
+    finally:
+        disk.unmount()

@@ -341,3 +341,41 @@ class Brokers:
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+
+
+class SmallDisk:
+    """A tmpfs of a chosen size mounted on a test's directory: a real filesystem that
+    fills up (``ENOSPC`` from the kernel, not a mock). :meth:`resize` grows or shrinks it
+    in place (``mount -o remount``), the way a volume is grown when space returns;
+    :meth:`unmount` (by the fixture, whatever the outcome) removes it. Needs root: where
+    the machine refuses the mount, :meth:`mount` raises :class:`PermissionError` with the
+    kernel's reason."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.mounted = False
+
+    def _mount(self, *opts: str) -> None:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(opts), "tmpfs",
+                               str(self.path)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise PermissionError(f"cannot mount a tmpfs on {self.path}: "
+                                  f"{done.stderr.strip() or done.returncode}")
+
+    def mount(self, size_bytes: int) -> Path:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._mount(f"size={size_bytes}")
+        self.mounted = True
+        return self.path
+
+    def resize(self, size_bytes: int) -> None:
+        self._mount("remount", f"size={size_bytes}")
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], check=False)
+            self.mounted = False

@@ -712,6 +712,8 @@ class CommitLog:
         """After a failed write, cut the files back to ``max_phys`` so stale bytes beyond
         it can never be mistaken for records by a later recovery."""
         end = self._max_phys
+        with self._lock:  # a sync of the discarded bytes covers nothing written later
+            self._flushed_phys = min(self._flushed_phys, end)
         while self._segments and self._segments[-1] > end:
             base = self._segments.pop()
             if base == self._write_base:
@@ -731,13 +733,26 @@ class CommitLog:
         *,
         sync: bool = True,
     ) -> None:
-        """Make written bytes durable (per policy), then visible, then indexed."""
+        """Make written bytes durable (per policy), then indexed, then visible.
+
+        All or nothing: when an index cannot be created or written (a full disk), the
+        indexes already extended by this call are rolled back before the ``OSError``
+        goes on to the caller, which cuts the log back (:meth:`_discard_unpublished`):
+        log and every index stay as they were, and the positions reused by the next
+        append are never named by a stale index entry."""
         if sync and self.flush_policy.mode == "batch" and end > self._max_phys:
             self._sync_now(end)
-        for (topic, queue), entries in pending.items():
-            ix = self._index(topic, queue, create=True)
-            if ix is not None:
-                ix.append(entries)
+        done: list[tuple[QueueIndex, int]] = []
+        try:
+            for (topic, queue), entries in pending.items():
+                ix = self._index(topic, queue, create=True)
+                if ix is not None:
+                    done.append((ix, len(ix)))
+                    ix.append(entries)
+        except OSError:
+            for ix, count in done:
+                ix.rollback(count)
+            raise
         with self._lock:
             self._max_phys = end
         self._next_seq = next_seq

@@ -175,6 +175,18 @@ class QueueIndex:
         self._sizes.extend([s for _p, s, _h in entries])
         self._dirty = True
 
+    def rollback(self, count: int) -> None:
+        """Undo appends back to ``count`` entries (``len(self)`` before them), in memory
+        and on file, including a torn tail a failed :meth:`append` may have left. Only
+        entries appended since are dropped: they are still in memory."""
+        drop = len(self) - count
+        if drop < 0 or drop > len(self._phys):
+            raise ValueError(f"cannot roll {self.path} back to {count} entries")
+        if drop:
+            del self._phys[-drop:]
+            del self._sizes[-drop:]
+        os.ftruncate(self._fd, INDEX_HEADER_SIZE + count * INDEX_ENTRY_SIZE)
+
     def truncate(self, count: int) -> None:
         """Keep only the first ``count`` entries."""
         self._restore()
