@@ -100,6 +100,7 @@ class Status(enum.IntEnum):
     UNSUPPORTED = 14  # the broker runs without ZooKeeper: no cluster topics or consumer groups
     CONFLICT = 15  # the topic exists (create), or changed while being altered
     NOT_SEND_HEAD = 16  # a write to an ordered topic on a group that is not its send head
+    STORAGE_FULL = 17  # the broker's disk is full: nothing of the request was stored
 
 
 #: Refusals that mean "not the broker for this now": the client's route is stale (or the
@@ -117,6 +118,7 @@ RETRIABLE: Final = frozenset(
         Status.TIMEOUT,
         Status.NOT_ENOUGH_REPLICAS,
         Status.INTERNAL,
+        Status.STORAGE_FULL,
     }
 )
 

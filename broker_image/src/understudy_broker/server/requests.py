@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from understudy_broker import protocol as p
 from understudy_broker import scheduling as sch
@@ -87,7 +88,23 @@ async def acknowledged(waits: Sequence[Awaitable[None]]) -> None:
     except ReplicationTimeoutError as exc:
         raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
     except OSError as exc:
-        raise RequestError(p.Status.INTERNAL, f"flush failed: {exc}") from exc
+        raise storage_failed(exc, "flushing the log") from exc
+
+
+_DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def storage_failed(exc: OSError, doing: str) -> RequestError:
+    """The status a client sees for a failed write to the data directory: a full disk
+    (or quota) is ``STORAGE_FULL``, which says what to do; anything else ``INTERNAL``.
+    The storage layer has already undone the write (nothing of it is kept)."""
+    if exc.errno in _DISK_FULL:
+        return RequestError(
+            p.Status.STORAGE_FULL,
+            f"{doing}: the broker's disk is full ({exc.strerror}"
+            f"{f': {exc.filename}' if exc.filename else ''}); nothing was stored. Free space "
+            "or grow the volume; a producer of a topic on several groups writes elsewhere")
+    return RequestError(p.Status.INTERNAL, f"{doing}: {exc}")
 
 
 Handler = Callable[[p.Frame], Awaitable[bytes]]
@@ -313,7 +330,7 @@ class Requests:
         try:
             created = topics.create(req.topic, req.queues)
         except OSError as exc:
-            raise RequestError(p.Status.INTERNAL, f"recording the topic: {exc}") from exc
+            raise storage_failed(exc, "recording the topic") from exc
         self._replica.metadata_changed()  # slaves learn the topic now
         return p.CreateTopicResponse(req.topic, topics.get(req.topic) or req.queues,
                                      created).encode()
@@ -370,7 +387,7 @@ class Requests:
         except (CommitLogError, ValueError) as exc:
             raise RequestError(p.Status.BAD_REQUEST, str(exc)) from exc
         except OSError as exc:
-            raise RequestError(p.Status.INTERNAL, f"appending: {exc}") from exc
+            raise storage_failed(exc, "appending") from exc
         self._signal.fire()
         self._replica.appended()
         await acknowledged([self._store.log_durable(result.end_phys),
@@ -466,7 +483,9 @@ class Requests:
         body = encode_commit_record(req.group, req.topic, moved) if moved else None
         try:
             commits_end = self._replica.record_commits(body)
-        except (CommitLogError, ValueError, OSError) as exc:
+        except OSError as exc:
+            raise storage_failed(exc, "recording the commit") from exc
+        except (CommitLogError, ValueError) as exc:
             raise RequestError(p.Status.INTERNAL, f"recording the commit: {exc}") from exc
         waits = [self._offsets_durable()]
         if commits_end:
@@ -481,7 +500,7 @@ class Requests:
         try:
             await self._store.offsets_durable()
         except OSError as exc:
-            raise RequestError(p.Status.INTERNAL, f"persisting consumer offsets: {exc}") from exc
+            raise storage_failed(exc, "persisting consumer offsets") from exc
 
     async def _fetch_offset(self, frame: p.Frame) -> bytes:
         self._require_read(frame)
@@ -613,7 +632,9 @@ class Requests:
             # delivers again; DONE records carry that to the other slaves.
             try:
                 done = self._scheduler.absorb(req.escaped)
-            except (CommitLogError, ValueError, OSError) as exc:
+            except OSError as exc:
+                raise storage_failed(exc, "recording escaped schedule entries") from exc
+            except (CommitLogError, ValueError) as exc:
                 raise RequestError(p.Status.INTERNAL,
                                    f"recording escaped schedule entries: {exc}") from exc
             if done is not None:
