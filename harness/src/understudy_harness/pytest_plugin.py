@@ -1,6 +1,7 @@
 """The shared pytest fixtures of every Understudy test suite (loaded by the root
-``conftest.py``): one copy each of the ZooKeeper server, a client on a private chroot,
-and broker processes stopped by PID whatever the test's outcome.
+``conftest.py``): one copy each of the ZooKeeper server (and a three-server ensemble),
+a client on a private chroot, and broker processes stopped by PID whatever the test's
+outcome.
 
 Helpers that are not fixtures (polling, raw frames, the process wrapper) live in
 :mod:`understudy_harness.testing` and are imported by the tests that use them.
@@ -20,7 +21,7 @@ from understudy_harness.testing import Brokers, SmallDisk, zk_session
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan
-from understudy_operator.local.zkserver import ZooKeeperServer
+from understudy_operator.local.zkserver import ZooKeeperEnsemble, ZooKeeperServer
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +33,20 @@ def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def zk_ensemble(tmp_path: Path) -> Iterator[ZooKeeperEnsemble]:
+    """A real three-server ZooKeeper ensemble for one test, with the same settings as
+    :func:`zk_server`: ``zk_ensemble.connect`` lists every server, ``zk_ensemble.nodes[i]``
+    is killed (``kill()``), stopped and restarted (``start()``) one at a time and
+    ``wait_leader()`` finds the leader. Every server is stopped by PID at the end."""
+    ensemble = ZooKeeperEnsemble.on_free_ports(tmp_path / "zk-ensemble", size=3)
+    ensemble.start()
+    try:
+        yield ensemble
+    finally:
+        ensemble.stop()
 
 
 @pytest.fixture

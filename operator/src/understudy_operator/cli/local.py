@@ -78,10 +78,14 @@ def local() -> None:
               help="Sync mode: with fewer copies in sync, need only those (down to the floor).")
 @click.option("--max-lag-bytes", type=click.IntRange(1, None), default=DEFAULT_MAX_LAG_BYTES,
               show_default=True, help="Sync mode: a slave this far behind is not in sync.")
+@click.option("--zk-ensemble", type=click.Choice([str(n) for n in lc.ZK_ENSEMBLE_SIZES]),
+              default="1", show_default=True,
+              help="ZooKeeper servers: 1 standalone, or an ensemble (zk1..zkN, each its own "
+                   "process, killed and started like a broker).")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for NORMAL.")
 def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms: int,
        min_insync_replicas: int | None, in_sync_replicas: int | None, auto_degrade: bool,
-       max_lag_bytes: int, timeout: float) -> None:
+       max_lag_bytes: int, zk_ensemble: str, timeout: float) -> None:
     """Start the cluster; return once every group is NORMAL and its master reads.
     Quorum writes: docs/replication.md."""
     replication = ReplicationPolicy(
@@ -96,6 +100,7 @@ def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms
                 sync=sync,
                 replication=replication,
                 session_timeout_ms=session_timeout_ms,
+                zk_ensemble=int(zk_ensemble),
                 timeout=timeout,
                 progress=lambda msg: live.update(msg),
             )
@@ -109,8 +114,9 @@ def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms
 @dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def status(directory: Path, as_json: bool) -> None:
-    """Groups (mode, epoch, acting slave) and brokers (role, effective permission, pid,
-    alive, replication lag), from ZooKeeper and the pid table."""
+    """Groups (mode, epoch, acting slave), brokers (role, effective permission, pid,
+    alive, replication lag) and ZooKeeper servers (pid, port, mode: leader/follower), from
+    ZooKeeper, each server's 'srvr' answer and the pid table."""
     try:
         st = lc.status(directory)
     except (lc.LocalError, PlanError) as exc:
@@ -121,6 +127,13 @@ def status(directory: Path, as_json: bool) -> None:
     zk = "[green]up[/]" if st.zk_alive else "[red]down[/]"
     ctl = "[green]up[/]" if st.controller_alive else "[red]down[/]"
     _out.print(f"state {st.dir}   zookeeper {st.zk} {zk}   controller {ctl}")
+    if len(st.zk_nodes) > 1:
+        nodes = Table("zookeeper", "pid", "port", "mode", "alive",
+                      title="zookeeper ensemble", title_justify="left")
+        for n in st.zk_nodes:
+            nodes.add_row(n.name, "-" if n.pid is None else str(n.pid), str(n.port),
+                          n.mode or "-", _alive(n.alive, n.stopped))
+        _out.print(nodes)
     for g in st.groups:
         mode = g.mode or "no state"
         epoch = "-" if g.epoch is None else str(g.epoch)
@@ -130,19 +143,21 @@ def status(directory: Path, as_json: bool) -> None:
             title_justify="left",
         )  # fmt: skip
         for b in g.brokers:
-            if b.alive and not b.stopped:
-                alive = "[green]yes[/]"
-            else:
-                alive = "[yellow]stopped[/]" if b.alive else "[red]no[/]"
             table.add_row(
                 b.name,
                 b.role,
                 b.effective.label if b.source != "-" else "-",
                 "-" if b.pid is None else str(b.pid),
-                alive,
+                _alive(b.alive, b.stopped),
                 "-" if b.lag_bytes is None else str(b.lag_bytes),
             )
         _out.print(table)
+
+
+def _alive(alive: bool, stopped: bool) -> str:
+    if alive and not stopped:
+        return "[green]yes[/]"
+    return "[yellow]stopped[/]" if alive else "[red]no[/]"
 
 
 @local.command()
@@ -157,7 +172,8 @@ def status(directory: Path, as_json: bool) -> None:
     help="KILL: crash it; STOP: freeze it (resume with 'local start' or --signal CONT); TERM: stop it cleanly.",
 )
 def kill(directory: Path, broker: str, sig: str) -> None:
-    """Send a signal to one broker (names as 'local status' shows them)."""
+    """Send a signal to one broker or ZooKeeper server (names as 'local status' shows
+    them: g1-0, ..., zk1 ...)."""
     try:
         pid = lc.kill(directory, broker, sig=sig)
     except (lc.LocalError, PlanError) as exc:
@@ -169,7 +185,8 @@ def kill(directory: Path, broker: str, sig: str) -> None:
 @dir_option
 @click.argument("broker")
 def start(directory: Path, broker: str) -> None:
-    """Start a broker that is down, exactly as 'up' did (a frozen one is resumed)."""
+    """Start a broker or ZooKeeper server that is down, exactly as 'up' did (a frozen one
+    is resumed)."""
     try:
         pid = lc.start(directory, broker)
     except (lc.LocalError, PlanError) as exc:

@@ -8,14 +8,15 @@ files) and in ZooKeeper; nothing is kept in memory between commands.
 
 Status comes from ZooKeeper (``/groups/<g>/state`` and each broker's ``status`` node) and
 the pid table; a running broker that has published no ZooKeeper status yet is asked for its
-``/metrics`` instead.
+``/metrics`` instead. ZooKeeper is one server, or an ensemble (``zk_ensemble=3``: servers
+``zk1..zk3``, each its own process, killed and started one by one like a broker); each
+server's mode (leader, follower) comes from its ``srvr`` answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import json
 import shutil
@@ -40,10 +41,15 @@ from understudy_operator.local.plan import (
     ClusterPlan,
     PlanError,
     ProcessPlan,
+    ZkNode,
     plan_cluster,
 )
 from understudy_operator.local.ports import free_port
-from understudy_operator.local.zkserver import ZooKeeperServer, ZooKeeperUnavailable
+from understudy_operator.local.zkserver import (
+    ZooKeeperEnsemble,
+    ZooKeeperServer,
+    ZooKeeperUnavailable,
+)
 from understudy_operator.zk import ZkError, ZkGateway, ZkUnavailable, with_gateway
 
 Progress = Callable[[str], None]
@@ -55,6 +61,9 @@ T = TypeVar("T")
 #: session still never expires before its timeout (what the brokers' read leases rely
 #: on), and the server's minimum session (1 s) stays above two ticks.
 ZK_TICK_MS = 200
+#: ``--zk-ensemble`` sizes: one standalone server, or an odd ensemble (an even one
+#: tolerates no more failures than the odd size below it).
+ZK_ENSEMBLE_SIZES = (1, 3, 5, 7)
 
 
 class LocalError(Exception):
@@ -75,6 +84,20 @@ class BrokerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ZkRow:
+    """One ZooKeeper server: ``mode`` is ``leader``/``follower``/``standalone``, or
+    ``None`` while it serves no clients (down, or a member without a quorum)."""
+
+    name: str
+    server_id: int
+    port: int
+    pid: int | None
+    alive: bool
+    stopped: bool
+    mode: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class GroupRow:
     name: str
     mode: str | None
@@ -91,13 +114,23 @@ class ClusterStatus:
     controller_pid: int | None
     controller_alive: bool
     groups: tuple[GroupRow, ...]
+    zk_nodes: tuple[ZkRow, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The ``local status --json`` document (contract: groups -> name, mode, epoch,
-        acting, brokers -> name, role, effective, pid, alive)."""
+        acting, brokers -> name, role, effective, pid, alive; zookeeper -> connect, alive,
+        nodes -> name, id, port, pid, alive, stopped, mode)."""
         return {
             "dir": str(self.dir),
-            "zookeeper": {"connect": self.zk, "alive": self.zk_alive},
+            "zookeeper": {
+                "connect": self.zk,
+                "alive": self.zk_alive,
+                "nodes": [
+                    {"name": n.name, "id": n.server_id, "port": n.port, "pid": n.pid,
+                     "alive": n.alive, "stopped": n.stopped, "mode": n.mode}
+                    for n in self.zk_nodes
+                ],
+            },
             "controller": {"pid": self.controller_pid, "alive": self.controller_alive},
             "groups": [
                 {
@@ -140,30 +173,37 @@ def up(
     failover: FailoverPolicy | None = None,
     replication: ReplicationPolicy | None = None,
     coordinated: bool = True,
+    zk_ensemble: int = 1,
     timeout: float = 60.0,
     progress: Progress = _quiet,
 ) -> ClusterPlan:
-    """Start ZooKeeper, the brokers and the controller; return once every group is
-    NORMAL and its master reads (uncoordinated, see :attr:`ClusterPlan.coordinated`: once
-    every broker answers ``/healthz``). On any failure everything started so far is
-    stopped again."""
+    """Start ZooKeeper (one server, or an ensemble of ``zk_ensemble``), the brokers and
+    the controller; return once every group is NORMAL and its master reads (uncoordinated,
+    see :attr:`ClusterPlan.coordinated`: once every broker answers ``/healthz``). On any
+    failure everything started so far is stopped again."""
     directory = directory.resolve()
     # Bad sizes or a bad replication policy are refused before anything starts.
+    if zk_ensemble not in ZK_ENSEMBLE_SIZES:
+        raise LocalError(f"--zk-ensemble must be one of {', '.join(map(str, ZK_ENSEMBLE_SIZES))}, "
+                         f"got {zk_ensemble}")
     dummy_ports = itertools.count(1)
     plan_cluster(directory=directory, groups=groups, slaves=slaves, sync=sync,
                  port=lambda: next(dummy_ports), zk_port=0, replication=replication)
     _claim(directory)
-    zk = ZooKeeperServer(directory / ZOOKEEPER, tick_ms=ZK_TICK_MS)
-    progress("starting ZooKeeper")
+    zk = ZooKeeperEnsemble.on_free_ports(directory / ZOOKEEPER, size=zk_ensemble,
+                                         tick_ms=ZK_TICK_MS)
+    progress("starting ZooKeeper" if zk_ensemble == 1 else
+             f"starting a {zk_ensemble}-server ZooKeeper ensemble")
     try:
         zk.start()
     except ZooKeeperUnavailable as exc:
         raise LocalError(str(exc)) from None
-    zk_pid = zk.pid
-    if zk.process is not None:
-        procs.detach(zk.process)
+    for server in zk.nodes:
+        if server.process is not None:
+            procs.detach(server.process)
     try:
-        procs.write_pid(directory / "pids", ZOOKEEPER, zk_pid or 0)
+        for member, server in zip(zk.members, zk.nodes, strict=True):
+            procs.write_pid(directory / "pids", member.name, server.pid or 0)
         plan = plan_cluster(
             directory=directory,
             groups=groups,
@@ -171,13 +211,10 @@ def up(
             sync=sync,
             coordinated=coordinated,
             port=free_port,
-            zk_port=zk.port,
+            zk_nodes=zk.members,
             session_timeout_ms=session_timeout_ms,
             failover=failover,
             replication=replication,
-        )
-        plan = dataclasses.replace(
-            plan, extra={"zkMarker": str(directory / ZOOKEEPER / "conf" / "zoo.cfg")}
         )
         (directory / STATE_FILE).write_text(plan.to_json())
         _write_configs(plan)
@@ -202,8 +239,9 @@ def up(
     except BaseException:
         with contextlib.suppress(Exception):
             down(directory)
-        if zk_pid is not None:
-            procs.stop(zk_pid, marker=str(directory / ZOOKEEPER / "conf" / "zoo.cfg"))
+        for server in zk.nodes:
+            if server.process is not None:
+                procs.stop(server.process.pid, marker=str(server.config_path))
         raise
 
 
@@ -245,8 +283,15 @@ def _running(directory: Path) -> list[tuple[str, int]]:
 
 
 def _markers(plan: ClusterPlan) -> list[tuple[str, str]]:
-    zk_marker = str(plan.extra.get("zkMarker", plan.dir / ZOOKEEPER / "conf" / "zoo.cfg"))
-    return [(p.name, p.marker) for p in plan.processes] + [(ZOOKEEPER, zk_marker)]
+    return [(p.name, p.marker) for p in plan.processes] + [
+        (node.name, str(server.config_path)) for node, server in _zk_servers(plan)]
+
+
+def _zk_servers(plan: ClusterPlan) -> list[tuple[ZkNode, ZooKeeperServer]]:
+    """This cluster's ZooKeeper servers as ``up`` started them (not running: to restart
+    one, or to name its marker), each with its recorded node."""
+    ensemble = ZooKeeperEnsemble.build(plan.dir / ZOOKEEPER, plan.zk_nodes, tick_ms=ZK_TICK_MS)
+    return list(zip(plan.zk_nodes, ensemble.nodes, strict=True))
 
 
 def _zk(plan: ClusterPlan, work: Callable[[ZkGateway], Awaitable[T]], *, chroot: bool = True,
@@ -368,9 +413,9 @@ def wait_master_holds(plan: ClusterPlan, group: str, need: Permission, *, deadli
 
 def status(directory: Path) -> ClusterStatus:
     plan = ClusterPlan.load(directory.resolve())
-    zk_marker = dict(_markers(plan))[ZOOKEEPER]
-    zk_info = procs.inspect(procs.read_pid(plan.pid_dir, ZOOKEEPER), marker=zk_marker)
-    zk_alive = zk_info is not None and zk_info.alive
+    zk_rows = tuple(_zk_row(plan, node, server) for node, server in _zk_servers(plan))
+    # a majority of the servers runs: ZooKeeper can answer (one server: it runs)
+    zk_alive = sum(1 for n in zk_rows if n.alive) > len(zk_rows) // 2
     ctl_pid = procs.read_pid(plan.pid_dir, CONTROLLER)
     info = procs.inspect(ctl_pid, marker="controller")
     ctl_alive = info is not None and info.alive
@@ -395,7 +440,17 @@ def status(directory: Path) -> ClusterStatus:
         controller_pid=ctl_pid,
         controller_alive=ctl_alive,
         groups=tuple(rows),
+        zk_nodes=zk_rows,
     )
+
+
+def _zk_row(plan: ClusterPlan, node: ZkNode, server: ZooKeeperServer) -> ZkRow:
+    info = procs.inspect(procs.read_pid(plan.pid_dir, node.name), marker=str(server.config_path))
+    alive = info is not None and info.alive
+    stopped = info is not None and info.stopped
+    return ZkRow(name=node.name, server_id=node.server_id, port=node.port,
+                 pid=None if info is None else info.pid, alive=alive, stopped=stopped,
+                 mode=server.mode() if alive and not stopped else None)
 
 
 def _group_row(plan: ClusterPlan, group: str, state: GroupState | None,
@@ -470,48 +525,69 @@ def lag_from_metrics(text: str) -> int | None:
 
 
 def kill(directory: Path, broker: str, *, sig: str = "KILL") -> int:
-    """Send ``sig`` (KILL, STOP, TERM, CONT) to one broker; returns its PID."""
+    """Send ``sig`` (KILL, STOP, TERM, CONT) to one broker or ZooKeeper server; returns
+    its PID."""
     plan = ClusterPlan.load(directory.resolve())
-    p = _broker(plan, broker)
-    name = sig.upper().removeprefix("SIG")
-    if name not in procs.SIGNALS:
+    name, marker = _target(plan, broker)
+    signame = sig.upper().removeprefix("SIG")
+    if signame not in procs.SIGNALS:
         raise LocalError(f"unknown signal {sig!r}: expected one of {', '.join(procs.SIGNALS)}")
-    info = procs.inspect(procs.read_pid(plan.pid_dir, p.name), marker=p.marker)
+    info = procs.inspect(procs.read_pid(plan.pid_dir, name), marker=marker)
     if info is None or not info.alive:
         raise LocalError(f"{broker} is not running; start it with 'understudy local start {broker}'")
-    procs.send(info.pid, procs.SIGNALS[name])
-    if name == "KILL":
-        procs.wait_gone(info.pid, marker=p.marker, timeout=5.0)
-    elif name == "STOP":
-        procs.wait_stopped(info.pid, marker=p.marker)
+    procs.send(info.pid, procs.SIGNALS[signame])
+    if signame == "KILL":
+        procs.wait_gone(info.pid, marker=marker, timeout=5.0)
+    elif signame == "STOP":
+        procs.wait_stopped(info.pid, marker=marker)
     return info.pid
 
 
 def start(directory: Path, broker: str, *, wait: bool = True, timeout: float = 30.0) -> int:
-    """Start a broker that is down, exactly as ``up`` started it; a frozen (SIGSTOPped)
-    broker is resumed instead. Returns its PID."""
+    """Start a broker or ZooKeeper server that is down, exactly as ``up`` started it; a
+    frozen (SIGSTOPped) one is resumed instead. Returns its PID. ``wait``: a broker until
+    it answers ``/healthz``; a ZooKeeper server until it answers ``ruok`` (serving clients
+    needs a quorum: ``status`` shows its mode)."""
     plan = ClusterPlan.load(directory.resolve())
-    p = _broker(plan, broker)
-    info = procs.inspect(procs.read_pid(plan.pid_dir, p.name), marker=p.marker)
+    name, marker = _target(plan, broker)
+    info = procs.inspect(procs.read_pid(plan.pid_dir, name), marker=marker)
     if info is not None and info.alive:
         if info.stopped:
             procs.send(info.pid, signal.SIGCONT)
             return info.pid
         raise LocalError(f"{broker} is already running (pid {info.pid})")
+    node = plan.zk_node(name)
+    if node is not None:
+        return _start_zk(plan, node, timeout=timeout)
+    p = plan.process(name)
     pid = _spawn(plan, p)
     if wait:
         _wait_healthy(plan, p, deadline=time.monotonic() + timeout)
     return pid
 
 
-def _broker(plan: ClusterPlan, name: str) -> ProcessPlan:
+def _start_zk(plan: ClusterPlan, node: ZkNode, *, timeout: float) -> int:
+    server = dict((n.name, s) for n, s in _zk_servers(plan))[node.name]
     try:
-        p = plan.process(name)
-    except PlanError as exc:
+        server.start(timeout=timeout)
+    except ZooKeeperUnavailable as exc:
         raise LocalError(str(exc)) from None
-    if p.group is None:
-        raise LocalError(f"{name!r} is not a broker; this cluster has: {', '.join(b.name for b in plan.brokers)}")
-    return p
+    assert server.process is not None  # started
+    procs.detach(server.process)
+    procs.write_pid(plan.pid_dir, node.name, server.process.pid)
+    return server.process.pid
+
+
+def _target(plan: ClusterPlan, name: str) -> tuple[str, str]:
+    """``(name, marker)`` of a broker or a ZooKeeper server, or a clear error."""
+    markers = dict(_markers(plan))
+    if plan.zk_node(name) is not None or any(b.name == name for b in plan.brokers):
+        return name, markers[name]
+    known = (f"brokers {', '.join(b.name for b in plan.brokers)}; ZooKeeper "
+             f"{', '.join(n.name for n in plan.zk_nodes)}")
+    if name in markers:
+        raise LocalError(f"{name!r} is not a broker or ZooKeeper server; this cluster has: {known}")
+    raise LocalError(f"unknown broker {name!r}; this cluster has: {known}")
 
 
 def down(directory: Path, *, progress: Progress = _quiet) -> list[tuple[str, int]]:
@@ -519,7 +595,9 @@ def down(directory: Path, *, progress: Progress = _quiet) -> list[tuple[str, int
     the brokers going away), then brokers, then ZooKeeper — each by its recorded PID.
     Returns ``(name, pid)`` of what was running."""
     plan = ClusterPlan.load(directory.resolve())
-    order = sorted(_markers(plan), key=lambda nm: {CONTROLLER: 0, ZOOKEEPER: 2}.get(nm[0], 1))
+    zookeeper = {n.name for n in plan.zk_nodes}
+    order = sorted(_markers(plan),
+                   key=lambda nm: 0 if nm[0] == CONTROLLER else 2 if nm[0] in zookeeper else 1)
     stopped = []
     for name, marker in order:
         pid = procs.read_pid(plan.pid_dir, name)

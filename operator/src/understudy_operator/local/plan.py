@@ -8,10 +8,12 @@ before it starts anything, and ``local start BROKER`` must start a broker exactl
 State directory layout (``--dir``, default ``.understudy/local``)::
 
     cluster.json            this plan: ZooKeeper address, groups, every process's argv
-    pids/<name>.pid         one PID per process (brokers, "controller", "zookeeper")
+    pids/<name>.pid         one PID per process (brokers, "controller", "zookeeper" or,
+                            for an ensemble, "zk1".."zkN")
     logs/<name>.log         stdout+stderr of each process
     data/<broker>/          each broker's log, indexes and offsets
-    zookeeper/              the private ZooKeeper's data and config
+    zookeeper/              the private ZooKeeper's data and config (an ensemble: one
+                            folder per node, zookeeper/zk1 ...)
 """
 
 from __future__ import annotations
@@ -46,6 +48,41 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class ZkNode:
+    """One ZooKeeper server of the cluster on :data:`HOST`. ``server_id`` 0 is a
+    standalone server (the default, one node); an ensemble numbers its servers 1..N (their
+    ``myid``) and each also listens on a quorum and an election port."""
+
+    server_id: int
+    port: int
+    quorum_port: int = 0
+    election_port: int = 0
+
+    @property
+    def name(self) -> str:
+        """Its pid/log name: ``zookeeper`` standalone, ``zk<id>`` in an ensemble."""
+        return f"zk{self.server_id}" if self.server_id else ZOOKEEPER
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def to_dict(self) -> dict[str, int]:
+        return {"id": self.server_id, "port": self.port, "quorumPort": self.quorum_port,
+                "electionPort": self.election_port}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ZkNode:
+        return cls(int(doc["id"]), int(doc["port"]), int(doc.get("quorumPort", 0)),
+                   int(doc.get("electionPort", 0)))
+
+
+def zk_hosts(nodes: Sequence[ZkNode]) -> str:
+    """The connect string (no chroot) that lists every server of ``nodes``."""
+    return ",".join(n.address for n in nodes)
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessPlan:
     """One process of the cluster: its name (pid/log file stem), argv and the marker
     (an argv element) that identifies it in ``/proc``."""
@@ -60,7 +97,8 @@ class ProcessPlan:
 @dataclass(frozen=True, slots=True)
 class ClusterPlan:
     dir: Path
-    zk_port: int
+    #: The ZooKeeper servers: one standalone server, or every member of an ensemble.
+    zk_nodes: tuple[ZkNode, ...]
     groups: tuple[GroupConfig, ...]
     processes: tuple[ProcessPlan, ...]
     #: Brokers take their permission from ZooKeeper and a controller runs (the product).
@@ -73,8 +111,17 @@ class ClusterPlan:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def zk_port(self) -> int:
+        """The first ZooKeeper server's client port (the only one without an ensemble)."""
+        return self.zk_nodes[0].port
+
+    @property
     def zk_hosts(self) -> str:
-        return f"{HOST}:{self.zk_port}"
+        """Every ZooKeeper server's client address, comma-separated (no chroot)."""
+        return zk_hosts(self.zk_nodes)
+
+    def zk_node(self, name: str) -> ZkNode | None:
+        return next((n for n in self.zk_nodes if n.name == name), None)
 
     @property
     def zk_connect(self) -> str:
@@ -126,6 +173,7 @@ class ClusterPlan:
         doc = {
             "version": 1,
             "zkPort": self.zk_port,
+            "zkNodes": [n.to_dict() for n in self.zk_nodes],
             "chroot": self.chroot,
             "sessionTimeoutMs": self.session_timeout_ms,
             "controllerHttpPort": self.controller_http_port,
@@ -158,9 +206,11 @@ class ClusterPlan:
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise PlanError(f"{path} is unreadable ({exc}); run 'understudy local down' and 'up' again") from None
         try:
+            nodes = tuple(ZkNode.from_dict(n) for n in doc.get("zkNodes", ())) or (
+                ZkNode(0, int(doc["zkPort"])),)
             return cls(
                 dir=directory,
-                zk_port=int(doc["zkPort"]),
+                zk_nodes=nodes,
                 chroot=str(doc["chroot"]),
                 session_timeout_ms=int(doc["sessionTimeoutMs"]),
                 controller_http_port=doc.get("controllerHttpPort"),
@@ -195,7 +245,8 @@ def plan_cluster(
     sync: bool,
     port: Callable[[], int],
     coordinated: bool = True,
-    zk_port: int,
+    zk_port: int = 0,
+    zk_nodes: Sequence[ZkNode] = (),
     session_timeout_ms: int = 2000,
     failover: FailoverPolicy | None = None,
     replication: ReplicationPolicy | None = None,
@@ -203,7 +254,8 @@ def plan_cluster(
 ) -> ClusterPlan:
     """Name and wire the cluster: groups ``g1..gN``, brokers ``gK-0`` (master) and
     ``gK-1..gK-M`` (slaves, configured READ so they may act for reads). ``port`` hands
-    out free ports. ``coordinated=False``: see :attr:`ClusterPlan.coordinated`."""
+    out free ports. ``coordinated=False``: see :attr:`ClusterPlan.coordinated`. ZooKeeper:
+    the servers ``zk_nodes`` (an ensemble), or else one standalone server on ``zk_port``."""
     if not 1 <= groups <= 50:
         raise PlanError(f"--groups must be 1-50, got {groups}")
     if not 0 <= slaves <= 8:
@@ -237,7 +289,8 @@ def plan_cluster(
             )
         except LayoutError as exc:
             raise PlanError(str(exc)) from None
-    zk_connect = f"{HOST}:{zk_port}{chroot}"
+    nodes = tuple(zk_nodes) or (ZkNode(0, zk_port),)
+    zk_connect = zk_hosts(nodes) + chroot
     procs = [
         broker_process(g, b, directory=directory, zk_connect=zk_connect if coordinated else None)
         for g in configs
@@ -257,7 +310,7 @@ def plan_cluster(
         )
     return ClusterPlan(
         dir=directory,
-        zk_port=zk_port,
+        zk_nodes=nodes,
         groups=tuple(configs),
         processes=tuple(procs),
         coordinated=coordinated,

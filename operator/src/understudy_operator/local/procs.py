@@ -200,9 +200,25 @@ def wait_gone(pid: int, *, marker: str, timeout: float) -> bool:
     while time.monotonic() < deadline:
         info = inspect(pid, marker=marker)
         if info is None or not info.alive:
+            _collect(pid, deadline=deadline)
             return True
         time.sleep(0.02)
     return False
+
+
+def _collect(pid: int, *, deadline: float) -> None:
+    """Reap ``pid`` if it is our child and a zombie. A multi-threaded process (a JVM: the
+    ZooKeeper servers) shows ``Z`` as soon as its main thread ends, while its other threads
+    still exit, and cannot be collected until they have: wait for that, or it stays a
+    zombie for as long as this process lives."""
+    while _proc_state(pid) in ("Z", "X") and time.monotonic() < deadline:
+        try:
+            got, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return  # not our child: its parent (or init) collects it
+        if got == pid:
+            return
+        time.sleep(0.005)
 
 
 def mentioning(text: str) -> list[int]:
