@@ -41,9 +41,27 @@ def test_a_produce_carries_the_producer_lease_after_its_messages() -> None:
     (docs/ordered.md); a body without one decodes as before."""
     msgs = [(0, b"k", b"v"), (0, None, b"w")]
     body = p.encode_produce("t", msgs, ("host-1-ab", 7))
-    assert p.decode_produce_full(body) == ("t", msgs, ("host-1-ab", 7), None)
+    assert p.decode_produce_full(body) == p.ProduceBody("t", msgs, ("host-1-ab", 7))
     assert p.decode_produce(body) == ("t", msgs)
-    assert p.decode_produce_full(p.encode_produce("t", msgs)) == ("t", msgs, None, None)
+    assert p.decode_produce_full(p.encode_produce("t", msgs)) == p.ProduceBody("t", msgs)
+
+
+def test_a_produce_carries_the_idempotent_producer_numbers_last() -> None:
+    """Every trailer at once, in order; a count that does not match is a clear error."""
+    msgs = [(0, b"k", b"v"), (1, None, b"w")]
+    body = p.encode_produce("t", msgs, ("m", 2), [0, 5], (2**64 - 1, [7, 0]))
+    assert p.decode_produce_full(body) == p.ProduceBody("t", msgs, ("m", 2), [0, 5],
+                                                        (2**64 - 1, [7, 0]))
+    assert p.decode_produce_full(p.encode_produce("t", msgs, producer=(3, [1, 2]))).producer \
+        == (3, [1, 2])
+    bad = (p.encode_produce("t", msgs) + bytes([3]) + (3).to_bytes(8, "big")
+           + (1).to_bytes(4, "big") + (9).to_bytes(8, "big"))
+    with pytest.raises(p.FrameError, match="1 sequence numbers for 2 messages"):
+        p.decode_produce_full(bad)
+    with pytest.raises(p.FrameError, match="body truncated"):
+        p.decode_produce_full(p.encode_produce("t", msgs, producer=(3, [1, 2]))[:-3])
+    with pytest.raises(ValueError, match="one sequence number per message"):
+        p.encode_produce("t", msgs, producer=(3, [1]))
 
 
 @given(st.lists(st.tuples(queues, offsets), max_size=50))

@@ -75,8 +75,8 @@ def test_system_topic_names_follow_the_one_rule() -> None:
 def test_the_produce_trailer_carries_one_time_per_message() -> None:
     msgs = [(0, None, b"a"), (1, b"k", b"b")]
     body = p.encode_produce("t", msgs, ("m", 3), [0, NOW])
-    assert p.decode_produce_full(body) == ("t", msgs, ("m", 3), [0, NOW])
-    assert p.decode_produce_full(p.encode_produce("t", msgs, None, [0, 0]))[3] is None
+    assert p.decode_produce_full(body) == p.ProduceBody("t", msgs, ("m", 3), [0, NOW])
+    assert p.decode_produce_full(p.encode_produce("t", msgs, None, [0, 0])).deliver_at is None
     # A trailer with the wrong count is a clear error, not a crash.
     bad = p.encode_produce("t", msgs) + bytes([2]) + (1).to_bytes(4, "big") + NOW.to_bytes(8, "big")
     with pytest.raises(p.FrameError, match="1 delivery times for 2 messages"):

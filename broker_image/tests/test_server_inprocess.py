@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -182,26 +183,33 @@ async def test_stop_persists_offsets_and_reopen_keeps_data(tmp_path: Path) -> No
         await again.stop()
 
 
-async def test_a_failed_flush_is_an_internal_error_and_the_broker_keeps_serving(
-        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("errno_", [28, 5], ids=["ENOSPC", "EIO"])
+async def test_a_failed_flush_is_refused_and_the_broker_keeps_serving(
+        served: Any, monkeypatch: pytest.MonkeyPatch, errno_: int) -> None:
     """Storage raises OSError (it does not know the protocol); the server maps a failed
-    fdatasync to INTERNAL for the produce that waited for it, and nothing else breaks."""
+    fdatasync to STORAGE_FULL (a full disk) or INTERNAL for the produce that waited for
+    it, and nothing else breaks."""
     broker, _auth, addr = served
     await create_topic([addr], topic="disk", queues=1)
     log = broker.store.log
     healthy = log.flush
 
-    def full_disk() -> None:
-        raise OSError(28, "No space left on device")
+    def failing() -> None:
+        raise OSError(errno_, os.strerror(errno_))
 
-    monkeypatch.setattr(log, "flush", full_disk)
+    monkeypatch.setattr(log, "flush", failing)
     conn = await Connection.open(addr)
     try:
         body = p.ProduceRequest("disk", [p.ProduceMessage(0, None, b"x")]).encode()
         with pytest.raises(BrokerError) as info:
             await conn.request(p.Op.PRODUCE, body)
-        assert info.value.status == p.Status.INTERNAL
-        assert "No space left on device" in str(info.value)
+        if errno_ == 28:
+            assert info.value.status == p.Status.STORAGE_FULL
+            assert "the broker's disk is full (No space left on device)" in str(info.value)
+            assert "the write is not acknowledged" in str(info.value)
+        else:
+            assert info.value.status == p.Status.INTERNAL
+            assert "flushing the log: [Errno 5] Input/output error" in str(info.value)
         assert p.HeartbeatResponse.decode(await conn.request(p.Op.HEARTBEAT, b"{}")).role == "master"
         monkeypatch.setattr(log, "flush", healthy)
         resp = p.ProduceResponse.decode(await conn.request(p.Op.PRODUCE, body))

@@ -158,12 +158,24 @@ def test_redelivery_in_another_consumer_group_is_independent() -> None:
     assert report.duplicates_inflight == report.duplicates_rewind == report.duplicates_produce == 0
 
 
-def test_same_id_at_two_positions_is_produced_twice_not_a_rewind() -> None:
-    history = [ack(0, "a", offset=0), ack(1, "a", offset=1), dlv(2, "a", 0), dlv(3, "a", 1)]
+def test_same_id_on_another_queue_is_produced_twice_not_a_rewind() -> None:
+    """A retry moved to another group after an ambiguous failure: at-least-once."""
+    history = [ack(0, "a", offset=0), ack(1, "a", offset=0), dlv(2, "a", 0),
+               dlv(3, "a", 0, queue=1)]
     report = check(history)
-    assert report.duplicates_produce == 1
+    assert (report.duplicates_produce, report.duplicates_same_queue) == (1, 0)
     assert report.duplicates_rewind == 0
     assert report.ok
+
+
+def test_same_id_twice_on_one_queue_breaks_invariant_8() -> None:
+    history = [ack(0, "a", offset=0), ack(1, "a", offset=1), dlv(2, "a", 0), dlv(3, "a", 1)]
+    report = check(history)
+    assert (report.duplicates_produce, report.duplicates_same_queue) == (1, 1)
+    assert report.duplicates_rewind == 0
+    assert report.violations == [
+        "1 message(s) stored twice on the same queue by a retried send (invariant 8)"]
+    assert report.to_json()["duplicates_same_queue"] == 1
 
 
 # ------------------------------------------------------------------ offset rewinds

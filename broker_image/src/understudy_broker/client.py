@@ -641,12 +641,10 @@ class _Pending:
     attempts: int = 0
     hedged: bool = False  # a copy went to another group while this one hangs
     deliver_at: int = 0  # ms since the epoch: a delayed message (docs/delayed.md); 0 now
-
-
-def _encode_items(topic: str, items: Sequence[_Pending],
-                  lease: p.ProduceLease | None = None) -> bytes:
-    return p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items], lease,
-                            [i.deliver_at for i in items])
+    # The idempotent producer's number for this message on ``seq_queue`` (invariant 8):
+    # kept through every retry to that queue, renumbered when the message moves.
+    seq: int = -1
+    seq_queue: int = -1
 
 
 @dataclass(slots=True)
@@ -895,7 +893,13 @@ class Producer:
 
     ``acks=1``: the future resolves when the broker acknowledged (after its fsync and, in
     synchronous replication, a slave's). ``acks=0``: it resolves once the batch is
-    written to the socket, with offset -1. Retries can duplicate a message (at-least-once).
+    written to the socket, with offset -1.
+
+    ``idempotent`` (default): the producer numbers its messages per queue, and the master
+    stores a retried send to the same queue once and answers it with the first copy's
+    offset, also after it restarted (invariant 8, docs/idempotence.md). A message moved to
+    another group after an unanswered attempt (a retry elsewhere, a hedge) may still be
+    stored twice, once on each group (at-least-once).
     """
 
     def __init__(
@@ -918,6 +922,7 @@ class Producer:
         hedge_after_ms: float | None = 500.0,
         leader_session_timeout_ms: int = 6000,
         member_id: str | None = None,
+        idempotent: bool = True,
     ) -> None:
         if acks not in (0, 1):
             raise ValueError("acks must be 0 or 1")
@@ -954,6 +959,51 @@ class Producer:
         self._rr: dict[str, itertools.count[int]] = {}
         self._closed = False
         self._watching = False
+        # Idempotence (docs/idempotence.md): a random producer id and, per (topic, queue),
+        # the next sequence number.
+        self.producer_id = int.from_bytes(os.urandom(8), "big") if idempotent else None
+        self._next_seq: dict[tuple[str, int], int] = {}
+        # Batches being retried per (topic, group), and the event their end sets.
+        self._retrying: dict[tuple[str, str | None], int] = {}
+        self._retry_event: dict[tuple[str, str | None], asyncio.Event] = {}
+
+    async def _behind_retries(self, topic: str, group: str | None) -> None:
+        """A new batch to ``group`` waits while a batch of this topic there is being
+        retried (its outcome unknown): the master then stores at most the batches already
+        in flight after it, so the retry is recognised within the runs the master keeps
+        per queue (docs/idempotence.md). Sends to other groups go on."""
+        while self._retrying.get((topic, group)):
+            event = self._retry_event.get((topic, group))
+            if event is None:
+                event = self._retry_event[(topic, group)] = asyncio.Event()
+            await event.wait()
+
+    def _retry_done(self, topic: str, group: str | None) -> None:
+        key = (topic, group)
+        left = self._retrying[key] - 1
+        if left:
+            self._retrying[key] = left
+            return
+        del self._retrying[key]
+        event = self._retry_event.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def _encode(self, topic: str, items: Sequence[_Pending],
+                lease: p.ProduceLease | None = None) -> bytes:
+        """A PRODUCE body for ``items``; an idempotent producer numbers each message for
+        its queue the first time it goes there and sends the same number on a retry."""
+        producer: p.ProducerSeqs | None = None
+        if self.producer_id is not None:
+            for i in items:
+                if i.seq_queue != i.queue:
+                    key = (topic, i.queue)
+                    i.seq = self._next_seq.get(key, 0)
+                    self._next_seq[key] = i.seq + 1
+                    i.seq_queue = i.queue
+            producer = (self.producer_id, [i.seq for i in items])
+        return p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items], lease,
+                                [i.deliver_at for i in items], producer)
 
     async def _queues(self, topic: str) -> list[int]:
         live = self.router.live_queues(topic)
@@ -1079,59 +1129,68 @@ class Producer:
             async with turn, self._inflight:
                 await self._send_ordered(topic, group, items)
             return
-        body = _encode_items(topic, items)
+        await self._behind_retries(topic, group)
+        body = self._encode(topic, items)
         backoff = Backoff(self.retry_backoff_s, 2.0)
+        retrying = False
         async with self._window(group), self._inflight:
-            while True:
-                conn: Connection | None = None
-                started = time.monotonic()
-                try:
-                    conn = await self.router.connection(Permission.WRITE, group)
-                    if self.acks == 0:
-                        fut = conn.send(p.Op.PRODUCE, body, epoch=self.router.epoch_of(group))
-                        fut.add_done_callback(_ignore_result)
-                        for i in items:
-                            if not i.future.done():
-                                i.future.set_result((i.queue, -1))
+            try:
+                while True:
+                    conn: Connection | None = None
+                    started = time.monotonic()
+                    try:
+                        conn = await self.router.connection(Permission.WRITE, group)
+                        if self.acks == 0:
+                            fut = conn.send(p.Op.PRODUCE, body, epoch=self.router.epoch_of(group))
+                            fut.add_done_callback(_ignore_result)
+                            for i in items:
+                                if not i.future.done():
+                                    i.future.set_result((i.queue, -1))
+                            return
+                        pending = asyncio.ensure_future(conn.request(
+                            p.Op.PRODUCE,
+                            body,
+                            epoch=self.router.epoch_of(group),
+                            timeout_s=self.router.request_timeout_s,
+                        ))
+                        if self.hedge_after_s is not None and group is not None:
+                            done, _ = await asyncio.wait({pending}, timeout=self.hedge_after_s)
+                            if not done:
+                                self._hedge(topic, group, items, started)
+                        resp = p.ProduceResponse.decode(await pending)
+                        if group is not None:
+                            self.faults.observe(group, (time.monotonic() - started) * 1000,
+                                                time.monotonic(), started=started)
+                        _resolve(items, resp)
                         return
-                    pending = asyncio.ensure_future(conn.request(
-                        p.Op.PRODUCE,
-                        body,
-                        epoch=self.router.epoch_of(group),
-                        timeout_s=self.router.request_timeout_s,
-                    ))
-                    if self.hedge_after_s is not None and group is not None:
-                        done, _ = await asyncio.wait({pending}, timeout=self.hedge_after_s)
-                        if not done:
-                            self._hedge(topic, group, items, started)
-                    resp = p.ProduceResponse.decode(await pending)
-                    if group is not None:
+                    except BrokerError as exc:
+                        if not _worth_retrying(exc):
+                            _fail(items, exc)
+                            return
+                        error: Exception = exc
+                    except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+                        error = exc
+                    log.info("produce to %s on %s failed: %s", topic, group or "its group", error)
+                    # A refusal by permission (the broker is not the writer now) says the route
+                    # we used is stale, not that the group is slow: re-routing (below) is the
+                    # answer. Isolating for it kept a group that had just become writable again
+                    # out of rotation for minutes.
+                    if group is not None and not (isinstance(error, BrokerError) and (
+                            error.status in p.ROUTING or error.status == p.Status.UNKNOWN_TOPIC)):
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                            time.monotonic(), started=started)
-                    _resolve(items, resp)
-                    return
-                except BrokerError as exc:
-                    if not _worth_retrying(exc):
-                        _fail(items, exc)
+                                            time.monotonic(), failed=True, started=started)
+                    await self.router.failed(Permission.WRITE, conn, group)
+                    items = self._retry_elsewhere(topic, group, items, error)
+                    if not items:
                         return
-                    error: Exception = exc
-                except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
-                    error = exc
-                log.info("produce to %s on %s failed: %s", topic, group or "its group", error)
-                # A refusal by permission (the broker is not the writer now) says the route
-                # we used is stale, not that the group is slow: re-routing (below) is the
-                # answer. Isolating for it kept a group that had just become writable again
-                # out of rotation for minutes.
-                if group is not None and not (isinstance(error, BrokerError) and (
-                        error.status in p.ROUTING or error.status == p.Status.UNKNOWN_TOPIC)):
-                    self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                        time.monotonic(), failed=True, started=started)
-                await self.router.failed(Permission.WRITE, conn, group)
-                items = self._retry_elsewhere(topic, group, items, error)
-                if not items:
-                    return
-                await backoff.sleep()
-                body = _encode_items(topic, items)
+                    if not retrying:
+                        retrying = True
+                        self._retrying[(topic, group)] = self._retrying.get((topic, group), 0) + 1
+                    await backoff.sleep()
+                    body = self._encode(topic, items)
+            finally:
+                if retrying:
+                    self._retry_done(topic, group)
 
     def leadership(self, topic: str) -> _ProducerLeadership:
         """This producer's standing among the producers of ordered topic ``topic`` (joined
@@ -1184,8 +1243,7 @@ class Producer:
             group = self._to_send_head(topic, group, items)  # the head the route names now
             try:
                 conn = await self.router.connection(Permission.WRITE, group)
-                body = p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items],
-                                        lead.lease)
+                body = self._encode(topic, items, lead.lease)
                 resp = p.ProduceResponse.decode(await _unless(moved, conn.request(
                     p.Op.PRODUCE, body, epoch=self.router.epoch_of(group),
                     timeout_s=self.router.request_timeout_s)))

@@ -55,6 +55,10 @@ the master, to its own queue), ``moved`` (by the master, to another group's queu
 ``escaped`` (by the acting slave, to another group's master)."""
 NACKS_TOTAL: Final = "understudy_nacks_total"
 """Counter {group,broker,to}: messages handed back by consumers: ``retry`` or ``dlq``."""
+PRODUCE_REPEATS_TOTAL: Final = "understudy_produce_repeats_total"
+"""Counter {group,broker}: messages of idempotent producers answered with the offset their
+first copy got instead of stored again (a retried send to the same queue: invariant 8,
+docs/idempotence.md)."""
 GROUP_DEGRADED: Final = "understudy_group_degraded"  # gauge {group}: master and slaves down
 CONTROLLER_TRANSITIONS_TOTAL: Final = "understudy_controller_transitions_total"  # {group,to}
 

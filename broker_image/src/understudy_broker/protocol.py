@@ -35,7 +35,7 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Self
+from typing import Any, Final, NamedTuple, Self
 
 from understudy_broker.model import TopicNameError, check_topic_name, normalize_snapshot
 
@@ -500,18 +500,36 @@ class ProduceRequest:
 ProduceLease = tuple[str, int]
 _LEASE_MARK = 1
 _DELIVER_MARK = 2
+_PRODUCER_MARK = 3
 _LEASE_GEN = struct.Struct(">Q")
+_PRODUCER_ID = struct.Struct(">Q")
+
+#: ``(producer id, one sequence number per message)`` of an idempotent producer
+#: (invariant 8, docs/idempotence.md): a trailer, marker byte 3, u64 id, u32 count, u64 each.
+ProducerSeqs = tuple[int, Sequence[int]]
+
+
+class ProduceBody(NamedTuple):
+    """A decoded PRODUCE: the messages and the trailers that came with them."""
+
+    topic: str
+    messages: list[tuple[int, bytes | None, bytes]]
+    lease: ProduceLease | None = None  # the active producer of an ordered topic
+    deliver_at: list[int] | None = None  # delivery times (ms); None: all now
+    producer: ProducerSeqs | None = None  # an idempotent producer's id and numbers
 
 
 def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]],
                    lease: ProduceLease | None = None,
-                   deliver_at: Sequence[int] | None = None) -> bytes:
+                   deliver_at: Sequence[int] | None = None,
+                   producer: ProducerSeqs | None = None) -> bytes:
     """A PRODUCE body from plain ``(queue, key, body)`` tuples, packed into one
     preallocated buffer (the producer's hot path: no object per message).
 
-    Trailers, each present only when needed: the producer lease of an ordered topic, then
-    ``deliver_at``, one delivery time (ms since the epoch; 0: now) per message
-    (docs/delayed.md)."""
+    Trailers, each present only when needed, in this order: the producer lease of an
+    ordered topic; ``deliver_at``, one delivery time (ms since the epoch; 0: now) per
+    message (docs/delayed.md); ``producer``, an idempotent producer's id and one sequence
+    number per message (docs/idempotence.md)."""
     body = _encode_messages(topic, messages)
     if lease is not None:
         member, generation = lease
@@ -521,6 +539,12 @@ def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes
             raise ValueError("one delivery time per message")
         body += bytes([_DELIVER_MARK]) + _PRODUCE_HEAD.pack(len(deliver_at)) + struct.pack(
             f">{len(deliver_at)}q", *deliver_at)
+    if producer is not None:
+        pid, seqs = producer
+        if len(seqs) != len(messages):
+            raise ValueError("one sequence number per message")
+        body += (bytes([_PRODUCER_MARK]) + _PRODUCER_ID.pack(pid)
+                 + _PRODUCE_HEAD.pack(len(seqs)) + struct.pack(f">{len(seqs)}Q", *seqs))
     return body
 
 
@@ -554,14 +578,12 @@ def decode_produce(body: bytes) -> tuple[str, list[tuple[int, bytes | None, byte
     """The PRODUCE body as ``(topic, [(queue, key, body), ...])``: the broker's hot path,
     so plain tuples and one bounds check per field instead of typed objects. The trailers
     after the messages are read by :func:`decode_produce_full`."""
-    topic, out, _lease, _deliver = decode_produce_full(body)
-    return topic, out
+    decoded = decode_produce_full(body)
+    return decoded.topic, decoded.messages
 
 
-def decode_produce_full(body: bytes) -> tuple[str, list[tuple[int, bytes | None, bytes]],
-                                              ProduceLease | None, list[int] | None]:
-    """:func:`decode_produce` with its trailers: the producer lease of an ordered topic
-    (None: none) and the delivery times (None: all now)."""
+def decode_produce_full(body: bytes) -> ProduceBody:
+    """:func:`decode_produce` with its trailers (:class:`ProduceBody`)."""
     r = _Reader(body)
     topic = r.string()
     (count,) = r.unpack(_PRODUCE_HEAD)
@@ -604,9 +626,18 @@ def decode_produce_full(body: bytes) -> tuple[str, list[tuple[int, bytes | None,
             raise _bad(f"{n} delivery times for {count} messages")
         deliver = list(r.unpack(struct.Struct(f">{n}q")))
         pos = r.pos
+    producer: ProducerSeqs | None = None
+    if pos < size and body[pos] == _PRODUCER_MARK:
+        r.seek(pos + 1)
+        (pid,) = r.unpack(_PRODUCER_ID)
+        (n,) = r.unpack(_PRODUCE_HEAD)
+        if n != count:
+            raise _bad(f"{n} sequence numbers for {count} messages")
+        producer = (pid, list(r.unpack(struct.Struct(f">{n}Q"))))
+        pos = r.pos
     if pos != size:
         raise _bad(f"{size - pos} unexpected trailing bytes")
-    return topic, out, lease, deliver
+    return ProduceBody(topic, out, lease, deliver, producer)
 
 
 #: The offset a PRODUCE answers for a delayed message: it has none until it is due.
@@ -728,12 +759,16 @@ def _queue_offsets(data: Mapping[str, Any], name: str) -> dict[int, int | None]:
     raw = _field(data, name, dict)
     out: dict[int, int | None] = {}
     for k, v in raw.items():
-        try:
-            q = int(k)
-        except ValueError:
-            raise _bad(f"{name}: queue {k!r} is not a number") from None
-        out[_queue(q)] = None if v is None else _offset(v)
+        out[_queue_key(name, k)] = None if v is None else _offset(v)
     return out
+
+
+def _queue_key(name: str, key: str) -> int:
+    """A queue number written as a JSON object key."""
+    try:
+        return _queue(int(key))
+    except ValueError:
+        raise _bad(f"{name}: queue {key!r} is not a number") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -957,7 +992,7 @@ class RouteResponse:
             if not isinstance(info, dict):
                 raise _bad("topic info must be an object")
             topics[name] = _field(info, "queues", int)
-            topic_groups[name] = [str(x) for x in info.get("groups", [])]
+            topic_groups[name] = _strings(info, "groups")
             placed = info.get("placement")
             if placed is not None:
                 if not isinstance(placed, list) or len(placed) != topics[name]:
@@ -1024,6 +1059,12 @@ class HeartbeatResponse:
         )
 
 
+#: The most schedule entries one back-sync may name as escaped. Its ranges are expanded
+#: to one offset each, so a range a peer merely announces (``[0, 2**62)``) is refused
+#: before anything is allocated for it.
+MAX_ESCAPED: Final = 1 << 22
+
+
 @dataclass(frozen=True, slots=True)
 class BackSyncRequest:
     """BACKSYNC_OFFSETS: the acting slave's final consumer offsets, tagged with the
@@ -1070,6 +1111,9 @@ class BackSyncRequest:
                     and 0 <= pair[0] < pair[1]):
                 raise FrameError(Status.BAD_REQUEST,
                                  "back-sync escaped: a list of [first, end) offset ranges")
+            if len(escaped) + pair[1] - pair[0] > MAX_ESCAPED:
+                raise FrameError(Status.BAD_REQUEST,
+                                 f"back-sync escaped: more than {MAX_ESCAPED} entries")
             escaped.extend(range(pair[0], pair[1]))
         return cls(_field(data, "group", str), _field(data, "sender", str), epoch, offsets,
                    tuple(escaped))
@@ -1236,7 +1280,7 @@ class QueueStatsResponse:
             if not isinstance(v, dict):
                 raise _bad("queue stats must be objects")
             committed = _field(v, "committed", dict)
-            out[_queue(int(k))] = QueueStats(_offset(_field(v, "start", int)),
+            out[_queue_key("queues", k)] = QueueStats(_offset(_field(v, "start", int)),
                                              _offset(_field(v, "end", int)),
                                              {str(g): _offset(o) for g, o in committed.items()})
         return cls(_field(data, "broker", str), _field(data, "group", str), out)

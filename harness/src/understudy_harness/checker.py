@@ -24,7 +24,11 @@ Definitions, precisely (``t`` is nanoseconds on the history's one clock):
   otherwise, or when no disruption lies between the two deliveries.
 * **Produced twice**: the same id delivered at a *different* position than before — the
   producer retried a send whose acknowledgement was lost, so the log holds two copies.
-  Reported as ``duplicates_produce``; it is neither of the two above and not a violation.
+  Reported as ``duplicates_produce``; it is neither of the two above. Of those, a second
+  copy on the *same* queue (``duplicates_same_queue``) breaks invariant 8: an idempotent
+  producer's retry to the same queue is stored once. A copy on another queue (a retry
+  moved to another group after an ambiguous failure, a hedge) is at-least-once, counted,
+  not a violation.
 * **Rewind**: a ``commit`` for (cgroup, topic, queue) lower than a commit before it.
 * **One-reader violation**: from the ``perm`` events (each broker's effective permission,
   timestamped when it changed or was observed), any maximal interval during which two or
@@ -219,6 +223,7 @@ class Report:
     delivered_early: int = 0
     early_examples: tuple[str, ...] = ()
     escape_duplicates: int = 0
+    duplicates_same_queue: int = 0
 
     @property
     def violations(self) -> list[str]:
@@ -231,6 +236,9 @@ class Report:
                 out.append(f"consumer group {cgroup} never received {n} acknowledged message(s)")
         if self.duplicates_rewind:
             out.append(f"{self.duplicates_rewind} duplicate(s) from a rewind")
+        if self.duplicates_same_queue:
+            out.append(f"{self.duplicates_same_queue} message(s) stored twice on the same "
+                       "queue by a retried send (invariant 8)")
         if self.offset_rewinds:
             out.append(f"{self.offset_rewinds} committed-offset rewind(s)")
         if self.one_reader_violations:
@@ -278,6 +286,7 @@ class Report:
             "duplicates_inflight": self.duplicates_inflight,
             "duplicates_rewind": self.duplicates_rewind,
             "duplicates_produce": self.duplicates_produce,
+            "duplicates_same_queue": self.duplicates_same_queue,
             "offset_rewinds": self.offset_rewinds,
             "one_reader_violations": self.one_reader_violations,
             "one_reader_overlap_s": round(self.one_reader_overlap_s, 6),
@@ -331,8 +340,8 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
 
     lost, lost_examples, skipped = _losses(acks, delivers)
     nacks = [e for e in events if isinstance(e, Nack)]
-    inflight, rewind, produced = _duplicates(delivers, commits, faults, modes,
-                                             {(n.cgroup, n.id) for n in nacks})
+    inflight, rewind, produced, same_queue = _duplicates(delivers, commits, faults, modes,
+                                                         {(n.cgroup, n.id) for n in nacks})
     rewinds = _offset_rewinds(commits)
     timelines = {g: _holders(ps) for g, ps in _by_group(perms).items()}
     overlaps = [o for g, tl in sorted(timelines.items()) for o in _overlaps(g, tl, end)]
@@ -355,6 +364,7 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
         duplicates_inflight=inflight,
         duplicates_rewind=rewind,
         duplicates_produce=produced,
+        duplicates_same_queue=same_queue,
         offset_rewinds=len(rewinds),
         rewind_examples=tuple(rewinds[:EXAMPLES]),
         one_reader_violations=len(overlaps),
@@ -482,9 +492,10 @@ def _order_violations(acks: list[ProduceAck], delivers: list[Deliver],
 def _duplicates(
     delivers: list[Deliver], commits: list[Commit], faults: list[Fault], modes: list[ModeChange],
     nacked: set[tuple[str, str]] | None = None,
-) -> tuple[int, int, int]:
-    """``(in flight, rewind, produced twice)``; an id its group handed back is expected
-    at a new position (the retry topic): not "produced twice" (see *escape duplicates*)."""
+) -> tuple[int, int, int, int]:
+    """``(in flight, rewind, produced twice, of those on the same queue)``; an id its
+    group handed back is expected at a new position (the retry topic): not "produced
+    twice" (see *escape duplicates*)."""
     nacked = nacked or set()
     disruptions = sorted([f.t for f in faults] + [m.t for m in modes])
     commit_log: dict[tuple[str, str, int], list[Commit]] = defaultdict(list)
@@ -492,7 +503,7 @@ def _duplicates(
         commit_log[(c.cgroup, c.topic, c.queue)].append(c)
     first_at: dict[tuple[str, str, int, int], Deliver] = {}
     position_of: dict[tuple[str, str], tuple[str, int, int]] = {}
-    inflight = rewind = produced = 0
+    inflight = rewind = produced = same_queue = 0
     for d in delivers:
         pos = (d.cgroup, d.topic, d.queue, d.offset)
         first = first_at.get(pos)
@@ -501,6 +512,8 @@ def _duplicates(
             seen = position_of.setdefault((d.cgroup, d.id), (d.topic, d.queue, d.offset))
             if seen != (d.topic, d.queue, d.offset) and (d.cgroup, d.id) not in nacked:
                 produced += 1
+                if seen[:2] == (d.topic, d.queue):
+                    same_queue += 1
             continue
         crash = _last_in(disruptions, after=first.t, upto=d.t)
         if crash is None:
@@ -511,7 +524,7 @@ def _duplicates(
             inflight += 1
         else:
             rewind += 1
-    return inflight, rewind, produced
+    return inflight, rewind, produced, same_queue
 
 
 def _last_in(times: list[int], *, after: int, upto: int) -> int | None:

@@ -168,6 +168,22 @@ async def heartbeat(address: str) -> p.HeartbeatResponse:
     return p.HeartbeatResponse.decode(frame.body)
 
 
+async def queue_bodies(address: str, topic: str, queue: int) -> list[bytes]:
+    """Every body stored in one queue of the broker at ``address``, from its start, in
+    offset order (plain PULLs, no consumer group)."""
+    out: list[bytes] = []
+    offset = 0
+    while True:
+        frame = await request_once(address, p.Op.PULL,
+                                   p.PullRequest(topic, queue, offset, 1 << 20, 0).encode(),
+                                   timeout_s=10)
+        resp = p.PullResponse.decode(frame.body)
+        if not resp.records:
+            return out
+        out += [r.body for r in resp.records]
+        offset = resp.next_offset
+
+
 async def wait_caught_up(master: str, slave: str, *, within_s: float = 15.0) -> int:
     """Wait until the slave's log ends where the master's does; returns that offset."""
 

@@ -102,6 +102,12 @@ class BrokerMetrics:
             "Messages handed back by consumers, by destination (retry, dlq).",
             ["group", "broker", "to"], registry=self.registry,
         )
+        self._repeats = Counter(
+            names.counter_base(names.PRODUCE_REPEATS_TOTAL),
+            "Retried messages of idempotent producers answered with their first offset "
+            "instead of stored again.",
+            ["group", "broker"], registry=self.registry,
+        ).labels(group=group, broker=broker)
 
     def schedule(self, pending: int, overdue: int) -> None:
         self._scheduled.set(pending)
@@ -136,6 +142,9 @@ class BrokerMetrics:
 
     def messages_in(self, n: int) -> None:
         self._in.inc(n)
+
+    def produce_repeats(self, n: int) -> None:
+        self._repeats.inc(n)
 
     def messages_out(self, n: int) -> None:
         self._out.inc(n)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Final, Protocol
 
+from understudy_broker import idempotence as idem
 from understudy_broker import protocol as p
 from understudy_broker import scheduling as sch
 from understudy_broker.chains import still_head
@@ -37,6 +38,7 @@ from understudy_broker.ha.topicadmin import TopicAdmin, TopicConflict
 from understudy_broker.model import Permission, Role
 from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
 from understudy_broker.server.metrics import BrokerMetrics
+from understudy_broker.server.producers import ProducePlan, Producers
 from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
@@ -88,22 +90,42 @@ async def acknowledged(waits: Sequence[Awaitable[None]]) -> None:
     except ReplicationTimeoutError as exc:
         raise RequestError(p.Status.TIMEOUT, str(exc)) from exc
     except OSError as exc:
-        raise storage_failed(exc, "flushing the log") from exc
+        raise storage_failed(exc, "flushing the log", undone=False) from exc
+
+
+def _merge_repeats(raw: Sequence[tuple[int, bytes | None, bytes]], plan: ProducePlan,
+                   stored: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """One ``(queue, offset)`` per request message: a repeat gets the offset its first
+    copy got, a new one the offset it was stored at (``stored``, in ``plan.kept`` order;
+    the producer record after them is not answered)."""
+    out: list[tuple[int, int]] = []
+    it = iter(stored)
+    for i, (q, _k, _b) in enumerate(raw):
+        first = plan.repeats.get(i)
+        if first is None:
+            out.append(next(it))
+        else:
+            out.append((q, p.SCHEDULED_OFFSET if first == idem.SCHEDULED else first))
+    return out
 
 
 _DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def storage_failed(exc: OSError, doing: str) -> RequestError:
+def storage_failed(exc: OSError, doing: str, *, undone: bool = True) -> RequestError:
     """The status a client sees for a failed write to the data directory: a full disk
     (or quota) is ``STORAGE_FULL``, which says what to do; anything else ``INTERNAL``.
-    The storage layer has already undone the write (nothing of it is kept)."""
+    ``undone``: the storage layer undid the write (a failed append: nothing is kept);
+    False for a failed flush of bytes already appended (they are not acknowledged)."""
     if exc.errno in _DISK_FULL:
+        what = ("nothing was stored" if undone else
+                "the write is not acknowledged (a retry of an idempotent producer is "
+                "stored once)")
         return RequestError(
             p.Status.STORAGE_FULL,
             f"{doing}: the broker's disk is full ({exc.strerror}"
-            f"{f': {exc.filename}' if exc.filename else ''}); nothing was stored. Free space "
-            "or grow the volume; a producer of a topic on several groups writes elsewhere")
+            f"{f': {exc.filename}' if exc.filename else ''}); {what}. Free space or grow "
+            "the volume; a producer of a topic on several groups writes elsewhere")
     return RequestError(p.Status.INTERNAL, f"{doing}: {exc}")
 
 
@@ -139,6 +161,7 @@ class Requests:
         self._scheduler = scheduler
         self._escaper = escaper
         self._topic_admin = TopicAdmin(authority)
+        self._producers = Producers(store.log)
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
             p.Op.PRODUCE: self._produce,
@@ -338,7 +361,8 @@ class Requests:
     async def _produce(self, frame: p.Frame) -> bytes:
         started = time.perf_counter()
         self._require_write(frame)
-        topic, raw, lease, deliver_at = p.decode_produce_full(frame.body)
+        req = p.decode_produce_full(frame.body)
+        topic, raw = req.topic, req.messages
         queues = self._queues(topic)
         if not raw:
             return p.ProduceResponse([]).encode()
@@ -364,13 +388,13 @@ class Requests:
                     f"{p.pulled_frame_bytes(k, b)} bytes, over the {limit}-byte frame limit")
         head_epoch: int | None = None
         ordered = self._ordered(topic)
-        scheduled = self._scheduled(topic, raw, deliver_at, now_ms, ordered)
+        scheduled = self._scheduled(topic, raw, req.deliver_at, now_ms, ordered)
         if ordered:
             self._check_send_head(topic)
             # Suspends only while our watch catches up with a producer generation newer
             # than ours (one batch of an ordered topic in flight per producer); the head
             # is checked again after it, with no suspension before the append.
-            await self._check_producer(topic, raw[0][0], lease)
+            await self._check_producer(topic, raw[0][0], req.lease)
             head_epoch = self._check_send_head(topic)
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
@@ -381,27 +405,45 @@ class Requests:
                 messages[i] = (sch.SCHEDULE_TOPIC, 0, k,
                                sch.encode_entry(due_ms=due, topic=topic, queue=q, payload=b),
                                now_ms)
+        plan = None
+        if req.producer is not None:
+            # An idempotent producer: messages stored before are answered, not stored
+            # again, and the new ones are remembered in the same append (invariant 8).
+            plan = self._producers.plan(topic, req.producer, [q for q, _k, _b in raw],
+                                        messages, now_ms)
+            messages = plan.messages
         # No suspension before the append: batches of one connection keep their order.
-        try:
-            result = self._store.log.append(messages)
-        except (CommitLogError, ValueError) as exc:
-            raise RequestError(p.Status.BAD_REQUEST, str(exc)) from exc
-        except OSError as exc:
-            raise storage_failed(exc, "appending") from exc
-        self._signal.fire()
-        self._replica.appended()
-        await acknowledged([self._store.log_durable(result.end_phys),
-                            self._replica.replicated(result.end_phys, result.start_phys)])
+        lg = self._store.log
+        if messages:
+            try:
+                result = lg.append(messages)
+            except (CommitLogError, ValueError) as exc:
+                raise RequestError(p.Status.BAD_REQUEST, str(exc)) from exc
+            except OSError as exc:
+                raise storage_failed(exc, "appending") from exc
+            if plan is not None:
+                self._producers.stored(plan)
+            self._signal.fire()
+            self._replica.appended()
+            start, end = result.start_phys, result.end_phys
+        else:  # every message a repeat: its first copy is acknowledged as it would be
+            start = end = lg.max_phys
+        await acknowledged([self._store.log_durable(end), self._replica.replicated(end, start)])
         if head_epoch is not None:
             self._check_still_head(topic, head_epoch)
-        self._metrics.messages_in(len(messages))
+        offsets = [(q, p.SCHEDULED_OFFSET if t == sch.SCHEDULE_TOPIC else o)
+                   for t, q, o in (result.queue_offsets if messages else ())]
+        if plan is not None:
+            self._metrics.produce_repeats(len(plan.repeats))
+            offsets = _merge_repeats(raw, plan, offsets)
+        self._metrics.messages_in(len(messages) - (1 if plan is not None and messages else 0))
         self._metrics.produce_latency(time.perf_counter() - started)
         if scheduled is not None:
             self._scheduler.wake()
-            return p.ProduceResponse([
-                (raw[i][0], p.SCHEDULED_OFFSET) if t == sch.SCHEDULE_TOPIC else (q, o)
-                for i, (t, q, o) in enumerate(result.queue_offsets)]).encode()
-        return p.ProduceResponse([(q, o) for _t, q, o in result.queue_offsets]).encode()
+            # A delayed message's answer names the queue it was sent to.
+            offsets = [(raw[i][0], o) if o == p.SCHEDULED_OFFSET else (q, o)
+                       for i, (q, o) in enumerate(offsets)]
+        return p.ProduceResponse(offsets).encode()
 
     def _scheduled(self, topic: str, raw: Sequence[tuple[int, bytes | None, bytes]],
                    deliver_at: Sequence[int] | None, now_ms: int, ordered: bool

@@ -139,7 +139,9 @@ def _print(result: DrillResult) -> None:
     summary.add_row("skipped by a consumer group", _flag(sum(r.skipped.values())))
     summary.add_row("duplicates in flight (at-least-once)", str(r.duplicates_inflight))
     summary.add_row("duplicates from a rewind", _flag(r.duplicates_rewind))
-    summary.add_row("produced twice (retried sends)", str(r.duplicates_produce))
+    summary.add_row("produced twice (a retry moved to another group)",
+                    str(r.duplicates_produce - r.duplicates_same_queue))
+    summary.add_row("stored twice on one queue (invariant 8)", _flag(r.duplicates_same_queue))
     summary.add_row("committed-offset rewinds", _flag(r.offset_rewinds))
     summary.add_row(
         "one-reader violations",

@@ -1,0 +1,115 @@
+"""The master's side of idempotent produce: which messages of a PRODUCE were stored
+before, and the record that remembers the new ones (pure rules in
+:mod:`understudy_broker.idempotence`; docs/idempotence.md).
+
+The table is built from the log on first use (the last producer records), so a master
+that restarted recognises a retry of a batch it stored before it died; after that it
+follows the appends this broker makes. Only a writer builds it: a slave never takes a
+produce.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from understudy_broker import idempotence as idem
+from understudy_broker import protocol as p
+from understudy_broker.scheduling import SCHEDULE_TOPIC
+from understudy_broker.storage.commitlog import CommitLog
+from understudy_broker.storage.records import RecordTuple
+
+log = logging.getLogger(__name__)
+
+#: Release the producer queue's in-memory index every this many records: the table holds
+#: what matters, the index entries are only read again by a rebuild (which reloads them).
+_RELEASE_EVERY = 4096
+
+
+@dataclass(slots=True)
+class ProducePlan:
+    """What to append for one idempotent PRODUCE: ``messages`` (the new ones, then the
+    producer record; empty when every message was a repeat), ``repeats`` (request index →
+    the offset its first copy got, :data:`idempotence.SCHEDULED` for a delayed one) and
+    ``kept`` (the request index of each new message, in append order)."""
+
+    messages: list[RecordTuple]
+    repeats: dict[int, int]
+    kept: list[int]
+    producer: int = 0
+    topic: str = ""
+    runs: list[idem.Run] = field(default_factory=list)
+
+
+class Producers:
+    """The producer table of one broker's log."""
+
+    def __init__(self, log_: CommitLog) -> None:
+        self._log = log_
+        self._table: idem.ProducerTable | None = None
+        self._since_release = 0
+        self.repeats_dropped = 0  # messages answered from the table instead of stored
+
+    def table(self) -> idem.ProducerTable:
+        if self._table is None:
+            self._table = idem.ProducerTable()
+            bad = self._table.rebuild(self._recent_records())
+            log.info("producer table rebuilt from the log: %d producer queue(s)%s",
+                     len(self._table), f", {bad} unreadable record(s) skipped" if bad else "")
+            self._release()
+        return self._table
+
+    def _recent_records(self) -> Iterator[bytes]:
+        lg = self._log
+        topic = idem.PRODUCERS_TOPIC
+        end = lg.queue_end(topic, 0)
+        offset = max(lg.queue_start(topic, 0), end - idem.REBUILD_RECORDS)
+        while offset < end:
+            got = lg.read(topic, 0, offset, max_bytes=1 << 20, max_records=1024)
+            if not got:
+                return
+            for rec in got:
+                yield rec.body
+            offset = got[-1].queue_offset + 1
+
+    def plan(self, topic: str, producer: p.ProducerSeqs, queues: Sequence[int],
+             messages: Sequence[RecordTuple], now_ms: int) -> ProducePlan:
+        """Split one PRODUCE into repeats and new messages, and add the record that
+        remembers where the new ones go. ``queues[i]`` is the queue message ``i`` was
+        sent to; ``messages[i]`` is it as the log will store it (a delayed one is a
+        schedule entry by then). Offsets are those the append will give: nothing may
+        suspend between this and the append."""
+        pid, seqs = producer
+        repeats = self.table().repeats(pid, topic, queues, seqs)
+        kept = [i for i in range(len(messages)) if i not in repeats]
+        if not kept:
+            return ProducePlan([], repeats, kept)
+        next_offset: dict[int, int] = {}
+        stored: list[tuple[int, int, int]] = []
+        for i in kept:
+            q = queues[i]
+            if messages[i][0] == SCHEDULE_TOPIC:
+                stored.append((q, seqs[i], idem.SCHEDULED))
+                continue
+            at = next_offset.get(q)
+            if at is None:
+                at = self._log.queue_end(topic, q)
+            next_offset[q] = at + 1
+            stored.append((q, seqs[i], at))
+        runs = idem.runs_of(stored)
+        record = (idem.PRODUCERS_TOPIC, 0, None, idem.encode_record(pid, topic, runs), now_ms)
+        return ProducePlan([messages[i] for i in kept] + [record], repeats, kept, pid, topic,
+                           runs)
+
+    def stored(self, plan: ProducePlan) -> None:
+        """The plan's append succeeded: remember its runs."""
+        self.table().record(plan.producer, plan.topic, plan.runs)
+        self._since_release += 1
+        if self._since_release >= _RELEASE_EVERY:
+            self._release()
+
+    def _release(self) -> None:
+        self._since_release = 0
+        end = self._log.queue_end(idem.PRODUCERS_TOPIC, 0)
+        self._log.release_index_memory(idem.PRODUCERS_TOPIC, 0, end)

@@ -1,0 +1,111 @@
+"""The idempotent producer's rules (pure): runs, the producer record, the table."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from understudy_broker import idempotence as idem
+from understudy_broker.idempotence import Run
+
+
+def test_consecutive_numbers_at_consecutive_offsets_make_one_run() -> None:
+    stored = [(0, 5, 100), (1, 0, 7), (0, 6, 101), (0, 7, 102), (1, 1, 8),
+              (0, 9, 103),  # a number skipped: a new run
+              (2, 3, idem.SCHEDULED), (2, 4, idem.SCHEDULED), (2, 5, 40)]
+    assert idem.runs_of(stored) == [
+        Run(0, 5, 3, 100), Run(1, 0, 2, 7), Run(0, 9, 1, 103),
+        Run(2, 3, 2, idem.SCHEDULED), Run(2, 5, 1, 40)]
+
+
+def test_the_record_round_trips_and_refuses_what_it_did_not_write() -> None:
+    runs = [Run(0, 5, 3, 100), Run(7, 2**63, 1, idem.SCHEDULED)]
+    body = idem.encode_record(2**64 - 1, "tópic", runs)
+    assert idem.decode_record(body) == (2**64 - 1, "tópic", runs)
+    for bad in (body[:-1], body + b"x", b"\x02" + body[1:], b"", b"\x01\x00"):
+        with pytest.raises(ValueError, match="producer record"):
+            idem.decode_record(bad)
+
+
+def test_the_table_answers_repeats_inside_recorded_runs_only() -> None:
+    table = idem.ProducerTable()
+    table.record(1, "t", [Run(0, 10, 5, 200)])
+    table.record(1, "t", [Run(0, 0, 3, 300)])  # an earlier batch that arrived later
+    assert table.repeats(1, "t", [0, 0, 0, 0, 0], [10, 14, 15, 2, 3]) == {0: 200, 1: 204, 3: 302}
+    assert table.lookup(2, "t", 0, 10) is None  # another producer
+    assert table.lookup(1, "u", 0, 10) is None  # another topic
+    assert table.lookup(1, "t", 1, 10) is None  # another queue
+
+
+def test_the_table_keeps_the_last_runs_per_queue_and_the_recent_keys() -> None:
+    table = idem.ProducerTable(runs_per_queue=2, max_keys=2)
+    for i in range(3):
+        table.record(1, "t", [Run(0, i * 10, 1, i)])
+    assert [table.lookup(1, "t", 0, s) for s in (0, 10, 20)] == [None, 1, 2]
+    table.record(2, "t", [Run(0, 0, 1, 50)])
+    table.lookup(1, "t", 0, 10)
+    table.record(1, "t", [Run(0, 30, 1, 3)])  # producer 1 used again: producer 2 is older
+    table.record(3, "t", [Run(0, 0, 1, 60)])
+    assert len(table) == 2
+    assert table.lookup(2, "t", 0, 0) is None
+    assert table.lookup(1, "t", 0, 30) == 3
+
+
+def test_a_producers_next_batch_right_after_the_last_extends_its_run() -> None:
+    table = idem.ProducerTable(runs_per_queue=2)
+    for n in range(100):  # one producer alone on the queue: one run for all of it
+        table.record(1, "t", [Run(0, n * 3, 3, 10 + n * 3)])
+    table.record(1, "t", [Run(0, 300, 2, 400)])  # another producer wrote in between
+    table.record(1, "t", [Run(0, 302, 1, idem.SCHEDULED)])
+    table.record(1, "t", [Run(0, 303, 1, idem.SCHEDULED)])
+    assert table.runs(1, "t", 0) == [Run(0, 300, 2, 400), Run(0, 302, 2, idem.SCHEDULED)]
+    table2 = idem.ProducerTable(runs_per_queue=2)
+    for n in range(100):
+        table2.record(1, "t", [Run(0, n * 3, 3, 10 + n * 3)])
+    assert table2.runs(1, "t", 0) == [Run(0, 0, 300, 10)]
+    assert table2.lookup(1, "t", 0, 0) == 10
+    assert table2.lookup(1, "t", 0, 299) == 309
+
+
+def test_a_rebuild_replays_records_and_skips_unreadable_ones() -> None:
+    table = idem.ProducerTable()
+    good = idem.encode_record(9, "t", [Run(3, 0, 4, 10)])
+    assert table.rebuild([good, b"garbage", good]) == 1
+    assert table.lookup(9, "t", 3, 3) == 13
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_retried_batches_are_stored_once_whatever_the_order(data: st.DataObject) -> None:
+    """A model of the master: batches of numbered messages to a few queues arrive, some
+    again (retries), in any order; each message is stored exactly once as long as its
+    run is among the last ones kept, and a repeat is answered with its first offset."""
+    sent: list[list[tuple[int, int]]] = []  # batches of (queue, seq)
+    next_seq = [0, 0, 0]
+    for _ in range(data.draw(st.integers(1, 8))):
+        batch = []
+        for q in data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=6)):
+            batch.append((q, next_seq[q]))
+            next_seq[q] += 1
+        sent.append(batch)
+    arrivals = data.draw(st.lists(st.sampled_from(range(len(sent))), min_size=1,
+                                  max_size=16)) + list(range(len(sent)))
+    table = idem.ProducerTable()
+    log: list[list[tuple[int, int]]] = [[], [], []]  # per queue: (seq) at each offset
+    first: dict[tuple[int, int], int] = {}
+    for b in arrivals:
+        queues = [q for q, _s in sent[b]]
+        seqs = [s for _q, s in sent[b]]
+        repeats = table.repeats(7, "t", queues, seqs)
+        stored = []
+        for i, (q, s) in enumerate(sent[b]):
+            if i in repeats:
+                assert repeats[i] == first[(q, s)]
+                continue
+            first[(q, s)] = len(log[q])
+            stored.append((q, s, len(log[q])))
+            log[q].append(s)
+        table.record(7, "t", idem.runs_of(stored))
+    for q in range(3):
+        assert sorted(log[q]) == list(range(next_seq[q])), f"queue {q}: {log[q]}"
