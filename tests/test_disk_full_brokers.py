@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import BrokerError, Connection, create_topic, request_once
+from understudy_broker.client import BrokerError, Connection, create_topic
 from understudy_broker.model import Permission
 from understudy_broker.zkclient import make_client
-from understudy_harness.testing import SmallDisk, eventually, heartbeat, isr_record
+from understudy_harness.testing import (
+    SmallDisk,
+    eventually,
+    heartbeat,
+    isr_record,
+    queue_bodies,
+)
 from understudy_operator.local import cluster as lc
 
 pytestmark = pytest.mark.integration
@@ -34,20 +40,6 @@ async def produce(conn: Connection, queue: int, bodies: list[bytes]) -> str:
         return "OK"
     except BrokerError as exc:
         return p.Status(exc.status).name + ": " + exc.message
-
-
-async def read_queue(address: str, queue: int) -> list[bytes]:
-    out: list[bytes] = []
-    offset = 0
-    while True:
-        frame = await request_once(address, p.Op.PULL,
-                                   p.PullRequest("t", queue, offset, 1 << 20, 0).encode(),
-                                   timeout_s=10)
-        resp = p.PullResponse.decode(frame.body)
-        if not resp.records:
-            return out
-        out += [r.body for r in resp.records]
-        offset = resp.next_offset
 
 
 async def test_a_full_master_refuses_loses_nothing_serves_reads_and_recovers(
@@ -85,7 +77,7 @@ async def test_a_full_master_refuses_loses_nothing_serves_reads_and_recovers(
         assert "nothing was stored" in refusals[0]
         # Every acknowledged message is served, in order, and nothing else.
         for q in range(QUEUES):
-            assert await read_queue(master.address, q) == acked[q], f"queue {q}"
+            assert await queue_bodies(master.address, "t", q) == acked[q], f"queue {q}"
         assert (await heartbeat(master.address)).permission == Permission.FULL
 
         small_disk.resize(16 << 20)  # space returns: the next produce is taken
@@ -94,10 +86,10 @@ async def test_a_full_master_refuses_loses_nothing_serves_reads_and_recovers(
     finally:
         await conn.close()
     for q in range(QUEUES):
-        assert await read_queue(master.address, q) == acked[q], f"queue {q} after space returned"
+        assert await queue_bodies(master.address, "t", q) == acked[q], f"queue {q} after space returned"
     master.restart()
     for q in range(QUEUES):
-        assert await read_queue(master.address, q) == acked[q], f"queue {q} after a restart"
+        assert await queue_bodies(master.address, "t", q) == acked[q], f"queue {q} after a restart"
 
 
 async def test_a_slave_whose_disk_fills_leaves_the_isr_and_the_group_writes_on(
