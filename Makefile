@@ -1,5 +1,5 @@
 # Understudy — `make demo` and `make test` work on a fresh machine: both run `make setup`.
-.PHONY: setup test test-fast lint demo bench drill-cluster drill-ordered drill-delayed e2e clean
+.PHONY: setup test test-fast lint demo bench drill-cluster drill-ordered drill-delayed e2e fuzz clean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -11,6 +11,7 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict broker_image/src operator/src spark_jobs/src harness/src
+	$(VENV)/bin/mypy --strict fuzz
 	$(VENV)/bin/lint-imports
 
 test: setup lint
@@ -45,6 +46,19 @@ drill-ordered: setup
 drill-delayed: setup
 	@mkdir -p bench-results
 	$(VENV)/bin/understudy drill --scenario delayed --cycles $${CYCLES:-4} --dwell $${DWELL:-120} --json bench-results/drill-delayed.json
+
+# Coverage-guided fuzzing (docs/fuzzing.md): every atheris target for FUZZ_SECONDS, then
+# a live broker fed fuzzed frames over TCP as long; corpora, findings and summary.json in
+# bench-results/fuzz/. `make test` runs each for a few seconds.
+FUZZ_SECONDS ?= 300
+
+fuzz: setup
+	@mkdir -p bench-results/fuzz
+	@status=0; \
+	$(PY) -m fuzz.campaign --seconds $(FUZZ_SECONDS) --out bench-results/fuzz || status=1; \
+	UNDERSTUDY_FUZZ_LIVE_SECONDS=$(FUZZ_SECONDS) UNDERSTUDY_FUZZ_LIVE_FRAMES=1000000000 \
+		$(PYTEST) tests/test_fuzz.py -k live_broker -s -q --timeout=$$(( $(FUZZ_SECONDS) + 300 )) || status=1; \
+	exit $$status
 
 e2e: setup
 	$(PYTEST) -m e2e e2e -v

@@ -507,6 +507,8 @@ _PRODUCER_ID = struct.Struct(">Q")
 #: ``(producer id, one sequence number per message)`` of an idempotent producer
 #: (invariant 8, docs/idempotence.md): a trailer, marker byte 3, u64 id, u32 count, u64 each.
 ProducerSeqs = tuple[int, Sequence[int]]
+#: The largest sequence number (a producer counts from 0 per queue: never reached).
+MAX_PRODUCER_SEQ: Final = (1 << 63) - 1
 
 
 class ProduceBody(NamedTuple):
@@ -633,7 +635,12 @@ def decode_produce_full(body: bytes) -> ProduceBody:
         (n,) = r.unpack(_PRODUCE_HEAD)
         if n != count:
             raise _bad(f"{n} sequence numbers for {count} messages")
-        producer = (pid, list(r.unpack(struct.Struct(f">{n}Q"))))
+        seqs = list(r.unpack(struct.Struct(f">{n}Q")))
+        if seqs and max(seqs) > MAX_PRODUCER_SEQ:
+            # The broker keeps them as signed 64-bit numbers (idempotence.ProducerTable).
+            raise FrameError(Status.BAD_REQUEST,
+                             f"sequence numbers are at most {MAX_PRODUCER_SEQ}")
+        producer = (pid, seqs)
         pos = r.pos
     if pos != size:
         raise _bad(f"{size - pos} unexpected trailing bytes")

@@ -109,7 +109,8 @@ def decode_metadata(body: bytes) -> tuple[int, dict[str, Any]]:
         doc = json.loads(body.decode("utf-8"))
         max_phys = doc["max_phys"]
         data = doc["data"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
+        # ValueError: not UTF-8, not JSON, or a number longer than int() converts
         raise ReplicationProtocolError(f"bad metadata frame: {exc}") from None
     except RecursionError:
         raise ReplicationProtocolError("bad metadata frame: nested too deeply") from None

@@ -220,6 +220,20 @@ def decode_record(buf: memoryview, pos: int, phys: int) -> StoredRecord:
     return StoredRecord(topic, queue, qoff, seq, ts, key, body, phys, size)
 
 
+_ZEROS = bytes(1 << 16)
+
+
+def _zeros(view: memoryview) -> bool:
+    """Whether every byte of ``view`` is zero (compared 64 KiB at a time: a marker's
+    padding can be most of a segment)."""
+    step = len(_ZEROS)
+    for i in range(0, len(view), step):
+        chunk = view[i : i + step]
+        if chunk != _ZEROS[: len(chunk)]:
+            return False
+    return True
+
+
 def walk(
     buf: memoryview,
     *,
@@ -235,8 +249,9 @@ def walk(
     (``error`` says why and where). Checks framing, lengths, the CRC (``verify``), the topic
     name (:func:`understudy_broker.model.check_topic_name`, once per distinct name: pass a
     ``topics`` cache that outlives the call) and that each marker fills its segment
-    exactly. Continuity (sequence and queue offsets) is the caller's business, because only
-    the caller knows where the log stood before ``buf``.
+    exactly, with zeros (a marker carries no CRC). Continuity (sequence and queue offsets)
+    is the caller's business, because only the caller knows where the log stood before
+    ``buf``.
 
     This is the slave's per-record hot path (every replicated byte goes through it), hence
     one ``unpack_from`` for the CRC and the header together, plain tuples for the results
@@ -294,6 +309,9 @@ def walk(
                 )
                 break
             if n - pos < size:
+                break
+            if not _zeros(buf[pos + EOF_MIN : pos + size]):
+                out.error = f"end-of-file marker at {phys}: its padding is not all zeros"
                 break
             (_, _, next_seq) = EOF_MARKER.unpack_from(buf, pos)
             append((phys, size, True, next_seq, 0, 0, "", 0))
