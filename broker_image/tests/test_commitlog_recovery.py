@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from understudy_broker.storage.commitlog import CommitLog, CorruptSegmentError
-from understudy_broker.storage.records import Message, StoredRecord
+from understudy_broker.storage.commitlog import CommitLog, CorruptSegmentError, DamagedRecordError
+from understudy_broker.storage.records import HEADER_END, Message, StoredRecord
 
 SEG = 8 << 10
 SLOW_OK = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -128,17 +128,52 @@ def test_flipped_byte_in_the_tail_drops_that_record_and_the_rest(data: st.DataOb
         assert_indexes_agree_with_log(root)
 
 
-def test_corruption_inside_a_sealed_segment_is_an_error_and_nothing_is_cut(tmp_path: Path) -> None:
-    build_log(tmp_path)
+def test_a_record_damaged_in_place_in_a_sealed_segment_is_kept_and_not_served(
+        tmp_path: Path) -> None:
+    """A flipped byte in a body: the framing holds and the next record follows, so
+    recovery steps over it (nothing is cut, the sealed segment is not an error) and
+    names it; reads refuse it (docs/storage-and-replication.md, "Corruption")."""
+    records = build_log(tmp_path)
     first = sorted((tmp_path / "commitlog").iterdir())[0]
+    hit = next(r for r in records if r.phys_offset <= SEG // 2 < r.phys_offset + r.size)
+    assert SEG // 2 - hit.phys_offset > HEADER_END + 1  # in the topic or the body
     raw = bytearray(first.read_bytes())
     raw[SEG // 2] ^= 0x55
+    first.write_bytes(bytes(raw))
+    before = {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()}
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        assert log.recovery.scanned_from == 0
+        assert log.recovery.truncated_bytes == 0
+        assert len(log.recovery.damaged) == 1
+        assert f"{first} at file position {hit.phys_offset}" in log.recovery.damaged[0]
+        with pytest.raises(DamagedRecordError) as info:
+            log.read("t", hit.queue, hit.queue_offset, max_bytes=1, max_records=1)
+        assert (info.value.path, info.value.offset) == (first, hit.queue_offset)
+        for q in range(3):  # everything else is served, the damaged record's queue past it
+            start = hit.queue_offset + 1 if q == hit.queue else 0
+            assert log.read("t", q, start, max_bytes=1 << 30, max_records=1 << 20) == [
+                r for r in records if r.queue == q and r.queue_offset >= start]
+    finally:
+        log.close()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()} == before
+
+
+def test_a_sealed_segment_whose_framing_is_broken_is_an_error_and_nothing_is_cut(
+        tmp_path: Path) -> None:
+    """A flipped length field: no record boundary after it can be trusted, so the
+    segment cannot be walked and an operator decides."""
+    records = build_log(tmp_path)
+    first = sorted((tmp_path / "commitlog").iterdir())[0]
+    hit = next(r for r in records if r.phys_offset <= SEG // 2 < r.phys_offset + r.size)
+    raw = bytearray(first.read_bytes())
+    raw[hit.phys_offset + 2] ^= 0x55
     first.write_bytes(bytes(raw))
     before = {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()}
     with pytest.raises(CorruptSegmentError, match=first.name) as info:
         CommitLog.open(tmp_path, segment_bytes=SEG)
     assert info.value.path == first
-    assert 0 < info.value.position <= SEG // 2
+    assert info.value.position == hit.phys_offset
     assert {p.name: p.read_bytes() for p in (tmp_path / "commitlog").iterdir()} == before
 
 

@@ -59,6 +59,10 @@ PRODUCE_REPEATS_TOTAL: Final = "understudy_produce_repeats_total"
 """Counter {group,broker}: messages of idempotent producers answered with the offset their
 first copy got instead of stored again (a retried send to the same queue: invariant 8,
 docs/idempotence.md)."""
+CORRUPT_RECORDS_TOTAL: Final = "understudy_corrupt_records_total"
+"""Counter {group,broker}: damaged records reads came across (CRC, framing, or an index
+entry naming another record), each counted once: never served (docs/storage-and-replication.md,
+"Corruption")."""
 GROUP_DEGRADED: Final = "understudy_group_degraded"  # gauge {group}: master and slaves down
 CONTROLLER_TRANSITIONS_TOTAL: Final = "understudy_controller_transitions_total"  # {group,to}
 

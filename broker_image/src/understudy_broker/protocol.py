@@ -101,6 +101,7 @@ class Status(enum.IntEnum):
     CONFLICT = 15  # the topic exists (create), or changed while being altered
     NOT_SEND_HEAD = 16  # a write to an ordered topic on a group that is not its send head
     STORAGE_FULL = 17  # the broker's disk is full: nothing of the request was stored
+    CORRUPT_RECORD = 18  # the record at this offset is damaged here: never served (final)
 
 
 #: Refusals that mean "not the broker for this now": the client's route is stale (or the
@@ -1540,3 +1541,17 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
 def error_message(frame: Frame) -> str:
     """The text of an error response."""
     return frame.body.decode("utf-8", "replace")
+
+
+def corrupt_record_message(offset: int, detail: str) -> str:
+    """The text of a ``CORRUPT_RECORD`` answer: the damaged record's queue offset first,
+    where :func:`corrupt_record_offset` reads it back, then what is damaged and where."""
+    return (f"offset {offset} is damaged and is not served; read from offset {offset + 1} "
+            f"to skip it (a consumer group: commit {offset + 1}): {detail}")
+
+
+def corrupt_record_offset(message: str) -> int | None:
+    """The offset a ``CORRUPT_RECORD`` message names (None: not such a message)."""
+    word, _, rest = message.partition(" ")
+    number = rest.partition(" ")[0]
+    return int(number) if word == "offset" and number.isdigit() else None

@@ -159,6 +159,7 @@ class Broker:
             ),
             flush_before_ack=cfg.flush == "batch",
             on_log_flush=self.metrics.log_flushed,
+            on_damaged_record=lambda _err: self.metrics.corrupt_record(),
         )
         self._backsync_persisted = store.offsets.backsync_epoch
         replica: Replica | None = None

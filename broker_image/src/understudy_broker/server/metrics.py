@@ -109,6 +109,15 @@ class BrokerMetrics:
             ["group", "broker"], registry=self.registry,
         ).labels(group=group, broker=broker)
 
+        self._corrupt = Counter(
+            names.counter_base(names.CORRUPT_RECORDS_TOTAL),
+            "Damaged records found by reads (each counted once); never served.",
+            ["group", "broker"], registry=self.registry,
+        ).labels(group=group, broker=broker)
+
+    def corrupt_record(self) -> None:
+        self._corrupt.inc()
+
     def schedule(self, pending: int, overdue: int) -> None:
         self._scheduled.set(pending)
         self._overdue.set(overdue)

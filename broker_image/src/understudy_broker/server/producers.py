@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from understudy_broker import idempotence as idem
 from understudy_broker import protocol as p
 from understudy_broker.scheduling import SCHEDULE_TOPIC
-from understudy_broker.storage.commitlog import CommitLog
+from understudy_broker.storage.commitlog import CommitLog, DamagedRecordError
 from understudy_broker.storage.records import RecordTuple
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,11 @@ class Producers:
         end = lg.queue_end(topic, 0)
         offset = max(lg.queue_start(topic, 0), end - idem.REBUILD_RECORDS)
         while offset < end:
-            got = lg.read(topic, 0, offset, max_bytes=1 << 20, max_records=1024)
+            try:
+                got = lg.read(topic, 0, offset, max_bytes=1 << 20, max_records=1024)
+            except DamagedRecordError as exc:  # logged by the store; a retry may duplicate
+                offset = exc.offset + 1
+                continue
             if not got:
                 return
             for rec in got:

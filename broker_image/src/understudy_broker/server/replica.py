@@ -25,11 +25,7 @@ from understudy_broker.ha.authority import Authority
 from understudy_broker.model import Health
 from understudy_broker.replication.master import ReplicationServer
 from understudy_broker.replication.slave import ReplicationClient
-from understudy_broker.storage.offsets import (
-    COMMITS_TOPIC,
-    decode_commit_record,
-    encode_snapshot_record,
-)
+from understudy_broker.storage.offsets import COMMITS_TOPIC, encode_snapshot_record
 from understudy_broker.storage.records import CommitLogError, Message
 from understudy_broker.storage.store import Store
 from understudy_broker.tasks import stop_tasks
@@ -183,7 +179,6 @@ class SlaveReplica:
         self._link_timeout_s = link_timeout_s
         self._on_data = on_data
         self._heard: tuple[int, float] | None = None  # (replication session, when)
-        self._commits_applied = 0  # next COMMITS_TOPIC offset to apply
         self._task: asyncio.Task[None] | None = None
         self.client = ReplicationClient(
             store.log, master_host=master[0], master_port=master[1], name=name,
@@ -253,27 +248,9 @@ class SlaveReplica:
         self._on_data()
 
     def apply_commit_records(self) -> None:
-        """Apply the consumer commits replicated as :data:`COMMITS_TOPIC` records (maximum
-        per key, so replays after a restart are harmless)."""
-        lg = self._store.log
-        end = lg.queue_end(COMMITS_TOPIC, 0)
-        pos = max(self._commits_applied, lg.queue_start(COMMITS_TOPIC, 0))
-        while pos < end:
-            try:
-                records = lg.read(COMMITS_TOPIC, 0, pos, max_bytes=1 << 20, max_records=4096)
-            except CommitLogError as exc:
-                log.error("reading replicated commits at offset %d failed: %s", pos, exc)
-                break
-            if not records:
-                break
-            for rec in records:
-                try:
-                    self._store.offsets.merge(decode_commit_record(rec.body))
-                except ValueError as exc:
-                    log.error("skipping a malformed commit record at offset %d: %s",
-                              rec.queue_offset, exc)
-            pos = records[-1].queue_offset + 1
-        self._commits_applied = pos
+        """Apply the consumer commits replicated as :data:`COMMITS_TOPIC` records
+        (:meth:`Store.apply_commit_records`)."""
+        self._store.apply_commit_records()
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.client.run(),

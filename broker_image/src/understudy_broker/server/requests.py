@@ -41,6 +41,7 @@ from understudy_broker.server.metrics import BrokerMetrics
 from understudy_broker.server.producers import ProducePlan, Producers
 from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
+from understudy_broker.storage.commitlog import DamagedRecordError
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
 from understudy_broker.storage.records import CommitLogError
 from understudy_broker.storage.store import Store
@@ -188,7 +189,11 @@ class Requests:
         handler = self._handlers.get(frame.op)
         if handler is None:
             raise RequestError(p.Status.UNKNOWN_OPERATION, f"operation {frame.op} is not supported")
-        return await handler(frame)
+        try:
+            return await handler(frame)
+        except DamagedRecordError as exc:  # a read reached it; the store logged it
+            raise RequestError(p.Status.CORRUPT_RECORD, p.corrupt_record_message(
+                exc.offset, f"{exc.topic}/{exc.queue}: {exc.detail}")) from None
 
     # ---- checks ---------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from understudy_broker import protocol as p
 from understudy_broker import scheduling as sch
 from understudy_broker.client import BrokerError, Producer
 from understudy_broker.model import Permission
-from understudy_broker.storage.commitlog import AppendResult, CommitLog
+from understudy_broker.storage.commitlog import AppendResult, CommitLog, DamagedRecordError
 from understudy_broker.storage.records import RecordTuple
 from understudy_broker.storage.schedule import ScheduleIndex
 
@@ -252,8 +252,13 @@ class Scheduler:
             at = index.indexed
         while at < end and chunks > 0:
             chunks -= 1
-            records = lg.read(sch.SCHEDULE_TOPIC, 0, at, max_bytes=4 << 20,
-                              max_records=CATCH_UP_RECORDS)
+            try:
+                records = lg.read(sch.SCHEDULE_TOPIC, 0, at, max_bytes=4 << 20,
+                                  max_records=CATCH_UP_RECORDS)
+            except DamagedRecordError as exc:  # logged by the store; its entry is lost
+                at = exc.offset + 1
+                index.apply([], [], at)
+                continue
             if not records:
                 break
             entries: list[tuple[int, int]] = []
@@ -290,8 +295,12 @@ class Scheduler:
         remote: list[tuple[int, sch.Entry, bytes | None]] = []
         dropped: list[int] = []
         for origin, _due_ms in due:
-            records = self._log.read(sch.SCHEDULE_TOPIC, 0, origin, max_bytes=1,
-                                     max_records=1)
+            try:
+                records = self._log.read(sch.SCHEDULE_TOPIC, 0, origin, max_bytes=1,
+                                         max_records=1)
+            except DamagedRecordError:  # logged by the store: the entry is lost
+                dropped.append(origin)
+                continue
             if not records or records[0].queue_offset != origin:
                 log.error("schedule entry %d is no longer in the log: dropped", origin)
                 dropped.append(origin)

@@ -20,8 +20,9 @@ The record and end-of-file marker layout is :mod:`.records` (one definition, one
 Durability: ``FlushPolicy(mode="batch")`` fdatasyncs after each append call;
 ``mode="interval"`` leaves it to the caller (``needs_flush``/``flush``, which may run in a
 worker thread). Recovery on open scans the last segments, truncates a torn tail and
-repairs the indexes (``RecoveryReport``); corruption inside a sealed segment raises
-:class:`CorruptSegmentError` instead of dropping data.
+repairs the indexes (``RecoveryReport``); inside a sealed segment, a record damaged in
+place is kept and reported (reads refuse it: :class:`DamagedRecordError`) and any other
+damage raises :class:`CorruptSegmentError` instead of dropping data.
 
 The recovery point (``commitlog/recovery-point``, Kafka's recovery-point checkpoint,
 RocketMQ's StoreCheckpoint): :meth:`CommitLog.write_recovery_point` records a position
@@ -45,7 +46,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -58,15 +59,18 @@ from understudy_broker.storage.records import (
     EOF_MARKER,
     EOF_MIN,
     HEADER_END,
+    LEN_MAGIC,
     PREFIX_SIZE,
     RECORD_HEADER,
     RECORD_MAGIC,
     RECORD_PREFIX,
     CommitLogError,
+    CorruptRecordError,
     InvalidMessageError,
     MessageTooLargeError,
     RecordTuple,
     StoredRecord,
+    Walk,
     Walked,
     decode_record,
     topic_bytes,
@@ -87,6 +91,24 @@ class CorruptSegmentError(CommitLogError):
         super().__init__(f"corrupt segment {path} at file position {position}: {reason}")
         self.path = path
         self.position = position
+        self.reason = reason
+
+
+class DamagedRecordError(CorruptRecordError):
+    """A record a read reached is damaged (its CRC, framing, or the index entry that led
+    to it is wrong): it is not served. Names the queue offset and where it lies, so a
+    consumer can skip it (read from ``offset + 1``) and an operator can find it."""
+
+    def __init__(self, *, topic: str, queue: int, offset: int, path: Path, position: int,
+                 phys: int, reason: str) -> None:
+        self.detail = f"{reason} ({path} at file position {position}, log offset {phys})"
+        super().__init__(f"{topic}/{queue} offset {offset} is damaged: {self.detail}")
+        self.topic = topic
+        self.queue = queue
+        self.offset = offset
+        self.path = path
+        self.position = position
+        self.phys = phys
         self.reason = reason
 
 
@@ -136,6 +158,8 @@ class RecoveryReport:
     indexes_rebuilt: int
     scanned_from: int = 0  # the physical offset recovery scanned from
     recovery_point: str = "none"  # "used", "none", or why the file was ignored
+    index_problems: tuple[str, ...] = ()  # each index found wrong: its file and what was wrong
+    damaged: tuple[str, ...] = ()  # records damaged in place that recovery stepped over
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +276,7 @@ class CommitLog:
         segment_bytes: int,
         flush: FlushPolicy,
         retention: Retention,
+        on_damaged: Callable[[DamagedRecordError], None] | None = None,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
@@ -273,6 +298,9 @@ class CommitLog:
         self._flushed_phys = 0
         self._last_flush = time.monotonic()
         self.recovery = RecoveryReport(0, 0, 0)
+        # Damaged records reads came across, by log offset: each is reported once.
+        self._damaged: dict[int, DamagedRecordError] = {}
+        self._on_damaged = on_damaged
 
     # ---- open & recovery ----------------------------------------------------------
     @classmethod
@@ -283,10 +311,14 @@ class CommitLog:
         segment_bytes: int = 64 << 20,
         flush: FlushPolicy = FlushPolicy(),
         retention: Retention = Retention(),
+        on_damaged: Callable[[DamagedRecordError], None] | None = None,
     ) -> CommitLog:
+        """``on_damaged`` is called once for each damaged record a read comes across
+        (:meth:`read` raises :class:`DamagedRecordError` every time)."""
         if segment_bytes < 4096 or segment_bytes > 1 << 31:
             raise ValueError("segment_bytes must be between 4 KiB and 2 GiB")
-        log = cls(directory, segment_bytes=segment_bytes, flush=flush, retention=retention)
+        log = cls(directory, segment_bytes=segment_bytes, flush=flush, retention=retention,
+                  on_damaged=on_damaged)
         try:
             log._recover()
         except BaseException:
@@ -326,7 +358,8 @@ class CommitLog:
         self._segments = bases
         if not bases:
             self._max_phys = self._min_phys = 0
-            self._load_indexes(scan_start=0, scanned=[], truncated=0)
+            _rebuilt, problems = self._load_indexes(scan_start=0, scanned=[])
+            self.recovery = RecoveryReport(0, 0, 0, index_problems=tuple(problems))
             self._flushed_phys = 0
             return
         self._min_phys = bases[0]
@@ -345,9 +378,12 @@ class CommitLog:
             with path.open("rb") as fh:
                 fh.seek(skip)
                 data = fh.read()
-            res = walk(memoryview(data), start_phys=base + skip,
-                       segment_bytes=self.segment_bytes, topics=self._topic_names)
             last = i == len(bases) - 1
+            if last:  # the first invalid record is a torn tail: cut there
+                res = walk(memoryview(data), start_phys=base + skip,
+                           segment_bytes=self.segment_bytes, topics=self._topic_names)
+            else:
+                res = self._walk_over_damage(memoryview(data), base + skip)
             if not last and res.valid_end != base + self.segment_bytes:
                 raise CorruptSegmentError(
                     path,
@@ -372,13 +408,14 @@ class CommitLog:
         # A last segment that is exactly full: the next append creates the next file.
         if end < bases[-1] + self.segment_bytes:
             self._open_writer(bases[-1])
-        rebuilt = self._load_indexes(
+        rebuilt, problems = self._load_indexes(
             scan_start=scan_start,
             scanned=[s for s in items if not s.is_marker],
-            truncated=truncated,
             trusted={} if point is None else point.ends,
         )
-        self.recovery = RecoveryReport(truncated, len(items), rebuilt, scan_start, how)
+        self.recovery = RecoveryReport(truncated, len(items), rebuilt, scan_start, how,
+                                       tuple(problems),
+                                       tuple(str(err) for err in self._damaged.values()))
 
     def _usable_recovery_point(self, bases: list[int], first_scanned: int
                                ) -> tuple[RecoveryPoint | None, str]:
@@ -432,18 +469,23 @@ class CommitLog:
         point = dataclasses.replace(mark, tail_crc=self._tail_crc(mark.phys))
         durable_replace(self._log_dir / RECOVERY_POINT_FILE, point.encode())
 
-    def _load_indexes(self, *, scan_start: int, scanned: list[Walked], truncated: int,
-                      trusted: dict[tuple[str, int], int] | None = None) -> int:
-        """Open every index; make each agree with the log. Returns indexes repaired.
+    def _load_indexes(self, *, scan_start: int, scanned: list[Walked],
+                      trusted: dict[tuple[str, int], int] | None = None
+                      ) -> tuple[int, list[str]]:
+        """Open every index; make each agree with the log. Returns the indexes repaired
+        and, for each index found wrong, its file and what was wrong.
 
         ``trusted``: every queue's index end at ``scan_start`` (the recovery point); an
-        index ending elsewhere there, or missing, is rebuilt with all the others."""
+        index ending elsewhere there, or missing, is rebuilt with all the others. Last,
+        the indexes must hold one entry per record of the log (counted from sequence
+        numbers): an index cut short where recovery did not scan is caught there."""
         root = self.directory / "index"
         root.mkdir(parents=True, exist_ok=True)
         expected: dict[tuple[str, int], list[Walked]] = {}
         for s in scanned:
             expected.setdefault((s.topic, s.queue), []).append(s)
         repaired = 0
+        problems: dict[Path, str] = {}
         needs_full = False
         found_any = False
         for tdir in sorted(root.iterdir()):
@@ -458,35 +500,70 @@ class CommitLog:
                 key = (tdir.name, int(qfile.name))
                 try:
                     index, torn = QueueIndex.load(qfile)
-                except IndexFileError:
+                except IndexFileError as exc:
+                    problems[qfile] = str(exc).removeprefix(f"{qfile}: ")
                     needs_full = True
                     continue
                 self._indexes[key] = index
-                if trusted and key in trusted and (
-                        index.base + index.first_index_at_or_after(scan_start) != trusted[key]):
+                if torn:
+                    problems[qfile] = f"a torn entry ({torn} bytes) dropped"
+                at_point = index.base + index.first_index_at_or_after(scan_start)
+                if trusted and key in trusted and at_point != trusted[key]:
+                    problems[qfile] = (f"ends at offset {at_point} at the recovery point, "
+                                       f"which says {trusted[key]}")
                     needs_full = True
                     continue
                 outcome = self._repair_index(index, scan_start, expected.get(key, []))
+                if outcome != "ok":
+                    problems.setdefault(qfile, "disagrees with the log")
                 if outcome == "rebuild":
                     needs_full = True
                 elif torn or outcome == "repaired":
                     repaired += 1
         for key, items in expected.items():
-            if key not in self._indexes:
-                if items[0].queue_offset != 0:
-                    needs_full = True
-                    continue
-                index = QueueIndex.create(_index_path(self.directory, *key))
-                self._indexes[key] = index
-                index.append([(s.phys, s.size, s.key_hash) for s in items])
-                repaired += 1
+            path = _index_path(self.directory, *key)
+            if key in self._indexes or path in problems:
+                continue
+            problems[path] = "missing"
+            if items[0].queue_offset != 0:
+                needs_full = True
+                continue
+            index = QueueIndex.create(path)
+            self._indexes[key] = index
+            index.append([(s.phys, s.size, s.key_hash) for s in items])
+            repaired += 1
+        for key, end in (trusted or {}).items():
+            path = _index_path(self.directory, *key)
+            if end > 0 and key not in self._indexes:
+                problems.setdefault(path, "missing")
+                needs_full = True
         if not found_any and scan_start > self._min_phys:
+            problems[root] = "no index files"
             needs_full = True
-        if trusted and any(end > 0 and key not in self._indexes for key, end in trusted.items()):
-            needs_full = True
+        if not needs_full:
+            held = sum(len(ix) for ix in self._indexes.values())
+            records = self._records_held()
+            if records is not None and held != records:
+                problems[root] = (f"the indexes hold {held} entries, the log {records} "
+                                  "records")
+                needs_full = True
         if needs_full:
-            return self.rebuild_indexes()
-        return repaired
+            rebuilt, changed = self._rebuild()
+            for path, how in changed.items():
+                problems[path] = f"{problems[path]}; {how}" if path in problems else how
+            repaired = rebuilt
+        return repaired, [f"{path}: {why}" for path, why in problems.items()]
+
+    def _records_held(self) -> int | None:
+        """How many records the log holds: the next sequence number minus the first
+        record's (one header read). None when that header is unreadable."""
+        if self._max_phys <= self._min_phys:
+            return 0
+        head = os.pread(self._read_fd(self._min_phys), HEADER_END, 0)
+        if len(head) < HEADER_END or RECORD_PREFIX.unpack_from(head)[1] != RECORD_MAGIC:
+            return None
+        first = RECORD_HEADER.unpack_from(head, PREFIX_SIZE)[0]
+        return self._next_seq - first if first <= self._next_seq else None
 
     @staticmethod
     def _repair_index(
@@ -498,7 +575,7 @@ class CommitLog:
         (missing or extra): only a scan of the whole log can fix that.
         """
         cut = index.first_index_at_or_after(scan_start)
-        if items and index.base + cut != items[0].queue_offset:
+        if any(s.queue_offset != index.base + cut + k for k, s in enumerate(items)):
             return "rebuild"
         have = index.entries()[cut:]
         want = [(s.phys, s.size) for s in items]
@@ -515,7 +592,11 @@ class CommitLog:
 
     def rebuild_indexes(self) -> int:
         """Rebuild every index from the whole log (CRC-checked). Returns indexes written."""
-        old_ends = {k: ix.end for k, ix in self._indexes.items()}
+        return self._rebuild()[0]
+
+    def _rebuild(self) -> tuple[int, dict[Path, str]]:
+        """:meth:`rebuild_indexes`; also says which indexes held other offsets before."""
+        old = {k: (ix.base, ix.end) for k, ix in self._indexes.items()}
         for ix in self._indexes.values():
             ix.close()
         self._indexes.clear()
@@ -523,27 +604,86 @@ class CommitLog:
         for item in self._iter_log_items():
             if not item.is_marker:
                 found.setdefault((item.topic, item.queue), []).append(item)
-        keys = set(found) | set(old_ends)
-        for key in sorted(keys):
+        changed: dict[Path, str] = {}
+        for key in sorted(set(found) | set(old)):
             items = found.get(key, [])
-            base = items[0].queue_offset if items else old_ends[key]
-            index = QueueIndex.create(_index_path(self.directory, *key), base=base)
+            base = items[0].queue_offset if items else old[key][1]
+            path = _index_path(self.directory, *key)
+            index = QueueIndex.create(path, base=base)
             index.append([(s.phys, s.size, s.key_hash) for s in items])
             index.fsync()
             self._indexes[key] = index
-        return len(keys)
+            was = old.get(key)
+            if was is not None and was != (index.base, index.end):
+                changed[path] = (f"held offsets [{was[0]}, {was[1]}), the log holds "
+                                 f"[{index.base}, {index.end})")
+        return len(found.keys() | old.keys()), changed
 
     def _iter_log_items(self) -> Iterator[Walked]:
+        """Every item of the log, checked (CRC; each queue's offsets follow on from one
+        another); a record damaged in place is stepped over (:meth:`_walk_over_damage`)."""
+        ends: dict[tuple[str, int], int] = {}
         for base in self._segments:
             path = self._log_dir / _segment_name(base)
             if not path.exists():
                 continue
             data = path.read_bytes()
-            res = walk(memoryview(data), start_phys=base, segment_bytes=self.segment_bytes,
-                       topics=self._topic_names)
+            res = self._walk_over_damage(memoryview(data), base, ends)
             if res.error is not None or res.valid_end - base != len(data):
                 raise CorruptSegmentError(path, res.valid_end - base, res.error or "torn record")
             yield from res.named()
+
+    def _walk_over_damage(self, view: memoryview, start: int,
+                          ends: dict[tuple[str, int], int] | None = None) -> Walk:
+        """:func:`.records.walk` over ``view`` (one segment's bytes from physical ``start``),
+        stepping over records damaged in place: the CRC fails, but the framing
+        holds and the next item is whole and carries the next sequence number. Such a
+        record is kept, so its queue's later offsets stay where they are, and reported
+        (:meth:`_damaged_record`); reading it raises :class:`DamagedRecordError`.
+
+        ``ends``: each queue's next offset, followed across calls. With it, every record
+        must continue its queue; a damaged one whose queue or offset cannot be confirmed
+        that way stops the walk (the torn-tail rule of a last segment never steps)."""
+        out = Walk(valid_end=start)
+        pos = start
+        while True:
+            res = walk(view[pos - start:], start_phys=pos, segment_bytes=self.segment_bytes,
+                       topics=self._topic_names)
+            if ends is None:
+                out.items += res.items
+            else:
+                for row in res.items:
+                    phys, _size, is_marker, _seq, qoff, queue, topic, _hash = row
+                    if not is_marker:
+                        expected = ends.setdefault((topic, queue), qoff)
+                        if qoff != expected:
+                            out.valid_end = phys
+                            out.error = (f"record at {phys} is offset {qoff} of {topic}/{queue},"
+                                         f" which goes on at {expected}")
+                            return out
+                        ends[(topic, queue)] = qoff + 1
+                    out.items.append(row)
+            out.valid_end, out.error = res.valid_end, res.error
+            if res.error is None:
+                return out
+            bad = res.valid_end - start
+            size = LEN_MAGIC.unpack_from(view, bad)[0]
+            if bad + size + LEN_MAGIC.size <= len(view):  # frame the next item too
+                size += LEN_MAGIC.unpack_from(view, bad + size)[0]
+            pair = walk(view[bad:bad + size], start_phys=res.valid_end, verify=False,
+                        segment_bytes=self.segment_bytes, topics=self._topic_names).named()
+            if len(pair) < 2 or pair[0].is_marker or pair[1].seq != pair[0].seq + 1:
+                return out
+            rec = pair[0]
+            if ends is not None:
+                if ends.get((rec.topic, rec.queue)) != rec.queue_offset:
+                    return out
+                ends[(rec.topic, rec.queue)] = rec.queue_offset + 1
+            self._damaged_record(rec.topic, rec.queue, rec.queue_offset, rec.phys,
+                                 "CRC mismatch")
+            out.items.append(rec)
+            out.valid_end, out.error = rec.phys + rec.size, None
+            pos = rec.phys + rec.size
 
     # ---- file handles -------------------------------------------------------------
     def _open_writer(self, base: int) -> None:
@@ -866,7 +1006,12 @@ class CommitLog:
         self, topic: str, queue: int, offset: int, *, max_bytes: int, max_records: int
     ) -> list[StoredRecord]:
         """Records of one queue from ``offset``; at least one if any exists, then up to
-        ``max_bytes``/``max_records``. Offsets outside ``[queue_start, queue_end)`` give []."""
+        ``max_bytes``/``max_records``. Offsets outside ``[queue_start, queue_end)`` give [].
+
+        Every record is checked (CRC, framing, and that it is the record the index names)
+        before it is returned. The records before a damaged one are returned; a read that
+        starts at a damaged one raises :class:`DamagedRecordError`, which names it, so a
+        reader can skip it by reading from the next offset."""
         ix = self._indexes.get((topic, queue))
         if ix is None or max_records <= 0:
             return []
@@ -898,12 +1043,36 @@ class CommitLog:
                 j += 1
             span_end = run[-1][0] + run[-1][1]
             buf = memoryview(os.pread(self._read_fd(base), span_end - phys, phys - base))
-            for p, _s in run:
-                rec = decode_record(buf, p - phys, p)
-                out.append(rec)
+            for k, (p, _s) in enumerate(run):
+                try:
+                    rec = decode_record(buf, p - phys, p)
+                except CorruptRecordError as exc:
+                    problem = str(exc).removeprefix(f"record at {p}: ")
+                else:
+                    if rec.queue_offset == i + k and rec.queue == queue and rec.topic == topic:
+                        out.append(rec)
+                        continue
+                    problem = (f"the index of {topic}/{queue} points here, but the record here "
+                               f"is {rec.topic}/{rec.queue} offset {rec.queue_offset}")
+                if out:
+                    return out  # the intact records before it; the next read reports it
+                raise self._damaged_record(topic, queue, i + k, p, problem)
             total += run_bytes
             i = j
         return out
+
+    def _damaged_record(self, topic: str, queue: int, offset: int, phys: int,
+                        reason: str) -> DamagedRecordError:
+        """The error for a damaged record; the first time, also told to ``on_damaged``."""
+        base = phys - phys % self.segment_bytes
+        err = DamagedRecordError(topic=topic, queue=queue, offset=offset,
+                                 path=self._log_dir / _segment_name(base),
+                                 position=phys - base, phys=phys, reason=reason)
+        if phys not in self._damaged:
+            self._damaged[phys] = err
+            if self._on_damaged is not None:
+                self._on_damaged(err)
+        return err
 
     def phys_of(self, topic: str, queue: int, offset: int) -> int | None:
         """Where record ``offset`` of ``topic``/``queue`` is in the log (None: not there)."""

@@ -7,7 +7,8 @@ needs the same two mechanisms, and each copy of them is a chance to get one deta
 (a short write ignored, a missing directory fsync), so there is exactly one of each:
 
 * :func:`durable_replace` writes a whole file next to the target, fsyncs it, renames it
-  over the target and fsyncs the directory: a crash leaves the old or the new file;
+  over the target and fsyncs the directory: a crash leaves the old or the new file
+  (:func:`set_aside` is its counterpart for a file found unreadable: kept, renamed);
 * :class:`GroupCommit` turns "make this durable" requests into as few flushes as possible:
   a flush that *starts* after a change covers it, so every request waiting while one
   flush runs is served by the next one (the commit log's fdatasync on a master, the
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 
@@ -58,6 +60,24 @@ def durable_replace(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def set_aside(path: Path, *, companions: Sequence[str] = ()) -> Path:
+    """Rename an unreadable file to ``<name>.corrupt-<unix time>`` (``.<n>`` appended when
+    that exists: an earlier one is never overwritten), with its companion files
+    (``<name><suffix>``: SQLite's ``-wal``, ``-shm``), and fsync the directory. The file is
+    kept for an operator; the caller rebuilds what it held. Returns the new path."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    n = 0
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}.{n}")
+    for suffix in ("", *companions):
+        src = Path(f"{path}{suffix}")
+        if src.exists():
+            src.rename(Path(f"{aside}{suffix}"))
+    fsync_dir(path.parent)
+    return aside
 
 
 class GroupCommit:

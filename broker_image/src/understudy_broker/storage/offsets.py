@@ -13,7 +13,10 @@ File format (UTF-8 JSON)::
      "offsets": {"<group>": {"<topic>": {"<queue>": <offset>, ...}, ...}, ...}}
 
 A file that does not parse or has the wrong shape raises :class:`OffsetStoreCorruptError`
-naming it; the file is left untouched for an operator.
+naming it; the file is left untouched. The broker's store then sets it aside
+(:func:`.durability.set_aside`, kept for an operator) and rebuilds the offsets from the
+commit records in the log (``storage.store.Store.open``; docs/storage-and-replication.md,
+"Corruption").
 
 Persisting costs two fsyncs (file and directory). On a slave the event loop that would
 wait for them is also the one that acknowledges replicated bytes, so
@@ -53,6 +56,7 @@ class OffsetStoreCorruptError(Exception):
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"corrupt consumer-offset file {path}: {reason} (file left as is)")
         self.path = path
+        self.reason = reason
 
 
 def _parse(path: Path, raw: bytes) -> tuple[Snapshot, int | None]:

@@ -27,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+
+from understudy_broker.storage.durability import set_aside
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,9 @@ class ScheduleIndex:
         try:
             return cls(path, cls._connect(path), rebuilt=None)
         except sqlite3.DatabaseError as exc:
-            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            aside = set_aside(path, companions=("-wal", "-shm"))
             log.error("schedule index %s is unreadable (%s): set aside as %s, rebuilt from "
                       "the commit log", path, exc, aside.name)
-            for suffix in ("", "-wal", "-shm"):
-                src = Path(str(path) + suffix)
-                if src.exists():
-                    src.rename(Path(str(aside) + suffix))
             return cls(path, cls._connect(path), rebuilt=str(exc))
 
     @staticmethod

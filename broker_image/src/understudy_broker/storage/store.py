@@ -24,9 +24,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from understudy_broker.storage.commitlog import CommitLog, FlushPolicy, Retention
-from understudy_broker.storage.durability import GroupCommit
-from understudy_broker.storage.offsets import RESERVED_PREFIX, OffsetStore
+from understudy_broker.storage.commitlog import (
+    CommitLog,
+    DamagedRecordError,
+    FlushPolicy,
+    Retention,
+)
+from understudy_broker.storage.durability import GroupCommit, set_aside
+from understudy_broker.storage.offsets import (
+    COMMITS_TOPIC,
+    RESERVED_PREFIX,
+    OffsetStore,
+    OffsetStoreCorruptError,
+    decode_commit_record,
+)
 from understudy_broker.storage.topics import TopicRegistry
 
 log = logging.getLogger(__name__)
@@ -64,6 +75,7 @@ class Store:
                                       flushed=log_.max_phys)
         self.offsets_commit = GroupCommit(offsets.persist_async, mark=lambda: offsets.version,
                                           flushed=offsets.version)
+        self._commits_applied = 0  # next COMMITS_TOPIC offset apply_commit_records reads
 
     @classmethod
     def open(
@@ -75,32 +87,87 @@ class Store:
         retention: Retention,
         flush_before_ack: bool,
         on_log_flush: Callable[[float], None] = lambda _s: None,
+        on_damaged_record: Callable[[DamagedRecordError], None] = lambda _e: None,
     ) -> Store:
         """Open (and recover) the log, then the offsets and topics. Topics seen in the log
         but missing from the registry (a crash between the two) are re-registered so their
-        data stays addressable."""
+        data stays addressable. An offsets file that is unreadable is set aside and the
+        offsets are rebuilt from the commit records in the log (docs/storage-and-replication.md,
+        "Corruption"); so are they when the file is missing. ``on_damaged_record`` is
+        called once per damaged record a read comes across (it is logged here)."""
         directory.mkdir(parents=True, exist_ok=True)
+
+        def damaged(err: DamagedRecordError) -> None:
+            log.error("damaged record, not served: %s. Readers skip it by reading from "
+                      "offset %d (docs/storage-and-replication.md, \"Corruption\")",
+                      err, err.offset + 1)
+            on_damaged_record(err)
+
         log_ = CommitLog.open(directory, segment_bytes=segment_bytes, flush=flush,
-                              retention=retention)
+                              retention=retention, on_damaged=damaged)
         try:
             rec = log_.recovery
             if rec.truncated_bytes or rec.indexes_rebuilt:
                 log.warning("recovered the log: truncated %d torn bytes, rebuilt %d indexes",
                             rec.truncated_bytes, rec.indexes_rebuilt)
+            for problem in rec.index_problems:
+                log.warning("index repaired from the log: %s", problem)
             if rec.recovery_point.startswith("ignored"):
                 log.warning("recovery point %s; scanned the last segments instead",
                             rec.recovery_point)
             log.info("opened the log: scanned %d records from offset %d (recovery point: %s)",
                      rec.records_scanned, rec.scanned_from, rec.recovery_point)
-            offsets = OffsetStore.open(directory / "offsets.json")
+            offsets_path = directory / "offsets.json"
+            rebuild = not offsets_path.exists()
+            try:
+                offsets = OffsetStore.open(offsets_path)
+            except OffsetStoreCorruptError as exc:
+                moved = set_aside(offsets_path)
+                log.error("corrupt consumer-offset file %s: %s; moved to %s, rebuilding the "
+                          "offsets from the commit records in the log", exc.path, exc.reason,
+                          moved)
+                offsets = OffsetStore.open(offsets_path)
+                rebuild = True
             topics = TopicRegistry(directory / "topics.json")
             topics.merge({t: n for t, n in log_.topics().items()
                           if not t.startswith(RESERVED_PREFIX)})
+            store = cls(log_, offsets, topics, flush_before_ack=flush_before_ack,
+                        on_log_flush=on_log_flush)
+            if rebuild and (applied := store.apply_commit_records()):
+                offsets.persist()
+                log.warning("consumer offsets of %d group(s) rebuilt from %d commit records "
+                            "in the log", len(offsets.snapshot()), applied)
         except BaseException:
             log_.close()
             raise
-        return cls(log_, offsets, topics, flush_before_ack=flush_before_ack,
-                   on_log_flush=on_log_flush)
+        return store
+
+    def apply_commit_records(self) -> int:
+        """Apply the consumer commits recorded in the log (:data:`.offsets.COMMITS_TOPIC`)
+        since the last call: maximum per key, so a replay is harmless. A damaged record
+        is skipped (reported by the log). Returns the records applied."""
+        lg = self.log
+        end = lg.queue_end(COMMITS_TOPIC, 0)
+        pos = max(self._commits_applied, lg.queue_start(COMMITS_TOPIC, 0))
+        applied = 0
+        while pos < end:
+            try:
+                records = lg.read(COMMITS_TOPIC, 0, pos, max_bytes=1 << 20, max_records=4096)
+            except DamagedRecordError as exc:
+                pos = exc.offset + 1
+                continue
+            if not records:
+                break
+            for rec in records:
+                try:
+                    self.offsets.merge(decode_commit_record(rec.body))
+                    applied += 1
+                except ValueError as exc:
+                    log.error("skipping a malformed commit record at offset %d: %s",
+                              rec.queue_offset, exc)
+            pos = records[-1].queue_offset + 1
+        self._commits_applied = pos
+        return applied
 
     async def _flush_log(self) -> None:
         started = time.monotonic()
