@@ -12,10 +12,10 @@ the drill's contract keys under ``kill`` and ``hang``. No assertions: the tests 
 
 Two "reads restored" figures are printed: the drill's (fault -> first instant another
 broker holds effective READ, from the brokers' permission-change logs) and the
-consumer's (fault -> the first message acknowledged before the fault that a consumer
-receives once another broker holds READ), which adds the client's reconnect, route
-lookup and retry backoff. Cycles where the consumers had no backlog at the fault count as
-"-" there: nothing new can be produced while the master is down.
+consumers' (fault -> the first pull, after failed ones, that another broker of the group
+answered: the checker's ``consumer_reads_restored_ms``, from the consumers'
+``read_restored`` events), which adds the client's reconnect and route lookup. Every
+cycle has one: consumers keep pulling whether or not they have a backlog.
 
     python bench/failover.py                     # what `make bench` runs (20 + 20 cycles)
     python bench/failover.py --cycles 5 --fault kill
@@ -38,7 +38,6 @@ from rich.table import Table
 
 from understudy_harness.checker import percentile
 from understudy_harness.drill import DrillOptions, DrillResult, Status, run_drill
-from understudy_harness.history import Deliver, Fault, Perm, ProduceAck, read_history
 
 COMPARISON = (
     ("RabbitMQ quorum queues (3 nodes), leader SIGKILL", "0.15-0.58 s (median ~0.4 s), measured here"),
@@ -49,40 +48,6 @@ COMPARISON = (
 
 _err = Console(stderr=True)
 _out = Console()
-
-
-def consumer_restored_ms(events: list[Any]) -> list[float | None]:
-    """Per fault: ms from the fault to the first delivery, at or after the instant another
-    broker of the group gained READ, of a message acknowledged *before* the fault.
-
-    Only the backlog counts: while the master is down nothing new can be produced (slaves
-    never write), so a consumer that was caught up receives nothing until the master is
-    back, however early reads were restored. ``None`` when no other broker gained READ or
-    no backlog message was delivered before the group's next fault. Pure."""
-    faults = [e for e in events if isinstance(e, Fault)]
-    perms = [e for e in events if isinstance(e, Perm)]
-    acked = {e.id: e.t for e in events if isinstance(e, ProduceAck)}
-    deliveries = sorted((e for e in events if isinstance(e, Deliver)), key=lambda d: d.t)
-    out: list[float | None] = []
-    for f in faults:
-        nxt = min((g.t for g in faults if g.group == f.group and g.t > f.t), default=None)
-        granted = min(
-            (p.t for p in perms
-             if p.group == f.group and p.broker != f.broker and p.t >= f.t and p.effective & 1),
-            default=None,
-        )
-        if granted is None or (nxt is not None and granted >= nxt):
-            out.append(None)
-            continue
-        topic = f"drill-{f.group}"
-        first = next(
-            (d.t for d in deliveries
-             if d.topic == topic and d.t >= granted and (nxt is None or d.t < nxt)
-             and acked.get(d.id, f.t) < f.t),
-            None,
-        )
-        out.append(None if first is None else (first - f.t) / 1e6)
-    return out
 
 
 def run_kind(kind: str, *, cycles: int, session_ms: int, rate: float, dwell: float) -> tuple[DrillResult, list[float | None]]:
@@ -113,8 +78,7 @@ def run_kind(kind: str, *, cycles: int, session_ms: int, rate: float, dwell: flo
         finally:
             done.set()
             ticker.join()
-    events = read_history(result.history).events
-    return result, consumer_restored_ms(events)
+    return result, [c.consumer_reads_restored_ms for c in result.report.cycles]
 
 
 def _ms(v: float | None) -> str:

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from understudy_broker import protocol as p
 from understudy_broker.admin import describe_consumer_group
 from understudy_broker.cli.client import consumer_group, topic
-from understudy_broker.client import Consumer, Producer, request_once
+from understudy_broker.client import BrokerError, Consumer, Producer, request_once
 from understudy_harness import testing
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
@@ -76,7 +76,11 @@ async def drain(c: Consumer, seen: list[bytes], stop: asyncio.Event) -> None:
         recs = await c.getmany(timeout_s=0.1)
         if recs:
             seen.extend(r.body for r in recs)
-            await c.commit()
+            try:
+                await c.commit()
+            except BrokerError as exc:  # as an application would: commit again later
+                if not exc.retriable:
+                    raise
 
 
 def test_clean_joins_and_leaves_move_queues_without_duplicates(

@@ -39,6 +39,19 @@ def test_a_broker_that_just_failed_is_tried_last_but_a_slave_never_for_writes() 
                                           lambda _a: False)] == ["m", "s"]
 
 
+def test_what_needs_no_permission_goes_to_the_broker_holding_least() -> None:
+    """The route watch must not park on the reader: a hung master would be the last to
+    tell its clients that it was failed over."""
+    master = BrokerRoute("m", "h:1", "master", int(Permission.FULL), 3)
+    acting = BrokerRoute("a", "h:2", "slave", int(Permission.READ), 3)
+    idle = BrokerRoute("s", "h:3", "slave", int(Permission.NONE), 3)
+    gone = BrokerRoute("g", "h:4", "slave", int(Permission.NONE), 3, reachable=False)
+    assert [x.name for x in connect_order([master, acting, gone, idle], Permission.NONE,
+                                          lambda _a: False)] == ["s", "a", "m", "g"]
+    assert [x.name for x in connect_order([master, acting, idle], Permission.NONE,
+                                          {"h:3"}.__contains__)] == ["a", "m", "s"]
+
+
 def test_retriable_statuses() -> None:
     assert BrokerError(Status.NO_PERMISSION, "x").retriable
     assert BrokerError(Status.NOT_MASTER, "x").retriable

@@ -548,3 +548,30 @@ def test_a_handed_back_message_must_come_again_once() -> None:
 def test_an_offset_of_minus_one_needs_a_delivery_time() -> None:
     with pytest.raises(HistoryError, match="offset must be >= 0"):
         check([{**ack(1, "x"), "offset": -1}])
+
+
+def read_restored(t: float, broker: str, *, queue: int = 0) -> dict[str, Any]:
+    return {"type": "read_restored", "t": ms(t), "cgroup": "cg1", "topic": "t", "queue": queue,
+            "broker": broker}
+
+
+def test_reads_restored_as_consumers_saw_it_is_their_first_answer_from_another_broker() -> None:
+    report = check([
+        perm(0, "g1-0", "FULL"), perm(0, "g1-1", "NONE"), perm(0, "g2-0", "FULL", group="g2"),
+        fault(100),
+        read_restored(90, "g1-1"),  # sent before the fault: not this fault's
+        read_restored(120, "g2-0"),  # another group's broker
+        perm(130, "g1-1", "READ"),
+        read_restored(135, "g1-1", queue=1), read_restored(150, "g1-1"),
+        read_restored(400, "g1-0"),  # the master back: not a restore by another broker
+        fault(1000, cycle=2),
+        read_restored(1300, "g1-1"),
+    ])
+    assert [c.consumer_reads_restored_ms for c in report.cycles] == [
+        pytest.approx(35), pytest.approx(300)]
+    doc = report.to_json()
+    assert doc["consumer_reads_restored_ms_p50"] is not None
+    assert doc["cycles"][0]["consumer_reads_restored_ms"] == pytest.approx(35)
+    # No consumer recorded one: None, not a guess.
+    assert check([perm(0, "g1-0", "FULL"), fault(100)]).cycles[0].consumer_reads_restored_ms \
+        is None

@@ -19,6 +19,7 @@ from understudy_harness.drill import (
     DrillResult,
     run_drill,
 )
+from understudy_harness.history import Restart, read_history
 from understudy_operator.local import procs
 
 CONTRACT_KEYS = {
@@ -127,6 +128,10 @@ def test_kill_cycles_keep_every_invariant(drill_dir: Path) -> None:
         assert c.failback_gap_ms is not None
         assert c.backsync_ms is not None
         assert c.normal_again_ms is not None
+        # Every cycle: the consumers keep pulling, backlog or not, and the first pull the
+        # acting slave answers is recorded.
+        assert c.consumer_reads_restored_ms is not None
+        assert c.consumer_reads_restored_ms >= c.reads_restored_ms
     assert_invariants(result)
 
 
@@ -139,6 +144,14 @@ def test_hang_cycle_comes_back_fenced(drill_dir: Path) -> None:
     assert c.kind == "hang"
     assert c.reads_restored_ms is not None
     assert c.failback_gap_ms is not None
+    # The consumers read from the acting slave while the master was still frozen: a pull
+    # waiting on the hung master is given up the moment the route names the slave,
+    # rather than after its request timeout (10 s), which the master's resumption (the
+    # session timeout plus the dwell, about 2.5 s) would otherwise have ended first.
+    assert c.consumer_reads_restored_ms is not None
+    resumed = next(e.t for e in read_history(result.history).events
+                   if isinstance(e, Restart) and e.cycle == 1)
+    assert c.fault_t + c.consumer_reads_restored_ms * 1e6 < resumed
     # the frozen master woke up believing it was master: it must not have read beside
     # the acting slave (its lease lapse is backdated in its log)
     assert_invariants(result)

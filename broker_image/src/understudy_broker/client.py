@@ -76,6 +76,27 @@ class BrokerError(Exception):
         return self.status in p.RETRIABLE
 
 
+class DamagedRecord(BrokerError):
+    """``CORRUPT_RECORD``: the record at ``offset`` of ``topic``/``queue`` is damaged on the
+    broker and is not served (docs/storage-and-replication.md, "Corruption").
+    :meth:`Consumer.getmany` raises it and stops pulling that queue;
+    :meth:`Consumer.skip` moves past it, if the application so decides."""
+
+    def __init__(self, status: int, message: str, *, address: str, topic: str, queue: int,
+                 offset: int) -> None:
+        super().__init__(status, message, address=address)
+        self.topic = topic
+        self.queue = queue
+        self.offset = offset
+
+    @classmethod
+    def of(cls, exc: BrokerError, topic: str, queue: int, asked: int) -> DamagedRecord:
+        """From the broker's answer to a pull of ``topic``/``queue`` from ``asked``."""
+        at = p.corrupt_record_offset(exc.message)
+        return cls(exc.status, exc.message, address=exc.address, topic=topic, queue=queue,
+                   offset=asked if at is None else at)
+
+
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -271,10 +292,20 @@ def connect_order(brokers: Sequence[p.BrokerRoute], need: Permission,
     broker that just failed us (``avoided(address)``: a hung one still looks FULL in the
     route until its session ends) moved last. A slave is never tried for WRITE (roles are
     fixed): tried first because the master had just failed, it could only answer
-    NOT_MASTER, and a producer counted that against the group."""
+    NOT_MASTER, and a producer counted that against the group.
+
+    What needs no permission (the route watch, membership heartbeats, admin requests)
+    goes to the broker holding least, a slave first: the reader is the broker most likely
+    to hang, and a route watch parked on a hung master would learn of that master's own
+    failover last, keeping its clients on it until their request timeout."""
     if need is Permission.WRITE:
         brokers = [b for b in brokers if b.role != Role.SLAVE]
-    return sorted(failover_order(brokers, need), key=lambda b: avoided(b.address))
+    if need is Permission.NONE:
+        ordered = sorted(brokers, key=lambda b: (
+            0 if b.reachable else 1, -PERMISSION_ORDER.index(Permission(b.permission & 3))))
+    else:
+        ordered = failover_order(brokers, need)
+    return sorted(ordered, key=lambda b: avoided(b.address))
 
 
 class Router:
@@ -302,6 +333,7 @@ class Router:
         self._failed_at: dict[str, float] = {}  # address -> monotonic time it failed us
         self._watch: asyncio.Task[None] | None = None
         self._route_listeners: list[Callable[[p.RouteResponse, p.RouteResponse | None], None]] = []
+        self._route_seen = asyncio.Event()  # set, then replaced, at every route learned
 
     @property
     def epoch(self) -> int:
@@ -359,8 +391,32 @@ class Router:
         """``listener(new, old)`` after every route learned; starts the route watch: one
         long-polled GET_ROUTE kept outstanding, so changes arrive as the brokers see them."""
         self._route_listeners.append(listener)
+        self.watch()
+
+    def watch(self) -> None:
+        """Keep one long-polled GET_ROUTE outstanding (once): the route then follows the
+        brokers' permission changes as they see them, and :meth:`pause` can end early."""
         if self._watch is None:
             self._watch = asyncio.create_task(self._watch_routes(), name="route-watch")
+
+    async def pause(self, delay_s: float, group: str | None, need: Permission,
+                    failed_at_epoch: int) -> None:
+        """A retry's backoff: wait ``delay_s``, or less — not at all if the route already
+        shows a broker of ``group`` holding ``need`` at an epoch newer than the failed
+        attempt's, else until a route arrives that does (READ handed to the acting slave,
+        WRITE back on a returning master). With the route watch running, a client follows
+        a permission change the moment a broker sees it instead of sleeping out its
+        backoff (up to 2 s)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay_s
+        while (left := deadline - loop.time()) > 0:
+            if self.epoch_of(group) > failed_at_epoch and (
+                    group is None or self.holds(group, need)):
+                return
+            seen = self._route_seen
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await seen.wait()
 
     def _learned(self, route: p.RouteResponse) -> None:
         old = self.route
@@ -380,6 +436,8 @@ class Router:
         self.route = route
         for listener in self._route_listeners:
             listener(route, old)
+        seen, self._route_seen = self._route_seen, asyncio.Event()
+        seen.set()
 
     async def _watch_routes(self) -> None:
         backoff = Backoff(0.05, 1.0)
@@ -406,6 +464,27 @@ class Router:
                     del self._conns[(None, Permission.NONE)]
                     await conn.close()
             await backoff.sleep()
+
+    async def unless_moved(self, group: str | None, need: Permission, address: str,
+                           request: Awaitable[T]) -> T:
+        """``request``'s answer from the broker at ``address`` — unless, first, a route
+        arrives in which another broker of ``group`` holds ``need`` at a newer epoch (a
+        hung master's READ handed to the acting slave): then the request is cancelled and
+        :class:`_HolderMoved` raised, so the caller goes to the new holder at once instead
+        of waiting out the request timeout."""
+        epoch = self.epoch_of(group)
+        task = asyncio.ensure_future(request)
+        try:
+            while not await _answered_first(task, self._route_seen.wait()):
+                route = self.route
+                if route is not None and group is not None and any(
+                        b.holds(need) and b.epoch > epoch and b.address != address
+                        for b in route.brokers_of(group)):
+                    raise _HolderMoved(f"{need.label} moved from {address} to another broker "
+                                       f"of {group!r} while a request waited for its answer")
+            return task.result()
+        finally:
+            await _abandon(task)
 
     def queues(self, topic: str) -> int | None:
         return None if self.route is None else self.route.topics.get(topic)
@@ -552,12 +631,20 @@ class Router:
         return None
 
     async def failed(self, need: Permission, conn: Connection | None,
-                     group: str | None = None) -> None:
+                     group: str | None = None, error: BaseException | None = None) -> None:
         """``conn`` (used for ``need``) was refused or lost: drop it and re-learn the route.
 
         Only that connection is dropped: with one pull loop per queue, several loops see
         the same failure, and the first one may already have opened a fresh connection
-        that the others must not close. ``conn`` is ``None`` when connecting failed."""
+        that the others must not close. ``conn`` is ``None`` when connecting failed.
+
+        A refusal that says nothing about the route or the connection (``error``: a
+        :class:`BrokerError` such as NOT_ENOUGH_REPLICAS or STORAGE_FULL, from a broker
+        that did answer) keeps the connection: it is shared, and closing it failed every
+        other request on it — a consumer's commit refused for want of replicas broke all
+        of its pull loops, over and over, while the slave was down."""
+        if isinstance(error, BrokerError) and not _drops_connection(error):
+            return
         if conn is not None:
             self._failed_at[conn.address] = time.monotonic()
             if self._conns.get((group, need)) is conn:
@@ -605,15 +692,24 @@ async def _with_retries(
         except BrokerError as exc:
             if not exc.retriable or attempt >= retries:
                 raise
-        except (ConnectionError, OSError, TimeoutError):
+            error: BaseException = exc
+        except (ConnectionError, OSError, TimeoutError) as exc:
             if attempt >= retries:
                 raise
-        await router.failed(need, conn, group)
+            error = exc
+        await router.failed(need, conn, group, error)
         await backoff.sleep()
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 # --------------------------------------------------------------------------- producer
+
+
+def _drops_connection(exc: BrokerError) -> bool:
+    """Whether a refusal means this connection should go: the broker is not the one for
+    the request now (a routing status), or it did not answer in time (TIMEOUT: possibly
+    hung). Any other refusal came from a broker that answered and is right for it."""
+    return exc.status in p.ROUTING or exc.status in (p.Status.TIMEOUT, p.Status.UNKNOWN_TOPIC)
 
 
 def _worth_retrying(exc: BrokerError) -> bool:
@@ -1138,6 +1234,7 @@ class Producer:
                 while True:
                     conn: Connection | None = None
                     started = time.monotonic()
+                    used_epoch = self.router.epoch_of(group)
                     try:
                         conn = await self.router.connection(Permission.WRITE, group)
                         if self.acks == 0:
@@ -1179,14 +1276,14 @@ class Producer:
                             error.status in p.ROUTING or error.status == p.Status.UNKNOWN_TOPIC)):
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
                                             time.monotonic(), failed=True, started=started)
-                    await self.router.failed(Permission.WRITE, conn, group)
+                    await self.router.failed(Permission.WRITE, conn, group, error)
                     items = self._retry_elsewhere(topic, group, items, error)
                     if not items:
                         return
                     if not retrying:
                         retrying = True
                         self._retrying[(topic, group)] = self._retrying.get((topic, group), 0) + 1
-                    await backoff.sleep()
+                    await self.router.pause(backoff.next(), group, Permission.WRITE, used_epoch)
                     body = self._encode(topic, items)
             finally:
                 if retrying:
@@ -1266,7 +1363,7 @@ class Producer:
                 uncertain_term = lead.term
             log.info("ordered produce to %s on %s failed: %s", topic, group, error)
             if not isinstance(error, _HeadMoved):  # the old head may be fine, just not head
-                await self.router.failed(Permission.WRITE, conn, group)
+                await self.router.failed(Permission.WRITE, conn, group, error)
                 await backoff.sleep()
 
     def _to_send_head(self, topic: str, group: str | None, items: list[_Pending]) -> str | None:
@@ -1380,6 +1477,12 @@ _REFUSED_BEFORE_APPEND = frozenset({
     p.Status.UNKNOWN_TOPIC, p.Status.NOT_OWNER})
 
 
+class _HolderMoved(ConnectionError):
+    """The route gave the permission a request needed to another broker of the group
+    while it waited for an answer (a hung broker): as a lost connection, but the new
+    holder is tried at once."""
+
+
 class _HeadMoved(ConnectionError):
     """The route named another send head while a batch waited for the old one's answer
     (a hung master): its outcome is unknown, as after a lost connection."""
@@ -1389,18 +1492,32 @@ async def _unless(moved: asyncio.Event, request: Awaitable[T]) -> T:
     """``request``'s answer, unless ``moved`` is set first (then :class:`_HeadMoved`; the
     request is cancelled)."""
     task = asyncio.ensure_future(request)
-    waiter = asyncio.ensure_future(moved.wait())
     try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not await _answered_first(task, moved.wait()):
+            raise _HeadMoved("the send head moved while this batch waited for an answer")
+        return task.result()
+    finally:
+        await _abandon(task)
+
+
+async def _answered_first(task: asyncio.Future[T], other: Awaitable[object]) -> bool:
+    """Wait for ``task`` or ``other``, whichever ends first; True when ``task`` is done
+    (``other`` is cancelled either way, ``task`` never)."""
+    waiter = asyncio.ensure_future(other)
+    both: set[asyncio.Future[Any]] = {task, waiter}
+    try:
+        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    if task.cancelled():
-        raise _HeadMoved("the send head moved while this batch waited for an answer")
-    return task.result()
+    return task.done()
+
+
+async def _abandon(task: asyncio.Future[T]) -> None:
+    """Cancel ``task`` if it is still running and wait for it to end, quietly."""
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 def _fail(items: list[_Pending], exc: BaseException) -> None:
@@ -1511,6 +1628,10 @@ class Consumer(_GroupMember):
         self.member_id = member_id or _member_id()
         self.session_timeout_s = session_timeout_ms / 1000
         self.ownership_log: list[tuple[float, str, int]] = []
+        #: Called ``(queue, broker address, sent at ns)`` for the first pull answered after
+        #: one or more failed ones: reads restored as this consumer sees them (the drill
+        #: measures failover with it).
+        self.on_read_restored: Callable[[int, str, int], None] | None = None
         self.started_at: dict[int, int] = {}  # per queue acquired: the committed offset it began at
         self._holding: set[int] = set()  # queues whose acquisition is logged, not released
         # Per group, the commit that commit(timeout_s) left running (a hung master).
@@ -1556,9 +1677,10 @@ class Consumer(_GroupMember):
             raise BrokerError(p.Status.UNSUPPORTED, f"topic {self.topic!r} is not a cluster "
                               "topic: consumer-group membership needs `topic create --groups`")
         self._started = True
+        # The route follows permission changes (a pull that failed on a dead master goes
+        # to the acting slave the moment it reads) and notices the retry topic's creation.
+        self.router.watch()
         if self.membership:
-            if self.retries:  # notice the group's retry topic when it is created
-                self.router.on_route(lambda _new, _old: None)
             if self.router.consume_head(self.topic)[0]:
                 self.router.on_route(self._route_changed)
                 self._reapply = asyncio.create_task(self._follow_chain(), name="consume-chain")
@@ -1732,17 +1854,21 @@ class Consumer(_GroupMember):
                 await backoff.sleep()
             except (ConnectionError, OSError, TimeoutError, p.FrameError):
                 await backoff.sleep()
+        failing = False  # the last pull failed: the next answer restores reads
         while True:
             member = (self.group, *self._membership_fields()) if self.membership else ("", "", 0)
             req = p.PullRequest(self.topic, queue, offset, self.max_bytes, self.max_wait_ms, *member)
             conn: Connection | None = None
+            used_epoch = router.epoch_of(group)
             try:
                 if not self._lease_valid():
                     return
                 conn = await router.connection(Permission.READ, group)
-                resp = p.PullResponse.decode(await conn.request(
-                    p.Op.PULL, req.encode(), epoch=router.epoch_of(group),
-                    timeout_s=router.request_timeout_s))
+                sent_ns, used_epoch = time.time_ns(), router.epoch_of(group)
+                resp = p.PullResponse.decode(await router.unless_moved(
+                    group, Permission.READ, conn.address, conn.request(
+                        p.Op.PULL, req.encode(), epoch=used_epoch,
+                        timeout_s=router.request_timeout_s)))
             except BrokerError as exc:
                 if exc.status == p.Status.NOT_OWNER:
                     log.info("pull %s/%d: %s", self.topic, queue, exc.message)
@@ -1752,17 +1878,24 @@ class Consumer(_GroupMember):
                 # gone from the route refreshed below, and the next answer ends the loop).
                 if not (exc.retriable or (exc.status == p.Status.UNKNOWN_TOPIC
                                           and router.queues(self.topic) is not None)):
-                    await self._buffer.put(exc)
+                    await self._buffer.put(DamagedRecord.of(exc, self.topic, queue, offset)
+                                           if exc.status == p.Status.CORRUPT_RECORD else exc)
                     return
                 log.info("pull %s/%d: %s; re-routing", self.topic, queue, exc)
-                await router.failed(Permission.READ, conn, group)
-                await backoff.sleep()
+                failing = True
+                await router.failed(Permission.READ, conn, group, exc)
+                await router.pause(backoff.next(), group, Permission.READ, used_epoch)
                 continue
             except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
                 log.info("pull %s/%d: %s; reconnecting", self.topic, queue, exc)
                 await router.failed(Permission.READ, conn, group)
-                await backoff.sleep()
+                failing = True
+                if not isinstance(exc, _HolderMoved):  # the new holder is known: go now
+                    await router.pause(backoff.next(), group, Permission.READ, used_epoch)
                 continue
+            if failing and self.on_read_restored is not None and conn is not None:
+                self.on_read_restored(queue, conn.address, sent_ns)
+            failing = False
             backoff.reset()
             if resp.records:
                 await self._buffer.put((queue, token, [
@@ -1807,6 +1940,22 @@ class Consumer(_GroupMember):
                                max_reconsume=self.max_reconsume, **self._settings)
         log.info("consumer group %s: reading its retry topic %s", self.group, name)
         return self._retry
+
+    async def skip(self, damaged: DamagedRecord) -> None:
+        """Move past a damaged record that :meth:`getmany` raised: its queue is pulled again
+        from the next offset, and the next :meth:`commit` stores that position. The record
+        is then lost to this group, which is why this is the application's explicit call;
+        the broker's log says where it lies (and a slave may hold an intact copy)."""
+        if damaged.topic != self.topic:
+            if self._retry is None or damaged.topic != self._retry.topic:
+                raise ValueError(f"record of topic {damaged.topic!r} was not read by this "
+                                 f"consumer of {self.topic!r}")
+            return await self._retry.skip(damaged)
+        queue = damaged.queue
+        self._positions[queue] = max(self._positions.get(queue, 0), damaged.offset + 1)
+        if queue in self._loops:  # restart its pull loop (ended by the error) from there
+            await self._stop_queue(queue)
+            await self._acquire(queue)
 
     async def nack(self, record: Record, *, delay_ms: int = 1000) -> p.NackResponse:
         """Hand ``record`` back (it failed): the group gets it again after ``delay_ms``

@@ -121,6 +121,7 @@ from understudy_harness.history import (
     Own,
     Perm,
     ProduceAck,
+    ReadRestored,
     Restart,
     TopicInfo,
     parse_events,
@@ -183,6 +184,10 @@ class CycleReport:
     backsync_ms: float | None
     normal_again_ms: float | None
     write_stall_ms: float | None = None
+    #: Fault -> the first pull a consumer sent that another broker of the group then
+    #: answered, after failed ones (``read_restored``): reads restored as consumers see
+    #: them, whether or not they had a backlog. None when no consumer recorded one.
+    consumer_reads_restored_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -195,6 +200,7 @@ class CycleReport:
             "backsync_ms": _r(self.backsync_ms),
             "normal_again_ms": _r(self.normal_again_ms),
             "write_stall_ms": _r(self.write_stall_ms),
+            "consumer_reads_restored_ms": _r(self.consumer_reads_restored_ms),
         }
 
 
@@ -275,6 +281,7 @@ class Report:
         gaps = self.figures("failback_gap_ms")
         backsync = self.figures("backsync_ms")
         stalls = self.figures("write_stall_ms")
+        seen = self.figures("consumer_reads_restored_ms")
         return {
             "ok": self.ok,
             "violations": self.violations,
@@ -298,6 +305,8 @@ class Report:
             "backsync_ms_p99": _r(percentile(backsync, 99)),
             "write_stall_ms_p50": _r(percentile(stalls, 50)),
             "write_stall_ms_p99": _r(percentile(stalls, 99)),
+            "consumer_reads_restored_ms_p50": _r(percentile(seen, 50)),
+            "consumer_reads_restored_ms_p99": _r(percentile(seen, 99)),
             "two_member_violations": self.two_member_violations,
             "two_member_overlap_s": round(self.two_member_overlap_s, 6),
             "order_violations": self.order_violations,
@@ -346,9 +355,12 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     timelines = {g: _holders(ps) for g, ps in _by_group(perms).items()}
     overlaps = [o for g, tl in sorted(timelines.items()) for o in _overlaps(g, tl, end)]
     ack_times = _ack_times_by_topic(acks)
-    cycles = [dataclasses.replace(c, write_stall_ms=_write_stall(c.fault_t, broker_faults,
-                                                                 ack_times))
-              for c in _cycles(broker_faults, timelines, modes)]
+    restored_reads = [e for e in events if isinstance(e, ReadRestored)]
+    group_of = {p.broker: p.group for p in perms}
+    cycles = [dataclasses.replace(
+        c, write_stall_ms=_write_stall(c.fault_t, broker_faults, ack_times),
+        consumer_reads_restored_ms=_consumer_restored(c, broker_faults, restored_reads, group_of))
+        for c in _cycles(broker_faults, timelines, modes)]
     shared = _shared_queues(owns, delivers, end)
     ordered = {e.topic for e in events if isinstance(e, TopicInfo) and e.ordered}
     restarts = [e for e in events if isinstance(e, Restart)]
@@ -646,6 +658,17 @@ def _cycles(
             )
         )
     return out
+
+
+def _consumer_restored(c: CycleReport, faults: list[Fault], reads: list[ReadRestored],
+                       group_of: Mapping[str, str]) -> float | None:
+    """ms from the fault to the first ``read_restored`` sent at or after it that another
+    broker of the faulted group answered, before the group's next fault."""
+    until = min((f.t for f in faults if f.group == c.group and f.t > c.fault_t), default=None)
+    first = min((r.t for r in reads
+                 if r.t >= c.fault_t and (until is None or r.t < until)
+                 and r.broker != c.broker and group_of.get(r.broker) == c.group), default=None)
+    return None if first is None else (first - c.fault_t) / NS_PER_MS
 
 
 def _reads_restored(

@@ -134,6 +134,18 @@ class Nack:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadRestored:
+    """A consumer's first pull answered after failed ones: ``t`` is when that pull was
+    sent, ``broker`` the broker that answered (reads restored as a consumer sees them)."""
+
+    t: int
+    cgroup: str
+    topic: str
+    queue: int
+    broker: str
+
+
+@dataclass(frozen=True, slots=True)
 class TopicInfo:
     """A topic the run used; ``ordered`` ones are judged for order (invariant 7)."""
 
@@ -143,7 +155,7 @@ class TopicInfo:
 
 
 Event = (ProduceAck | Deliver | Own | Commit | Perm | ModeChange | Fault | Restart | TopicInfo
-         | Nack)
+         | Nack | ReadRestored)
 
 _TYPES: Final[dict[str, type[Any]]] = {
     "produce_ack": ProduceAck,
@@ -156,6 +168,7 @@ _TYPES: Final[dict[str, type[Any]]] = {
     "restart": Restart,
     "topic": TopicInfo,
     "nack": Nack,
+    "read_restored": ReadRestored,
 }
 _NAMES: Final[dict[type[Any], str]] = {v: k for k, v in _TYPES.items()}
 
@@ -171,6 +184,7 @@ _FIELDS: Final[dict[str, dict[str, type]]] = {
     "restart": {"cycle": int, "broker": str, "group": str},
     "topic": {"topic": str, "ordered": bool},
     "nack": {"cgroup": str, "id": str},
+    "read_restored": {"cgroup": str, "topic": str, "queue": int, "broker": str},
 }
 _OPTIONAL: Final[dict[str, dict[str, type]]] = {"perm": {"role": str},
                                                  "deliver": {"member": str},
@@ -377,6 +391,10 @@ class HistoryWriter:
 
     def topic(self, *, topic: str, ordered: bool) -> None:
         self.record(TopicInfo(self.now(), topic, ordered))
+
+    def read_restored(self, *, cgroup: str, topic: str, queue: int, broker: str,
+                      t: int | None = None) -> None:
+        self.record(ReadRestored(self.now() if t is None else t, cgroup, topic, queue, broker))
 
     def restart(self, *, cycle: int, broker: str, group: str) -> None:
         self.record(Restart(self.now(), cycle, broker, group))

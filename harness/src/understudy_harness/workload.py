@@ -239,6 +239,7 @@ class Traffic:
                 session_timeout_ms=self.session_timeout_ms,
             )  # fmt: skip
             member.consumer = consumer
+            self._watch_reads(consumer, cgroup)
             seen = 0
             try:
                 async with asyncio.timeout(3 * REQUEST_TIMEOUT_S):
@@ -377,6 +378,20 @@ class Traffic:
 
         return done
 
+    def _watch_reads(self, consumer: Any, cgroup: str) -> None:
+        """Record each pull that answered after failed ones (``read_restored``), dated
+        when it was sent and on the history's clock, naming the broker that answered."""
+        writer = self.writer
+
+        def restored(queue: int, address: str, sent_ns: int) -> None:
+            route = consumer.router.route
+            name = next((b.name for g in (route.groups if route else []) for b in g.brokers
+                         if b.address == address), address)
+            writer.read_restored(cgroup=cgroup, topic=consumer.topic, queue=queue,
+                                 broker=name, t=writer.now() - (time.time_ns() - sent_ns))
+
+        consumer.on_read_restored = restored
+
     async def _consume(self, target: Target, cgroup: str) -> None:
         from understudy_broker.client import Consumer
 
@@ -388,6 +403,7 @@ class Traffic:
                 list(target.bootstrap), group=cgroup, topic=topic, max_wait_ms=200,
                 request_timeout_s=REQUEST_TIMEOUT_S,
             )  # fmt: skip
+            self._watch_reads(consumer, cgroup)
             try:
                 async with asyncio.timeout(3 * REQUEST_TIMEOUT_S):
                     await consumer.start()

@@ -157,6 +157,7 @@ def _print(result: DrillResult) -> None:
                         f"{len(result.chain_history)} / {_flag(len(result.chain_violations))}")
     for label, name in (
         ("reads restored ms", "reads_restored_ms"),
+        ("reads restored ms, as consumers saw it", "consumer_reads_restored_ms"),
         ("failback gap ms", "failback_gap_ms"),
         ("back-sync ms", "backsync_ms"),
         ("write stall ms", "write_stall_ms"),
@@ -168,12 +169,12 @@ def _print(result: DrillResult) -> None:
         summary.add_row("permission source", f"{s.get('source')} ({s.get('events', 0)} changes)")
     _out.print(summary)
     if r.cycles:
-        table = Table("cycle", "group", "fault", "reads restored ms", "failback gap ms", "back-sync ms", "normal again ms", "write stall ms")
+        table = Table("cycle", "group", "fault", "reads restored ms", "consumer saw ms", "failback gap ms", "back-sync ms", "normal again ms", "write stall ms")
         for c in r.cycles:
             table.add_row(
                 str(c.cycle), c.group, f"{c.kind} {c.broker}", _ms(c.reads_restored_ms),
-                _ms(c.failback_gap_ms), _ms(c.backsync_ms), _ms(c.normal_again_ms),
-                _ms(c.write_stall_ms),
+                _ms(c.consumer_reads_restored_ms), _ms(c.failback_gap_ms), _ms(c.backsync_ms),
+                _ms(c.normal_again_ms), _ms(c.write_stall_ms),
             )  # fmt: skip
         _out.print(table)
     _out.print(f"history: {result.history}")
