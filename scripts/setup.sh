@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what `make test`, `make demo` and `make bench` need on a fresh Debian machine:
-# the Debian packages (ZooKeeper, Prometheus, NATS, a Java runtime) and the project venv.
+# the Debian packages (ZooKeeper, Prometheus, NATS, a Java runtime, iproute2 and iptables
+# for the partition tests) and the project venv.
 # Idempotent and quick when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(zookeeper prometheus nats-server)
+APT_PACKAGES=(zookeeper prometheus nats-server iproute2 iptables)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from understudy_harness import netns as namespaces
 from understudy_harness.testing import Brokers, SmallDisk, zk_session
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
@@ -130,3 +131,30 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
         yield disk
     finally:
         disk.unmount()
+
+
+@pytest.fixture(scope="module")
+def netns() -> Iterator[Callable[[Sequence[str]], namespaces.Network]]:
+    """Network namespaces for the tests of one module: ``netns(["zk", "m", "s"])`` builds
+    a :class:`~understudy_harness.netns.Network` (one host per name on a private bridge;
+    ``cut``, ``heal``, ``impair`` each path; ``call`` runs test code on a host). Every
+    network is removed at the end of the module, with any process still inside it, by
+    PID. Skips, with the kernel's reason, where the machine refuses ``ip netns add`` (or
+    lacks ``iproute2``/``iptables``); namespaces left by an earlier run that was killed
+    are removed first."""
+    reason = namespaces.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    namespaces.remove_leftovers()
+    made: list[namespaces.Network] = []
+
+    def make(hosts: Sequence[str]) -> namespaces.Network:
+        net = namespaces.Network(hosts)
+        made.append(net)
+        return net.start()
+
+    try:
+        yield make
+    finally:
+        for net in reversed(made):
+            net.close()

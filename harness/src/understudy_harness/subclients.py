@@ -125,11 +125,12 @@ def start_producer(directory: Path, bootstrap: Sequence[str], topic: str, *, nam
 
 
 def start_consumer(directory: Path, bootstrap: Sequence[str], topic: str, *, cgroup: str,
-                   name: str, session_timeout_ms: int) -> SubClient:
+                   name: str, session_timeout_ms: int, prefix: Sequence[str] = ()) -> SubClient:
     """``understudy consume`` as member ``name`` of ``cgroup``, committing every batch and
-    recording its deliveries and ownership."""
+    recording its deliveries and ownership; after ``prefix`` (``ip netns exec NAME``: a
+    member on a host of its own, :mod:`understudy_harness.netns`)."""
     record = directory / f"{name}.jsonl"
-    cmd = [_understudy(), "consume", "-b", ",".join(bootstrap), "-t", topic, "-g", cgroup,
+    cmd = [*prefix, _understudy(), "consume", "-b", ",".join(bootstrap), "-t", topic, "-g", cgroup,
            "--count", str(FOREVER), "--idle-timeout", "86400", "--commit-every", "1",
            "--session-timeout-ms", str(session_timeout_ms), "--member-id", name,
            "--record", str(record)]

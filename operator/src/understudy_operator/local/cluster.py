@@ -39,9 +39,11 @@ from understudy_operator.local.plan import (
     STATE_FILE,
     ZOOKEEPER,
     ClusterPlan,
+    Placer,
     PlanError,
     ProcessPlan,
     ZkNode,
+    on_loopback,
     plan_cluster,
 )
 from understudy_operator.local.ports import free_port
@@ -176,11 +178,14 @@ def up(
     zk_ensemble: int = 1,
     timeout: float = 60.0,
     progress: Progress = _quiet,
+    placement: Placer = on_loopback,
 ) -> ClusterPlan:
     """Start ZooKeeper (one server, or an ensemble of ``zk_ensemble``), the brokers and
     the controller; return once every group is NORMAL and its master reads (uncoordinated,
     see :attr:`ClusterPlan.coordinated`: once every broker answers ``/healthz``). On any
-    failure everything started so far is stopped again."""
+    failure everything started so far is stopped again. ``placement`` puts each process on
+    a host (:class:`~.plan.Placement`; the partition tests' network namespaces), by
+    name: brokers, ``zookeeper``, ``controller``."""
     directory = directory.resolve()
     # Bad sizes or a bad replication policy are refused before anything starts.
     if zk_ensemble not in ZK_ENSEMBLE_SIZES:
@@ -191,7 +196,7 @@ def up(
                  port=lambda: next(dummy_ports), zk_port=0, replication=replication)
     _claim(directory)
     zk = ZooKeeperEnsemble.on_free_ports(directory / ZOOKEEPER, size=zk_ensemble,
-                                         tick_ms=ZK_TICK_MS)
+                                         tick_ms=ZK_TICK_MS, placement=placement(ZOOKEEPER))
     progress("starting ZooKeeper" if zk_ensemble == 1 else
              f"starting a {zk_ensemble}-server ZooKeeper ensemble")
     try:
@@ -215,6 +220,7 @@ def up(
             session_timeout_ms=session_timeout_ms,
             failover=failover,
             replication=replication,
+            placement=placement,
         )
         (directory / STATE_FILE).write_text(plan.to_json())
         _write_configs(plan)
@@ -341,17 +347,17 @@ def _wait_healthy(plan: ClusterPlan, p: ProcessPlan, *, deadline: float) -> None
                 f"{p.name} (pid {None if info is None else info.pid}) exited during start{how}; "
                 f"last lines of {plan.log_dir / (p.name + '.log')}:\n" + _log_tail(plan, p.name)
             )
-        if p.http_port is not None and http_get(p.http_port, "/healthz") is not None:
+        if p.http_port is not None and http_get(p.http_port, "/healthz", host=p.host) is not None:
             return
         if time.monotonic() > deadline:
             raise LocalError(f"{p.name} did not answer /healthz on port {p.http_port} in time")
         time.sleep(0.05)
 
 
-def http_get(port: int, path: str, *, timeout: float = 0.5) -> str | None:
-    """GET ``http://127.0.0.1:port/path``; the body on 200, else ``None``."""
+def http_get(port: int, path: str, *, timeout: float = 0.5, host: str = "127.0.0.1") -> str | None:
+    """GET ``http://host:port/path``; the body on 200, else ``None``."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout) as resp:
             if resp.status != 200:
                 return None
             body: bytes = resp.read()
@@ -479,7 +485,7 @@ def _group_row(plan: ClusterPlan, group: str, state: GroupState | None,
             if b.ordinal != 0 and master_offset is not None:
                 lag = max(0, master_offset - st.max_offset)
         elif alive and not stopped:
-            metrics = http_get(b.http_port, "/metrics")
+            metrics = http_get(b.http_port, "/metrics", host=b.host)
             if metrics is not None:
                 effective = permission_from_metrics(metrics) or Permission.NONE
                 lag = lag_from_metrics(metrics)

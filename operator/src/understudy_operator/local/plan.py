@@ -48,15 +48,39 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one process of the cluster runs: the address it listens on and is reached
+    at, and the argv prefix that starts it there (``ip netns exec NAME`` for a host of a
+    test's network namespaces, :mod:`understudy_harness.netns`). The default is every
+    process on :data:`HOST`, started as it is."""
+
+    host: str = HOST
+    prefix: tuple[str, ...] = ()
+
+
+#: Where each process goes, by name: a broker's name, :data:`ZOOKEEPER` (every server of
+#: the ensemble) or :data:`CONTROLLER`.
+Placer = Callable[[str], Placement]
+
+
+def on_loopback(_name: str) -> Placement:
+    """The default :data:`Placer`: everything on :data:`HOST`."""
+    return Placement()
+
+
+@dataclass(frozen=True, slots=True)
 class ZkNode:
-    """One ZooKeeper server of the cluster on :data:`HOST`. ``server_id`` 0 is a
-    standalone server (the default, one node); an ensemble numbers its servers 1..N (their
-    ``myid``) and each also listens on a quorum and an election port."""
+    """One ZooKeeper server of the cluster on ``host`` (started with ``prefix``, see
+    :class:`Placement`). ``server_id`` 0 is a standalone server (the default, one node);
+    an ensemble numbers its servers 1..N (their ``myid``) and each also listens on a
+    quorum and an election port."""
 
     server_id: int
     port: int
     quorum_port: int = 0
     election_port: int = 0
+    host: str = HOST
+    prefix: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -65,16 +89,18 @@ class ZkNode:
 
     @property
     def address(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return {"id": self.server_id, "port": self.port, "quorumPort": self.quorum_port,
-                "electionPort": self.election_port}
+                "electionPort": self.election_port, "host": self.host,
+                "prefix": list(self.prefix)}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ZkNode:
         return cls(int(doc["id"]), int(doc["port"]), int(doc.get("quorumPort", 0)),
-                   int(doc.get("electionPort", 0)))
+                   int(doc.get("electionPort", 0)), str(doc.get("host", HOST)),
+                   tuple(str(a) for a in doc.get("prefix", ())))
 
 
 def zk_hosts(nodes: Sequence[ZkNode]) -> str:
@@ -85,13 +111,15 @@ def zk_hosts(nodes: Sequence[ZkNode]) -> str:
 @dataclass(frozen=True, slots=True)
 class ProcessPlan:
     """One process of the cluster: its name (pid/log file stem), argv and the marker
-    (an argv element) that identifies it in ``/proc``."""
+    (an argv element) that identifies it in ``/proc``; ``host``: where its HTTP port is
+    reached."""
 
     name: str
     argv: tuple[str, ...]
     marker: str
     http_port: int | None = None
     group: str | None = None
+    host: str = HOST
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +214,7 @@ class ClusterPlan:
                     "marker": p.marker,
                     "httpPort": p.http_port,
                     "group": p.group,
+                    "host": p.host,
                 }
                 for p in self.processes
             ],
@@ -223,6 +252,7 @@ class ClusterPlan:
                         marker=str(p["marker"]),
                         http_port=p.get("httpPort"),
                         group=p.get("group"),
+                        host=str(p.get("host", HOST)),
                     )
                     for p in doc["processes"]
                 ),
@@ -251,11 +281,14 @@ def plan_cluster(
     failover: FailoverPolicy | None = None,
     replication: ReplicationPolicy | None = None,
     chroot: str = DEFAULT_CHROOT,
+    placement: Placer = on_loopback,
 ) -> ClusterPlan:
     """Name and wire the cluster: groups ``g1..gN``, brokers ``gK-0`` (master) and
     ``gK-1..gK-M`` (slaves, configured READ so they may act for reads). ``port`` hands
     out free ports. ``coordinated=False``: see :attr:`ClusterPlan.coordinated`. ZooKeeper:
-    the servers ``zk_nodes`` (an ensemble), or else one standalone server on ``zk_port``."""
+    the servers ``zk_nodes`` (an ensemble), or else one standalone server on ``zk_port``.
+    ``placement`` puts each broker and the controller on a host (the address a broker
+    listens on and advertises in the group config, and its command prefix)."""
     if not 1 <= groups <= 50:
         raise PlanError(f"--groups must be 1-50, got {groups}")
     if not 0 <= slaves <= 8:
@@ -269,7 +302,7 @@ def plan_cluster(
             BrokerSpec(
                 name=f"g{k}-{i}",
                 ordinal=i,
-                host=HOST,
+                host=placement(f"g{k}-{i}").host,
                 port=port(),
                 replication_port=port(),
                 http_port=port(),
@@ -292,7 +325,8 @@ def plan_cluster(
     nodes = tuple(zk_nodes) or (ZkNode(0, zk_port),)
     zk_connect = zk_hosts(nodes) + chroot
     procs = [
-        broker_process(g, b, directory=directory, zk_connect=zk_connect if coordinated else None)
+        broker_process(g, b, directory=directory, zk_connect=zk_connect if coordinated else None,
+                       prefix=placement(b.name).prefix)
         for g in configs
         for b in g.brokers
     ]
@@ -306,6 +340,7 @@ def plan_cluster(
                 pid_dir=directory / "pids",
                 http_port=controller_port,
                 journal=transitions_log(directory),
+                placement=placement(CONTROLLER),
             )
         )
     return ClusterPlan(
@@ -321,11 +356,13 @@ def plan_cluster(
 
 
 def broker_process(
-    group: GroupConfig, b: BrokerSpec, *, directory: Path, zk_connect: str | None
+    group: GroupConfig, b: BrokerSpec, *, directory: Path, zk_connect: str | None,
+    prefix: Sequence[str] = (),
 ) -> ProcessPlan:
     """The ``understudy broker`` command for one broker of ``group`` (coordinated by the
-    ZooKeeper at ``zk_connect``; static without one)."""
+    ZooKeeper at ``zk_connect``; static without one), after ``prefix``."""
     argv = [
+        *prefix,
         *understudy_argv(),
         "broker",
         "--data-dir", str((directory / "data" / b.name).resolve()),
@@ -353,7 +390,8 @@ def broker_process(
             argv += ["--peer", f"{peer.name}={peer.address}"]
     if zk_connect is not None:
         argv += ["--zk", zk_connect, "--zk-session-timeout-ms", str(group.session_timeout_ms)]
-    return ProcessPlan(name=b.name, argv=tuple(argv), marker=b.name, http_port=b.http_port, group=group.group)
+    return ProcessPlan(name=b.name, argv=tuple(argv), marker=b.name, http_port=b.http_port,
+                       group=group.group, host=b.host)
 
 
 def transitions_log(directory: Path) -> Path:
@@ -363,12 +401,16 @@ def transitions_log(directory: Path) -> Path:
 
 def controller_process(
     *, groups: Sequence[str], zk_connect: str, pid_dir: Path, http_port: int,
-    journal: Path | None = None,
+    journal: Path | None = None, placement: Placement | None = None,
 ) -> ProcessPlan:
-    argv = [*understudy_argv(), "controller", "--zk", zk_connect]
+    placement = placement or Placement()
+    argv = [*placement.prefix, *understudy_argv(), "controller", "--zk", zk_connect]
     for g in groups:
         argv += ["--group", g]
     argv += ["--pid-dir", str(pid_dir.resolve()), "--http-port", str(http_port)]
+    if placement.host != HOST:
+        argv += ["--http-host", placement.host]
     if journal is not None:
         argv += ["--transitions-log", str(journal.resolve())]
-    return ProcessPlan(name=CONTROLLER, argv=tuple(argv), marker="controller", http_port=http_port)
+    return ProcessPlan(name=CONTROLLER, argv=tuple(argv), marker="controller",
+                       http_port=http_port, host=placement.host)

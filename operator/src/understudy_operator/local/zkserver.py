@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from understudy_operator.local.plan import HOST, ZkNode, zk_hosts
+from understudy_operator.local.plan import Placement, ZkNode, zk_hosts
 from understudy_operator.local.ports import free_port
 from understudy_operator.local.procs import stop_group
 
@@ -96,7 +96,9 @@ class ZooKeeperServer:
     member, this one included, as each member's ``zoo.cfg`` lists them).
 
     ``min_session_ms``/``max_session_ms`` bound what clients may negotiate; the server
-    clamps a requested session timeout into that range.
+    clamps a requested session timeout into that range. ``prefix`` goes before the
+    ``java`` command (``ip netns exec NAME``: a server in a test's network namespace, on
+    that namespace's ``host``).
     """
 
     data_dir: Path
@@ -109,6 +111,7 @@ class ZooKeeperServer:
     process: subprocess.Popen[bytes] | None = None
     server_id: int = 0
     ensemble: tuple[ZkNode, ...] = ()
+    prefix: tuple[str, ...] = ()
 
     @property
     def connect(self) -> str:
@@ -168,6 +171,7 @@ class ZooKeeperServer:
             (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
         (conf / "log4j.properties").write_text(LOG4J.format(log=self.data_dir / "zookeeper.log"))
         cmd = [
+            *self.prefix,
             java,
             f"-Xmx{self.heap_mb}m",
             "-XX:+UseSerialGC",
@@ -267,22 +271,27 @@ class ZooKeeperEnsemble:
         """The servers for ``members`` (as recorded; nothing starts)."""
         ensemble = tuple(members) if len(members) > 1 else ()
         return cls(tuple(
-            ZooKeeperServer(root / m.name if ensemble else root, port=m.port, host=HOST,
+            ZooKeeperServer(root / m.name if ensemble else root, port=m.port, host=m.host,
                             tick_ms=tick_ms, min_session_ms=min_session_ms,
                             max_session_ms=max_session_ms, heap_mb=heap_mb,
-                            server_id=m.server_id if ensemble else 0, ensemble=ensemble)
+                            server_id=m.server_id if ensemble else 0, ensemble=ensemble,
+                            prefix=m.prefix)
             for m in members
         ))
 
     @classmethod
     def on_free_ports(cls, root: Path, *, size: int = 3, port: Callable[[], int] = free_port,
                       tick_ms: int = 500, min_session_ms: int = 1000,
-                      max_session_ms: int = 10000, heap_mb: int = 256) -> ZooKeeperEnsemble:
-        """``size`` members with fresh ports (one member: a standalone server)."""
+                      max_session_ms: int = 10000, heap_mb: int = 256,
+                      placement: Placement | None = None) -> ZooKeeperEnsemble:
+        """``size`` members with fresh ports (one member: a standalone server), all on
+        ``placement`` (default: 127.0.0.1, started as it is)."""
         if size < 1:
             raise ValueError(f"an ensemble needs at least one server, got {size}")
-        members = ([ZkNode(0, port())] if size == 1 else
-                   [ZkNode(k, port(), port(), port()) for k in range(1, size + 1)])
+        at = placement or Placement()
+        members = ([ZkNode(0, port(), host=at.host, prefix=at.prefix)] if size == 1 else
+                   [ZkNode(k, port(), port(), port(), at.host, at.prefix)
+                    for k in range(1, size + 1)])
         return cls.build(root, members, tick_ms=tick_ms, min_session_ms=min_session_ms,
                          max_session_ms=max_session_ms, heap_mb=heap_mb)
 
@@ -290,7 +299,8 @@ class ZooKeeperEnsemble:
     def members(self) -> tuple[ZkNode, ...]:
         """What to record to rebuild these servers with :meth:`build`."""
         if len(self.nodes) == 1:
-            return (ZkNode(0, self.nodes[0].port),)
+            node = self.nodes[0]
+            return (ZkNode(0, node.port, host=node.host, prefix=node.prefix),)
         return self.nodes[0].ensemble
 
     @property
