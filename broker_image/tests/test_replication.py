@@ -81,20 +81,24 @@ class Cluster:
         self.server: ReplicationServer | None = None
         self.slaves: list[Slave] = []
 
-    async def start_master(self, **kw: Any) -> ReplicationServer:
+    async def start_master(self, *, epoch: list[int] | None = None, **kw: Any
+                           ) -> ReplicationServer:
+        """``epoch``: a one-item list the test changes, named in every metadata frame."""
         kw.setdefault("sync", True)
         self.server = ReplicationServer(
             self.log,
             host="127.0.0.1",
             port=0,
-            metadata=lambda: {"topics": self.log.topics(), "next_seq": self.log.next_seq},
+            metadata=lambda: {"topics": self.log.topics(), "next_seq": self.log.next_seq,
+                              **({"epoch": epoch[0]} if epoch is not None else {})},
             metadata_interval_s=0.2,
             **kw,
         )
         await self.server.start()
         return self.server
 
-    async def start_slave(self, name: str, *, flush: FlushPolicy | None = None) -> Slave:
+    async def start_slave(self, name: str, *, flush: FlushPolicy | None = None,
+                          epoch: list[int] | None = None) -> Slave:
         assert self.server is not None
         root = self.root / name
         log = CommitLog.open(root, segment_bytes=SEG, flush=flush or FlushPolicy())
@@ -108,6 +112,7 @@ class Cluster:
             on_append=lambda: None,
             backoff_initial_s=0.05,
             backoff_max_s=0.2,
+            epoch=(lambda: 0) if epoch is None else (lambda: epoch[0]),
         )
         slave = Slave(root, name, log, client, asyncio.create_task(client.run()), seen)
         self.slaves.append(slave)
@@ -483,3 +488,29 @@ async def test_stopping_a_master_with_linked_slaves_logs_no_asyncio_error(
         assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
     finally:
         await c.close()
+
+
+async def test_a_slave_takes_nothing_from_a_master_behind_its_epoch(cluster: Cluster) -> None:
+    """A master woken from a pause (or back from a partition) still writes at the epoch it
+    knew while the group moved on: its slave, at the newer epoch, must not take (and so
+    not acknowledge) those bytes, or the write is acknowledged by a master the group has
+    fenced. Once the master names the slave's epoch, replication goes on."""
+    master_epoch, slave_epoch = [3], [3]
+    server = await cluster.start_master(epoch=master_epoch, ack_timeout_s=0.5,
+                                        min_insync=1, auto_degrade=False)
+    slave = await cluster.start_slave("s", epoch=slave_epoch)
+    await eventually(lambda: sum(lk.in_sync for lk in server.links()) == 1, "in sync")
+    rng = random.Random(3)
+    before = await cluster.produce(batch(rng, 3))  # same epoch: taken and acknowledged
+    assert slave.log.max_phys == before
+    slave_epoch[0] = 5  # the group failed over; the master has not heard yet
+    result = cluster.log.append(batch(rng, 2))
+    server.notify_appended()
+    with pytest.raises((ReplicationTimeoutError, NotEnoughReplicasError)):
+        await server.wait_replicated(result.end_phys)
+    assert slave.log.max_phys == before  # nothing taken, nothing acknowledged
+    assert slave.client.last_error is not None
+    assert "this slave applied epoch 5" in slave.client.last_error
+    master_epoch[0] = 6  # it applied the group's newer state
+    server.push_metadata_now()
+    await eventually(lambda: slave.log.max_phys == result.end_phys, "the slave caught up", 10)

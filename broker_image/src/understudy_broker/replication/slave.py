@@ -56,6 +56,7 @@ class ReplicationClient:
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 2.0,
         commit: GroupCommit | None = None,
+        epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         self.log = log
         self.master_host = master_host
@@ -73,6 +74,10 @@ class ReplicationClient:
         # flushes of one log never run at once.
         self._commit = commit if commit is not None else GroupCommit(
             self._flush, mark=lambda: log.max_phys, flushed=log.flushed_phys)
+        # The group epoch this slave applied (0: none, or no ZooKeeper), and the one the
+        # master's metadata last named in this session (None: it names none).
+        self._epoch = epoch
+        self.master_epoch: int | None = None
         self.connected = False
         self.master_offset: int | None = None
         self.sessions = 0  # connections made (for status and tests)
@@ -108,6 +113,11 @@ class ReplicationClient:
                 self.last_error = f"connection: {exc!r}"
             except TimeoutError:
                 self.last_error = f"no data from the master for {self.link_timeout_s:g}s"
+            except MasterBehindError as exc:
+                self.last_error = str(exc)
+                log.warning("replication from %s:%d paused: %s", self.master_host,
+                            self.master_port, exc)
+                self._backoff.reset()  # it catches up within milliseconds: ask again soon
             except (ReplicationError, CommitLogError) as exc:
                 self.last_error = str(exc)
                 log.error(
@@ -146,6 +156,7 @@ class ReplicationClient:
         async with asyncio.timeout(self.link_timeout_s):
             reader, writer = await asyncio.open_connection(self.master_host, self.master_port)
         self._writer = writer
+        self.master_epoch = None
         writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
         async with asyncio.timeout(self.link_timeout_s):
             await writer.drain()
@@ -173,6 +184,8 @@ class ReplicationClient:
                         f"master pushed bytes from {start}, but this slave ends at {expected}: gap"
                     )
                 body = await self._read_body(reader, length, MAX_PUSH_BYTES)
+                if (behind := self._master_behind()) is not None:
+                    raise MasterBehindError(behind)
                 data = pending + body if pending else body
                 before = self.log.max_phys
                 after = self.log.append_replicated(before, data, defer_sync=syncer is not None)
@@ -237,8 +250,24 @@ class ReplicationClient:
         async with asyncio.timeout(self.link_timeout_s):
             return await reader.readexactly(length)
 
+    def _master_behind(self) -> str | None:
+        """Why the master's bytes must not be taken now, or None: it names an older group
+        epoch than this slave applied. A master woken from a pause, or back from a
+        partition, still writes at the epoch it knew for the moment before it applies the
+        group's newer state; a slave that took its bytes would acknowledge a write the
+        group no longer lets it make (docs/failover.md, "After a partition heals"). The
+        bytes are not appended, so nothing is acknowledged, and the link is tried again
+        soon: the master sends its epoch the moment it applies one."""
+        mine = self._epoch()
+        if self.master_epoch is None or mine <= self.master_epoch:
+            return None
+        return (f"the master writes at epoch {self.master_epoch}, this slave applied epoch "
+                f"{mine}: its bytes are not taken until it applies the group's state")
+
     def _on_metadata_frame(self, body: bytes) -> None:
         max_phys, data = decode_metadata(body)
+        epoch = data.get("epoch")
+        self.master_epoch = epoch if isinstance(epoch, int) else None
         self.master_offset = max_phys
         try:
             self.on_metadata(data)
@@ -250,6 +279,10 @@ class ReplicationClient:
             await asyncio.sleep(self.heartbeat_s)
             writer.write(HEARTBEAT.pack(self._durable_offset()))
             await writer.drain()
+
+
+class MasterBehindError(ReplicationError):
+    """The master pushed bytes while naming an older group epoch than this slave applied."""
 
 
 async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:

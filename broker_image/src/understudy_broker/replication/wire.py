@@ -18,7 +18,8 @@ master -> slave::
     metadata     the same header with start offset ``METADATA_OFFSET`` (2**64-1) and a
                  JSON body ``{"max_phys": N, "data": {...}}`` sent on connect and every
                  metadata interval: topics and the consumer-offset snapshot flow
-                 master -> slave this way.
+                 master -> slave this way, and the master's applied group ``epoch``
+                 (a slave that applied a newer one takes none of its bytes).
 
 Both sides cap frame sizes (:data:`MAX_PUSH_BYTES`, :data:`MAX_METADATA_BYTES`) *before*
 reading a body.

@@ -114,6 +114,7 @@ class Broker:
         self._parts: _Parts | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._had_read = False
+        self._epoch_sent = 0  # the epoch our slaves last heard of (a master pushes changes)
         self._backsync_persisted: int | None = None
         self._last_facts: tuple[bool, tuple[str, ...], int | None] | None = None
         self._stopping = False
@@ -244,8 +245,11 @@ class Broker:
                 auto_degrade=cfg.auto_degrade,
                 in_sync_replicas=cfg.in_sync_replicas,
                 max_lag_bytes=cfg.max_lag_bytes,
+                # The epoch: a slave that applied a newer one takes none of our bytes
+                # (replication/slave.py:_master_behind).
                 metadata=lambda: {"topics": store.topics.snapshot(),
-                                  "offsets": store.offsets.snapshot()},
+                                  "offsets": store.offsets.snapshot(),
+                                  "epoch": self.authority.epoch()},
                 ack_timeout_s=cfg.ack_timeout_s,
                 metadata_interval_s=METADATA_INTERVAL_S,
                 # With ZooKeeper the master records the in-sync set (docs/failover.md):
@@ -258,7 +262,8 @@ class Broker:
         if cfg.master is None:
             raise ConfigError("a slave needs a master address")
         return SlaveReplica(store, name=cfg.name, master=cfg.master,
-                            link_timeout_s=cfg.link_timeout_s, on_data=self._signal.fire)
+                            link_timeout_s=cfg.link_timeout_s, on_data=self._signal.fire,
+                            epoch=self.authority.epoch)
 
     def _flush_policy(self) -> FlushPolicy:
         """On a master the broker flushes (group commit: one fdatasync for many concurrent
@@ -307,6 +312,9 @@ class Broker:
         (state applied, session lost, lease lapsed, slave links changed)."""
         eff = self.authority.effective()
         epoch = self.authority.epoch()
+        if epoch != self._epoch_sent and self._parts is not None:
+            self._epoch_sent = epoch
+            self._parts.replica.metadata_changed()  # a master tells its slaves at once
         has_read = bool(eff & Permission.READ)
         self.metrics.set_permission(eff)
         lost_read = self._had_read and not has_read

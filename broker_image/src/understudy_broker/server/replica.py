@@ -173,7 +173,8 @@ class SlaveReplica:
     wake long-polls)."""
 
     def __init__(self, store: Store, *, name: str, master: tuple[str, int],
-                 link_timeout_s: float, on_data: Callable[[], None]) -> None:
+                 link_timeout_s: float, on_data: Callable[[], None],
+                 epoch: Callable[[], int] = lambda: 0) -> None:
         self._store = store
         self._name = name
         self._link_timeout_s = link_timeout_s
@@ -183,7 +184,7 @@ class SlaveReplica:
         self.client = ReplicationClient(
             store.log, master_host=master[0], master_port=master[1], name=name,
             on_metadata=self._on_metadata, on_append=self._on_replicated,
-            link_timeout_s=link_timeout_s, commit=store.log_commit,
+            link_timeout_s=link_timeout_s, commit=store.log_commit, epoch=epoch,
         )
         self.apply_commit_records()  # commits replicated after offsets.json was written
 
