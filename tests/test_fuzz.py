@@ -2,7 +2,7 @@
 seconds, and a live broker process fed a few thousand fuzzed frames over TCP. ``make
 fuzz`` runs the same for longer.
 
-Environment: ``UNDERSTUDY_FUZZ_SECONDS`` (per atheris target, default 2),
+Environment: ``UNDERSTUDY_FUZZ_SECONDS`` (per atheris target, default 1),
 ``UNDERSTUDY_FUZZ_LIVE_SECONDS`` and ``UNDERSTUDY_FUZZ_LIVE_FRAMES`` (the live run's
 bounds, default 10 s and 20000 frames), ``UNDERSTUDY_FUZZ_SEED`` (the live run's seed,
 random by default and printed on failure).
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 campaign = load_script(ROOT / "fuzz" / "campaign.py", "fuzz_campaign")
 live = load_script(ROOT / "fuzz" / "live.py", "fuzz_live")
 
-SECONDS = float(os.environ.get("UNDERSTUDY_FUZZ_SECONDS", "2"))
+SECONDS = float(os.environ.get("UNDERSTUDY_FUZZ_SECONDS", "1"))
 LIVE_SECONDS = float(os.environ.get("UNDERSTUDY_FUZZ_LIVE_SECONDS", "10"))
 LIVE_FRAMES = int(os.environ.get("UNDERSTUDY_FUZZ_LIVE_FRAMES", "20000"))
 
