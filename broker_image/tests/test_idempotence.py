@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,3 +111,30 @@ def test_retried_batches_are_stored_once_whatever_the_order(data: st.DataObject)
         table.record(7, "t", idem.runs_of(stored))
     for q in range(3):
         assert sorted(log[q]) == list(range(next_seq[q])), f"queue {q}: {log[q]}"
+
+
+async def test_a_message_that_comes_back_to_a_queue_keeps_its_number_there() -> None:
+    """Found by the chaos soak: a send to an island master, unanswered, was retried on
+    another group and from there moved back to its first queue under that queue's *next*
+    number, so the master could not tell it was the same message and stored it twice."""
+    from understudy_broker import protocol as p
+    from understudy_broker.client import Producer, _Pending
+
+    prod = Producer(["127.0.0.1:1"])  # encodes only: never connects
+    loop = asyncio.get_running_loop()
+
+    def numbers(items: list[_Pending]) -> list[int]:
+        decoded = p.decode_produce_full(prod._encode("t", items))
+        assert decoded.producer is not None
+        return list(decoded.producer[1])
+
+    a = _Pending(1, None, b"a", loop.create_future(), False, 0.0)
+    b = _Pending(1, None, b"b", loop.create_future(), False, 0.0)
+    assert numbers([a, b]) == [0, 1]
+    moved = _Pending(4, a.key, a.body, a.future, False, 0.0, seqs=a.seqs)  # retried elsewhere
+    assert numbers([moved]) == [0]  # queue 4's first number
+    back = _Pending(1, a.key, a.body, a.future, False, 0.0, seqs=moved.seqs)  # and back
+    assert numbers([back, _Pending(1, None, b"c", loop.create_future(), False, 0.0)]) == [0, 2]
+    for item in (a, b, moved, back):
+        item.future.cancel()
+    await prod.router.close()

@@ -737,10 +737,11 @@ class _Pending:
     attempts: int = 0
     hedged: bool = False  # a copy went to another group while this one hangs
     deliver_at: int = 0  # ms since the epoch: a delayed message (docs/delayed.md); 0 now
-    # The idempotent producer's number for this message on ``seq_queue`` (invariant 8):
-    # kept through every retry to that queue, renumbered when the message moves.
-    seq: int = -1
-    seq_queue: int = -1
+    # The idempotent producer's number for this message on each queue it was sent to
+    # (invariant 8): kept through every retry, and shared by the copies a retry elsewhere
+    # or a hedge makes, so a copy that comes back to a queue carries the number it had
+    # there (the master then recognises it) instead of a new one.
+    seqs: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -1091,13 +1092,15 @@ class Producer:
         its queue the first time it goes there and sends the same number on a retry."""
         producer: p.ProducerSeqs | None = None
         if self.producer_id is not None:
+            numbers = []
             for i in items:
-                if i.seq_queue != i.queue:
+                seq = i.seqs.get(i.queue)
+                if seq is None:
                     key = (topic, i.queue)
-                    i.seq = self._next_seq.get(key, 0)
-                    self._next_seq[key] = i.seq + 1
-                    i.seq_queue = i.queue
-            producer = (self.producer_id, [i.seq for i in items])
+                    seq = i.seqs[i.queue] = self._next_seq.get(key, 0)
+                    self._next_seq[key] = seq + 1
+                numbers.append(seq)
+            producer = (self.producer_id, numbers)
         return p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items], lease,
                                 [i.deliver_at for i in items], producer)
 
@@ -1398,7 +1401,8 @@ class Producer:
             q = self._pick(topic, live, avoid=group)
             if self.router.group_of(topic, q) != group:
                 self._enqueue(topic, _Pending(q, i.key, i.body, i.future, False, i.deadline,
-                                              i.attempts + 1, deliver_at=i.deliver_at))
+                                              i.attempts + 1, deliver_at=i.deliver_at,
+                                              seqs=i.seqs))
         for bkey in [k for k in self._batches if k[0] == topic and k[1] != group]:
             self._dispatch(bkey)
 
@@ -1429,7 +1433,8 @@ class Producer:
                 stay.append(i)
             else:
                 self._enqueue(topic, _Pending(q, i.key, i.body, i.future, False, i.deadline,
-                                              i.attempts, deliver_at=i.deliver_at))
+                                              i.attempts, deliver_at=i.deliver_at,
+                                              seqs=i.seqs))
         for bkey in [k for k in self._batches if k[0] == topic and k[1] != group]:
             self._dispatch(bkey)
         return stay
