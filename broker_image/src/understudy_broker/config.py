@@ -38,6 +38,29 @@ class Peer:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """What the client port holds and for how long (docs/broker.md, "Limits"; applied by
+    ``server/limits.py`` and ``server/connections.py``). ``idle_timeout_s`` 0: never close
+    a connection for idleness or for not reading its answers."""
+
+    #: Client connections served at once; more are answered BUSY and closed.
+    max_connections: int = 10_000
+    #: Close a connection that sends nothing with nothing in flight, or whose answers do
+    #: not move, for this long.
+    idle_timeout_s: float = 600.0
+    #: A frame must be complete this long after its first byte (while the broker reads).
+    frame_timeout_s: float = 30.0
+    #: Requests of one connection being handled at once; beyond, it is not read.
+    max_inflight_per_connection: int = 1024
+    #: Answer bytes of one connection waiting for its client to read them; beyond, it is
+    #: not read and no pull answer is built for it.
+    max_unsent_bytes: int = 4 * 1024 * 1024
+    #: Bytes of requests being received and handled, all connections together; beyond,
+    #: connections wait (are not read) until some finish.
+    max_request_memory: int = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     data_dir: Path
     port: int
@@ -64,6 +87,8 @@ class BrokerConfig:
     in_sync_replicas: int | None = None
     max_lag_bytes: int = DEFAULT_MAX_LAG_BYTES
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    #: The client port's resource limits (docs/broker.md, "Limits"; server/limits.py).
+    limits: ClientLimits = field(default_factory=ClientLimits)
     ack_timeout_s: float = 5.0
     offsets_persist_interval_s: float = 1.0
     #: Slave: seconds without a byte from the master before the link counts as down.
@@ -130,6 +155,7 @@ def validate(cfg: BrokerConfig) -> None:
         raise ConfigError(f"--max-frame-bytes must be at least {HEADER_SIZE + 64}")
     if cfg.max_frame_bytes + 1024 > cfg.segment_bytes:
         raise ConfigError("--max-frame-bytes must be smaller than --segment-bytes")
+    _validate_limits(cfg)
     if cfg.flush not in ("batch", "interval"):
         raise ConfigError("--flush must be 'batch' or 'interval'")
     if cfg.flush_interval_ms < 1:
@@ -153,6 +179,25 @@ def validate(cfg: BrokerConfig) -> None:
     names = [p.name for p in cfg.peers]
     if cfg.name in names or len(names) != len(set(names)):
         raise ConfigError("--peer names must be unique and differ from --name")
+
+
+def _validate_limits(cfg: BrokerConfig) -> None:
+    """The client port's limits (docs/broker.md, "Limits")."""
+    lim = cfg.limits
+    if lim.max_connections < 1:
+        raise ConfigError("--max-connections must be at least 1")
+    if lim.idle_timeout_s < 0:
+        raise ConfigError("--idle-timeout must be 0 (never) or positive")
+    if lim.frame_timeout_s <= 0:
+        raise ConfigError("--frame-timeout must be positive")
+    if lim.max_inflight_per_connection < 1:
+        raise ConfigError("--max-inflight-per-connection must be at least 1")
+    if lim.max_unsent_bytes < 64 * 1024:
+        raise ConfigError("--max-unsent-bytes must be at least 65536")
+    if lim.max_request_memory < cfg.max_frame_bytes:
+        raise ConfigError(
+            f"--max-request-memory ({lim.max_request_memory}) must hold at least one frame "
+            f"of --max-frame-bytes ({cfg.max_frame_bytes})")
 
 
 def _validate_coordination(cfg: BrokerConfig) -> None:

@@ -102,6 +102,7 @@ class Status(enum.IntEnum):
     NOT_SEND_HEAD = 16  # a write to an ordered topic on a group that is not its send head
     STORAGE_FULL = 17  # the broker's disk is full: nothing of the request was stored
     CORRUPT_RECORD = 18  # the record at this offset is damaged here: never served (final)
+    BUSY = 19  # the broker is at a limit (client connections): nothing was done, retry
 
 
 #: Refusals that mean "not the broker for this now": the client's route is stale (or the
@@ -120,6 +121,7 @@ RETRIABLE: Final = frozenset(
         Status.NOT_ENOUGH_REPLICAS,
         Status.INTERNAL,
         Status.STORAGE_FULL,
+        Status.BUSY,
     }
 )
 
@@ -227,6 +229,15 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames."""
         return len(self._buf) - self._pos
+
+    def pending(self) -> tuple[int, int] | None:
+        """``(op, total bytes)`` of the incomplete frame at the head of the buffer once its
+        header has arrived (after :meth:`next_frame` returned :data:`NEED_DATA`, so the
+        header was checked), else None: a server can budget a frame before its body."""
+        if len(self._buf) - self._pos < HEADER_SIZE or self._failed is not None:
+            return None
+        _m, _v, _f, _rid, op, _s, _e, length, _crc = HEADER.unpack_from(self._buf, self._pos)
+        return op, HEADER_SIZE + length
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._failed is not None:

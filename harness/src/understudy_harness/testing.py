@@ -196,6 +196,28 @@ async def wait_caught_up(master: str, slave: str, *, within_s: float = 15.0) -> 
     return int(end)
 
 
+# ----------------------------------------------------------------------- process figures
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory (``VmRSS``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def open_fds(pid: int) -> int:
+    """How many file descriptors a process has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # ----------------------------------------------------------------------- processes
 
 

@@ -11,8 +11,10 @@ are flushed, exit 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ import click
 
 from understudy_broker.config import (
     BrokerConfig,
+    ClientLimits,
     ConfigError,
     parse_hostport,
     parse_peer,
@@ -30,12 +33,15 @@ from understudy_broker.config import (
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
+from understudy_broker.server.limits import nofile_wanted
 from understudy_broker.zkclient import parse_digest
 
 #: Slave master-link timeout. With coordination it bounds how soon a hung master is
 #: fenced (the controller needs the slave's link down), so it is shorter there.
 DEFAULT_LINK_TIMEOUT_MS = 3000
 DEFAULT_LINK_TIMEOUT_ZK_MS = 1000
+#: The client port's limits by default (docs/broker.md, "Limits").
+LIMITS = ClientLimits()
 
 
 def _config_from_flags(
@@ -63,6 +69,12 @@ def _config_from_flags(
     max_lag_bytes: int,
     ack_timeout: float,
     max_frame_bytes: int,
+    max_connections: int = LIMITS.max_connections,
+    idle_timeout: float = LIMITS.idle_timeout_s,
+    frame_timeout: float = LIMITS.frame_timeout_s,
+    max_inflight_per_connection: int = LIMITS.max_inflight_per_connection,
+    max_unsent_bytes: int = LIMITS.max_unsent_bytes,
+    max_request_memory: int = LIMITS.max_request_memory,
     link_timeout_ms: int | None = None,
     zk: str | None = None,
     zk_session_timeout_ms: int = 4000,
@@ -98,6 +110,14 @@ def _config_from_flags(
         in_sync_replicas=in_sync_replicas,
         max_lag_bytes=max_lag_bytes,
         max_frame_bytes=max_frame_bytes,
+        limits=ClientLimits(
+            max_connections=max_connections,
+            idle_timeout_s=idle_timeout,
+            frame_timeout_s=frame_timeout,
+            max_inflight_per_connection=max_inflight_per_connection,
+            max_unsent_bytes=max_unsent_bytes,
+            max_request_memory=max_request_memory,
+        ),
         ack_timeout_s=ack_timeout,
         link_timeout_s=(link_timeout_ms if link_timeout_ms is not None
                         else DEFAULT_LINK_TIMEOUT_ZK_MS if zk else DEFAULT_LINK_TIMEOUT_MS) / 1000,
@@ -151,7 +171,35 @@ def _digest(text: str | None) -> tuple[str, str] | None:
               help="Sync mode: a slave this many bytes behind leaves the in-sync set "
                    "(as does one that has not acknowledged within the link timeout).")
 @click.option("--ack-timeout", type=float, default=5.0, show_default=True, help="Sync mode: seconds to wait for a slave.")
-@click.option("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, show_default=True)
+@click.option("--max-frame-bytes", type=int, default=DEFAULT_MAX_FRAME_BYTES, show_default=True,
+              help="Largest request frame; a larger one is answered TOO_LARGE from its header "
+                   "and its connection closed.")
+@click.option("--max-connections", type=int, default=LIMITS.max_connections, show_default=True,
+              help="Client connections served at once; one more is answered BUSY (retriable) "
+                   "and closed. Never more than the open-file limit minus 1024 kept for "
+                   "storage (the broker raises its soft limit to fit).")
+@click.option("--idle-timeout", type=float, default=LIMITS.idle_timeout_s, show_default=True,
+              help="Seconds: close a connection that sends nothing with no request in flight "
+                   "(a waiting long-poll is in flight), or that reads none of its answers, for "
+                   "this long; 0 = never.")
+@click.option("--frame-timeout", type=float, default=LIMITS.frame_timeout_s, show_default=True,
+              help="Seconds: a frame must be complete this long after its first byte (time "
+                   "the broker holds the connection back does not count); else TIMEOUT and "
+                   "the connection is closed.")
+@click.option("--max-inflight-per-connection", type=int,
+              default=LIMITS.max_inflight_per_connection, show_default=True,
+              help="Requests of one connection handled at once; beyond, it is not read "
+                   "(its client's sends block) until some finish.")
+@click.option("--max-unsent-bytes", type=int, default=LIMITS.max_unsent_bytes, show_default=True,
+              help="Answer bytes of one connection waiting for its client to read them; "
+                   "beyond, it is not read and no pull answer is built for it. Also caps "
+                   "one pull answer.")
+@click.option("--max-request-memory", type=int, default=LIMITS.max_request_memory,
+              show_default=True,
+              help="Bytes of requests being received and handled, all connections together "
+                   "(a frame counts from its header); beyond, connections sending produces "
+                   "or large requests are not read until some finish. At least "
+                   "--max-frame-bytes.")
 @click.option("--link-timeout-ms", type=int, default=None,
               help="Slave: no byte from the master for this long means the link is down "
                    "(default 1000 with --zk, else 3000; the master sends metadata every "
@@ -181,12 +229,24 @@ def broker(log_level: str, **flags: Any) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _fit_open_files(cfg)
     try:
         _run_on_best_loop(cfg)
     except ConfigError as exc:
         raise click.ClickException(f"broker refused to start: {exc}") from exc
     except Exception as exc:
         raise click.ClickException(f"broker failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _fit_open_files(cfg: BrokerConfig) -> None:
+    """Raise the soft open-file limit (up to the hard one) so --max-connections fits next
+    to the descriptors storage needs; the client port serves fewer (and says so) if not."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = nofile_wanted(cfg.limits.max_connections)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
 
 
 def _run_on_best_loop(cfg: BrokerConfig) -> None:

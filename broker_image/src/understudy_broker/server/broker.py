@@ -51,7 +51,7 @@ from understudy_broker.server.replica import (
     Replica,
     SlaveReplica,
 )
-from understudy_broker.server.requests import AppendSignal, Requests
+from understudy_broker.server.requests import AppendSignal, OutputRoom, Requests
 from understudy_broker.server.scheduler import Escaper, Mode, Scheduler
 from understudy_broker.storage.commitlog import AppendResult, FlushPolicy, Retention
 from understudy_broker.storage.records import RecordTuple
@@ -109,7 +109,7 @@ class Broker:
         self._permlog = PermissionLog(cfg.data_dir / PERMISSION_LOG, group=cfg.group,
                                       broker=cfg.name)
         self._port = ClientPort(handle=self._handle, epoch=self.authority.epoch,
-                                max_frame_bytes=cfg.max_frame_bytes)
+                                max_frame_bytes=cfg.max_frame_bytes, limits=cfg.limits)
         self._http: BrokerHttpPort | None = None  # only with --http-port
         self._parts: _Parts | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -143,8 +143,8 @@ class Broker:
             replication_port=self._parts.replica.port if self._parts is not None else None,
         )
 
-    async def _handle(self, frame: p.Frame) -> bytes:
-        return await self.parts.requests.handle(frame)
+    async def _handle(self, frame: p.Frame, room: OutputRoom) -> bytes:
+        return await self.parts.requests.handle(frame, room)
 
     # ---- lifecycle ------------------------------------------------------------------
 

@@ -131,6 +131,14 @@ def storage_failed(exc: OSError, doing: str, *, undone: bool = True) -> RequestE
 
 
 Handler = Callable[[p.Frame], Awaitable[bytes]]
+#: Waits until the requesting connection can take an answer (its client reads what it was
+#: sent); True when it had to wait. Given by the client port (server/connections.py).
+OutputRoom = Callable[[], Awaitable[bool]]
+
+
+async def always_room() -> bool:
+    """The :data:`OutputRoom` of a caller without a connection to hold back."""
+    return False
 
 
 class Requests:
@@ -181,15 +189,18 @@ class Requests:
             p.Op.NACK: self._nack,
         }
 
-    async def handle(self, frame: p.Frame) -> bytes:
+    async def handle(self, frame: p.Frame, room: OutputRoom = always_room) -> bytes:
         """The response body for ``frame``; raises :class:`RequestError` or
-        ``protocol.FrameError`` for an error answer."""
+        ``protocol.FrameError`` for an error answer. A PULL builds its answer only once
+        ``room`` says the connection can take it."""
         if frame.is_response:
             raise RequestError(p.Status.BAD_FRAME, "a broker does not accept responses")
         handler = self._handlers.get(frame.op)
         if handler is None:
             raise RequestError(p.Status.UNKNOWN_OPERATION, f"operation {frame.op} is not supported")
         try:
+            if frame.op == p.Op.PULL:
+                return await self._pull(frame, room)
             return await handler(frame)
         except DamagedRecordError as exc:  # a read reached it; the store logged it
             raise RequestError(p.Status.CORRUPT_RECORD, p.corrupt_record_message(
@@ -472,17 +483,20 @@ class Requests:
                                "on ordered topics (it would reorder them)")
         return out or None
 
-    async def _pull(self, frame: p.Frame) -> bytes:
+    async def _pull(self, frame: p.Frame, room: OutputRoom = always_room) -> bytes:
         self._require_read(frame)
         req = p.PullRequest.decode(frame.body)
         self._check_queue(req.topic, req.queue)
         if req.member:
             await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
         lg = self._store.log
-        # Keep the response inside the frame limit the client most likely uses.
-        max_bytes = max(1, min(req.max_bytes, self._cfg.max_frame_bytes // 2))
+        # Keep the response inside the frame limit the client most likely uses, and within
+        # what one connection may have waiting to be read (docs/broker.md, "Limits").
+        max_bytes = max(1, min(req.max_bytes, self._cfg.max_frame_bytes // 2,
+                               self._cfg.limits.max_unsent_bytes))
         deadline = time.monotonic() + min(req.max_wait_ms, 60_000) / 1000
         while True:
+            await self._room_to_answer(frame, req, room)
             start = lg.queue_start(req.topic, req.queue)
             end = lg.queue_end(req.topic, req.queue)
             offset = max(req.offset, start)
@@ -505,6 +519,17 @@ class Requests:
             end if not records else max(end, next_offset),
             [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in records],
         ).encode()
+
+    async def _room_to_answer(self, frame: p.Frame, req: p.PullRequest,
+                              room: OutputRoom) -> None:
+        """Wait until the connection can take this pull's answer, so a consumer that does
+        not read its socket holds no answers here; READ and ownership are checked again
+        after a wait (they may have moved meanwhile)."""
+        while await room():
+            self._require_read(frame)
+            if req.member:
+                await self._check_owner(req.cgroup, req.member, req.generation, req.topic,
+                                        req.queue)
 
     async def _commit_offset(self, frame: p.Frame) -> bytes:
         self._require_read(frame)
