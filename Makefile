@@ -1,5 +1,5 @@
 # Understudy — `make demo` and `make test` work on a fresh machine: both run `make setup`.
-.PHONY: setup test test-fast lint demo bench drill-cluster drill-ordered drill-delayed e2e fuzz clean
+.PHONY: setup test test-fast lint demo bench drill-cluster drill-ordered drill-delayed chaos e2e fuzz clean
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -46,6 +46,21 @@ drill-ordered: setup
 drill-delayed: setup
 	@mkdir -p bench-results
 	$(VENV)/bin/understudy drill --scenario delayed --cycles $${CYCLES:-4} --dwell $${DWELL:-120} --json bench-results/drill-delayed.json
+
+# The chaos soak (docs/local-and-drill.md, "Chaos soak"): CYCLES cycles (100) of mixed
+# faults (kill -9, hang, ZooKeeper session expiry, each partition, ZooKeeper leader loss,
+# disk full) over a topic on two groups with two members per consumer group, a 3-server
+# ZooKeeper, the cluster in network namespaces where it may (root); judged by the checker;
+# a table per fault kind, bench-results/chaos.json (one object per kind). New cycles stop
+# once the run would last longer than CHAOS_MINUTES (30). `make test` runs one cycle of
+# each kind (harness/tests/test_chaos.py).
+CHAOS_MINUTES ?= 30
+
+chaos: setup
+	@mkdir -p bench-results
+	$(VENV)/bin/understudy drill --faults mixed --cycles $${CYCLES:-100} --zk-ensemble 3 \
+		--max-minutes $(CHAOS_MINUTES) --json bench-results/chaos-drill.json \
+		--kinds-json bench-results/chaos.json
 
 # Coverage-guided fuzzing (docs/fuzzing.md): every atheris target for FUZZ_SECONDS, then
 # a live broker fed fuzzed frames over TCP as long; corpora, findings and summary.json in

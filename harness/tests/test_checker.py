@@ -420,8 +420,9 @@ def test_write_stall_is_the_longest_ack_gap_around_each_fault() -> None:
     report = check(history)
     stalls = [c.write_stall_ms for c in report.cycles]
     # cycle 1 (17..1500): the gap 20->95 (75 ms) and 110->2000 overlaps too (it starts
-    # inside the window): a stall that runs into the next fault counts for both.
-    assert stalls == [pytest.approx(1890), pytest.approx(1890)]
+    # inside the window): a stall that runs into the next fault counts for both, for the
+    # earlier one up to the next fault (110->1500) only.
+    assert stalls == [pytest.approx(1390), pytest.approx(1890)]
     quiet = check([*acks[:9], fault(17)])
     assert quiet.cycles[0].write_stall_ms == pytest.approx(75)
     assert quiet.to_json()["write_stall_ms_p99"] == pytest.approx(75)
@@ -575,3 +576,8 @@ def test_reads_restored_as_consumers_saw_it_is_their_first_answer_from_another_b
     # No consumer recorded one: None, not a guess.
     assert check([perm(0, "g1-0", "FULL"), fault(100)]).cycles[0].consumer_reads_restored_ms \
         is None
+    # No failover (the master lost its lease and read again): the master's own answer.
+    alone = check([perm(0, "g1-0", "FULL"), perm(0, "g1-1", "NONE"), fault(100),
+                   perm(1100, "g1-0", "WRITE"), perm(4000, "g1-0", "FULL"),
+                   read_restored(3990, "g1-0"), read_restored(4100, "g1-0", queue=1)])
+    assert alone.cycles[0].consumer_reads_restored_ms == pytest.approx(3890)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from understudy_harness.drill import (
     run_drill,
 )
 from understudy_harness.history import Restart, read_history
-from understudy_operator.local import procs
 
 CONTRACT_KEYS = {
     "lost_acked",
@@ -34,18 +32,6 @@ CONTRACT_KEYS = {
     "backsync_ms_p99",
     "cycles",
 }
-
-
-@pytest.fixture
-def drill_dir(tmp_path: Path) -> Iterator[Path]:
-    """A state directory; afterwards nothing started in it may survive (checked, and
-    anything left is stopped by PID so a failing test leaks nothing)."""
-    directory = tmp_path / "drill"
-    try:
-        yield directory
-    finally:
-        leftovers = procs.kill_leftovers(directory)
-        assert leftovers == [], f"the drill left processes running: {leftovers}"
 
 
 # ------------------------------------------------------------------ traffic only
@@ -175,6 +161,12 @@ def test_cycles_without_coordination_are_refused_before_anything_starts(tmp_path
         ["--cycles", "-1"],
         ["--groups", "0"],
         ["--cycles", "1", "--slaves", "0"],  # nobody could take over reads
+        ["--faults", "boom"],
+        ["--faults", "mixed", "--kinds", "kill,boom"],
+        ["--faults", "mixed", "--kinds", ","],
+        ["--faults", "mixed", "--scenario", "ordered"],
+        ["--faults", "mixed", "--prometheus"],
+        ["--zk-ensemble", "2"],
     ],
 )
 def test_bad_flags_exit_2(args: list[str]) -> None:

@@ -13,7 +13,6 @@ drain) is checked for everything, lost acknowledged messages included.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,8 @@ from understudy_broker.model import Mode
 from understudy_harness.checker import check
 from understudy_harness.drill import DrillOptions, run_drill
 from understudy_harness.history import Fault, ModeChange, read_history
-from understudy_operator.local import procs
 
 CYCLES = 20
-
-
-@pytest.fixture
-def drill_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = tmp_path / "drill"
-    try:
-        yield directory
-    finally:  # the drill stops its cluster; anything left is a leak, stopped by PID
-        leftovers = procs.kill_leftovers(directory)
-        assert leftovers == [], f"the drill left processes running: {leftovers}"
 
 
 @pytest.mark.integration

@@ -44,7 +44,10 @@ or the end):
   sampled; ``0`` if one already did), or — when no slave took over — at which the faulted
   broker regains READ after having lost it (a short hang that never caused a failover).
   This is the server-side figure; a consumer sees its first record after the fault one
-  client round trip plus its retry back-off later.
+  client round trip plus its retry back-off later. *As consumers saw it*: from the fault to
+  the first pull, sent after it and answered after failed ones (``read_restored``), that
+  another broker of the group answered — or, when none did, the faulted broker itself
+  (it read again without a failover: a partition from ZooKeeper, a slow election).
 * **failback gap**: when a slave restored reads, the length of the interval with no READ
   holder in the group that ends when the faulted broker regains READ (``0`` if someone
   still held READ at that instant, which is then also a one-reader violation).
@@ -54,8 +57,10 @@ or the end):
   acknowledgement, in the window from the fault to the next broker fault (or the end):
   per topic (the workload runs one steady producer per topic, so it always has sends
   pending), the longest gap between consecutive ``produce_ack`` events that overlaps the
-  window; the cycle's figure is the largest over topics. It includes the failback, when
-  the returning master takes writes back. ``None`` without acks on both sides.
+  window, up to the next fault (a gap that runs across the next fault is that fault's
+  stall; the earlier cycle counts only its part before it); the cycle's figure is the
+  largest over topics. It includes the failback, when the returning master takes writes
+  back. ``None`` without acks on both sides.
 
 Ordered topics (named by ``topic`` events with ``ordered`` true):
 
@@ -98,6 +103,15 @@ Consumer-group members (the ``own`` events, from each member's ownership log):
   failover cycles.
 
 Figures are ``None`` when the history lacks the events to compute them.
+
+When each counted item happened (``Report.marks``, by :data:`MARKS` name): a lost or
+skipped id at its first acknowledgement, a rewind at the lower commit, a one-reader or
+two-member overlap at its start, a duplicate (of each cause) at the repeated delivery, an
+escape duplicate at the delivery of the extra copy. Every count but *lost* and *skipped*
+only grows as the history grows, and an item's time is where it first shows: counting the
+marks in a window gives what a check of the history cut at the window's end adds to a
+check cut at its start (the chaos soak's per-fault-kind table,
+:mod:`understudy_harness.chaos`, attributes them to cycles this way).
 """
 
 from __future__ import annotations
@@ -137,6 +151,11 @@ NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 #: How many example ids/details a report keeps per category (the counts are exact).
 EXAMPLES = 20
+#: ``Report.marks`` names: lost and skipped ids, committed-offset rewinds, one-reader and
+#: two-member overlaps, duplicates by cause (in flight, rewind, produced twice on another
+#: queue, on the same queue, escape).
+MARKS = ("lost", "skipped", "offset_rewinds", "one_reader", "two_member", "in_flight",
+         "rewind", "produced_other_queue", "same_queue", "escape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +204,9 @@ class CycleReport:
     normal_again_ms: float | None
     write_stall_ms: float | None = None
     #: Fault -> the first pull a consumer sent that another broker of the group then
-    #: answered, after failed ones (``read_restored``): reads restored as consumers see
-    #: them, whether or not they had a backlog. None when no consumer recorded one.
+    #: answered, after failed ones (``read_restored``), or the faulted broker itself when
+    #: no other did: reads restored as consumers see them, whether or not they had a
+    #: backlog. None when no consumer recorded one.
     consumer_reads_restored_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -230,6 +250,9 @@ class Report:
     early_examples: tuple[str, ...] = ()
     escape_duplicates: int = 0
     duplicates_same_queue: int = 0
+    #: When each counted item happened, by :data:`MARKS` name (see the module's
+    #: definitions); not in :meth:`to_json`.
+    marks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def violations(self) -> list[str]:
@@ -347,10 +370,10 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     end = events[-1].t if events else 0
     broker_faults = [f for f in faults if not f.kind.startswith(CLIENT_FAULTS)]
 
-    lost, lost_examples, skipped = _losses(acks, delivers)
+    lost_t, lost_examples, skipped, skipped_t = _losses(acks, delivers)
     nacks = [e for e in events if isinstance(e, Nack)]
-    inflight, rewind, produced, same_queue = _duplicates(delivers, commits, faults, modes,
-                                                         {(n.cgroup, n.id) for n in nacks})
+    inflight, rewind, other_queue, same_queue = _duplicates(
+        delivers, commits, faults, modes, {(n.cgroup, n.id) for n in nacks})
     rewinds = _offset_rewinds(commits)
     timelines = {g: _holders(ps) for g, ps in _by_group(perms).items()}
     overlaps = [o for g, tl in sorted(timelines.items()) for o in _overlaps(g, tl, end)]
@@ -366,17 +389,21 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
     restarts = [e for e in events if isinstance(e, Restart)]
     disorder = _order_violations(_paused_acks_redated(acks, faults, restarts), delivers,
                                  ordered)
-    sched_lost, early, escape_dups = _scheduled(acks, delivers, nacks)
+    sched_lost, early, escape_t = _scheduled(acks, delivers, nacks)
+    marks = {"lost": lost_t, "skipped": skipped_t, "offset_rewinds": [r.t for r in rewinds],
+             "one_reader": [o.start for o in overlaps], "two_member": [x.start for x in shared],
+             "in_flight": inflight, "rewind": rewind, "produced_other_queue": other_queue,
+             "same_queue": same_queue, "escape": escape_t}
     return Report(
         acked=len({a.id for a in acks}),
         delivered=len(delivers),
-        lost_acked=lost,
+        lost_acked=len(lost_t),
         lost_examples=lost_examples,
         skipped=skipped,
-        duplicates_inflight=inflight,
-        duplicates_rewind=rewind,
-        duplicates_produce=produced,
-        duplicates_same_queue=same_queue,
+        duplicates_inflight=len(inflight),
+        duplicates_rewind=len(rewind),
+        duplicates_produce=len(other_queue) + len(same_queue),
+        duplicates_same_queue=len(same_queue),
         offset_rewinds=len(rewinds),
         rewind_examples=tuple(rewinds[:EXAMPLES]),
         one_reader_violations=len(overlaps),
@@ -391,7 +418,8 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
         scheduled_lost=sched_lost,
         delivered_early=len(early),
         early_examples=tuple(early[:EXAMPLES]),
-        escape_duplicates=escape_dups,
+        escape_duplicates=len(escape_t),
+        marks={name: tuple(sorted(marks[name])) for name in MARKS},
     )
 
 
@@ -400,21 +428,28 @@ def check(history: Iterable[Event | Mapping[str, Any]]) -> Report:
 
 def _losses(
     acks: list[ProduceAck], delivers: list[Deliver]
-) -> tuple[int, tuple[str, ...], dict[str, int]]:
-    acked = {a.id for a in acks}
+) -> tuple[list[int], tuple[str, ...], dict[str, int], list[int]]:
+    """``(lost, examples, skipped per consumer group, skipped)``; ``lost`` and ``skipped``
+    are the first acknowledgement times of those ids."""
+    acked: dict[str, int] = {}
+    for a in acks:
+        acked.setdefault(a.id, a.t)
     by_cgroup: dict[str, set[str]] = defaultdict(set)
     for d in delivers:
         by_cgroup[d.cgroup].add(d.id)
     anywhere = set().union(*by_cgroup.values()) if by_cgroup else set()
-    lost = sorted(acked - anywhere)
-    skipped = {cg: len((acked & anywhere) - ids) for cg, ids in sorted(by_cgroup.items())}
-    return len(lost), tuple(lost[:EXAMPLES]), skipped
+    lost = sorted(acked.keys() - anywhere)
+    missed = {cg: (acked.keys() & anywhere) - ids for cg, ids in sorted(by_cgroup.items())}
+    skipped_t = [acked[i] for ids in missed.values() for i in ids]
+    return ([acked[i] for i in lost], tuple(lost[:EXAMPLES]),
+            {cg: len(ids) for cg, ids in missed.items()}, skipped_t)
 
 
 def _scheduled(acks: list[ProduceAck], delivers: list[Deliver], nacks: list[Nack]
-               ) -> tuple[int, list[str], int]:
+               ) -> tuple[int, list[str], list[int]]:
     """Delayed messages and nacks (see the module's definitions): scheduled ids lost,
-    deliveries before the due time, and copies written more often than asked for."""
+    deliveries before the due time, and when each copy written more often than asked for
+    was first delivered."""
     due = {a.id: a.deliver_at_ms for a in acks if a.deliver_at_ms is not None}
     handed_back: dict[tuple[str, str], int] = defaultdict(int)
     for n in nacks:
@@ -427,15 +462,15 @@ def _scheduled(acks: list[ProduceAck], delivers: list[Deliver], nacks: list[Nack
         last_delivery[(d.cgroup, d.id)] = d.t
     lost += sum(1 for n in nacks if last_delivery.get((n.cgroup, n.id), -1) <= n.t)
     early: list[str] = []
-    positions: dict[tuple[str, str], set[tuple[str, int, int]]] = defaultdict(set)
+    positions: dict[tuple[str, str], dict[tuple[str, int, int], int]] = defaultdict(dict)
     for d in delivers:
         at = due.get(d.id)
         if at is not None and d.t < at * 1_000_000:
             early.append(f"{d.cgroup} got {d.id} {(at * 1_000_000 - d.t) / 1e6:.1f} ms early")
         if at is not None or (d.cgroup, d.id) in handed_back:
-            positions[(d.cgroup, d.id)].add((d.topic, d.queue, d.offset))
-    extra = sum(max(0, len(where) - 1 - handed_back.get(key, 0))
-                for key, where in positions.items())
+            positions[(d.cgroup, d.id)].setdefault((d.topic, d.queue, d.offset), d.t)
+    extra = [t for key, where in positions.items()
+             for t in sorted(where.values())[1 + handed_back.get(key, 0):]]
     return lost, early, extra
 
 
@@ -504,10 +539,10 @@ def _order_violations(acks: list[ProduceAck], delivers: list[Deliver],
 def _duplicates(
     delivers: list[Deliver], commits: list[Commit], faults: list[Fault], modes: list[ModeChange],
     nacked: set[tuple[str, str]] | None = None,
-) -> tuple[int, int, int, int]:
-    """``(in flight, rewind, produced twice, of those on the same queue)``; an id its
-    group handed back is expected at a new position (the retry topic): not "produced
-    twice" (see *escape duplicates*)."""
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """When each duplicate was delivered: ``(in flight, rewind, produced twice on another
+    queue, on the same queue)``; an id its group handed back is expected at a new position
+    (the retry topic): not "produced twice" (see *escape duplicates*)."""
     nacked = nacked or set()
     disruptions = sorted([f.t for f in faults] + [m.t for m in modes])
     commit_log: dict[tuple[str, str, int], list[Commit]] = defaultdict(list)
@@ -515,7 +550,10 @@ def _duplicates(
         commit_log[(c.cgroup, c.topic, c.queue)].append(c)
     first_at: dict[tuple[str, str, int, int], Deliver] = {}
     position_of: dict[tuple[str, str], tuple[str, int, int]] = {}
-    inflight = rewind = produced = same_queue = 0
+    inflight: list[int] = []
+    rewind: list[int] = []
+    other_queue: list[int] = []
+    same_queue: list[int] = []
     for d in delivers:
         pos = (d.cgroup, d.topic, d.queue, d.offset)
         first = first_at.get(pos)
@@ -523,20 +561,15 @@ def _duplicates(
             first_at[pos] = d
             seen = position_of.setdefault((d.cgroup, d.id), (d.topic, d.queue, d.offset))
             if seen != (d.topic, d.queue, d.offset) and (d.cgroup, d.id) not in nacked:
-                produced += 1
-                if seen[:2] == (d.topic, d.queue):
-                    same_queue += 1
+                (same_queue if seen[:2] == (d.topic, d.queue) else other_queue).append(d.t)
             continue
         crash = _last_in(disruptions, after=first.t, upto=d.t)
         if crash is None:
-            rewind += 1
+            rewind.append(d.t)
             continue
         committed = _committed_at(commit_log[(d.cgroup, d.topic, d.queue)], crash)
-        if first.offset >= committed:
-            inflight += 1
-        else:
-            rewind += 1
-    return inflight, rewind, produced, same_queue
+        (inflight if first.offset >= committed else rewind).append(d.t)
+    return inflight, rewind, other_queue, same_queue
 
 
 def _last_in(times: list[int], *, after: int, upto: int) -> int | None:
@@ -663,11 +696,14 @@ def _cycles(
 def _consumer_restored(c: CycleReport, faults: list[Fault], reads: list[ReadRestored],
                        group_of: Mapping[str, str]) -> float | None:
     """ms from the fault to the first ``read_restored`` sent at or after it that another
-    broker of the faulted group answered, before the group's next fault."""
+    broker of the faulted group answered (or, when none did, the faulted broker), before
+    the group's next fault."""
     until = min((f.t for f in faults if f.group == c.group and f.t > c.fault_t), default=None)
-    first = min((r.t for r in reads
-                 if r.t >= c.fault_t and (until is None or r.t < until)
-                 and r.broker != c.broker and group_of.get(r.broker) == c.group), default=None)
+    mine = [r for r in reads if r.t >= c.fault_t and (until is None or r.t < until)
+            and group_of.get(r.broker) == c.group]
+    first = min((r.t for r in mine if r.broker != c.broker), default=None)
+    if first is None:
+        first = min((r.t for r in mine), default=None)
     return None if first is None else (first - c.fault_t) / NS_PER_MS
 
 
@@ -740,7 +776,8 @@ def _ack_times_by_topic(acks: list[ProduceAck]) -> list[list[int]]:
 
 
 def _write_stall(fault_t: int, faults: list[Fault], ack_times: list[list[int]]) -> float | None:
-    """The longest ack gap (ms) overlapping ``[fault_t, next broker fault)``, per topic."""
+    """The longest ack gap (ms) overlapping ``[fault_t, next broker fault)``, per topic,
+    cut at the next fault."""
     until = min((f.t for f in faults if f.t > fault_t), default=None)
     best: float | None = None
     for times in ack_times:
@@ -751,7 +788,7 @@ def _write_stall(fault_t: int, faults: list[Fault], ack_times: list[list[int]]) 
                 continue
             if until is not None and prev >= until:
                 break
-            gap = (nxt - prev) / NS_PER_MS
+            gap = ((nxt if until is None else min(nxt, until)) - prev) / NS_PER_MS
             best = gap if best is None or gap > best else best
     return best
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import signal
@@ -39,8 +40,15 @@ from understudy_broker.admin import describe_consumer_group, describe_topic
 from understudy_broker.chains import history_violations
 from understudy_broker.ha.permlog import FILE_NAME, read_changes
 from understudy_broker.model import Mode
-from understudy_broker.zklayout import ChainDoc, LayoutError, chains_path, decode_state, state_path
-from understudy_harness import promrun, subclients
+from understudy_broker.zklayout import (
+    ChainDoc,
+    GroupConfig,
+    LayoutError,
+    chains_path,
+    decode_state,
+    state_path,
+)
+from understudy_harness import chaos, chaosfaults, promrun, subclients
 from understudy_harness.checker import Report, check
 from understudy_harness.history import (
     Deliver,
@@ -48,10 +56,12 @@ from understudy_harness.history import (
     HistoryWriter,
     ModeChange,
     ProduceAck,
+    Restart,
     read_history,
 )
 from understudy_harness.permevents import LoggedChange, perm_events_from_log
 from understudy_harness.subclients import SubClient
+from understudy_harness.testing import zk_session
 from understudy_harness.workload import (
     CONSUMER_GROUPS,
     Target,
@@ -62,12 +72,14 @@ from understudy_harness.workload import (
 from understudy_operator.controller.journal import read_transitions
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
-from understudy_operator.local.plan import ClusterPlan, transitions_log
+from understudy_operator.local.plan import ClusterPlan, on_loopback, plan_cluster, transitions_log
 from understudy_operator.zk import ZkGateway, gateway
 
 log = logging.getLogger(__name__)
 
 FAULTS = ("kill", "hang")
+#: ``--faults``: ``mixed`` is the chaos soak (every kind of :data:`chaos.KINDS` in turn).
+FAULT_MIXES = ("mixed",)
 SCENARIOS = ("failover", "cluster", "ordered", "delayed")
 CLUSTER_TOPIC = "drill-cluster"
 ORDERED_TOPIC = "drill-ordered"
@@ -120,6 +132,19 @@ class DrillOptions:
     #: the JSON adds scheduled_lost, delivered_early and escape_duplicates).
     scenario: str = "failover"
     members: int = 2
+    #: ``"mixed"``: the chaos soak (:func:`run_mixed`): the cluster scenario's traffic,
+    #: each cycle the next kind of ``kinds`` (:func:`chaos.rotation`, ``seed``) on a group.
+    faults: str | None = None
+    kinds: tuple[str, ...] = chaos.KINDS
+    seed: int | None = None
+    zk_ensemble: int = 1
+    #: Stop starting cycles once this many seconds from the start, less what the drain,
+    #: teardown and check need, have passed; ``None``: no cap.
+    max_seconds: float | None = None
+    #: The chaos soak: each master's data directory on a tmpfs of this size (``disk_full``).
+    disk_bytes: int = 256 << 20
+    #: The chaos soak: put the cluster in network namespaces when the machine allows.
+    netns: bool = True
 
 
 @dataclass(slots=True)
@@ -134,6 +159,11 @@ class DrillResult:
     #: The ordered scenario: the chain documents as watched, and what the rules say of them.
     chain_history: list[dict[str, Any]] | None = None
     chain_violations: list[str] = field(default_factory=list)
+    #: The chaos soak: the checker's counts and figures per fault kind, what each cycle
+    #: saw, and why it stopped before its cycles were done (the time cap).
+    chaos: list[chaos.KindSummary] | None = None
+    chaos_cycles: list[dict[str, Any]] = field(default_factory=list)
+    stopped_early: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -154,6 +184,9 @@ class DrillResult:
         if self.chain_history is not None:
             doc["chain_history"] = self.chain_history
             doc["chain_violations"] = self.chain_violations
+        if self.chaos is not None:
+            doc.update(chaos=chaos.to_json(self.chaos), chaos_cycles=self.chaos_cycles,
+                       stopped_early=self.stopped_early)
         return doc
 
 
@@ -310,12 +343,14 @@ def traffic_targets(plan: ClusterPlan) -> list[Target]:
 
 async def _cycle(
     n: int, plan: ClusterPlan, watch: ModeWatch, writer: HistoryWriter, status: Status, opts: DrillOptions,
-    *, during: Callable[[], Awaitable[None]] | None = None,
+    *, during: Callable[[], Awaitable[None]] | None = None, kind: str | None = None,
+    group: GroupConfig | None = None,
 ) -> None:
-    """Fault the next group's master, wait for slave-consume, run ``during`` (while the
-    slave acts), bring the master back, wait for NORMAL."""
-    kind = cycle_fault(n, opts)
-    group = plan.groups[(n - 1) % len(plan.groups)]
+    """Fault the next group's master (or ``group``'s) with the cycle's fault (or
+    ``kind``), wait for slave-consume, run ``during`` (while the slave acts), bring the
+    master back, wait for NORMAL."""
+    kind = kind or cycle_fault(n, opts)
+    group = group or plan.groups[(n - 1) % len(plan.groups)]
     if opts.scenario == "ordered":  # the send head's master, wherever the head is now
         head = watch.send_head()
         group = next((g for g in plan.groups if g.group == head), group)
@@ -363,7 +398,10 @@ async def member_event(n: int, traffic: Traffic, writer: HistoryWriter, status: 
     """Cycle ``n`` of the cluster scenario, while a slave acts: a member of ``cg1`` joins
     (n = 1, 4, ...), leaves cleanly (2, 5, ...) or crashes and is replaced by a new one
     (3, 6, ...). A crash is recorded as a ``member-crash`` fault: what it had handed out
-    and not committed may be delivered again (the at-least-once window)."""
+    and not committed may be delivered again (the at-least-once window). So is a clean
+    leave (``member-leave``): it commits first, but where its queue's group has no reader
+    then (the chaos soak's faults) the commit is refused, and the next owner gets what it
+    had handed out again; a commit that did land still shows a redelivery as a rewind."""
     cgroup, target = CONSUMER_GROUPS[0], traffic.targets[0]
     members = traffic.members_of(cgroup)
     step = (n - 1) % 3
@@ -373,6 +411,7 @@ async def member_event(n: int, traffic: Traffic, writer: HistoryWriter, status: 
     elif step == 1:
         status.phase = f"cycle {n}: {members[0]} leaves {cgroup}"
         await traffic.remove_member(members[0], crash=False)
+        writer.fault(cycle=n, kind="member-leave", broker=members[0], group=cgroup)
     else:
         status.phase = f"cycle {n}: {members[0]} crashes"
         await traffic.remove_member(members[0], crash=True)
@@ -521,13 +560,21 @@ async def _revive_masters(plan: ClusterPlan) -> None:
             await asyncio.to_thread(lc.start, plan.dir, g.master.name, wait=False)
 
 
-async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> DrillResult:
-    """Run the drill end to end; the cluster is always torn down."""
+async def run_drill(opts: DrillOptions, *, status: Status | None = None,
+                    lab: chaosfaults.Lab | None = None) -> DrillResult:
+    """Run the drill end to end; the cluster is always torn down. ``--faults mixed``
+    runs through :func:`run_mixed`, which gives it its ``lab``."""
+    started = time.monotonic()
     if opts.fault not in FAULTS:
         raise DrillError(f"unknown fault {opts.fault!r}: expected one of {', '.join(FAULTS)}")
     if opts.scenario not in SCENARIOS:
         raise DrillError(f"unknown scenario {opts.scenario!r}: expected one of "
                          f"{', '.join(SCENARIOS)}")
+    mixed = opts.faults is not None
+    if mixed:
+        opts = mixed_options(opts)
+        if lab is None:
+            raise DrillError("--faults mixed runs through run_mixed (it prepares the lab)")
     cluster = opts.scenario in ("cluster", "ordered", "delayed")
     ordered = opts.scenario == "ordered"
     delayed = opts.scenario == "delayed"
@@ -556,6 +603,9 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
         session_timeout_ms=opts.session_timeout_ms,
         coordinated=opts.coordinated,
         progress=lambda msg: setattr(status, "phase", msg),
+        zk_ensemble=opts.zk_ensemble,
+        placement=on_loopback if lab is None else lab.placement,
+        data_dirs=None if lab is None else lab.data_dirs(),
     )
     history = plan.dir / "history.jsonl"
     # A history is one run: a directory reused from an earlier drill must not lend it its
@@ -563,6 +613,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
     history.unlink(missing_ok=True)
     errors: list[str] = []
     completed = 0
+    soak: MixedRun | None = None
     chains: list[ChainDoc] = []
     prom: promrun.PrometheusServer | None = None
     exported: dict[str, Any] | None = None
@@ -593,7 +644,11 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
                 await traffic.start()
                 status.phase = "warming up"
                 await asyncio.sleep(opts.warmup_s)
-                for n in range(1, opts.cycles + 1):
+                if watch is not None and lab is not None and mixed:
+                    soak = await _mixed_cycles(plan, watch, writer, status, opts, traffic, lab,
+                                               errors, started=started)
+                    completed = soak.completed
+                for n in range(1, 0 if mixed else opts.cycles + 1):
                     status.cycle = n
                     if watch is None:  # refused above: cycles need coordination
                         raise DrillError("failover cycles need a coordinated cluster")
@@ -644,6 +699,18 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
     loaded = read_history(history)
     report = check(loaded.events)
     groups = [g.group for g in plan.groups]
+    rows = None
+    if soak is not None and lab is not None:
+        heals: dict[int, int] = {}
+        for e in loaded.events:
+            if isinstance(e, Restart):
+                heals.setdefault(e.cycle, e.t)
+        faults = {e.cycle: e.t for e in loaded.events
+                  if isinstance(e, Fault) and e.kind in chaos.KINDS}
+        for note in soak.notes:  # the fault and its heal on the history's clock
+            note.update(fault_ns=faults.get(note["cycle"]), heal_ns=heals.get(note["cycle"]))
+        rows = chaos.summarize(report, heals=heals, kinds=opts.kinds, skipped=lab.skipped,
+                               incomplete=soak.incomplete)
     return DrillResult(
         report=report,
         history=history,
@@ -654,4 +721,163 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None) -> Dril
         prometheus=exported,
         chain_history=[json.loads(d.to_json()) for d in chains] if ordered else None,
         chain_violations=history_violations(chains, groups) if ordered else [],
+        chaos=rows,
+        chaos_cycles=soak.notes if soak is not None else [],
+        stopped_early=soak.stopped if soak is not None else None,
     )
+
+
+# ------------------------------------------------------------------------ chaos soak
+
+
+def mixed_options(opts: DrillOptions) -> DrillOptions:
+    """``--faults mixed`` as the drill runs it: the cluster scenario's traffic (a topic
+    over at least two groups, members per consumer group); refuses what it cannot do."""
+    if opts.faults not in FAULT_MIXES:
+        raise DrillError(f"unknown fault mix {opts.faults!r}: expected one of "
+                         f"{', '.join(FAULT_MIXES)}")
+    unknown = [k for k in opts.kinds if k not in chaos.KINDS]
+    if unknown or not opts.kinds:
+        raise DrillError(f"unknown fault kind(s) {', '.join(unknown) or '(none given)'}: "
+                         f"expected some of {', '.join(chaos.KINDS)}")
+    if opts.scenario not in ("failover", "cluster"):
+        raise DrillError("--faults mixed runs the cluster scenario's traffic; "
+                         f"--scenario {opts.scenario} cannot be mixed in")
+    if opts.prometheus_interval_s is not None:
+        raise DrillError("--faults mixed does not record with Prometheus (its brokers may "
+                         "run in network namespaces)")
+    return dataclasses.replace(opts, scenario="cluster", groups=max(2, opts.groups),
+                               members=max(1, opts.members))
+
+
+def run_mixed(opts: DrillOptions, *, status: Status | None = None) -> DrillResult:
+    """The chaos soak (``--faults mixed``): build the lab its kinds need (network
+    namespaces, small disks; :class:`chaosfaults.Lab` says which kinds cannot run here),
+    run the drill from the clients' host, and remove the lab whatever happens."""
+    opts = mixed_options(opts)
+    if opts.cycles and not opts.coordinated:
+        raise DrillError("failover cycles need a coordinated cluster")
+    directory = opts.directory or Path(tempfile.mkdtemp(prefix="understudy-chaos-"))
+    opts = dataclasses.replace(opts, directory=directory)
+    names = itertools.count(1)
+    shape = plan_cluster(directory=Path("."), groups=opts.groups, slaves=opts.slaves, sync=True,
+                         port=lambda: next(names))
+    lab = chaosfaults.Lab.open(
+        kinds=opts.kinds, brokers=[b.name for g in shape.groups for b in g.brokers],
+        masters=[g.master.name for g in shape.groups], zk_ensemble=opts.zk_ensemble,
+        disk_bytes=opts.disk_bytes, use_netns=opts.netns)
+    try:
+        return lab.call(lambda: asyncio.run(run_drill(opts, status=status, lab=lab)))
+    finally:
+        try:
+            lab.keep_data(directory)
+        finally:
+            leftovers = lab.close()
+        if leftovers:
+            log.warning("processes left in the chaos namespaces were killed: %s", leftovers)
+
+
+@dataclass(slots=True)
+class MixedRun:
+    """What the soak's cycles did: how many completed, each cycle's notes, the cycles of
+    each kind that did not complete, and why it stopped early (the time cap)."""
+
+    completed: int = 0
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    incomplete: dict[str, int] = field(default_factory=dict)
+    stopped: str | None = None
+
+
+async def _mixed_cycles(plan: ClusterPlan, watch: ModeWatch, writer: HistoryWriter,
+                        status: Status, opts: DrillOptions, traffic: Traffic,
+                        lab: chaosfaults.Lab, errors: list[str], *, started: float) -> MixedRun:
+    """The soak's cycles: each the next (kind, group) of :func:`chaos.rotation` over the
+    kinds that can run here, after every group is NORMAL with its master holding FULL. A
+    cycle that fails is reported and everything healed; the soak goes on if the cluster
+    comes back, else stops."""
+    runnable = [k for k in opts.kinds if k not in lab.skipped]
+    if not runnable:
+        raise DrillError("no fault kind can run here: " + "; ".join(
+            f"{k}: {why}" for k, why in lab.skipped.items()))
+    schedule = chaos.rotation(runnable, [g.group for g in plan.groups], opts.cycles, opts.seed)
+    by_name = {g.group: g for g in plan.groups}
+    run = MixedRun()
+    longest = 0.0
+    session = zk_session(plan.zk_connect, timeout_s=5.0)
+    zk = await asyncio.to_thread(session.__enter__)
+    try:
+        for n, (kind, name) in enumerate(schedule, start=1):
+            reserve = opts.drain_timeout_s + 60 + longest  # drain, teardown and check
+            if opts.max_seconds is not None and (time.monotonic() - started + reserve
+                                                 > opts.max_seconds):
+                run.stopped = (f"stopped after {n - 1} of {opts.cycles} cycles: the "
+                               f"{opts.max_seconds / 60:g}-minute cap (the drain, teardown "
+                               f"and check need up to ~{reserve:.0f} s more)")
+                break
+            status.cycle = n
+            group = by_name[name]
+            note: dict[str, Any] = {"cycle": n, "kind": kind, "group": name,
+                                    "broker": group.master.name}
+            begun = time.monotonic()
+            try:
+                await _mixed_cycle(n, kind, group, plan, watch, writer, status, opts, traffic,
+                                   lab, zk, note)
+                run.completed += 1
+            except (DrillError, chaosfaults.FaultError) as exc:
+                errors.append(f"cycle {n} ({kind} on {name}): {exc}")
+                run.incomplete[kind] = run.incomplete.get(kind, 0) + 1
+                note["error"] = str(exc)
+                if not await _recover(plan, watch, lab, opts):
+                    errors.append(f"after cycle {n} the cluster did not come back to NORMAL "
+                                  "with every master holding FULL; the soak stopped there")
+                    break
+            finally:
+                note["seconds"] = round(time.monotonic() - begun, 2)
+                run.notes.append(note)
+                longest = max(longest, time.monotonic() - begun)
+            traffic.generation += 1  # consumers resume from committed offsets
+    finally:
+        await asyncio.to_thread(session.__exit__, None, None, None)
+    return run
+
+
+async def _mixed_cycle(n: int, kind: str, group: GroupConfig, plan: ClusterPlan,
+                       watch: ModeWatch, writer: HistoryWriter, status: Status,
+                       opts: DrillOptions, traffic: Traffic, lab: chaosfaults.Lab, zk: Any,
+                       note: dict[str, Any]) -> None:
+    def phase(msg: str) -> None:
+        status.phase = msg
+
+    for g in plan.groups:  # every group settled before the fault
+        await chaosfaults.settled(plan, g.group, watch.wait, within_s=opts.cycle_timeout_s,
+                                  phase=lambda msg: phase(f"cycle {n}: {msg}"))
+    during = functools.partial(member_event, n, traffic, writer, status)
+    if kind in FAULTS:
+        await _cycle(n, plan, watch, writer, status, opts, during=during, kind=kind, group=group)
+        await chaosfaults.settled(plan, group.group, watch.wait, within_s=opts.cycle_timeout_s,
+                                  phase=lambda msg: phase(f"cycle {n}: {msg}"))
+        return
+    cycle = chaosfaults.Cycle(
+        n=n, kind=kind, plan=plan, group=group, lab=lab, writer=writer, zk=zk,
+        wait_mode=watch.wait, phase=phase, during=during,
+        session_timeout_s=opts.session_timeout_ms / 1000, timeout_s=opts.cycle_timeout_s,
+        dwell_s=opts.dwell_s, warmup_s=opts.warmup_s, notes=note)
+    await chaosfaults.FAULTS[kind](cycle)
+
+
+async def _recover(plan: ClusterPlan, watch: ModeWatch, lab: chaosfaults.Lab,
+                   opts: DrillOptions) -> bool:
+    """After a failed cycle: heal every path, give every disk its space back, start any
+    ZooKeeper server and master that is down; whether every group is then NORMAL with
+    its master holding FULL."""
+    lab.heal_all()
+    for node in plan.zk_nodes:
+        with contextlib.suppress(lc.LocalError):  # already running
+            await asyncio.to_thread(lc.start, plan.dir, node.name)
+    await _revive_masters(plan)
+    try:
+        for g in plan.groups:
+            await chaosfaults.settled(plan, g.group, watch.wait, within_s=60)
+    except (DrillError, chaosfaults.FaultError):
+        return False
+    return True

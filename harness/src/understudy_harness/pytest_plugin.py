@@ -102,6 +102,19 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
         procs.kill_leftovers(directory)
 
 
+@pytest.fixture
+def drill_dir(tmp_path: Path) -> Iterator[Path]:
+    """A state directory for a drill (``DrillOptions.directory``, ``--dir``); afterwards
+    nothing started in it may survive (checked, and anything left is stopped by PID so a
+    failing test leaks nothing)."""
+    directory = tmp_path / "drill"
+    try:
+        yield directory
+    finally:
+        leftovers = procs.kill_leftovers(directory)
+        assert leftovers == [], f"the drill left processes running: {leftovers}"
+
+
 @pytest.fixture(scope="module")
 def two_groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterPlan]]:
     """A local cluster shared by the tests of one module: ZooKeeper, groups g1 and g2 of a

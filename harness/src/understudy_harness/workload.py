@@ -261,6 +261,9 @@ class Traffic:
             finally:
                 try:
                     with contextlib.suppress(Exception):
+                        if not member.crash:  # close() commits too, but says nothing of it:
+                            # recorded here, a final commit the brokers then lose is a rewind
+                            await self._commit(consumer, cgroup, topic, recorded)
                         stopping = consumer.abort() if member.crash else consumer.close()
                         async with asyncio.timeout(5):
                             await stopping

@@ -19,16 +19,20 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from understudy_harness import chaos
 from understudy_harness.checker import percentile
 from understudy_harness.cli.live import live_status
 from understudy_harness.drill import (
+    FAULT_MIXES,
     FAULTS,
     SCENARIOS,
     DrillError,
     DrillOptions,
     DrillResult,
     Status,
+    mixed_options,
     run_drill,
+    run_mixed,
 )
 from understudy_harness.history import HistoryError
 from understudy_operator.local.cluster import LocalError
@@ -62,6 +66,14 @@ class DrillCannotRun(click.ClickException):
 @click.option("--session-timeout-ms", type=click.IntRange(1000, 10000), default=2000, show_default=True, help="Brokers' ZooKeeper session timeout.")
 @click.option("--prometheus", is_flag=True, help="Also record the cluster with a private Prometheus (Debian package) and export it for 'understudy sla report' (query_range JSON and promtool tsdb dump, in <dir>/prometheus/export). Each fault then waits for at least 3 scrape intervals of NORMAL, so the recording separates the cycles.")
 @click.option("--scrape-interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True, help="With --prometheus: seconds between scrapes (pass the same value to 'sla report --step').")
+@click.option("--faults", type=click.Choice(FAULT_MIXES), default=None, help="mixed: the chaos soak. The cluster scenario's traffic (a topic over at least two groups, --members members per consumer group); each cycle injects the next fault kind of a fixed rotation (--kinds, --seed) into a group's master: " + ", ".join(chaos.KINDS) + ". Kinds this machine cannot run (no network namespaces, no ZooKeeper ensemble, no tmpfs) are reported as skipped with the reason. Prints a table per fault kind.")
+@click.option("--kinds", default=",".join(chaos.KINDS), show_default=True, help="With --faults mixed: the kinds to rotate through, comma-separated.")
+@click.option("--seed", type=int, default=None, help="With --faults mixed: shuffle each round's kinds and groups with this seed (reproducible); default: the fixed rotation.")
+@click.option("--zk-ensemble", type=click.Choice(["1", "3", "5", "7"]), default="1", show_default=True, help="ZooKeeper servers (3: an ensemble; the zk_leader_loss kind needs one).")
+@click.option("--max-minutes", type=click.FloatRange(1, 24 * 60), default=None, help="With --faults mixed: stop starting new cycles once the run, with its drain, teardown and check, would last longer than this; the results say so.")
+@click.option("--disk-mb", type=click.IntRange(16, 1 << 16), default=256, show_default=True, help="With --faults mixed: each master's data directory on a tmpfs of this size (disk_full; root only).")
+@click.option("--netns/--no-netns", default=True, show_default=True, help="With --faults mixed: put every broker, ZooKeeper with the controller, and the drill's clients on hosts of their own in network namespaces when the machine allows (the partition kinds need it; root only).")
+@click.option("--kinds-json", type=click.Path(dir_okay=False, path_type=Path), help="With --faults mixed: write the per-kind table as JSON (one object per fault kind).")
 def drill(
     cycles: int,
     fault: str,
@@ -77,6 +89,14 @@ def drill(
     session_timeout_ms: int,
     prometheus: bool,
     scrape_interval: float,
+    faults: str | None,
+    kinds: str,
+    seed: int | None,
+    zk_ensemble: str,
+    max_minutes: float | None,
+    disk_mb: int,
+    netns: bool,
+    kinds_json: Path | None,
 ) -> None:
     """Bring up a local cluster, run producers and consumer groups, fault the master again
     and again, then check every invariant: lost acknowledged messages, duplicates
@@ -99,13 +119,28 @@ def drill(
         prometheus_interval_s=scrape_interval if prometheus else None,
         scenario=scenario,
         members=members,
+        faults=faults,
+        kinds=tuple(k.strip() for k in kinds.split(",") if k.strip()),
+        seed=seed,
+        zk_ensemble=int(zk_ensemble),
+        max_seconds=None if max_minutes is None else max_minutes * 60,
+        disk_bytes=disk_mb << 20,
+        netns=netns,
     )
+    if faults is not None:
+        try:
+            mixed_options(opts)
+        except DrillError as exc:
+            raise click.BadParameter(str(exc), param_hint="--faults/--kinds") from None
     status = Status()
     result = _run_with_status(opts, status)
     _print(result)
     if json_file is not None:
         json_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
         _out.print(f"results written to {json_file}")
+    if kinds_json is not None and result.chaos is not None:
+        kinds_json.write_text(json.dumps(chaos.to_json(result.chaos), indent=2) + "\n")
+        _out.print(f"per-kind results written to {kinds_json}")
     if not result.ok:
         for v in result.report.violations + result.errors + result.chain_violations:
             _err.print(f"[red]FAIL[/] {v}")
@@ -120,6 +155,8 @@ def _run_with_status(opts: DrillOptions, status: Status) -> DrillResult:
 
     with live_status(_err, line):
         try:
+            if opts.faults is not None:
+                return run_mixed(opts, status=status)
             return asyncio.run(run_drill(opts, status=status))
         except DrillError as exc:
             raise DrillCannotRun(str(exc)) from None
@@ -177,6 +214,8 @@ def _print(result: DrillResult) -> None:
                 _ms(c.normal_again_ms), _ms(c.write_stall_ms),
             )  # fmt: skip
         _out.print(table)
+    if result.chaos is not None:
+        _print_kinds(result)
     _out.print(f"history: {result.history}")
     if result.prometheus is not None:
         p = result.prometheus
@@ -184,6 +223,34 @@ def _print(result: DrillResult) -> None:
             f"Prometheus export (scrape interval {p['scrape_interval_s']:g} s, {p['series']} series): "
             f"{', '.join(p['query_range'])} and {p['tsdb_dump']}"
         )
+
+
+def _print_kinds(result: DrillResult) -> None:
+    """The chaos soak's table: one row per fault kind (``chaos.summarize``)."""
+    table = Table("fault kind", "cycles", "lost", "rewinds", "one reader", "two members",
+                  "duplicates: in flight / rewind / other queue / same queue / escape",
+                  "reads restored, as consumers saw, ms p50 / p99", "write stall ms p50 / p99",
+                  title="chaos soak: per fault kind")
+    for row in result.chaos or []:
+        doc = row.to_json()
+        if row.skipped is not None:
+            table.add_row(row.kind, "[yellow]skipped[/]", row.skipped)
+            continue
+        d = row.duplicates
+        cycles = str(row.cycles) + (f" ([red]{row.incomplete} incomplete[/])" if row.incomplete else "")
+        table.add_row(
+            row.kind, cycles, _flag(row.lost_acked + row.missed_by_a_consumer_group),
+            _flag(row.offset_rewinds), _flag(row.one_reader_violations),
+            _flag(row.two_member_violations),
+            f"{d['in_flight']} / {_flag(d['rewind'])} / {d['produced_other_queue']} / "
+            f"{_flag(d['same_queue'])} / {d['escape']}",
+            f"{_ms(doc['consumer_reads_restored_ms_p50'])} / {_ms(doc['consumer_reads_restored_ms_p99'])}",
+            f"{_ms(doc['write_stall_ms_p50'])} / {_ms(doc['write_stall_ms_p99'])}",
+        )  # fmt: skip
+    # wide enough to keep a row on one line when the output is a file or a pipe (make)
+    (_out if _out.is_terminal else Console(width=200)).print(table)
+    if result.stopped_early:
+        _out.print(f"[yellow]{result.stopped_early}[/]")
 
 
 def _flag(n: int) -> str:

@@ -24,7 +24,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -179,13 +179,16 @@ def up(
     timeout: float = 60.0,
     progress: Progress = _quiet,
     placement: Placer = on_loopback,
+    data_dirs: Mapping[str, Path] | None = None,
 ) -> ClusterPlan:
     """Start ZooKeeper (one server, or an ensemble of ``zk_ensemble``), the brokers and
     the controller; return once every group is NORMAL and its master reads (uncoordinated,
     see :attr:`ClusterPlan.coordinated`: once every broker answers ``/healthz``). On any
     failure everything started so far is stopped again. ``placement`` puts each process on
     a host (:class:`~.plan.Placement`; the partition tests' network namespaces), by
-    name: brokers, ``zookeeper``, ``controller``."""
+    name: brokers, ``zookeeper``, ``controller``. ``data_dirs``: brokers whose data
+    directory lives elsewhere (a small tmpfs that a test fills), by name; ``data/<broker>``
+    is then a symbolic link to it."""
     directory = directory.resolve()
     # Bad sizes or a bad replication policy are refused before anything starts.
     if zk_ensemble not in ZK_ENSEMBLE_SIZES:
@@ -224,6 +227,11 @@ def up(
         )
         (directory / STATE_FILE).write_text(plan.to_json())
         _write_configs(plan)
+        for name, target in (data_dirs or {}).items():
+            link = directory / "data" / plan.process(name).name
+            target.mkdir(parents=True, exist_ok=True)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target.resolve())
         deadline = time.monotonic() + timeout
         for p in plan.brokers:
             progress(f"starting broker {p.name}")
