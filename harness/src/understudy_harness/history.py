@@ -369,8 +369,9 @@ class HistoryWriter:
             t: int | None = None) -> None:
         self.record(Own(self.now() if t is None else t, cgroup, topic, queue, member, held))
 
-    def commit(self, *, cgroup: str, topic: str, queue: int, offset: int) -> None:
-        self.record(Commit(self.now(), cgroup, topic, queue, offset))
+    def commit(self, *, cgroup: str, topic: str, queue: int, offset: int,
+               t: int | None = None) -> None:
+        self.record(Commit(self.now() if t is None else t, cgroup, topic, queue, offset))
 
     def perm(
         self,

@@ -281,8 +281,12 @@ class Traffic:
             self.writer.own(cgroup=member.cgroup, topic=member.target.topic, queue=queue,
                             member=member.member_id, held=held, t=int(wall * 1e9))
             if held and queue in consumer.started_at:  # began from the committed offset
+                # dated when it began, not when this runs: written late (after a batch, or
+                # at close), it read as a commit after the new owner's own commits, and
+                # the checker saw a rewind that never happened (the chaos soak did).
                 self._observe_offsets(member.cgroup, member.target.topic,
-                                      {queue: consumer.started_at[queue]}, recorded)
+                                      {queue: consumer.started_at[queue]}, recorded,
+                                      t=int(wall * 1e9))
         return len(log_)
 
     @staticmethod
@@ -430,12 +434,13 @@ class Traffic:
                         await consumer.close()
 
     def _observe_offsets(
-        self, cgroup: str, topic: str, offsets: Mapping[int, int | None], recorded: dict[int, int]
+        self, cgroup: str, topic: str, offsets: Mapping[int, int | None], recorded: dict[int, int],
+        *, t: int | None = None,
     ) -> None:
         for q, off in sorted(offsets.items()):
             if off is not None and recorded.get(q) != off:
                 recorded[q] = off
-                self.writer.commit(cgroup=cgroup, topic=topic, queue=q, offset=off)
+                self.writer.commit(cgroup=cgroup, topic=topic, queue=q, offset=off, t=t)
 
     async def _commit(self, consumer: Any, cgroup: str, topic: str, recorded: dict[int, int]) -> None:
         try:
