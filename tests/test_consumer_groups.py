@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -22,7 +23,8 @@ from click.testing import CliRunner
 from understudy_broker import protocol as p
 from understudy_broker.admin import describe_consumer_group
 from understudy_broker.cli.client import consumer_group, topic
-from understudy_broker.client import BrokerError, Consumer, Producer, request_once
+from understudy_broker.client import BrokerError, Connection, Consumer, Producer, request_once
+from understudy_broker.zklayout import TopicDoc, topic_path
 from understudy_harness import testing
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
@@ -159,17 +161,45 @@ def test_clean_joins_and_leaves_move_queues_without_duplicates(
     assert cg["generation"] >= 3
 
 
+def test_a_topic_created_through_one_broker_is_known_at_once_to_every_other(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """A broker hears of a new topic from a ZooKeeper watch (and a read it then makes), a
+    moment after the node exists. A member that joins, or a client that asks for the
+    route, in that moment is answered as if the watch had fired: CI once failed a join
+    with UNKNOWN_TOPIC. The node is written here directly and the requests go out on
+    connections already open, so they reach every broker inside that moment."""
+    _d, plan = cluster
+    brokers = ["g1-0", "g1-1", "g2-0", "g2-1"]
+
+    async def run(name: str, zk: Any) -> list[tuple[str, p.Frame, p.Frame]]:
+        conns = [await Connection.open(addr(plan, b)) for b in brokers]
+        try:
+            zk.create(topic_path(name), TopicDoc(name, ("g1", "g2")).to_json())
+            hbs = [p.MemberHeartbeatRequest(f"cg-{name}", f"m-{b}", [name], 3000, join=True)
+                   for b in brokers]
+            joined = [c.exchange(p.Op.MEMBER_HEARTBEAT, hb.encode(), timeout_s=10)
+                      for c, hb in zip(conns, hbs, strict=True)]
+            routes = [c.exchange(p.Op.GET_ROUTE, p.GetRouteRequest(name).encode(), timeout_s=10)
+                      for c in conns]
+            answers = await asyncio.gather(*joined, *routes)
+            n = len(brokers)
+            return list(zip(brokers, answers[:n], answers[n:], strict=True))
+        finally:
+            for c in conns:
+                await c.close()
+
+    with testing.zk_session(plan.zk_connect) as zk:
+        for i in range(4):
+            for broker, joined, route in asyncio.run(run(f"fresh-{i}", zk)):
+                assert joined.status == p.Status.OK, (broker, p.error_message(joined))
+                assert route.status == p.Status.OK, (broker, p.error_message(route))
+                assert p.RouteResponse.decode(route.body).topics.get(f"fresh-{i}") == 2, broker
+
+
 def test_a_member_heartbeating_for_an_unknown_group_gets_a_clear_error(
         cluster: tuple[Path, ClusterPlan]) -> None:
     _d, plan = cluster
     make_topic(plan, "errs", per_group=1)
-
-    def known_at_g2_1() -> bool:  # it learns the topic from its ZooKeeper watch, a moment later
-        frame = asyncio.run(request_once(addr(plan, "g2-1"), p.Op.GET_ROUTE,
-                                         p.GetRouteRequest("errs").encode()))
-        return "errs" in p.RouteResponse.decode(frame.body).topics
-
-    testing.wait_until(known_at_g2_1, "g2-1 knows topic errs", 10)
 
     async def ask(body: bytes) -> p.Frame:
         return await request_once(addr(plan, "g2-1"), p.Op.MEMBER_HEARTBEAT, body)

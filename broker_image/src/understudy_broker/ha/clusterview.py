@@ -41,6 +41,7 @@ from understudy_broker.zklayout import (
     config_path,
     live_dir,
     status_dir,
+    topic_path,
 )
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,29 @@ class ClusterView:
             async with asyncio.timeout(timeout_s):
                 while self.topics.get(topic) != doc:
                     await self._changed.wait()
+
+    async def has_topic(self, topic: str, timeout_s: float = 5.0) -> bool:
+        """Whether ``topic`` exists, asking ZooKeeper when this view has not heard of it yet.
+
+        A topic created through another broker reaches this view a notification later; a
+        client that joins or asks for it in between must not be told it does not exist.
+        After a ``sync`` (so the server this session reads from has caught up), a topic
+        ZooKeeper holds is waited for (bounded) until the watch delivers it."""
+        if topic in self.topics:
+            return True
+        path = topic_path(topic)
+
+        def exists() -> bool:
+            self._client.sync(path)
+            return self._client.exists(path) is not None
+
+        if not await asyncio.to_thread(exists):
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while topic not in self.topics:
+                    await self._changed.wait()
+        return topic in self.topics
 
     # ------------------------------------------------------------------ answers
 

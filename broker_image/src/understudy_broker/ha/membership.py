@@ -198,7 +198,7 @@ class Membership:
 
     async def heartbeat(self, req: p.MemberHeartbeatRequest) -> p.MemberHeartbeatResponse:
         cgroup, member = self._names(req.cgroup, req.member)
-        unknown = [t for t in req.topics if t not in self._view.topics]
+        unknown = [t for t in req.topics if not await self._view.has_topic(t)]
         if unknown:
             raise MembershipError(
                 p.Status.UNKNOWN_TOPIC,

@@ -324,10 +324,12 @@ class Requests:
             raise AssertionError("unreachable")  # pragma: no cover
         return m
 
-    def _check_producer_group(self, req: p.MemberHeartbeatRequest) -> None:
+    async def _check_producer_group(self, req: p.MemberHeartbeatRequest) -> None:
         """The producers of an ordered topic are a group named after the topic, and
         subscribed to it alone."""
-        doc = self._cluster().topics.get(req.cgroup)
+        view = self._cluster()
+        await view.has_topic(req.cgroup)
+        doc = view.topics.get(req.cgroup)
         if doc is None or not doc.ordered:
             what = "an unknown topic" if doc is None else "not ordered"
             raise RequestError(p.Status.BAD_REQUEST if doc is not None else p.Status.UNKNOWN_TOPIC,
@@ -596,6 +598,8 @@ class Requests:
                 {req.topic: local[req.topic]} if req.topic in local else {})
             names = [g.group for g in own]
             return p.RouteResponse(own, topics, {t: names for t in topics}).encode()
+        if req.topic is not None and req.topic not in local:
+            await view.has_topic(req.topic)  # created through another broker a moment ago
         cluster = view.topics if req.topic is None else (
             {req.topic: view.topics[req.topic]} if req.topic in view.topics else {})
         counts: dict[str, int] = {}
@@ -656,7 +660,7 @@ class Requests:
     async def _member_heartbeat(self, frame: p.Frame) -> bytes:
         req = p.MemberHeartbeatRequest.decode(frame.body)
         if req.producer:
-            self._check_producer_group(req)
+            await self._check_producer_group(req)
         return await _answer(self._membership(req.producer).heartbeat(req))
 
     async def _leave_group(self, frame: p.Frame) -> bytes:
