@@ -7,11 +7,17 @@ The world is a discrete-time model (1 tick = 1 s) of what the real parts do:
   last contact from their client, ephemeral ``live`` nodes owned by sessions, persistent
   ``status`` nodes with versions (so statuses of dead brokers stay, stale).
 - Brokers: processes that run, stop (SIGSTOP) and die, get cut off from ZooKeeper, and
-  restart. Each keeps its own *applied* view of ``state`` — updated only when a watch is
+  restart; each slave's replication link to the master can be cut on its own. Each keeps its own *applied* view of ``state`` — updated only when a watch is
   delivered or a lease renewal reads it, so views are arbitrarily stale — and a read lease
-  of ``L < S`` ticks renewed only by a connected, registered session confirming the epoch.
+  of ``L < S`` ticks renewed by a connected, registered session confirming the epoch.
   A broker registers its live node before any lease renewal in a new session, and a
-  broker that has not yet learned the state enforces NONE. Each computes its effective
+  broker that has not yet learned the state enforces NONE.
+- The slave route (docs/failover.md, "A master cut off from ZooKeeper only"): the master
+  also renews its lease for ``LS`` ticks from a probe's send time once *every* slave of
+  the in-sync record echoed that probe at the master's epoch. Probes and echoes travel
+  the replication links and may be delivered any number of steps later. A slave echoes
+  only at the master's epoch and not acting, and then holds back its own READ until
+  ``LS`` ticks after it echoed (a restarted slave holds back ``LS`` ticks from its start). Each computes its effective
   permission with the real ``model.effective_permission``.
 - Consumers: commits go to whoever has effective READ at that moment. Replication keeps
   an in-sync set of slaves (ISR) in ZooKeeper: the reader (master, or acting slave
@@ -47,6 +53,7 @@ from understudy_operator.controller.observe import BrokerView, Observation, Proc
 
 S = 4  # session timeout, ticks
 L = 3  # read lease, ticks (< S, as lease_duration_s guarantees)
+LS = 2  # the lease a master takes from its slaves' echoes, ticks (slave_route_duration_s)
 NAMES = ("m", "s1", "s2")
 
 CONFIG = GroupConfig(
@@ -75,11 +82,15 @@ class Broker:
     backsync_epoch: int | None = None
     status: BrokerStatus | None = None
     status_version: int = -1
+    held_until: int = 0  # a slave: no READ before this tick (it echoed a probe)
+    echoes: dict[str, tuple[int, int]] = field(default_factory=dict)  # master: slave -> (sent, epoch)
 
 
 @dataclass
 class World:
     use_lease: bool = True
+    use_slave_route: bool = True
+    use_wait_out: bool = True  # a mutation switch: slaves that echoed read at once
     t: int = 0
     state: GroupState = field(default_factory=lambda: initial_state(0.0))
     version: int = 0
@@ -96,6 +107,11 @@ class World:
     isr: set[str] = field(default_factory=lambda: set(NAMES[1:]))
     policy: AckPolicy = field(default_factory=lambda: AckPolicy.of(min_insync=1,
                                                                    auto_degrade=False))
+    link_cut: set[str] = field(default_factory=set)  # slaves whose link to the master is cut
+    probes: dict[str, list[tuple[int, int]]] = field(  # to a slave: (sent at, master epoch)
+        default_factory=lambda: {n: [] for n in NAMES[1:]})
+    replies: dict[str, list[tuple[int, int]]] = field(  # from a slave: (sent at, its epoch)
+        default_factory=lambda: {n: [] for n in NAMES[1:]})
 
     def __post_init__(self) -> None:
         for i, n in enumerate(NAMES):
@@ -145,23 +161,84 @@ class World:
         if b.view is not None and b.view.epoch == self.state.epoch:
             b.lease_at = self.t
 
+    # ---------------------------------------------------------------- the slave route
+    def linked(self, s: Broker) -> bool:
+        """Bytes flow between the master and slave ``s`` (both running, link not cut)."""
+        return (self.brokers["m"].proc == "run" and s.proc == "run"
+                and s.name not in self.link_cut)
+
+    def probe(self) -> None:
+        """The master sends a probe to every slave it has a link to, stamped now."""
+        m = self.brokers["m"]
+        if m.proc != "run" or m.view is None or not self.use_slave_route:
+            return
+        for s in self.brokers.values():
+            if s.ordinal > 0 and self.linked(s):
+                self.probes[s.name].append((self.t, m.view.epoch))
+
+    def answer(self, s: Broker) -> None:
+        """Slave ``s`` takes its oldest probe; it echoes only at the master's epoch and
+        when not acting, and first holds back its own READ for ``LS``."""
+        if s.proc != "run" or s.name in self.link_cut or not self.probes[s.name]:
+            return
+        sent, epoch = self.probes[s.name].pop(0)
+        v = s.view
+        if v is None or v.epoch != epoch or v.acting == s.name:
+            return
+        s.held_until = max(s.held_until, self.t + LS)
+        self.replies[s.name].append((sent, v.epoch))
+
+    def receive(self, s: Broker) -> None:
+        m = self.brokers["m"]
+        if not self.linked(s) or not self.replies[s.name]:
+            return
+        sent, epoch = self.replies[s.name].pop(0)
+        old = m.echoes.get(s.name)
+        if old is None or sent >= old[0]:
+            m.echoes[s.name] = (sent, epoch)
+
+    def probe_round(self) -> None:
+        """The common case: a probe goes out, every slave answers, the master hears."""
+        self.probe()
+        for s in self.brokers.values():
+            if s.ordinal > 0:
+                for _ in range(len(self.probes[s.name])):
+                    self.answer(s)
+                for _ in range(len(self.replies[s.name])):
+                    self.receive(s)
+
+    def slave_route_valid(self, m: Broker) -> bool:
+        """Every slave of the in-sync record echoed at the master's epoch, and the oldest
+        of those latest echoes answers a probe sent less than ``LS`` ago."""
+        if not self.use_slave_route or m.view is None or not self.isr:
+            return False
+        sent = []
+        for name in self.isr:
+            echo = m.echoes.get(name)
+            if echo is None or echo[1] != m.view.epoch:
+                return False
+            sent.append(echo[0])
+        return 0 <= self.t - min(sent) < LS
+
     # ---------------------------------------------------------------- brokers
     def lease_valid(self, b: Broker) -> bool:
         if not self.use_lease:
             return True
-        return b.lease_at is not None and 0 <= self.t - b.lease_at < L
+        zk = b.lease_at is not None and 0 <= self.t - b.lease_at < L
+        if b.ordinal == 0:
+            return zk or self.slave_route_valid(b)
+        return zk and (not self.use_wait_out or self.t >= b.held_until)
 
     def effective(self, b: Broker) -> Permission:
         if b.proc != "run" or b.view is None:
             return Permission.NONE
         spec = CONFIG.broker(b.name)
-        master = self.brokers["m"]
         slaves = [x for x in self.brokers.values() if x.ordinal > 0]
         health = Health(
             zk_live=self.connected(b), zk_lost_for=0.0 if self.connected(b) else 1e9,
             fence_after=1e12,
             slaves_assigned=True,
-            slave_connected=master.proc == "run" and any(s.proc == "run" for s in slaves),
+            slave_connected=any(self.linked(s) for s in slaves),
             slave_once_connected=True, lease_valid=self.lease_valid(b),
         )
         return effective_permission(role=spec.role, name=b.name, configured=spec.permission,
@@ -173,14 +250,13 @@ class World:
     def publish(self, b: Broker) -> None:
         if not self.connected(b) or b.view is None:
             return
-        master = self.brokers["m"]
         eff = self.effective(b)
         running_slaves = tuple(
-            x.name for x in self.brokers.values() if x.ordinal > 0 and x.proc == "run")
+            x.name for x in self.brokers.values() if x.ordinal > 0 and self.linked(x))
         is_master = b.ordinal == 0
         b.status = BrokerStatus(
             broker=b.name, effective=eff, epoch_applied=b.view.epoch,
-            master_link=not is_master and master.proc == "run",
+            master_link=not is_master and self.linked(b),
             slave_links=running_slaves if is_master else (),
             max_offset=b.commits,
             ready=is_master and b.view.mode is not Mode.NORMAL and not eff & Permission.READ,
@@ -194,7 +270,8 @@ class World:
         self.counter += 1
         b.commits = self.counter  # persisted locally, acknowledged only below
         for p in self.brokers.values():
-            if p is not b and p.name in self.isr and p.proc == "run" and not p.slow:
+            reaches = self.linked(p) if b.ordinal == 0 else p.proc == "run"
+            if p is not b and p.name in self.isr and reaches and not p.slow:
                 p.commits = max(p.commits, self.counter)
         # The real rule decides (replication/isr.py), with this world's quorum-write policy.
         outcome = self.write_outcome(b)
@@ -224,6 +301,8 @@ class World:
         reader = readers[0]
         if reader is s or not self.connected(reader):
             return
+        if reader.ordinal == 0 and not self.linked(s):
+            return
         s.commits = max(s.commits, reader.commits)
         s.slow = False
         self.isr.add(s.name)
@@ -252,14 +331,18 @@ class World:
         return Observation(now=float(self.t), wall=float(self.t), brokers=views,
                            in_sync=frozenset(self.isr))
 
-    def second(self) -> None:
-        """One tick in which every broker renews and publishes and controller 0 acts."""
+    def second(self, *, probe: bool = False, controller: bool = True) -> None:
+        """One tick in which every broker renews and publishes, the master probes its
+        slaves (``probe``) and controller 0 acts (``controller``)."""
         self.tick()
         for b in self.brokers.values():
             self.renew(b)
             self.publish(b)
-        self.snapshot(0)
-        self.act(0)
+        if probe:
+            self.probe_round()
+        if controller:
+            self.snapshot(0)
+            self.act(0)
 
     def snapshot(self, c: int) -> None:
         self.snapshots[c] = (self.state, self.version, self.observe())
@@ -330,6 +413,9 @@ class FailoverModel(RuleBasedStateMachine):
                 self.w.backsync(b)
                 self.w.rejoin(b)
                 self.w.publish(b)
+            m = self.w.brokers["m"]
+            if m.lease_at != self.w.t:  # the real master probes only then (ZooKeeper failing)
+                self.w.probe_round()
             self.w.snapshot(c)
             self.w.act(c)
 
@@ -337,8 +423,8 @@ class FailoverModel(RuleBasedStateMachine):
     def tick_once(self) -> None:
         self.w.tick()
 
-    @rule(kind=st.sampled_from(("stop", "kill", "cut")), name=names, ticks=st.integers(0, S + 1),
-          c=st.sampled_from((0, 1)))
+    @rule(kind=st.sampled_from(("stop", "kill", "cut", "link")), name=names,
+          ticks=st.integers(0, S + 1), c=st.sampled_from((0, 1)))
     def fault_then_react(self, kind: str, name: str, ticks: int, c: int) -> None:
         """A macro step: a fault, then ``ticks`` seconds in which everyone else renews,
         publishes and a controller checks — the common shape of a real incident, so the
@@ -350,10 +436,41 @@ class FailoverModel(RuleBasedStateMachine):
             b.proc = "dead"
         elif kind == "cut":
             b.cut = True
-        self.settle(2, c)
+        elif kind == "link":  # the master's: every link; a slave's: its own
+            self.w.link_cut |= set(NAMES[1:]) if b.ordinal == 0 else {name}
+        self.settle(3, c)
         for _ in range(ticks):
             self.w.tick()
             self.settle(3, c)
+
+    @rule(ticks=st.integers(0, S + 2), links=st.sets(st.sampled_from(NAMES[1:]), min_size=1),
+          c=st.sampled_from((0, 1)))
+    def master_loses_zookeeper_then_links(self, ticks: int, links: set[str], c: int) -> None:
+        """A macro step of the partition shapes: the master is cut from ZooKeeper and reads
+        on its slaves' echoes for ``ticks`` seconds, then loses links to ``links``."""
+        self.fault_then_react(kind="cut", name="m", ticks=ticks, c=c)
+        self.w.link_cut |= links
+        self.settle(3, c)
+
+    @rule()
+    def master_probes(self) -> None:
+        self.w.probe()
+
+    @rule(name=st.sampled_from(NAMES[1:]))
+    def slave_answers_a_probe(self, name: str) -> None:
+        self.w.answer(self.w.brokers[name])
+
+    @rule(name=st.sampled_from(NAMES[1:]))
+    def master_hears_an_echo(self, name: str) -> None:
+        self.w.receive(self.w.brokers[name])
+
+    @rule()
+    def probe_round(self) -> None:
+        self.w.probe_round()
+
+    @rule(name=st.sampled_from(NAMES[1:]))
+    def link_toggle(self, name: str) -> None:
+        self.w.link_cut ^= {name}
 
     @rule(name=names)
     def deliver_watch(self, name: str) -> None:
@@ -392,9 +509,15 @@ class FailoverModel(RuleBasedStateMachine):
     def restart(self, name: str) -> None:
         b = self.w.brokers[name]
         if b.proc == "dead":
-            # A new process: new (future) session, no view, no lease; the disk survives.
+            # A new process: new (future) session, no view, no lease, nothing heard on the
+            # replication links; a slave holds back READ for LS from its start (it cannot
+            # know what it echoed before). The disk survives.
             self.w.brokers[name] = replace(
-                b, proc="run", session=None, registered=False, view=None, lease_at=None)
+                b, proc="run", session=None, registered=False, view=None, lease_at=None,
+                echoes={}, held_until=self.w.t + LS)
+            for links in (self.w.probes, self.w.replies):
+                for slave in links if b.ordinal == 0 else [name]:
+                    links[slave].clear()
 
     @rule(name=names)
     def zk_partition_toggle(self, name: str) -> None:
@@ -562,3 +685,63 @@ def test_a_slow_slave_leaves_the_record_before_a_commit_goes_on_without_it(
         w.second()
         w.check()
     assert w.state.acting != "s2"
+
+
+def cut_master_from_zookeeper(w: World, ticks: int) -> None:
+    """Seed 000 §3, scenario 3: the master loses ZooKeeper, keeps its slaves. Each second
+    every broker renews and publishes, the master probes (its confirmations fail), and a
+    controller checks."""
+    for b in w.brokers.values():
+        w.publish(b)
+    w.brokers["m"].cut = True
+    for _ in range(ticks):
+        w.second(probe=True)
+        w.check()
+
+
+def test_a_master_cut_from_zookeeper_only_keeps_reading_on_its_slaves_echoes() -> None:
+    w = World()
+    cut_master_from_zookeeper(w, 3 * S)
+    assert "m" not in w.ephemerals  # its session expired long ago
+    assert w.state.mode is Mode.NORMAL  # nobody moved
+    assert w.epochs_written == []
+    assert [b.name for b in w.readers()] == ["m"]
+    # Without the slave route the same history leaves the group without a reader.
+    w = World(use_slave_route=False)
+    cut_master_from_zookeeper(w, 3 * S)
+    assert w.readers() == []
+
+
+def test_a_slave_that_echoed_holds_back_its_reads_until_the_master_lease_it_renewed_ends() -> None:
+    """The master, cut from ZooKeeper, read on its slaves' echoes; then its links are cut
+    too, and the controller makes a slave act at once. Without the hold-back the slave
+    reads while the master's echo-renewed lease still runs: two readers."""
+    def history(w: World) -> None:
+        cut_master_from_zookeeper(w, S + 1)  # its session is gone: proof for FENCING
+        w.probe_round()  # the last echoes, at this tick
+        w.link_cut |= {"s1", "s2"}
+        for b in w.brokers.values():
+            w.renew(b)
+            w.publish(b)
+        for _ in range(4):  # the controller moves at once (detection within this tick)
+            w.snapshot(0)
+            w.act(0)
+            for b in w.brokers.values():
+                w.renew(b)
+                w.publish(b)
+
+    w = World(use_wait_out=False)
+    history(w)
+    assert w.state.mode is Mode.SLAVE_CONSUME
+    assert {b.name for b in w.readers()} == {"m", w.state.acting}
+    with pytest.raises(AssertionError, match="two readers"):
+        w.check()
+    w = World()
+    history(w)
+    assert w.state.mode is Mode.SLAVE_CONSUME
+    assert [b.name for b in w.readers()] == ["m"]  # the slave holds back
+    w.check()
+    for _ in range(LS):
+        w.second(controller=False)
+        w.check()
+    assert [b.name for b in w.readers()] == [w.state.acting]

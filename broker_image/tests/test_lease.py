@@ -6,7 +6,16 @@ import time
 
 import pytest
 
-from understudy_broker.ha.lease import Lease, lease_clock, lease_duration_s, renewal_interval_s
+from understudy_broker.ha.lease import (
+    MAX_OUTSTANDING_PROBES,
+    Holdback,
+    Lease,
+    SlaveRoute,
+    lease_clock,
+    lease_duration_s,
+    renewal_interval_s,
+    slave_route_duration_s,
+)
 
 
 def test_duration_is_below_the_session_timeout_with_margin() -> None:
@@ -80,3 +89,58 @@ def test_revoke_and_shorten() -> None:
     lease = Lease(duration=5.0).renewed(sent_at=0.0, confirmed_epoch=1, applied_epoch=1)
     assert not lease.with_duration(1.0).valid(2.0)
     assert not lease.revoked().valid(0.5)
+
+
+# ------------------------------------------------------------ the slave route
+
+
+def test_the_slave_route_needs_an_echo_from_every_slave_the_record_may_name() -> None:
+    route = SlaveRoute(0.7)
+    both = frozenset({"s1", "s2"})
+    first = route.probe(10.0)
+    assert route.echo("s1", first, epoch=4)
+    assert not route.valid(10.1, epoch=4, required=both)  # s2 has not answered
+    assert route.valid(10.1, epoch=4, required=frozenset({"s1"}))
+    second = route.probe(10.2)
+    route.echo("s2", second, epoch=4)
+    # the lease runs from the older of the two latest echoes' probes
+    assert route.grant(epoch=4, required=both) == 10.0
+    assert route.valid(10.69, epoch=4, required=both)
+    assert not route.valid(10.7, epoch=4, required=both)
+    assert not route.valid(10.1, epoch=5, required=both)  # echoes at another epoch count for nothing
+    assert not route.valid(10.1, epoch=4, required=frozenset())  # no record, no route
+
+
+def test_an_echo_of_a_probe_never_sent_or_forgotten_counts_for_nothing() -> None:
+    route = SlaveRoute(0.7)
+    assert not route.echo("s1", 99, epoch=1)
+    old = route.probe(0.0)
+    for i in range(MAX_OUTSTANDING_PROBES):
+        route.probe(0.001 * (i + 1))
+    assert not route.echo("s1", old, epoch=1)
+    assert route.grant(epoch=1, required=frozenset({"s1"})) is None
+
+
+def test_a_late_echo_of_an_older_probe_never_moves_the_grant_backwards() -> None:
+    route = SlaveRoute(0.7)
+    a, b = route.probe(1.0), route.probe(2.0)
+    route.echo("s1", b, epoch=1)
+    route.echo("s1", a, epoch=1)
+    assert route.grant(epoch=1, required=frozenset({"s1"})) == 2.0
+
+
+def test_a_slave_that_echoes_holds_back_past_the_lease_it_granted() -> None:
+    hold = Holdback(0.0, max_hold_s=1.0, slack_s=0.05)
+    assert hold.held(1.0)  # a fresh process holds back for its longest hold
+    assert not hold.held(1.06)
+    assert hold.answer(5.0, 0.7)
+    assert hold.held(5.74)
+    assert not hold.held(5.76)
+    assert not hold.answer(6.0, 1.5)  # longer than it would hold back: no echo
+    assert not hold.held(6.0)
+
+
+def test_the_slave_route_lease_stays_below_the_link_timeout() -> None:
+    assert slave_route_duration_s(1.0) == pytest.approx(0.7)
+    with pytest.raises(ValueError, match="no slave-route lease"):
+        slave_route_duration_s(0.05)

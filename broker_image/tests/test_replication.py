@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,16 +82,18 @@ class Cluster:
         self.server: ReplicationServer | None = None
         self.slaves: list[Slave] = []
 
-    async def start_master(self, *, epoch: list[int] | None = None, **kw: Any
+    async def start_master(self, *, epoch: list[int] | None = None,
+                           extra: Callable[[], dict[str, Any]] = dict, **kw: Any
                            ) -> ReplicationServer:
-        """``epoch``: a one-item list the test changes, named in every metadata frame."""
+        """``epoch``: a one-item list the test changes, named in every metadata frame;
+        ``extra()``: more fields for each metadata frame."""
         kw.setdefault("sync", True)
         self.server = ReplicationServer(
             self.log,
             host="127.0.0.1",
             port=0,
             metadata=lambda: {"topics": self.log.topics(), "next_seq": self.log.next_seq,
-                              **({"epoch": epoch[0]} if epoch is not None else {})},
+                              **({"epoch": epoch[0]} if epoch is not None else {}), **extra()},
             metadata_interval_s=0.2,
             **kw,
         )
@@ -98,7 +101,8 @@ class Cluster:
         return self.server
 
     async def start_slave(self, name: str, *, flush: FlushPolicy | None = None,
-                          epoch: list[int] | None = None) -> Slave:
+                          epoch: list[int] | None = None,
+                          on_probe: Callable[[int, float], int | None] | None = None) -> Slave:
         assert self.server is not None
         root = self.root / name
         log = CommitLog.open(root, segment_bytes=SEG, flush=flush or FlushPolicy())
@@ -113,6 +117,7 @@ class Cluster:
             backoff_initial_s=0.05,
             backoff_max_s=0.2,
             epoch=(lambda: 0) if epoch is None else (lambda: epoch[0]),
+            on_probe=on_probe,
         )
         slave = Slave(root, name, log, client, asyncio.create_task(client.run()), seen)
         self.slaves.append(slave)
@@ -514,3 +519,37 @@ async def test_a_slave_takes_nothing_from_a_master_behind_its_epoch(cluster: Clu
     master_epoch[0] = 6  # it applied the group's newer state
     server.push_metadata_now()
     await eventually(lambda: slave.log.max_phys == result.end_phys, "the slave caught up", 10)
+
+
+async def test_each_slave_that_agrees_echoes_the_masters_probes(cluster: Cluster) -> None:
+    """The slave route's wire (docs/failover.md, "A master cut off from ZooKeeper only"): a
+    probe rides in the master's metadata frames; a slave echoes it with the epoch its
+    broker names, and only if the broker agrees; replication goes on alongside."""
+    echoes: list[tuple[str, int, int]] = []
+    seqs = itertools.count(1)
+    server = await cluster.start_master(
+        epoch=[7], extra=lambda: {"probe": {"seq": next(seqs), "hold_ms": 700}},
+        on_echo=lambda name, seq, epoch: echoes.append((name, seq, epoch)))
+    asked: list[tuple[int, float]] = []
+
+    def agree(master_epoch: int, hold_s: float) -> int:
+        asked.append((master_epoch, hold_s))
+        return master_epoch
+
+    await cluster.start_slave("s1", on_probe=agree)
+    await cluster.start_slave("s2", on_probe=lambda _e, _h: None)
+    await eventually(lambda: len(echoes) >= 3, "three echoes from s1")
+    assert {name for name, _s, _e in echoes} == {"s1"}
+    assert {epoch for _n, _s, epoch in echoes} == {7}
+    assert [seq for _n, seq, _e in echoes] == sorted(seq for _n, seq, _e in echoes)
+    assert asked[0] == (7, 0.7)
+    await eventually(lambda: sum(lk.in_sync for lk in server.links()) == 2, "two in-sync slaves")
+    end = await cluster.produce(batch(random.Random(1), 5))
+    assert all(s.log.max_phys >= end for s in cluster.slaves)
+
+
+async def test_a_malformed_probe_drops_the_link_with_a_clear_error(cluster: Cluster) -> None:
+    await cluster.start_master(extra=lambda: {"probe": {"seq": "one", "hold_ms": 700}})
+    slave = await cluster.start_slave("s1", on_probe=lambda e, _h: e)
+    await eventually(lambda: "probe" in (slave.client.last_error or ""), "the link dropped")
+    assert "bad metadata frame" in (slave.client.last_error or "")

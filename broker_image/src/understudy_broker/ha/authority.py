@@ -71,6 +71,9 @@ class BrokerHooks:
     escape_quiesce: Callable[[], Awaitable[None]] = lambda: _done()
     escaped: Callable[[], list[int]] = list
     escaped_synced: Callable[[list[int]], None] = lambda _o: None
+    #: A master: every slave the in-sync record may name now (None: no record loaded),
+    #: the slaves whose echoes renew its read lease (docs/failover.md).
+    echo_set: Callable[[], frozenset[str] | None] = lambda: None
 
 
 async def _done() -> None:
@@ -137,6 +140,22 @@ class Authority(Protocol):
 
     def attach(self, hooks: BrokerHooks) -> None:
         """The broker's facts and offsets, for status and back-sync (before :meth:`start`)."""
+        ...
+
+    def probe(self) -> dict[str, int] | None:
+        """A master whose ZooKeeper confirmations are failing: the probe to put in the next
+        metadata frame (``{"seq", "hold_ms"}``), else None (docs/failover.md, "A master
+        cut off from ZooKeeper only")."""
+        ...
+
+    def echoed(self, slave: str, seq: int, epoch: int) -> None:
+        """A master: ``slave`` answered probe ``seq`` with the epoch it applied."""
+        ...
+
+    def answer_probe(self, master_epoch: int, hold_s: float) -> int | None:
+        """A slave: the epoch to echo a probe of a master at ``master_epoch`` with, having
+        agreed to use no READ for ``hold_s``; None: this slave does not echo (it applied
+        another epoch, acts for reads, or would not hold back that long)."""
         ...
 
     def facts_changed(self) -> None:
@@ -300,6 +319,15 @@ class StaticAuthority(BrokerIdentity):
         return True
 
     def attach(self, hooks: BrokerHooks) -> None:
+        return None
+
+    def probe(self) -> dict[str, int] | None:
+        return None  # no lease without ZooKeeper: nothing to renew
+
+    def echoed(self, slave: str, seq: int, epoch: int) -> None:
+        return None
+
+    def answer_probe(self, master_epoch: int, hold_s: float) -> int | None:
         return None
 
     def facts_changed(self) -> None:

@@ -111,3 +111,123 @@ class Lease:
 
     def revoked(self) -> Lease:
         return replace(self, granted_at=None)
+
+
+# --------------------------------------------------------------------------- slave route
+
+#: Probes remembered for matching echoes (older ones are forgotten: their echoes count
+#: for nothing, which is always safe).
+MAX_OUTSTANDING_PROBES = 64
+
+
+def slave_route_duration_s(link_timeout_s: float, *, margin: float = DEFAULT_MARGIN,
+                           slack_s: float = DEFAULT_SLACK_S) -> float:
+    """How long a master may read on its slaves' echoes of one probe (docs/failover.md,
+    "A master cut off from ZooKeeper only").
+
+    Safety does not rest on this value: a slave that echoes holds back its own READ for
+    as long as the probe said, and the master needs an echo from every slave that could
+    be chosen. It is kept below the link timeout because a restarted slave, which cannot
+    know what it echoed before, holds back for a link timeout from its start, and a slave
+    refuses to hold back for longer than that. Raises ``ValueError`` when nothing is left.
+    """
+    duration = link_timeout_s * (1 - margin) - slack_s
+    if duration <= 0:
+        raise ValueError(f"no slave-route lease under a {link_timeout_s:g}s link timeout")
+    return duration
+
+
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """A slave's answer to a probe: the master's clock when the probe went out, and the
+    group epoch the slave had applied when it answered."""
+
+    sent_at: float
+    epoch: int
+
+
+class SlaveRoute:
+    """The master's side of the slave route: probes sent and the latest echo per slave.
+
+    Pure (no I/O, the clock is passed in). A probe is a sequence number; the master keeps
+    when it sent each of the last :data:`MAX_OUTSTANDING_PROBES`. An echo of an unknown
+    probe (forgotten, or invented) counts for nothing. :meth:`grant` is the moment the
+    lease starts: the oldest of the latest echoes of every slave in ``required``, all at
+    ``epoch``; without an echo from each of them there is no grant.
+    """
+
+    def __init__(self, duration: float) -> None:
+        self.duration = duration
+        self._next = 1
+        self._sent: dict[int, float] = {}
+        self._echoes: dict[str, Echo] = {}
+
+    def probe(self, now: float) -> int:
+        seq = self._next
+        self._next += 1
+        self._sent[seq] = now
+        if len(self._sent) > MAX_OUTSTANDING_PROBES:
+            del self._sent[min(self._sent)]
+        return seq
+
+    def echo(self, slave: str, seq: int, epoch: int) -> bool:
+        """Record ``slave``'s echo of probe ``seq``; returns whether it was a probe we sent."""
+        sent_at = self._sent.get(seq)
+        if sent_at is None:
+            return False
+        old = self._echoes.get(slave)
+        if old is None or sent_at >= old.sent_at:
+            self._echoes[slave] = Echo(sent_at, epoch)
+        return True
+
+    def grant(self, *, epoch: int, required: frozenset[str]) -> float | None:
+        if not required:
+            return None
+        sent = []
+        for name in required:
+            e = self._echoes.get(name)
+            if e is None or e.epoch != epoch:
+                return None
+            sent.append(e.sent_at)
+        return min(sent)
+
+    def remaining(self, now: float, *, epoch: int, required: frozenset[str]) -> float:
+        """Seconds the lease has left (0: none)."""
+        granted = self.grant(epoch=epoch, required=required)
+        if granted is None or now < granted:
+            return 0.0
+        return max(0.0, granted + self.duration - now)
+
+    def valid(self, now: float, *, epoch: int, required: frozenset[str]) -> bool:
+        return self.remaining(now, epoch=epoch, required=required) > 0
+
+    def clear(self) -> None:
+        """Forget every echo (the master stopped being a master at that epoch)."""
+        self._echoes.clear()
+
+
+class Holdback:
+    """The slave's side: after echoing a probe that says the master may read for ``hold``
+    seconds from when it sent the probe, this slave uses no READ until ``hold`` (plus
+    ``slack_s``, for the two clocks' rates) after it answered, which is no earlier than
+    the probe was sent. Pure; the clock is passed in. Starts held back for the longest
+    hold it would agree to: a restarted slave cannot know what it echoed before."""
+
+    def __init__(self, now: float, *, max_hold_s: float, slack_s: float = DEFAULT_SLACK_S) -> None:
+        self.max_hold_s = max_hold_s
+        self.slack_s = slack_s
+        self.until = now + max_hold_s + slack_s
+
+    def answer(self, now: float, hold_s: float) -> bool:
+        """Agree to hold back for ``hold_s`` from ``now``; False (no echo) when the master
+        asks for longer than this slave is willing to hold back."""
+        if not 0 <= hold_s <= self.max_hold_s:
+            return False
+        self.until = max(self.until, now + hold_s + self.slack_s)
+        return True
+
+    def held(self, now: float) -> bool:
+        return now < self.until
+
+    def remaining(self, now: float) -> float:
+        return max(0.0, self.until - now)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from understudy_broker.ha.coordinator import (
     BrokerCoordinator,
     CoordinationError,
 )
-from understudy_broker.ha.lease import lease_clock
+from understudy_broker.ha.lease import Holdback, SlaveRoute, lease_clock, slave_route_duration_s
 from understudy_broker.ha.membership import Membership
 from understudy_broker.ha.permlog import lapse_time_ns
 from understudy_broker.model import (
@@ -163,6 +164,13 @@ class ZkAuthority(BrokerIdentity):
         self._cluster: ClusterView | None = None
         self._membership: Membership | None = None
         self._producers: Membership | None = None
+        # The slave route (docs/failover.md, "A master cut off from ZooKeeper only"): a
+        # master's probes and its slaves' echoes; a slave's hold-back after echoing.
+        self._route = SlaveRoute(slave_route_duration_s(link_timeout_s))
+        self._holdback = Holdback(lease_clock(), max_hold_s=link_timeout_s)
+        self._echo_set: Callable[[], frozenset[str] | None] = lambda: None
+        self._on_route = False  # the master reads on its slaves' echoes alone (for the log)
+        self._timers: dict[str, asyncio.TimerHandle] = {}
 
     # ------------------------------------------------------------------ Authority
 
@@ -193,9 +201,83 @@ class ZkAuthority(BrokerIdentity):
             zk_lost_for=coord.zk_lost_for(),
             fence_after=self._fence_after_s,
             slaves_assigned=slaves_assigned,
-            lease_valid=coord.lease_valid(),
+            lease_valid=self._lease_valid(coord),
         )
         return configured, health
+
+    def _lease_valid(self, coord: BrokerCoordinator) -> bool:
+        """The read lease: confirmed by ZooKeeper, or for a master by the echoes of every
+        slave the in-sync record may name; a slave that echoed a probe holds back."""
+        now = lease_clock()
+        if self._role is Role.SLAVE:
+            return coord.lease_valid() and not self._holdback.held(now)
+        return coord.lease_valid() or self._route_remaining(coord, now) > 0
+
+    def _route_remaining(self, coord: BrokerCoordinator, now: float) -> float:
+        state = coord.state
+        required = self._echo_set()
+        if state is None or state.mode is not Mode.NORMAL or required is None:
+            return 0.0
+        return self._route.remaining(now, epoch=state.epoch, required=required)
+
+    # ------------------------------------------------------------------ slave route
+
+    def probe(self) -> dict[str, int] | None:
+        coord = self._coord
+        if self._role is not Role.MASTER or coord is None or coord.state is None:
+            return None
+        if coord.state.mode is not Mode.NORMAL:
+            return None
+        lease = coord.lease
+        now = lease_clock()
+        if coord.zk_live and lease.remaining(now) >= lease.duration / 2:
+            if self._on_route:
+                self._on_route = False
+                log.info("%s: ZooKeeper confirms the read lease again", self._name)
+            return None  # ZooKeeper confirms in time: no probe, so no slave holds back
+        return {"seq": self._route.probe(now), "hold_ms": math.ceil(self._route.duration * 1000)}
+
+    def echoed(self, slave: str, seq: int, epoch: int) -> None:
+        coord = self._coord
+        if coord is None or not self._route.echo(slave, seq, epoch):
+            return
+        remaining = self._route_remaining(coord, lease_clock())
+        on_route = remaining > 0 and not coord.lease_valid()
+        if on_route != self._on_route:
+            self._on_route = on_route
+            if on_route:
+                log.warning("%s: ZooKeeper does not confirm the read lease; reading on the "
+                            "echoes of slave(s) %s", self._name,
+                            ", ".join(sorted(self._echo_set() or ())))
+        if remaining > 0:
+            self._wake_after("route", remaining)
+        self._changed()
+
+    def answer_probe(self, master_epoch: int, hold_s: float) -> int | None:
+        coord = self._coord
+        state = coord.state if coord is not None else None
+        if self._role is not Role.SLAVE or state is None or state.epoch != master_epoch:
+            return None
+        if state.acting == self._name:
+            return None  # acting (or being fenced as the acting slave): never renew a master
+        now = lease_clock()
+        if not self._holdback.answer(now, hold_s):
+            log.warning("%s: the master asks slaves to hold back READ for %.3fs, longer than "
+                        "this slave's link timeout %.3fs: no echo", self._name, hold_s,
+                        self._link_timeout_s)
+            return None
+        self._wake_after("holdback", self._holdback.remaining(now))
+        self._changed()
+        return state.epoch
+
+    def _wake_after(self, name: str, delay_s: float) -> None:
+        """Recompute permission just after ``delay_s`` (a lease or hold-back ends)."""
+        old = self._timers.pop(name, None)
+        if old is not None:
+            old.cancel()
+        with contextlib.suppress(RuntimeError):
+            self._timers[name] = asyncio.get_running_loop().call_later(
+                delay_s + 0.001, self._changed)
 
     def epoch(self) -> int:
         coord = self._coord
@@ -218,6 +300,7 @@ class ZkAuthority(BrokerIdentity):
         from; call before :meth:`start`."""
         self._facts = hooks.facts
         self._master_back = hooks.master_back
+        self._echo_set = hooks.echo_set
         self._ordered = hooks.ordered
         self._backsync = BackSyncer(
             role=self._role, name=self._name, group=self._group,
@@ -259,15 +342,21 @@ class ZkAuthority(BrokerIdentity):
 
     def lease_lapsed_at_ns(self) -> int | None:
         coord = self._coord
-        if coord is None or coord.lease_valid():
+        if coord is None or self._lease_valid(coord):
             return None
         lease = coord.lease
-        if lease.granted_at is None:
+        ends = [] if lease.granted_at is None else [lease.granted_at + lease.duration]
+        if self._role is Role.MASTER and coord.state is not None:
+            granted = self._route.grant(epoch=coord.state.epoch,
+                                        required=self._echo_set() or frozenset())
+            if granted is not None:
+                ends.append(granted + self._route.duration)
+        if not ends:
             return None
         # The lapse timer (or the request that noticed) fired after the lease ran out;
         # READ ended at the lapse itself, since every request checks the lease.
         return lapse_time_ns(now_ns=time.time_ns(), now_clock=lease_clock(),
-                             lapsed_at_clock=lease.granted_at + lease.duration)
+                             lapsed_at_clock=max(ends))
 
     async def wait_config(self, timeout_s: float) -> GroupConfig | None:
         loop = asyncio.get_running_loop()
@@ -308,6 +397,8 @@ class ZkAuthority(BrokerIdentity):
         self._cluster.subscribe(self._producers.topics_changed)
         await self._producers.start()
         self._task = loop.create_task(self._publish_loop(), name=f"status-{self._name}")
+        if self._role is Role.SLAVE:  # the hold-back every slave starts with ends then
+            self._wake_after("holdback", self._holdback.remaining(lease_clock()))
 
     @property
     def cluster(self) -> ClusterView | None:
@@ -322,6 +413,9 @@ class ZkAuthority(BrokerIdentity):
         return self._producers
 
     async def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         for held in (self._membership, self._producers):
             if held is not None:
                 await held.stop()

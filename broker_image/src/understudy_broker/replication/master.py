@@ -31,6 +31,8 @@ from understudy_broker.replication.isr import (
     ReplicationTimeoutError,
 )
 from understudy_broker.replication.wire import (
+    ECHO,
+    ECHO_MARKER,
     HEARTBEAT,
     HELLO,
     MAX_PUSH_BYTES,
@@ -96,6 +98,7 @@ class ReplicationServer:
         isr: IsrStore | None = None,
         isr_lag_s: float = 1.0,
         isr_retry_s: float = 0.2,
+        on_echo: Callable[[str, int, int], None] | None = None,
     ) -> None:
         if max_lag_bytes < 1:
             raise ValueError("max_lag_bytes must be positive")
@@ -131,6 +134,11 @@ class ReplicationServer:
         self._leaving: set[str] = set()
         self._isr_wake = asyncio.Event()
         self.isr_writes = 0
+        # Members of a record someone else wrote (seen when our write conflicted), until
+        # our next write replaces it: the record may name them meanwhile.
+        self._isr_foreign: frozenset[str] = frozenset()
+        # ``on_echo(slave, seq, epoch)``: a slave answered a metadata frame's probe.
+        self._on_echo = on_echo
 
     # ---- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:
@@ -304,6 +312,16 @@ class ReplicationServer:
     def _required(self) -> frozenset[str]:
         return rules.required(self._isr, self._joining, self._leaving)
 
+    def echo_set(self) -> frozenset[str] | None:
+        """Every slave the in-sync record may name right now (so the controller may choose
+        it to act for reads): what the record says as far as we know, who is joining
+        (a write that adds them may have reached ZooKeeper unanswered), and the members
+        of a record someone else wrote. None while no record is loaded: the slave route
+        then renews nothing (docs/failover.md, "A master cut off from ZooKeeper only")."""
+        if self._isr_store is None or self._isr_version is None or self._isr_version < 0:
+            return None
+        return self._isr | self._joining | self._isr_foreign
+
     def _release_isr_waiters(self) -> None:
         while self._waiters:
             end, _n, fut = self._waiters[0]
@@ -408,6 +426,7 @@ class ReplicationServer:
                     new_version = await store.store(wanted, version=self._isr_version)
                     log.info("in-sync set %s -> %s", sorted(self._isr), sorted(wanted))
                     self._isr, self._isr_version = wanted, new_version
+                    self._isr_foreign = frozenset()
                     self.isr_writes += 1
                     # Whoever changed sides during the write needs another one.
                     self._joining -= wanted
@@ -421,7 +440,8 @@ class ReplicationServer:
             except IsrConflictError as exc:
                 log.warning("in-sync record changed under us (%s); reloading its version", exc)
                 try:
-                    _members, self._isr_version = await store.load()
+                    members, self._isr_version = await store.load()
+                    self._isr_foreign = members
                 except Exception as exc2:  # unreachable store: retry below
                     log.warning("reloading the in-sync record failed: %s", exc2)
                     await asyncio.sleep(self.isr_retry_s)
@@ -489,6 +509,12 @@ class ReplicationServer:
                 async with asyncio.timeout(self.link_timeout_s):
                     raw = await reader.readexactly(HEARTBEAT.size)
                 (offset,) = HEARTBEAT.unpack(raw)
+                if offset == ECHO_MARKER:
+                    async with asyncio.timeout(self.link_timeout_s):
+                        seq, epoch = ECHO.unpack(await reader.readexactly(ECHO.size))
+                    if self._on_echo is not None:
+                        self._on_echo(name, seq, epoch)
+                    continue
                 if offset > link.push_pos or offset < link.acked:
                     raise ReplicationProtocolError(
                         f"slave {name} acknowledged offset {offset}, but it was sent "

@@ -27,6 +27,8 @@ from understudy_broker.replication.wire import (
     ReplicationProtocolError,
     check_body_length,
     decode_metadata,
+    decode_probe,
+    encode_echo,
     encode_hello,
 )
 from understudy_broker.retry import Backoff
@@ -57,6 +59,7 @@ class ReplicationClient:
         backoff_max_s: float = 2.0,
         commit: GroupCommit | None = None,
         epoch: Callable[[], int] = lambda: 0,
+        on_probe: Callable[[int, float], int | None] | None = None,
     ) -> None:
         self.log = log
         self.master_host = master_host
@@ -77,6 +80,9 @@ class ReplicationClient:
         # The group epoch this slave applied (0: none, or no ZooKeeper), and the one the
         # master's metadata last named in this session (None: it names none).
         self._epoch = epoch
+        # ``on_probe(master_epoch, hold_s)``: the epoch to echo a master's probe with (the
+        # broker has agreed to hold back its READ for ``hold_s``), or None: no echo.
+        self._on_probe = on_probe
         self.master_epoch: int | None = None
         self.connected = False
         self.master_offset: int | None = None
@@ -269,10 +275,23 @@ class ReplicationClient:
         epoch = data.get("epoch")
         self.master_epoch = epoch if isinstance(epoch, int) else None
         self.master_offset = max_phys
+        probe = decode_probe(data)
         try:
             self.on_metadata(data)
         except Exception:
             log.exception("on_metadata callback failed; replication continues")
+        if probe is not None:
+            self._echo(*probe)
+
+    def _echo(self, seq: int, hold_s: float) -> None:
+        """Answer a master's probe, if the broker agrees (it holds back its own READ
+        first). The master reads on the echoes of all its in-sync slaves."""
+        writer, master_epoch = self._writer, self.master_epoch
+        if self._on_probe is None or writer is None or master_epoch is None:
+            return
+        epoch = self._on_probe(master_epoch, hold_s)
+        if epoch is not None:
+            writer.write(encode_echo(seq, epoch))
 
     async def _heartbeats(self, writer: asyncio.StreamWriter) -> None:
         while True:

@@ -11,6 +11,10 @@ slave -> master::
     HELLO      magic b"UQRS" | version | name length, then the name (utf-8, 1-255 bytes)
     HEARTBEAT  8-byte max physical offset: right after HELLO, every ~100 ms, and after
                every write. It is the acknowledgement: everything below it is persisted.
+    ECHO       a heartbeat whose offset is ``ECHO_MARKER`` (2**64-1, never an offset),
+               then probe sequence (8) | the group epoch this slave applied (8): the
+               answer to a metadata frame's ``probe`` (docs/failover.md, "A master cut off
+               from ZooKeeper only"). A slave sends it only for a master that probes.
 
 master -> slave::
 
@@ -19,7 +23,10 @@ master -> slave::
                  JSON body ``{"max_phys": N, "data": {...}}`` sent on connect and every
                  metadata interval: topics and the consumer-offset snapshot flow
                  master -> slave this way, and the master's applied group ``epoch``
-                 (a slave that applied a newer one takes none of its bytes).
+                 (a slave that applied a newer one takes none of its bytes). While its
+                 ZooKeeper confirmations fail, a master adds ``probe``:
+                 ``{"seq": N, "hold_ms": H}`` (it will read for H ms from now on its
+                 slaves' echoes; a slave that echoes uses no READ for that long).
 
 Both sides cap frame sizes (:data:`MAX_PUSH_BYTES`, :data:`MAX_METADATA_BYTES`) *before*
 reading a body.
@@ -48,6 +55,12 @@ PUSH_HEADER = struct.Struct(
     "I"  # number of bytes that follow
 )
 METADATA_OFFSET = (1 << 64) - 1
+ECHO_MARKER = (1 << 64) - 1
+ECHO = struct.Struct(
+    ">"
+    "Q"  # the probe's sequence number
+    "Q"  # the group epoch the slave applied when it answered
+)
 MAX_NAME_BYTES = 255
 MAX_PUSH_BYTES = 8 << 20
 MAX_METADATA_BYTES = 16 << 20
@@ -118,3 +131,23 @@ def decode_metadata(body: bytes) -> tuple[int, dict[str, Any]]:
     if not isinstance(max_phys, int) or not isinstance(data, dict):
         raise ReplicationProtocolError("bad metadata frame: wrong field types")
     return max_phys, data
+
+
+def encode_echo(seq: int, epoch: int) -> bytes:
+    """The ECHO frame (slave -> master) answering probe ``seq`` at ``epoch``."""
+    return HEARTBEAT.pack(ECHO_MARKER) + ECHO.pack(seq, epoch)
+
+
+def decode_probe(data: dict[str, Any]) -> tuple[int, float] | None:
+    """``(seq, hold_s)`` of a metadata frame's probe, or None when it has none.
+    :class:`ReplicationProtocolError` for a probe of the wrong shape."""
+    probe = data.get("probe")
+    if probe is None:
+        return None
+    if not isinstance(probe, dict):
+        raise ReplicationProtocolError("bad metadata frame: probe is not an object")
+    seq, hold_ms = probe.get("seq"), probe.get("hold_ms")
+    if (not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq < 1 << 64
+            or not isinstance(hold_ms, int) or isinstance(hold_ms, bool) or hold_ms < 0):
+        raise ReplicationProtocolError(f"bad metadata frame: probe {probe!r}")
+    return seq, hold_ms / 1000.0

@@ -174,7 +174,8 @@ class Broker:
                 master_back=self._master_back, ordered=self._ordered_facts,
                 escape_quiesce=lambda: self.parts.scheduler.quiesce(),
                 escaped=lambda: self.parts.scheduler.escaped(),
-                escaped_synced=lambda o: self.parts.scheduler.escaped_synced(o)))
+                escaped_synced=lambda o: self.parts.scheduler.escaped_synced(o),
+                echo_set=self._echo_set))
             await self.authority.start()
             group = await self.authority.wait_config(CONFIG_WAIT_S)
             if group is not None and (problem := spec_mismatch(cfg, group)) is not None:
@@ -247,9 +248,13 @@ class Broker:
                 max_lag_bytes=cfg.max_lag_bytes,
                 # The epoch: a slave that applied a newer one takes none of our bytes
                 # (replication/slave.py:_master_behind).
+                # A probe while ZooKeeper does not confirm our read lease: the slaves'
+                # echoes renew it (docs/failover.md, "A master cut off from ZooKeeper only").
                 metadata=lambda: {"topics": store.topics.snapshot(),
                                   "offsets": store.offsets.snapshot(),
-                                  "epoch": self.authority.epoch()},
+                                  "epoch": self.authority.epoch(),
+                                  **self._probe()},
+                on_echo=self.authority.echoed,
                 ack_timeout_s=cfg.ack_timeout_s,
                 metadata_interval_s=METADATA_INTERVAL_S,
                 # With ZooKeeper the master records the in-sync set (docs/failover.md):
@@ -263,7 +268,15 @@ class Broker:
             raise ConfigError("a slave needs a master address")
         return SlaveReplica(store, name=cfg.name, master=cfg.master,
                             link_timeout_s=cfg.link_timeout_s, on_data=self._signal.fire,
-                            epoch=self.authority.epoch)
+                            epoch=self.authority.epoch, on_probe=self.authority.answer_probe)
+
+    def _probe(self) -> dict[str, dict[str, int]]:
+        probe = self.authority.probe()
+        return {} if probe is None else {"probe": probe}
+
+    def _echo_set(self) -> frozenset[str] | None:
+        parts = self._parts
+        return None if parts is None else parts.replica.echo_set()
 
     def _flush_policy(self) -> FlushPolicy:
         """On a master the broker flushes (group commit: one fdatasync for many concurrent

@@ -83,6 +83,11 @@ class Replica(Protocol):
         """``(hears its master, connected slave names)`` for the status document."""
         ...
 
+    def echo_set(self) -> frozenset[str] | None:
+        """A master: the slaves whose echoes renew its read lease (the in-sync record as
+        it may stand); None on a slave or without a record."""
+        ...
+
     def refresh(self, authority: Authority, lag: Callable[[str, int], None]) -> None:
         """Periodic: report replication health to ``authority`` and lag to ``lag``."""
         ...
@@ -149,6 +154,9 @@ class MasterReplica:
     def facts(self) -> tuple[bool, tuple[str, ...]]:
         return False, tuple(sorted(lk.name for lk in self._server.links() if lk.connected))
 
+    def echo_set(self) -> frozenset[str] | None:
+        return self._server.echo_set()
+
     def refresh(self, authority: Authority, lag: Callable[[str, int], None]) -> None:
         server = self._server
         authority.update_health(Health(
@@ -174,7 +182,8 @@ class SlaveReplica:
 
     def __init__(self, store: Store, *, name: str, master: tuple[str, int],
                  link_timeout_s: float, on_data: Callable[[], None],
-                 epoch: Callable[[], int] = lambda: 0) -> None:
+                 epoch: Callable[[], int] = lambda: 0,
+                 on_probe: Callable[[int, float], int | None] | None = None) -> None:
         self._store = store
         self._name = name
         self._link_timeout_s = link_timeout_s
@@ -185,6 +194,7 @@ class SlaveReplica:
             store.log, master_host=master[0], master_port=master[1], name=name,
             on_metadata=self._on_metadata, on_append=self._on_replicated,
             link_timeout_s=link_timeout_s, commit=store.log_commit, epoch=epoch,
+            on_probe=on_probe,
         )
         self.apply_commit_records()  # commits replicated after offsets.json was written
 
@@ -216,6 +226,9 @@ class SlaveReplica:
 
     def facts(self) -> tuple[bool, tuple[str, ...]]:
         return self._master_link_up(), ()
+
+    def echo_set(self) -> frozenset[str] | None:
+        return None
 
     def refresh(self, authority: Authority, lag: Callable[[str, int], None]) -> None:
         lag(self._name, int(self.client.lag_bytes))
