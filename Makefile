@@ -15,7 +15,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test: setup lint
-	$(PYTEST) -m "not e2e" $(PYTEST_ARGS)
+	$(PYTEST) -m "not e2e" --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PYTEST) -m "not e2e and not slow and not spark" $(PYTEST_ARGS)

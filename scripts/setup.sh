@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(zookeeper prometheus nats-server iproute2 iptables)
+APT_PACKAGES=(zookeeper prometheus nats-server iproute2 iptables chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,7 +1,13 @@
 """The readers against real Prometheus output: a real Prometheus scrapes a small exporter
 on 127.0.0.1 that plays a scripted failover with the contract's metric names; the data is
 exported through ``/api/v1/query_range`` and ``promtool tsdb dump`` and the job must find
-the failover at the scripted times, within a scrape interval.
+the failover at the scripted times, within a scrape interval. ``sla report --prometheus``
+reads the same Prometheus over its HTTP API and must find the scripted incident from
+exactly the data ``sla export`` wrote, the same incidents as the job's path (what ``sla
+report --input`` runs) over those files.
+
+One recording (module fixtures, ~22 s of scripted failover) serves both tests; the
+server runs until the module is done and is stopped by its PID.
 
 This is the shape of the issue's integration test; once the HA drill exists, the
 exporter is replaced by the drill's cluster and the script by the drill's own timings.
@@ -9,6 +15,8 @@ exporter is replaced by the drill's cluster and the script by the drill's own ti
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import datetime as dt
 import http.server
 import json
@@ -26,8 +34,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-from understudy_spark import readers, transforms
+from understudy_spark import cli, job, promapi, readers, transforms
 
 pytestmark = [
     pytest.mark.spark,
@@ -76,7 +85,7 @@ class _Exporter(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def exporter() -> Iterator[tuple[int, float]]:
     port = _free_port()
     _Exporter.started = time.monotonic()
@@ -90,9 +99,22 @@ def exporter() -> Iterator[tuple[int, float]]:
         server.server_close()
 
 
-@pytest.fixture
-def prometheus(tmp_path: pathlib.Path, exporter: tuple[int, float]) -> Iterator[dict[str, Any]]:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop Prometheus by its PID (its own process group): SIGTERM, then SIGKILL."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory, exporter: tuple[int, float]) -> Iterator[dict[str, Any]]:
+    """A Prometheus that has recorded the whole script (it keeps running for the tests)."""
     target_port, wall_start = exporter
+    tmp_path = tmp_path_factory.mktemp("prometheus")
     port = _free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -104,7 +126,7 @@ def prometheus(tmp_path: pathlib.Path, exporter: tuple[int, float]) -> Iterator[
     log = (tmp_path / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
-         f"--web.listen-address=127.0.0.1:{port}"],
+         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-admin-api"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
@@ -119,39 +141,43 @@ def prometheus(tmp_path: pathlib.Path, exporter: tuple[int, float]) -> Iterator[
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError((tmp_path / "prometheus.log").read_text()[-2000:]) from None
                 time.sleep(0.1)
+        time.sleep(max(0.0, wall_start + RUN_S - time.time()))
         yield {"url": url, "data": data, "proc": proc, "wall_start": wall_start}
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop(proc)
         log.close()
+
+
+def _scripted(wall_start: float) -> dict[str, dt.datetime]:
+    return {name: dt.datetime.fromtimestamp(wall_start + SCRIPT[i][0], tz=dt.UTC).replace(tzinfo=None)
+            for name, i in (("master_lost_at", 1), ("reads_restored_at", 2), ("master_back_at", 3),
+                            ("normal_at", 5))}
+
+
+TOLERANCE = dt.timedelta(seconds=2 * SCRAPE_S)  # scrape phase + bucket edge
 
 
 def test_failover_found_in_real_prometheus_exports(spark: Any, prometheus: dict[str, Any],
                                                    tmp_path: pathlib.Path) -> None:
     wall_start = prometheus["wall_start"]
-    time.sleep(max(0.0, wall_start + RUN_S - time.time()))
     query = urllib.parse.urlencode({
         "query": '{__name__=~"understudy_group_mode|understudy_broker_permission"}',
         "start": f"{wall_start - 2:.3f}", "end": f"{time.time():.3f}", "step": f"{SCRAPE_S:g}s",
     })
     with urllib.request.urlopen(f"{prometheus['url']}/api/v1/query_range?{query}", timeout=10) as r:
         (tmp_path / "export.json").write_bytes(r.read())
-    proc = prometheus["proc"]
-    os.killpg(proc.pid, signal.SIGTERM)  # flush and release the TSDB before dumping it
-    proc.wait(timeout=20)
-    dump = subprocess.run(["promtool", "tsdb", "dump", str(prometheus["data"])],
+    # the server keeps running for the other test: dump an admin-API snapshot (head
+    # included), which promtool reads once it has an empty wal/ folder
+    req = urllib.request.Request(f"{prometheus['url']}/api/v1/admin/tsdb/snapshot", method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        snapshot = prometheus["data"] / "snapshots" / json.loads(r.read())["data"]["name"]
+    (snapshot / "wal").mkdir(exist_ok=True)
+    dump = subprocess.run(["promtool", "tsdb", "dump", str(snapshot)],
                           capture_output=True, text=True, timeout=60, check=True)
     (tmp_path / "export.txt").write_text(dump.stdout)
 
-    scripted = {name: dt.datetime.fromtimestamp(wall_start + SCRIPT[i][0], tz=dt.UTC).replace(tzinfo=None)
-                for name, i in (("master_lost_at", 1), ("reads_restored_at", 2), ("master_back_at", 3),
-                                ("normal_at", 5))}
-    tolerance = dt.timedelta(seconds=2 * SCRAPE_S)  # scrape phase + bucket edge
+    scripted = _scripted(wall_start)
+    tolerance = TOLERANCE
     for name in ("export.json", "export.txt"):
         files = readers.list_inputs(spark, [str(tmp_path / name)])
         parsed = readers.read_parsed(spark, files)
@@ -165,3 +191,55 @@ def test_failover_found_in_real_prometheus_exports(spark: Any, prometheus: dict[
         # unreadable: FENCING (3 s) + RECOVERING (2 s)
         assert abs(got["read_unavailable_s"] - 5.0) <= 2 * SCRAPE_S, (name, got)
     assert json.loads((tmp_path / "export.json").read_text())["data"]["resultType"] == "matrix"
+
+
+def _incidents(path: pathlib.Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_sla_report_reads_prometheus_directly(spark: Any, prometheus: dict[str, Any], tmp_path: pathlib.Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sla report --prometheus`` against the real server finds the scripted incident; what
+    it read is exactly what ``sla export`` wrote, and the job's path over those exported
+    files (what ``sla report --input`` runs) finds the same incidents. The report runs in
+    this test's SparkSession (the command's own would cost another JVM)."""
+    wall_start = prometheus["wall_start"]
+    # a fixed end in the past: both commands read the very same samples
+    span = ["--start", promapi.iso(wall_start - 2), "--end", promapi.iso(time.time() - 1), "--step", f"{SCRAPE_S:g}s"]
+    source = ["--prometheus", prometheus["url"], *span]
+    monkeypatch.setattr(cli, "open_session", lambda **_: contextlib.nullcontext(spark))
+    runner = CliRunner()
+
+    exported = runner.invoke(cli.sla, ["export", *source, "--out", str(tmp_path / "exported")])
+    assert exported.exit_code == 0, exported.output
+    assert "window 1/1 done" in exported.stderr
+    # --out as a Hadoop URI: the fetched files go through the Hadoop FileSystem API
+    direct = runner.invoke(cli.sla, ["report", *source, "--out", (tmp_path / "direct").as_uri()])
+    assert direct.exit_code == 0, direct.output
+    assert "1 incident(s) (0 still open) in 1 group(s)" in direct.stdout
+    assert "window 1/1 done" in direct.stderr
+
+    # what report --prometheus read is kept, and is what export wrote
+    (kept,) = sorted((tmp_path / "direct" / "prometheus").glob("query_range-*.json"))
+    (written,) = sorted((tmp_path / "exported").glob("query_range-*.json"))
+    doc = json.loads(written.read_text())
+    assert json.loads(kept.read_text())["data"] == doc["data"]
+    names = {s["metric"]["__name__"] for s in doc["data"]["result"]}
+    assert names == {"understudy_group_mode", "understudy_broker_permission"}  # `or` keeps the names
+    times = sorted({float(t) for s in doc["data"]["result"] for t, _v in s["values"]})
+    assert all(round(t * 1000) % 1000 == 999 for t in times)  # 1 ms before each bucket's end
+
+    incidents = _incidents(tmp_path / "direct" / "incidents.csv")
+    (got,) = incidents
+    for key, want in _scripted(wall_start).items():
+        at = dt.datetime.strptime(got[key], "%Y-%m-%dT%H:%M:%SZ")
+        assert abs(at - want) <= TOLERANCE, (key, got[key], want)
+    assert abs(float(got["read_unavailable_s"]) - 5.0) <= 2 * SCRAPE_S, got
+
+    files = readers.list_inputs(spark, [str(tmp_path / "exported")])
+    states, _observation = job.observed_states(spark, files, step_s=SCRAPE_S)
+    from_files = transforms.incidents(states, step_s=SCRAPE_S).collect()
+    columns = ("master_lost_at", "reads_restored_at", "master_back_at", "normal_at")
+    assert [{c: f"{r[c]:%Y-%m-%dT%H:%M:%SZ}" for c in columns} | {"group": r["group"]} for r in from_files] == [
+        {c: row[c] for c in (*columns, "group")} for row in incidents]

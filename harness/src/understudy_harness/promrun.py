@@ -8,15 +8,18 @@ controller of the local cluster at a short interval, and export what it stored i
 forms the job reads: ``/api/v1/query_range`` JSON (matrix) and ``promtool tsdb dump`` text
 of an admin-API snapshot.
 
-Decisions are pure (:func:`scrape_config`, :func:`cluster_targets`, :func:`range_windows`,
-:func:`selector`); :class:`PrometheusServer` does the I/O. The server is a child process
-in its own process group, stopped by its PID (SIGTERM, then SIGKILL), never by name.
+Decisions are pure (:func:`scrape_config`, :func:`cluster_targets`, and from
+:mod:`understudy_spark.promapi`, which ``understudy sla report --prometheus`` reads with:
+:func:`range_windows`, :func:`selector`, :func:`api_data`); :class:`PrometheusServer`
+does the I/O. The server is a child process in its own process group, stopped by its PID
+(SIGTERM, then SIGKILL), never by name.
 
-Time alignment of the ``query_range`` export: the job cuts time into buckets
-``floor(t / step)``. Evaluating at bucket *starts* would show a sample scraped inside
-bucket ``k`` only at ``k + 1`` (PromQL takes the latest sample at or before the
-evaluation time), one step later than the raw samples in the dump. So evaluation times
-are placed 1 ms before each bucket's end: both exports put a scrape into the same bucket.
+Time alignment of the ``query_range`` export (the planning lives in ``promapi``): the
+job cuts time into buckets ``floor(t / step)``. Evaluating at bucket *starts* would show a
+sample scraped inside bucket ``k`` only at ``k + 1`` (PromQL takes the latest sample at or
+before the evaluation time), one step later than the raw samples in the dump. So
+evaluation times are placed 1 ms before each bucket's end: both exports put a scrape into
+the same bucket.
 """
 
 from __future__ import annotations
@@ -37,28 +40,27 @@ from typing import Any
 
 import yaml
 
-from understudy_broker import metric_names as names
 from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.local.ports import free_port
 from understudy_operator.local.procs import stop_group
-
-#: The series an SLA export carries: the metrics contract the job reads, and ``up``.
-CONTRACT_METRICS = (
-    names.GROUP_MODE,
-    names.BROKER_PERMISSION,
-    names.GROUP_EPOCH,
-    names.FAILOVER_TOTAL,
-    names.UP,
+from understudy_spark.promapi import SLA_METRICS as CONTRACT_METRICS
+from understudy_spark.promapi import (
+    PrometheusError,
+    api_data,
+    check_matrix,
+    error_detail,
+    range_windows,
+    selector,
 )
+
+# The pure planning and answer checks are promapi's; these names stay importable from here.
+__all__ = [
+    "CONTRACT_METRICS", "JOB", "Export", "PrometheusError", "PrometheusServer", "Target", "api_data",
+    "cluster_targets", "dump_tsdb", "duration", "missing", "range_windows", "record_cluster",
+    "scrape_config", "selector",
+]
+
 JOB = "understudy"
-#: Prometheus refuses query_range answers above 11,000 points per series; stay below.
-MAX_POINTS = 10_000
-#: Evaluation times sit this far before each bucket's end (see the module docstring).
-EVAL_BEFORE_BUCKET_END_S = 0.001
-
-
-class PrometheusError(RuntimeError):
-    """Prometheus is missing, did not start, or refused a request; the message says which."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,42 +143,6 @@ def scrape_config(targets: Sequence[Target], *, interval_s: float, job: str = JO
         ],
     }
     return yaml.safe_dump(doc, sort_keys=False)
-
-
-def selector(metrics: Sequence[str] = CONTRACT_METRICS) -> str:
-    """A series selector for ``metrics`` (``{__name__=~"a|b"}``)."""
-    return '{__name__=~"' + "|".join(metrics) + '"}'
-
-
-def range_windows(*, start: float, end: float, step_s: float, max_points: int = MAX_POINTS) -> list[tuple[float, float]]:
-    """Evaluation windows ``(first, last)`` covering ``[start, end]`` in ``step_s`` steps,
-    at most ``max_points`` evaluations each. Evaluation times are 1 ms before the end of
-    each bucket ``[k*step, (k+1)*step)`` (see the module docstring). Pure."""
-    if step_s <= 0 or end < start:
-        raise ValueError(f"bad range: start={start} end={end} step={step_s}")
-    # evaluation k sits at (k + 1) * step - 1 ms, the end of bucket k; keep those in range
-    first = math.ceil((start + EVAL_BEFORE_BUCKET_END_S) / step_s) - 1
-    last = math.floor((end + EVAL_BEFORE_BUCKET_END_S) / step_s) - 1
-    windows = []
-    k = first
-    while k <= last:
-        top = min(last, k + max_points - 1)
-        windows.append((round((k + 1) * step_s - EVAL_BEFORE_BUCKET_END_S, 6),
-                        round((top + 1) * step_s - EVAL_BEFORE_BUCKET_END_S, 6)))
-        k = top + 1
-    return windows
-
-
-def api_data(body: bytes, *, what: str) -> Any:
-    """The ``data`` of a Prometheus API answer; :class:`PrometheusError` otherwise."""
-    try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PrometheusError(f"{what}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        err = doc.get("error") if isinstance(doc, dict) else None
-        raise PrometheusError(f"{what}: {err or 'unexpected answer'}")
-    return doc.get("data")
 
 
 @dataclass
@@ -284,12 +250,8 @@ class PrometheusServer:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return bytes(resp.read()) if resp.status == 200 else None
         except urllib.error.HTTPError as exc:
-            body = exc.read()
-            try:
-                detail = str(json.loads(body).get("error", ""))
-            except (ValueError, AttributeError):
-                detail = body[:300].decode("utf-8", "replace")
-            raise PrometheusError(f"{path.split('?')[0]}: HTTP {exc.code}: {detail}") from None
+            detail = error_detail(exc.read())
+            raise PrometheusError(f"{path.split('?')[0]}: HTTP {exc.code}: {detail}", status=exc.code) from None
 
     def query(self, promql: str, *, at: float | None = None) -> Any:
         """An instant query; returns the API's ``data``."""
@@ -343,9 +305,7 @@ class PrometheusServer:
         body = self._get("/api/v1/query_range?" + urllib.parse.urlencode(params), timeout=60.0)
         if body is None:
             raise PrometheusError(f"{what}: no answer")
-        data = api_data(body, what=what)
-        if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            raise PrometheusError(f"{what}: expected a matrix")
+        check_matrix(body, what=what)
         return body
 
     def snapshot(self) -> Path:

@@ -26,7 +26,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from understudy_spark import readers, report, transforms
+from understudy_spark import promapi, readers, report, transforms
 from understudy_spark.readers import InputError
 from understudy_spark.transforms import Targets
 
@@ -110,12 +110,7 @@ def quiet_pandas_warning() -> None:
 
 def stderr_progress() -> Progress:
     """Stage lines on stderr with the elapsed time."""
-    t0 = time.monotonic()
-
-    def emit(message: str) -> None:
-        print(f"[sla {time.monotonic() - t0:7.1f}s] {message}", file=sys.stderr, flush=True)
-
-    return emit
+    return promapi.stderr_progress("sla")
 
 
 def write_text(spark: SparkSession, path: str, text: str) -> None:
@@ -163,7 +158,9 @@ def _csv(frame: pd.DataFrame) -> str:
     for column in out.columns:
         if pd.api.types.is_datetime64_any_dtype(out[column]):
             out[column] = out[column].map(report.iso)
-    text: str = out.to_csv(index=False, float_format="%.6g")
+    # 12 significant digits: seconds stay exact to the millisecond up to ~30 years (with
+    # 6, a month's known_s of 2,592,015 s was written 2.59202e+06 and sums did not add up).
+    text: str = out.to_csv(index=False, float_format="%.12g")
     return text
 
 
@@ -195,7 +192,9 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
     if any(f.form is not readers.ExportFormat.QUERY_RANGE for f in files):
         progress("text exports: collecting the distinct series heads (a first, quick pass)")
     planned, observation = observed_states(spark, files, step_s=config.step_s)
-    states = planned.persist(StorageLevel.MEMORY_AND_DISK)
+    # Each bucket with its incident (or none): incidents, the time outside incidents and
+    # the daily totals all count this one attribution, so their sums agree.
+    states = transforms.incident_buckets(planned).persist(StorageLevel.MEMORY_AND_DISK)
     incidents: DataFrame | None = None
     daily: DataFrame | None = None
     try:
@@ -233,6 +232,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             last_bucket=last_bucket, targets=config.targets,
         ).persist(StorageLevel.MEMORY_AND_DISK)  # written, and summed again into monthly
         monthly = transforms.monthly_sla(daily, targets=config.targets)
+        outside = transforms.outside_incidents(states, step_s=config.step_s)
         outputs: list[str] = []
         tables = {"incidents": incidents, "daily": daily, "monthly": monthly, "timeline": timeline}
         frames: dict[str, pd.DataFrame] = {}
@@ -247,6 +247,8 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             frames[name] = _pandas(spark.read.schema(df.schema).parquet(target).orderBy(*ordered_by(name)))
             write_text(spark, _join(config.out, f"{name}.csv"), _csv(frames[name]))
             outputs += [target, _join(config.out, f"{name}.csv")]
+        # Shown in the report (its own line and table), not a table of its own.
+        frames["outside"] = _pandas(outside.orderBy("group", "start"))
         step = pd.Timedelta(seconds=config.step_s)
         meta = report.ReportMeta(
             inputs=config.inputs, step_s=config.step_s, targets=config.targets,
@@ -257,10 +259,10 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
         progress("rendering report.html and summary.md")
         write_text(spark, _join(config.out, "report.html"), report.render_html(
             incidents=frames["incidents"], daily=frames["daily"], monthly=frames["monthly"],
-            timeline=frames["timeline"], meta=meta,
+            timeline=frames["timeline"], outside=frames["outside"], meta=meta,
         ))
         write_text(spark, _join(config.out, "summary.md"), report.render_summary(
-            incidents=frames["incidents"], monthly=frames["monthly"], meta=meta,
+            incidents=frames["incidents"], monthly=frames["monthly"], meta=meta, outside=frames["outside"],
         ))
         outputs += [_join(config.out, "report.html"), _join(config.out, "summary.md")]
         inc = frames["incidents"]

@@ -12,7 +12,9 @@ The pipeline::
       -> key_samples     group/broker/role columns (the job's readers emit these directly)
       -> clean_keyed     one value per (group, broker, metric, step bucket)
       -> group_states    one row per (group, bucket): mode, who can read, known?
+      -> incident_buckets  each bucket's incident (or none) and whether it is unavailable
       -> incidents       master lost -> reads restored -> master back -> normal
+      -> outside_incidents  unavailable stretches that belong to no incident
       -> timeline        run-length state timeline per group (for the report)
       -> daily_sla / monthly_sla against the targets
 
@@ -238,17 +240,43 @@ def group_states(clean: DataFrame) -> DataFrame:
     )
 
 
-def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
-    """Failover incidents per group (columns ``INCIDENT_COLUMNS``).
+def _unavailable() -> Column:
+    """Read-unavailable: known and nobody readable. The one definition every total,
+    every incident and every stretch outside incidents counts (unknown time never is)."""
+    return F.col("known") & ~F.col("readable")
 
-    With a mode series, an incident starts at the first bucket where the mode is not
+
+ATTRIBUTION_COLUMNS = ("incident", "in_incident", "ends_here", "lead_in", "unavailable")
+
+
+def incident_buckets(states: DataFrame) -> DataFrame:
+    """Every row of :func:`group_states` with the incident it belongs to: the per-bucket
+    attribution that :func:`incidents`, :func:`outside_incidents` and the totals of
+    :func:`daily_sla` all count, so that the read-unavailable time of the incidents plus
+    the time outside any incident is exactly the total.
+
+    Output: the columns of ``group_states`` plus ``incident`` (the bucket its fault began
+    at, the incident's key; null outside incidents), ``in_incident`` (between the fault
+    and the bucket that ends it), ``ends_here`` (the healthy bucket that ends it, part of
+    the incident but never unavailable), ``lead_in`` and ``unavailable``
+    (:func:`_unavailable`).
+
+    With a mode series, an incident's fault is the first bucket where the mode is not
     NORMAL and the master lacks READ (or is absent); without one, where no broker is
-    readable after one had been. It ends at the first bucket where the mode is NORMAL
-    (or absent) and the master has READ again: ``normal_at``; ``null`` while still open.
-    Buckets that are neither keep the current state, so a scrape gap inside an incident
-    neither ends nor splits it.
+    readable after one had been. It ends at the first bucket where the mode is NORMAL (or
+    absent) and the master has READ again. Buckets that are neither keep the current
+    state, so a scrape gap inside an incident neither ends nor splits it.
+
+    ``lead_in``: the unbroken run of read-unavailable buckets right before the fault
+    (consecutive buckets, nothing readable, no incident) belongs to the incident. The
+    master was already gone and nobody read, but the controller's mode sample of that
+    bucket still said NORMAL: a kill is seen by the brokers' scrapes before the
+    controller's. Counted outside, such a bucket made the totals exceed the sum of the
+    incidents (``make demo``: 3 s overall, 0 s in each of its three incidents).
     """
-    mode, master_read = F.col("mode"), F.col("master_read")
+    if set(ATTRIBUTION_COLUMNS) <= set(states.columns):
+        return states
+    mode, master_read, bucket = F.col("mode"), F.col("master_read"), F.col("bucket")
     has_mode = F.max(mode.isNotNull().cast("int")).over(_whole()) == 1
     ever_readable = F.coalesce(F.max(F.col("readable").cast("int")).over(_before()), F.lit(0))
     fault = F.when(
@@ -257,28 +285,70 @@ def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
     healthy = (master_read == 1) & F.when(has_mode, mode == MODE_NORMAL).otherwise(F.lit(True))
     event = F.when(fault, 1).when(healthy, 0)
 
-    s = states.select(
-        "group", "bucket", "mode", "master_read", "known", "readable", "violation", "unresolved"
-    ).withColumn("in_incident", F.coalesce(F.last(event, ignorenulls=True).over(_running()), F.lit(0)))
-    prev_in = F.lag("in_incident").over(_by_group())
-    s = s.withColumn("prev_in", F.coalesce(prev_in, F.lit(0)))
-    starts = F.when((F.col("in_incident") == 1) & (F.col("prev_in") == 0), F.col("bucket"))
-    s = s.withColumn("start", F.last(starts, ignorenulls=True).over(_running()))
-    in_inc = F.col("in_incident") == 1
-    ends_here = (F.col("in_incident") == 0) & (F.col("prev_in") == 1)
-    s = s.where(in_inc | ends_here).withColumn(
-        # The end row belongs to the incident it ends; ``start`` there is still the
-        # incident's start because the running ``last`` has seen no newer start.
-        "incident",
-        F.col("start"),
+    base = list(states.columns)
+    s = states.withColumn("in_i", F.coalesce(F.last(event, ignorenulls=True).over(_running()), F.lit(0)))
+    s = s.withColumn("prev_in", F.coalesce(F.lag("in_i").over(_by_group()), F.lit(0)))
+    is_start = (F.col("in_i") == 1) & (F.col("prev_in") == 0)
+    ends_here = (F.col("in_i") == 0) & (F.col("prev_in") == 1)
+    # The end row belongs to the incident it ends; the running ``last`` has seen no newer
+    # start there.
+    s = s.withColumn("start", F.last(F.when(is_start, bucket), ignorenulls=True).over(_running()))
+    s = s.select(
+        *base,
+        F.when((F.col("in_i") == 1) | ends_here, F.col("start")).alias("own"),
+        (F.col("in_i") == 1).alias("in_incident"),
+        ends_here.alias("ends_here"),
+        is_start.alias("is_start"),
+        F.row_number().over(_by_group()).alias("rn"),
+        _unavailable().alias("unavailable"),
     )
+    # Lead-in: a run of unavailable rows outside incidents whose first following other
+    # row starts an incident, with no bucket missing in between (row numbers and bucket
+    # numbers advance together).
+    candidate = F.col("own").isNull() & F.col("unavailable")
+    after = _by_group().rowsBetween(Window.currentRow, Window.unboundedFollowing)
+    nxt = F.first(
+        F.when(~candidate, F.struct(bucket.alias("b"), F.col("rn").alias("rn"), F.col("is_start").alias("start"))),
+        ignorenulls=True,
+    ).over(after)
+    s = s.withColumn("nxt", nxt)
+    lead_in = candidate & F.coalesce(
+        F.col("nxt.start") & (F.col("nxt.b") - bucket == F.col("nxt.rn") - F.col("rn")), F.lit(False)
+    )
+    return s.select(
+        *base,
+        F.coalesce(F.col("own"), F.when(lead_in, F.col("nxt.b"))).alias("incident"),
+        "in_incident",
+        "ends_here",
+        lead_in.alias("lead_in"),
+        "unavailable",
+    )
+
+
+def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
+    """Failover incidents per group (columns ``INCIDENT_COLUMNS``), from the attribution of
+    :func:`incident_buckets` (``states`` may already be that).
+
+    ``master_lost_at`` is the first bucket of the incident: its lead-in if it has one,
+    else the fault. ``normal_at`` is the bucket that ends it; ``null`` while still open.
+    ``read_unavailable_s`` counts the incident's unavailable buckets (lead-in included).
+    """
+    b = incident_buckets(states)
+    in_inc = F.col("in_incident")
+    ends_here = F.col("ends_here")
+    master_read = F.col("master_read")
+    s = b.select(
+        "group", "bucket", "mode", "master_read", "known", "readable", "violation", "unresolved",
+        "incident", "in_incident", "ends_here", "lead_in", "unavailable",
+    ).where(F.col("incident").isNotNull())
     s = s.withColumn(
         "restored_seen",
         F.max((in_inc & F.col("readable")).cast("int")).over(_running("incident")),
     )
     restored = F.col("restored_seen") == 1
-    unreadable = in_inc & F.col("known") & ~F.col("readable")
+    unavailable = F.col("unavailable")
     agg = s.groupBy("group", "incident").agg(
+        F.min("bucket").alias("lost_b"),
         F.min(F.when(ends_here, F.col("bucket"))).alias("end_b"),
         F.max("bucket").alias("last_b"),
         F.min(F.when(in_inc & F.col("readable"), F.col("bucket"))).alias("restored_b"),
@@ -286,18 +356,18 @@ def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
         # seen already reading in NORMAL is back at the bucket that ends the incident.
         F.min(F.when(((in_inc & restored) | ends_here) & master_read.isNotNull(),
                      F.col("bucket"))).alias("back_b"),
-        F.count(F.when(unreadable, 1)).alias("unavail_n"),
-        F.count(F.when(unreadable & restored, 1)).alias("gap_n"),
+        F.count(F.when(unavailable, 1)).alias("unavail_n"),
+        F.count(F.when(unavailable & restored, 1)).alias("gap_n"),
         F.count(F.when(in_inc & F.col("violation"), 1)).alias("violation_n"),
         F.count(F.when(in_inc & F.col("unresolved"), 1)).alias("unresolved_n"),
-        F.count(F.when(in_inc & (mode == MODE_RECOVERING), 1)).alias("backsync_n"),
-        F.count(F.when(in_inc & F.col("known"), 1)).alias("known_n"),
+        F.count(F.when(in_inc & (F.col("mode") == MODE_RECOVERING), 1)).alias("backsync_n"),
+        F.count(F.when((in_inc | F.col("lead_in")) & F.col("known"), 1)).alias("known_n"),
     )
     span_end = F.coalesce(F.col("end_b"), F.col("last_b") + 1)
     step = F.lit(float(step_s))
     return agg.select(
         "group",
-        _at(F.col("incident"), step_s).alias("master_lost_at"),
+        _at(F.col("lost_b"), step_s).alias("master_lost_at"),
         _at(F.col("restored_b"), step_s).alias("reads_restored_at"),
         _at(F.col("back_b"), step_s).alias("master_back_at"),
         _at(F.col("end_b"), step_s).alias("normal_at"),
@@ -306,9 +376,35 @@ def incidents(states: DataFrame, *, step_s: float) -> DataFrame:
         (F.col("violation_n") * step).alias("one_reader_violation_s"),
         (F.col("unresolved_n") * step).alias("one_reader_unresolved_s"),
         (F.col("backsync_n") * step).alias("backsync_s"),
-        ((span_end - F.col("incident") - F.col("known_n")) * step).alias("unknown_s"),
-        ((span_end - F.col("incident")) * step).alias("duration_s"),
+        ((span_end - F.col("lost_b") - F.col("known_n")) * step).alias("unknown_s"),
+        ((span_end - F.col("lost_b")) * step).alias("duration_s"),
         F.col("end_b").isNull().alias("open"),
+    )
+
+
+OUTSIDE_COLUMNS = ["group", "start", "end", "read_unavailable_s"]
+
+
+def outside_incidents(states: DataFrame, *, step_s: float) -> DataFrame:
+    """Read-unavailable time that belongs to no incident, as stretches of consecutive
+    buckets: ``group, start, end, read_unavailable_s`` (``OUTSIDE_COLUMNS``). From the same
+    attribution as :func:`incidents` (``states`` may already be :func:`incident_buckets`),
+    so per group: the incidents' ``read_unavailable_s`` plus these equal the total
+    ``read_unavailable_s`` of the daily table. Examples: nobody readable while the mode
+    stays NORMAL and no failover follows, a cluster being stopped at the end of a drill,
+    a group without a mode series that was never readable before."""
+    b = incident_buckets(states).select("group", "bucket", "incident", "unavailable")
+    s = b.where(F.col("incident").isNull() & F.col("unavailable"))
+    new_run = F.coalesce(F.lag("bucket").over(_by_group()) != F.col("bucket") - 1, F.lit(True))
+    s = s.withColumn("run", F.sum(new_run.cast("int")).over(_running()))
+    runs = s.groupBy("group", "run").agg(
+        F.min("bucket").alias("start_b"), (F.max("bucket") + 1).alias("end_b"), F.count(F.lit(1)).alias("n")
+    )
+    return runs.select(
+        "group",
+        _at(F.col("start_b"), step_s).alias("start"),
+        _at(F.col("end_b"), step_s).alias("end"),
+        (F.col("n") * F.lit(float(step_s))).alias("read_unavailable_s"),
     )
 
 
@@ -422,7 +518,7 @@ def daily_sla(
         .groupBy("group", "day")
         .agg(
             F.count(F.when(F.col("known"), 1)).alias("known_n"),
-            F.count(F.when(F.col("known") & ~F.col("readable"), 1)).alias("unavail_n"),
+            F.count(F.when(_unavailable(), 1)).alias("unavail_n"),
             F.count(F.when(F.col("violation"), 1)).alias("violation_n"),
             F.count(F.when(F.col("unresolved"), 1)).alias("unresolved_n"),
         )
