@@ -14,6 +14,7 @@ directory in its command line is SIGKILLed, and the partition proxy thread is cl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -28,13 +29,15 @@ from pathlib import Path
 
 import pytest
 
+from understudy_broker import protocol as p
+from understudy_broker.client import request_once
 from understudy_broker.model import Mode, Permission
 from understudy_broker.zkclient import make_client
 from understudy_broker.zklayout import decode_state, state_path
 from understudy_harness.checker import Report, check
 from understudy_harness.drill import merge_permission_logs
 from understudy_harness.history import HistoryWriter, read_history
-from understudy_harness.testing import wait_until, zk_session
+from understudy_harness.testing import isr_record, wait_until, zk_session
 from understudy_operator.controller.journal import read_transitions
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
@@ -167,6 +170,98 @@ def test_acting_slave_dies_and_the_other_slave_takes_over_never_two_readers(clus
     assert [m for m, _, _ in states] == ["NORMAL", "FENCING", "SLAVE_CONSUME", "FENCING",
                                          "SLAVE_CONSUME", "RECOVERING", "NORMAL"], states
     assert [e for _, e, _ in states] == list(range(states[0][1], states[0][1] + 7))
+
+
+def test_commits_through_the_acting_slave_survive_its_death(cluster_dir: Path) -> None:
+    """Two slaves. The master dies; a consumer group commits through the acting slave; the
+    acting slave dies (kill -9) right after: the other slave takes reads and holds the
+    commit (the acting slave copied it there before acknowledging: server/mirror.py), and
+    so does the master after the failback. Before, the other slave answered the offset the
+    master had last replicated, and consumers re-read what they had committed."""
+    plan = lc.up(cluster_dir, slaves=2, session_timeout_ms=SESSION_MS)
+    rec = Recorder(plan)
+
+    def ask(broker: str, op: p.Op, body: bytes) -> p.Frame:
+        return asyncio.run(request_once(plan.address(broker), op, body, timeout_s=5))
+
+    def committed(broker: str) -> int | None:
+        frame = ask(broker, p.Op.FETCH_OFFSET, p.FetchOffsetRequest("cg", "t", [0]).encode())
+        assert frame.status == p.Status.OK, p.error_message(frame)
+        return p.OffsetsResponse.decode(frame.body).offsets[0]
+
+    try:
+        rec.wait(lambda _s: readers_now(plan) == ["g1-0"], "the master reading")
+        assert ask("g1-0", p.Op.CREATE_TOPIC, p.CreateTopicRequest("t", 1).encode()).status == 0
+        batch = p.ProduceRequest("t", [p.ProduceMessage(0, None, b"m%d" % i) for i in range(20)])
+        assert ask("g1-0", p.Op.PRODUCE, batch.encode()).status == p.Status.OK
+        commit = p.CommitOffsetRequest("cg", "t", {0: 5}).encode()
+        assert ask("g1-0", p.Op.COMMIT_OFFSET, commit).status == p.Status.OK
+        rec.kill("g1-0")
+        _, epoch, acting = rec.wait_mode("SLAVE_CONSUME")
+        assert acting is not None
+        other = "g1-2" if acting == "g1-1" else "g1-1"
+        rec.wait(lambda _s: readers_now(plan) == [acting], f"{acting} reading")
+        frame = ask(acting, p.Op.COMMIT_OFFSET, p.CommitOffsetRequest("cg", "t", {0: 17}).encode())
+        assert frame.status == p.Status.OK, p.error_message(frame)
+        rec.kill(acting)
+        rec.wait_mode("SLAVE_CONSUME", acting=other)
+        rec.wait(lambda _s: readers_now(plan) == [other], f"{other} reading")
+        assert committed(other) == 17
+        # a copy from the dead acting slave's epoch (a late one) is refused, merges nothing
+        late = p.BackSyncRequest("g1", acting, epoch, {"cg": {"t": {0: 19}}}).encode()
+        frame = ask(other, p.Op.BACKSYNC_OFFSETS, late)
+        assert frame.status == p.Status.STALE_EPOCH, p.error_message(frame)
+        assert committed(other) == 17
+        rec.start(acting)
+        rec.start("g1-0")
+        rec.wait_mode("NORMAL")
+        rec.wait(lambda _s: readers_now(plan) == ["g1-0"], "the master reading again")
+        assert committed("g1-0") == 17
+    finally:
+        rec.close()
+        lc.down(plan.dir)
+    assert_one_reader(rec.judge())
+
+
+def test_a_slave_that_cannot_take_the_acting_slaves_commits_leaves_the_record_first(
+        cluster_dir: Path) -> None:
+    """Two slaves; the one that does not act is frozen (SIGSTOP). A commit through the
+    acting slave is acknowledged only after the frozen one left the in-sync record, so when
+    the acting slave dies the controller does not hand reads to the slave that lacks it."""
+    plan = lc.up(cluster_dir, slaves=2, session_timeout_ms=SESSION_MS)
+    rec = Recorder(plan)
+
+    def ask(broker: str, op: p.Op, body: bytes) -> p.Frame:
+        return asyncio.run(request_once(plan.address(broker), op, body, timeout_s=10))
+
+    try:
+        rec.wait(lambda _s: readers_now(plan) == ["g1-0"], "the master reading")
+        assert ask("g1-0", p.Op.CREATE_TOPIC, p.CreateTopicRequest("t", 1).encode()).status == 0
+
+        def known(broker: str) -> bool:  # the master's metadata frames carry its topics
+            frame = ask(broker, p.Op.GET_ROUTE, p.GetRouteRequest("t").encode())
+            return "t" in p.RouteResponse.decode(frame.body).topics
+
+        wait_until(lambda: known("g1-1") and known("g1-2"), "the slaves to know topic t", 10)
+        rec.kill("g1-0")
+        _, _, acting = rec.wait_mode("SLAVE_CONSUME")
+        other = "g1-2" if acting == "g1-1" else "g1-1"
+        rec.wait(lambda _s: readers_now(plan) == [acting], f"{acting} reading")
+        lc.kill(plan.dir, other, sig="STOP")
+        frame = ask(acting, p.Op.COMMIT_OFFSET, p.CommitOffsetRequest("cg", "t", {0: 3}).encode())
+        assert frame.status == p.Status.OK, p.error_message(frame)
+        with zk_session(plan.zk_connect) as zk:
+            assert isr_record(zk, "g1") == frozenset({acting})
+        lc.kill(plan.dir, other, sig="CONT")
+        rec.kill(acting)
+        deadline = time.monotonic() + 3 * SESSION_MS / 1000
+        while time.monotonic() < deadline:  # nobody may take reads: the other lacks offset 3
+            assert other not in readers_now(plan)
+            time.sleep(0.2)
+    finally:
+        rec.close()
+        lc.down(plan.dir)
+    assert_one_reader(rec.judge())
 
 
 def test_every_slave_down_master_returns_degraded_then_recovers_when_the_slave_returns(

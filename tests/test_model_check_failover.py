@@ -24,7 +24,8 @@ The world is a discrete-time model (1 tick = 1 s) of what the real parts do:
   mirroring to the other slaves) acknowledges a commit only once every ISR slave but
   itself holds it, and at least one does; a slave that cannot receive it is first removed
   from the ISR by a ZooKeeper write (so the reader must be connected); a running slave
-  rejoins after catching up from the current reader. The controller only picks ISR
+  rejoins after catching up from the master (an acting slave only takes members out:
+  server/mirror.py). The controller only picks ISR
   slaves. Whether a commit is acknowledged is the real ``isr.write_outcome`` under the
   group's quorum-write policy (inSyncReplicas, the floor, autoDegrade; several policies
   run the same search), and a slave may run but stop acknowledging (a slow disk). The acting slave pushes its offsets to the master in RECOVERING (back-sync).
@@ -294,14 +295,12 @@ class World:
                              acked=self.acked_by, end=self.counter, policy=self.policy)
 
     def rejoin(self, s: Broker) -> None:
-        """The current reader catches a running slave up and records it in the ISR."""
+        """The master, reading, catches a running slave up and records it in the ISR."""
         readers = self.readers()
         if s.ordinal == 0 or s.name in self.isr or s.proc != "run" or len(readers) != 1:
             return
         reader = readers[0]
-        if reader is s or not self.connected(reader):
-            return
-        if reader.ordinal == 0 and not self.linked(s):
+        if reader.ordinal != 0 or not self.connected(reader) or not self.linked(s):
             return
         s.commits = max(s.commits, reader.commits)
         s.slow = False

@@ -142,6 +142,15 @@ class Authority(Protocol):
         """The broker's facts and offsets, for status and back-sync (before :meth:`start`)."""
         ...
 
+    def group_config(self) -> GroupConfig | None:
+        """The group's configuration as applied from ZooKeeper (None: not yet, or none)."""
+        ...
+
+    def acting(self) -> str | None:
+        """The slave the applied group state names as acting for reads in SLAVE_CONSUME
+        (None otherwise, and without ZooKeeper)."""
+        ...
+
     def probe(self) -> dict[str, int] | None:
         """A master whose ZooKeeper confirmations are failing: the probe to put in the next
         metadata frame (``{"seq", "hold_ms"}``), else None (docs/failover.md, "A master
@@ -319,6 +328,12 @@ class StaticAuthority(BrokerIdentity):
         return True
 
     def attach(self, hooks: BrokerHooks) -> None:
+        return None
+
+    def group_config(self) -> GroupConfig | None:
+        return None
+
+    def acting(self) -> str | None:
         return None
 
     def probe(self) -> dict[str, int] | None:

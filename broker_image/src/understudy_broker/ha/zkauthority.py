@@ -220,6 +220,15 @@ class ZkAuthority(BrokerIdentity):
             return 0.0
         return self._route.remaining(now, epoch=state.epoch, required=required)
 
+    def group_config(self) -> GroupConfig | None:
+        return self._coord.config if self._coord is not None else None
+
+    def acting(self) -> str | None:
+        state = self._coord.state if self._coord is not None else None
+        if state is None or state.mode is not Mode.SLAVE_CONSUME:
+            return None
+        return state.acting
+
     # ------------------------------------------------------------------ slave route
 
     def probe(self) -> dict[str, int] | None:

@@ -312,6 +312,14 @@ class ReplicationServer:
     def _required(self) -> frozenset[str]:
         return rules.required(self._isr, self._joining, self._leaving)
 
+    def reload_isr(self) -> None:
+        """Read the in-sync record again (the group moved to another epoch: an acting slave
+        may have taken members out of it). Until it is read, no slave route (echo_set is
+        None) and waiting writes wait."""
+        if self._isr_store is not None and self._isr_version is not None:
+            self._isr_version = None
+            self._isr_wake.set()
+
     def echo_set(self) -> frozenset[str] | None:
         """Every slave the in-sync record may name right now (so the controller may choose
         it to act for reads): what the record says as far as we know, who is joining
@@ -415,6 +423,7 @@ class ReplicationServer:
                 if self._isr_version is None:
                     members, version = await store.load()
                     self._isr, self._isr_version = members, version
+                    self._isr_foreign = frozenset()
                     log.info("in-sync set %s (record version %d)", sorted(members), version)
                     for link in self._links.values():
                         self._maybe_join(link)
@@ -441,7 +450,8 @@ class ReplicationServer:
                 log.warning("in-sync record changed under us (%s); reloading its version", exc)
                 try:
                     members, self._isr_version = await store.load()
-                    self._isr_foreign = members
+                    # Someone else wrote it (an acting slave takes members out): adopt it.
+                    self._isr, self._isr_foreign = members, members
                 except Exception as exc2:  # unreachable store: retry below
                     log.warning("reloading the in-sync record failed: %s", exc2)
                     await asyncio.sleep(self.isr_retry_s)

@@ -327,7 +327,7 @@ class Broker:
         epoch = self.authority.epoch()
         if epoch != self._epoch_sent and self._parts is not None:
             self._epoch_sent = epoch
-            self._parts.replica.metadata_changed()  # a master tells its slaves at once
+            self._parts.replica.epoch_changed()  # a master tells its slaves at once
         has_read = bool(eff & Permission.READ)
         self.metrics.set_permission(eff)
         lost_read = self._had_read and not has_read

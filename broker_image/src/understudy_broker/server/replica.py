@@ -64,6 +64,10 @@ class Replica(Protocol):
         """Topics changed: tell slaves now rather than at the next interval."""
         ...
 
+    def epoch_changed(self) -> None:
+        """The broker applied another group epoch."""
+        ...
+
     def master_back(self) -> None:
         """The group's master registered again: a slave reconnects to it now."""
         ...
@@ -154,6 +158,12 @@ class MasterReplica:
     def facts(self) -> tuple[bool, tuple[str, ...]]:
         return False, tuple(sorted(lk.name for lk in self._server.links() if lk.connected))
 
+    def epoch_changed(self) -> None:
+        # The slaves hear the epoch at once, and the in-sync record is read again: an
+        # acting slave may have taken members out of it meanwhile (server/mirror.py).
+        self._server.push_metadata_now()
+        self._server.reload_isr()
+
     def echo_set(self) -> frozenset[str] | None:
         return self._server.echo_set()
 
@@ -226,6 +236,9 @@ class SlaveReplica:
 
     def facts(self) -> tuple[bool, tuple[str, ...]]:
         return self._master_link_up(), ()
+
+    def epoch_changed(self) -> None:
+        return None
 
     def echo_set(self) -> frozenset[str] | None:
         return None

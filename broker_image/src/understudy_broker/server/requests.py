@@ -38,6 +38,7 @@ from understudy_broker.ha.topicadmin import TopicAdmin, TopicConflict
 from understudy_broker.model import Permission, Role
 from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
 from understudy_broker.server.metrics import BrokerMetrics
+from understudy_broker.server.mirror import CommitMirror
 from understudy_broker.server.producers import ProducePlan, Producers
 from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
@@ -170,6 +171,10 @@ class Requests:
         self._scheduler = scheduler
         self._escaper = escaper
         self._topic_admin = TopicAdmin(authority)
+        # An acting slave copies each commit to the other slaves of the in-sync record
+        # before acknowledging it (server/mirror.py).
+        self._mirror = CommitMirror(name=cfg.name, group=cfg.group, store=authority.isr_store(),
+                                    peers=self._other_slaves, timeout_s=cfg.link_timeout_s)
         self._producers = Producers(store.log)
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
@@ -564,8 +569,20 @@ class Requests:
         waits = [self._offsets_durable()]
         if commits_end:
             waits.append(self._replica.replicated(commits_end))
+        if self._authority.role is Role.SLAVE and self._authority.acting() == self._cfg.name:
+            # Every value now stored for these queues, not only what moved: an earlier
+            # commit that moved them may still be on its way to a slave.
+            held = {q: o for q, o in stored.items() if o is not None}
+            waits.append(self._mirror.mirror(self._authority.epoch(),
+                                             {req.group: {req.topic: held}}))
         await acknowledged(waits)
         return p.OffsetsResponse(stored).encode()
+
+    def _other_slaves(self) -> dict[str, str]:
+        cfg = self._authority.group_config()
+        if cfg is None:
+            return {}
+        return {b.name: b.address for b in cfg.slaves if b.name != self._cfg.name}
 
     async def _offsets_durable(self) -> None:
         """Acknowledge offsets only once they are on disk: a master killed right after
@@ -687,10 +704,9 @@ class Requests:
         """BACKSYNC_OFFSETS on the master: no READ needed (the master is NONE until this
         completes). Merge (maximum per key: nothing moves back), persist, then answer; a
         push tagged with an epoch older than the one applied is refused as stale."""
-        if self._authority.role is not Role.MASTER:
-            raise RequestError(p.Status.NOT_MASTER,
-                               f"{self._cfg.name} is a slave: back-sync goes to the master")
         req = p.BackSyncRequest.decode(frame.body)
+        if self._authority.role is not Role.MASTER:
+            return await self._mirrored(frame, req)
         if req.group != self._cfg.group:
             raise RequestError(p.Status.BAD_REQUEST,
                                f"back-sync for group {req.group!r} sent to group {self._cfg.group!r}")
@@ -724,6 +740,27 @@ class Requests:
                  "schedule entries taken)", req.sender, req.epoch, moved, len(req.escaped))
         self._backsync_persisted(offsets.backsync_epoch)
         return p.BackSyncResponse(req.epoch, moved, offsets.backsync_epoch or req.epoch).encode()
+
+    async def _mirrored(self, frame: p.Frame, req: p.BackSyncRequest) -> bytes:
+        """BACKSYNC_OFFSETS on a slave: the acting slave's copy of a commit (server/mirror.py).
+        Taken only from the slave this one's applied state names acting, at exactly that
+        epoch; merged (maximum per key) and persisted before the answer."""
+        epoch = self._authority.epoch()
+        acting = self._authority.acting()
+        if req.group != self._cfg.group:
+            raise RequestError(p.Status.BAD_REQUEST,
+                               f"offsets for group {req.group!r} sent to group {self._cfg.group!r}")
+        if acting is None or acting != req.sender or acting == self._cfg.name:
+            raise RequestError(p.Status.NOT_MASTER if acting is None else p.Status.STALE_EPOCH,
+                               f"{self._cfg.name} is a slave and {req.sender} does not act for "
+                               f"reads in the state it applied (epoch {epoch}): back-sync goes "
+                               "to the master")
+        if req.epoch != epoch or (frame.epoch and frame.epoch != epoch):
+            raise RequestError(p.Status.STALE_EPOCH,
+                               f"offsets tagged epoch {req.epoch}; this slave applied {epoch}")
+        moved = self._store.offsets.merge(req.offsets)
+        await acknowledged([self._offsets_durable()])
+        return p.BackSyncResponse(req.epoch, moved, epoch).encode()
 
     async def _nack(self, frame: p.Frame) -> bytes:
         """NACK on the broker serving the queue (it holds READ): the member must own the
