@@ -213,6 +213,6 @@ class Chains(RuleBasedStateMachine):
 
 
 Chains.TestCase.settings = settings(
-    max_examples=2000, stateful_step_count=60, deadline=None,
+    max_examples=1000, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_chains_keep_order_and_lose_nothing = Chains.TestCase

@@ -293,9 +293,7 @@ async def test_quorum_lost_longer_than_a_session_then_back(ensemble_dir: Path) -
                 await asyncio.to_thread(lc.start, plan.dir, name)
             await eventually(lambda: leader_of(plan.dir) is not None, "a new ZooKeeper leader", 20)
             quorum_ns = time.time_ns()
-            # converged: the master reads again
-            await eventually(lambda: Permission.READ in since(plan, "g1-0", back_ns)[-1][1],
-                             "the master to read again", 20)
+            # converged (the master reads throughout: checked below)
             await flowing(counts, "produce and consume after the quorum came back")
             after = await asyncio.to_thread(sessions, plan)
             state_after = await asyncio.to_thread(group_state, plan)
@@ -313,18 +311,15 @@ async def test_quorum_lost_longer_than_a_session_then_back(ensemble_dir: Path) -
     assert acked_during > 0  # writes kept being acknowledged without ZooKeeper
     assert without(since(plan, "g1-1", started_ns), Permission.READ, end_ns=ended_ns) == [
         (started_ns, ended_ns)]  # the slave never read
-    (lapse, reads_again), = without(master, Permission.READ, end_ns=ended_ns)
-    # the lease is shorter than the session: READ went before anyone could be handed it,
-    # and came back only once the servers were
-    assert lost_ns < lapse < lost_ns + SESSION_MS * 1_000_000, master
-    assert reads_again > back_ns, master
+    # the master never stopped reading: its ZooKeeper lease lapsed ~1 s into the outage,
+    # and its slave's echoes carried it (docs/failover.md, "A master cut off from ZooKeeper
+    # only"); before the slave route the group had no reader until the quorum was back
+    assert without(master, Permission.READ, end_ns=ended_ns) == [], master
     report = judge(plan, history)
     assert_clean(report)
-    print(f"quorum lost {(back_ns - lost_ns) / 1e9:.1f} s: master dropped READ "
-          f"{(lapse - lost_ns) / 1e6:.0f} ms after, kept WRITE ({acked_during} acks while "
-          f"lost); a leader {(quorum_ns - back_ns) / 1e6:.0f} ms and the master reading "
-          f"{(reads_again - back_ns) / 1e6:.0f} ms after the servers were started; "
-          f"sessions kept; acked {report.acked}")
+    print(f"quorum lost {(back_ns - lost_ns) / 1e9:.1f} s: master kept READ and WRITE "
+          f"({acked_during} acks while lost); a leader {(quorum_ns - back_ns) / 1e6:.0f} ms "
+          f"after the servers were started; sessions kept; acked {report.acked}")
 
 
 # ---------------------------------------------------------------------- the CLI

@@ -18,16 +18,16 @@ pytestmark = pytest.mark.integration
 
 async def test_a_pending_delayed_message_survives_kill9_and_retention(brokers: Any) -> None:
     master = brokers.master(extra=["--async", "--flush", "batch", "--segment-bytes", "65536", "--max-frame-bytes", "32768",
-                                   "--retention-bytes", "200000"])
+                                   "--retention-bytes", "200000", "--retention-check-interval", "1"])
     await create_topic([master.address], topic="t", queues=1)
-    due = int(time.time() * 1000) + 14_000
+    due = int(time.time() * 1000) + 7_000
     async with Producer([master.address]) as prod:
         queue, offset = await (await prod.send("t", b"later", deliver_at_ms=due))
         assert (queue, offset) == (0, -1)
     master.kill9()
     (master.data_dir / "schedule.db").unlink()  # the index is rebuilt from the log
     master.start()
-    # A megabyte of ordinary traffic: retention (every 10 s) deletes old segments, but not
+    # A megabyte of ordinary traffic: retention (every second) deletes old segments, but not
     # the one holding the pending entry.
     async with Producer([master.address], max_batch_bytes=16_384) as prod:
         futs = [await prod.send("t", b"x" * 1000) for _ in range(1000)]

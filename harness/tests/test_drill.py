@@ -274,13 +274,13 @@ def test_ordered_cycles_keep_order_and_move_the_chains_by_the_rules(drill_dir: P
 def test_delayed_cycles_deliver_every_scheduled_message_once_and_never_early(
         drill_dir: Path) -> None:
     """Two delayed cycles: kill -9 of g1's master, then SIGSTOP of g2's, each slave acting
-    for 8 s while delayed messages (due 1-5 s after their send) and handed-back ones
+    for 6 s while delayed messages (due 1-5 s after their send) and handed-back ones
     (redelivered a second after the nack) fall due and are escaped to the other group.
     Nothing scheduled is lost, nothing arrives before its time, and every extra copy a
     consumer group saw is counted (the producer never re-sends in this scenario, so those
     are the brokers' own, in the windows docs/delayed.md lists)."""
     result = asyncio.run(run_drill(DrillOptions(cycles=2, scenario="delayed", members=2,
-                                                directory=drill_dir, dwell_s=8.0)))
+                                                directory=drill_dir, dwell_s=6.0)))
     assert result.cycles_completed == 2
     report = result.report
     assert [(c.kind, c.group) for c in report.cycles] == [("kill", "g1"), ("hang", "g2")]

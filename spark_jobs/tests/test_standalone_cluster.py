@@ -4,16 +4,16 @@ A master and one worker (1 core, 1 GB) are started from the installed PySpark's 
 ``bin/spark-class`` on 127.0.0.1, each in its own process group; the test goes on once
 the master's ``/json`` lists the worker as alive. Then:
 
-- a probe application checks that the executors run the venv's Python
-  (``spark.pyspark.python``) and import ``understudy_spark`` and ``understudy_broker``
-  from this checkout (the editable install), so nothing needs ``--py-files`` here;
 - ``spark-submit --master spark://127.0.0.1:P spark_jobs/src/understudy_spark/job.py``
   (the entry point of ``docs/sla-cluster.md``) reads a small synthetic ``promtool tsdb
   dump`` export; its ``incidents.csv`` and ``daily.csv`` must equal those of the same job
   run with ``local[*]`` (the tests' session, alongside the cluster's start) over the same
-  files. The dump reader also makes the executor start a Python worker today (the
-  series-head table goes from the driver to the executors through PySpark's
-  ``createDataFrame``); the test prints whether it did, without requiring it.
+  files. The dump reader makes the executor start a Python worker (the series-head table
+  goes from the driver to the executors through PySpark's ``createDataFrame``): the test
+  requires that it did, so the executors ran the venv's Python (``spark.pyspark.python``)
+  and imported this checkout's packages (the editable install; no ``--py-files`` here).
+  With ``UNDERSTUDY_SPARK_PROBE=1`` a probe application first checks that directly
+  (~15 s more).
 
 Everything listens on 127.0.0.1 only (``SPARK_LOCAL_IP``, ``spark.driver.host`` and
 ``bindAddress``, the master's REST server off): while the job runs, the listening sockets
@@ -388,13 +388,13 @@ def test_sla_job_under_spark_submit_on_a_standalone_cluster(spark: Any, tmp_path
             assert {cmd for cmd, _ in cluster.listeners.values()} == {
                 "org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"}
 
-            (cluster.root / "probe.py").write_text(PROBE)
-            t = time.monotonic()
-            probe = cluster.submit("probe", [str(cluster.root / "probe.py")], conf=SMALL_INPUT_CONF, timeout=120)
-            probe_s = time.monotonic() - t
-            assert probe.returncode == 0, probe.stdout[-4000:] + probe.stderr[-4000:]
-            seen = [tuple(s) for s in json.loads(probe.stdout.strip().splitlines()[-1])]
-            assert seen == [(PYTHON, sys.prefix, understudy_spark.__file__, understudy_broker.__file__)]
+            if os.environ.get("UNDERSTUDY_SPARK_PROBE"):  # where executors run Python (~15 s)
+                (cluster.root / "probe.py").write_text(PROBE)
+                probe = cluster.submit("probe", [str(cluster.root / "probe.py")], conf=SMALL_INPUT_CONF,
+                                       timeout=120)
+                assert probe.returncode == 0, probe.stdout[-4000:] + probe.stderr[-4000:]
+                seen = [tuple(s) for s in json.loads(probe.stdout.strip().splitlines()[-1])]
+                assert seen == [(PYTHON, sys.prefix, understudy_spark.__file__, understudy_broker.__file__)]
 
             out = tmp_path / "cluster-out"
             t = time.monotonic()
@@ -409,15 +409,16 @@ def test_sla_job_under_spark_submit_on_a_standalone_cluster(spark: Any, tmp_path
 
             # It ran on this cluster: the master lists it, its driver and executor listened.
             apps = [a["name"] for a in cluster.state().get("completedapps", [])]
-            assert sorted(apps) == ["probe", "understudy-sla"], apps
+            assert "understudy-sla" in apps, apps
             commands = {cmd for cmd, _ in cluster.listeners.values()}
             assert {"org.apache.spark.deploy.SparkSubmit",
                     "org.apache.spark.executor.CoarseGrainedExecutorBackend"} <= commands, commands
             assert cluster.exposed() == []
-            # Whether the job's executor started a Python worker (today: the dump reader's
-            # series-head table); printed, not required.
+            # The job's executor ran Python (the dump reader's series-head table) with this
+            # environment's packages, or the job would have failed.
             logs = [p.read_text(errors="replace") for p in sorted((cluster.root / "work").glob("app-*/0/stderr"))]
             python_on_executor = "PythonRunner" in logs[-1] if logs else False
+            assert python_on_executor, logs[-1][-2000:] if logs else "no executor log"
 
             for table in ("incidents.csv", "daily.csv"):
                 assert _rows(out / table) == _rows(tmp_path / "local" / table), table
@@ -426,7 +427,6 @@ def test_sla_job_under_spark_submit_on_a_standalone_cluster(spark: Any, tmp_path
             assert (out / "parquet" / "incidents").is_dir()
 
     total_s = time.monotonic() - t0
-    print(f"\nstandalone cluster up (worker registered) in {started_s:.1f} s; probe application "
-          f"{probe_s:.1f} s; SLA job via spark-submit {submit_s:.1f} s; the same job in the local[*] "
+    print(f"\nstandalone cluster up (worker registered) in {started_s:.1f} s; SLA job via spark-submit {submit_s:.1f} s; the same job in the local[*] "
           f"session {local_s:.1f} s (alongside); test {total_s:.1f} s; the job ran Python on the "
           f"executor: {python_on_executor}")

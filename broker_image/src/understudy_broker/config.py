@@ -79,6 +79,7 @@ class BrokerConfig:
     flush_interval_ms: int = 100
     retention_bytes: int | None = None
     retention_hours: float | None = None
+    retention_check_interval_s: float = 10.0
     #: Quorum writes (seed 001 §9, docs/replication.md): the floor in slaves, the copies a
     #: write needs with the master counted (None: ``min_insync_replicas + 1``), and the
     #: byte lag beyond which a slave is not in sync.

@@ -63,6 +63,7 @@ def _config_from_flags(
     flush_interval_ms: int,
     retention_bytes: int | None,
     retention_hours: float | None,
+    retention_check_interval: float,
     min_insync_replicas: int,
     auto_degrade: bool,
     in_sync_replicas: int | None,
@@ -105,6 +106,7 @@ def _config_from_flags(
         flush_interval_ms=flush_interval_ms,
         retention_bytes=retention_bytes,
         retention_hours=retention_hours,
+        retention_check_interval_s=retention_check_interval,
         min_insync_replicas=min_insync_replicas,
         auto_degrade=auto_degrade,
         in_sync_replicas=in_sync_replicas,
@@ -158,6 +160,9 @@ def _digest(text: str | None) -> tuple[str, str] | None:
 @click.option("--flush-interval-ms", type=int, default=100, show_default=True)
 @click.option("--retention-bytes", type=int, default=None, help="Delete old segments beyond this many bytes.")
 @click.option("--retention-hours", type=float, default=None, help="Delete segments older than this.")
+@click.option("--retention-check-interval", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True, metavar="SECONDS",
+              help="How often retention looks for segments to delete.")
 @click.option("--min-insync-replicas", type=int, default=1, show_default=True,
               help="Sync mode: the fewest in-sync slaves a write is ever acknowledged with "
                    "(the floor under --auto-degrade; 0 lets the master acknowledge alone).")

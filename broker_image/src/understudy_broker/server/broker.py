@@ -62,7 +62,6 @@ from understudy_broker.zklayout import OrderedFacts
 
 log = logging.getLogger("understudy.broker")
 
-RETENTION_EVERY_S = 10.0
 HOUSEKEEPING_EVERY_S = 0.25
 #: How long a coordinated broker waits at start for the group config (to check its ports).
 CONFIG_WAIT_S = 3.0
@@ -464,7 +463,7 @@ class Broker:
                         await store.offsets_durable()
                     except OSError as exc:
                         log.error("persisting consumer offsets failed: %s", exc)
-            if now - last_retention >= RETENTION_EVERY_S:
+            if now - last_retention >= self.cfg.retention_check_interval_s:
                 last_retention = now
                 deleted = store.log.apply_retention(
                     int(time.time() * 1000), keep_from=self.parts.scheduler.retention_floor())
