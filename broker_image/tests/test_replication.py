@@ -24,6 +24,7 @@ from understudy_broker.replication.slave import ReplicationClient
 from understudy_broker.replication.wire import HEARTBEAT, METADATA_OFFSET, PUSH_HEADER, encode_hello
 from understudy_broker.storage.commitlog import (
     CommitLog,
+    DamagedRecordError,
     FlushPolicy,
     ReplicationCorruptError,
     ReplicationGapError,
@@ -553,3 +554,65 @@ async def test_a_malformed_probe_drops_the_link_with_a_clear_error(cluster: Clus
     slave = await cluster.start_slave("s1", on_probe=lambda e, _h: e)
     await eventually(lambda: "probe" in (slave.client.last_error or ""), "the link dropped")
     assert "bad metadata frame" in (slave.client.last_error or "")
+
+
+async def test_a_slave_mends_a_record_damaged_in_its_copy_with_the_masters(cluster: Cluster) -> None:
+    """A byte flipped in the middle of an old segment of the slave's copy: the slave finds
+    the record damaged (a read reports it), asks its master for that record, checks the
+    master's copy is intact and the same record, and writes it over its own in place: the
+    read serves it again and the slave's files are byte-identical to the master's. A
+    record the master cannot send intact stays damaged (reported, never served)."""
+    server = await cluster.start_master(sync=True)
+    slave = await cluster.start_slave("s1")
+    await eventually(lambda: sum(lk.in_sync for lk in server.links()) == 1, "an in-sync slave")
+    rng = random.Random(5)
+    for _ in range(30):
+        await cluster.produce(batch(rng, 4))
+    target = cluster.log.read("a", 0, 2, max_bytes=1, max_records=1)[0]
+    assert target.phys_offset < cluster.log.max_phys - 2 * SEG  # an old, sealed segment
+    await slave.stop()
+    cluster.slaves.remove(slave)
+    base = target.phys_offset - target.phys_offset % SEG
+    segment = cluster.root / "s1" / "commitlog" / f"{base:020d}"
+    raw = bytearray(segment.read_bytes())
+    raw[target.phys_offset - base + target.size - 1] ^= 0xFF  # the body's last byte
+    segment.write_bytes(bytes(raw))
+
+    slave = await cluster.start_slave("s1")
+    with pytest.raises(DamagedRecordError):
+        slave.log.read("a", 0, 2, max_bytes=1, max_records=1)
+    await eventually(lambda: slave.client.repaired == 1, "the slave to mend the record")
+    (mended,) = slave.log.read("a", 0, 2, max_bytes=1, max_records=1)
+    assert (mended.body, mended.phys_offset) == (target.body, target.phys_offset)
+    assert files_of(cluster.root / "s1") == files_of(cluster.root / "master")
+
+
+def test_a_repair_is_refused_when_the_copy_is_not_that_record(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        log.append(batch(random.Random(2), 40))
+        first = log.read("a", 0, 0, max_bytes=1, max_records=1)[0]
+        other = log.read("b", 0, 0, max_bytes=1, max_records=1)[0]
+        assert log.repair(first.phys_offset, b"x") == "no damaged record known there"
+        intact = log.record_bytes(first.phys_offset)
+        assert intact is not None
+        assert len(intact) == first.size
+        assert log.record_bytes(first.phys_offset + 1) is None  # not a record's start
+    finally:
+        log.close()
+    raw = bytearray((tmp_path / "commitlog" / f"{0:020d}").read_bytes())
+    raw[first.phys_offset + first.size - 1] ^= 0xFF
+    (tmp_path / "commitlog" / f"{0:020d}").write_bytes(bytes(raw))
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        with pytest.raises(DamagedRecordError):
+            log.read("a", 0, 0, max_bytes=1, max_records=1)
+        assert log.record_bytes(first.phys_offset) is None  # this copy is not intact
+        wrong = log.record_bytes(other.phys_offset)
+        assert wrong is not None
+        assert "not a/0 offset 0" in (log.repair(first.phys_offset, wrong) or "")
+        assert "not intact either" in (log.repair(first.phys_offset, intact[:-1] + b"?") or "")
+        assert log.repair(first.phys_offset, intact) is None
+        assert log.read("a", 0, 0, max_bytes=1, max_records=1)[0].body == first.body
+    finally:
+        log.close()

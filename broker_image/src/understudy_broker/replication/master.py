@@ -37,10 +37,13 @@ from understudy_broker.replication.wire import (
     HELLO,
     MAX_PUSH_BYTES,
     PUSH_HEADER,
+    REPAIR,
+    REPAIR_MARKER,
     ReplicationError,
     ReplicationProtocolError,
     decode_hello_name,
     encode_metadata,
+    encode_repair,
     hello_name_length,
 )
 from understudy_broker.storage.commitlog import CommitLog
@@ -519,6 +522,15 @@ class ReplicationServer:
                 async with asyncio.timeout(self.link_timeout_s):
                     raw = await reader.readexactly(HEARTBEAT.size)
                 (offset,) = HEARTBEAT.unpack(raw)
+                if offset == REPAIR_MARKER:
+                    async with asyncio.timeout(self.link_timeout_s):
+                        (phys,) = REPAIR.unpack(await reader.readexactly(REPAIR.size))
+                    data = self.log.record_bytes(phys) or b""
+                    log.warning("slave %s found the record at log offset %d damaged in its "
+                                "copy: %s", name, phys,
+                                "sending ours" if data else "ours is not intact either")
+                    writer.write(encode_repair(phys, data))
+                    continue
                 if offset == ECHO_MARKER:
                     async with asyncio.timeout(self.link_timeout_s):
                         seq, epoch = ECHO.unpack(await reader.readexactly(ECHO.size))

@@ -23,13 +23,17 @@ from understudy_broker.replication.wire import (
     MAX_PUSH_BYTES,
     METADATA_OFFSET,
     PUSH_HEADER,
+    REPAIR,
+    REPAIR_OFFSET,
     ReplicationError,
     ReplicationProtocolError,
     check_body_length,
     decode_metadata,
     decode_probe,
+    decode_repair,
     encode_echo,
     encode_hello,
+    encode_repair_request,
 )
 from understudy_broker.retry import Backoff
 from understudy_broker.storage.commitlog import CommitLog
@@ -87,6 +91,7 @@ class ReplicationClient:
         self.connected = False
         self.master_offset: int | None = None
         self.sessions = 0  # connections made (for status and tests)
+        self.repaired = 0  # damaged records mended with the master's copy
         self.last_error: str | None = None
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
@@ -183,6 +188,10 @@ class ReplicationClient:
                 if start == METADATA_OFFSET:
                     self._on_metadata_frame(
                         await self._read_body(reader, length, MAX_METADATA_BYTES))
+                    continue
+                if start == REPAIR_OFFSET:
+                    self._on_repair(*decode_repair(
+                        await self._read_body(reader, length, MAX_PUSH_BYTES + REPAIR.size)))
                     continue
                 expected = self.log.max_phys + len(pending)
                 if start != expected:
@@ -294,10 +303,28 @@ class ReplicationClient:
             writer.write(encode_echo(seq, epoch))
 
     async def _heartbeats(self, writer: asyncio.StreamWriter) -> None:
+        asked: set[int] = set()  # damaged records asked for in this session
         while True:
+            for phys in self.log.damaged_phys():
+                if phys not in asked and phys < (self.master_offset or 0):
+                    asked.add(phys)
+                    writer.write(encode_repair_request(phys))
             await asyncio.sleep(self.heartbeat_s)
             writer.write(HEARTBEAT.pack(self._durable_offset()))
             await writer.drain()
+
+    def _on_repair(self, phys: int, data: bytes) -> None:
+        """The master's copy of a record damaged in ours: written over it in place."""
+        if not data:
+            log.error("the master has no intact copy of the record at log offset %d either; "
+                      "it stays damaged", phys)
+            return
+        problem = self.log.repair(phys, data)
+        if problem is None:
+            self.repaired += 1
+            log.warning("mended the damaged record at log offset %d with the master's copy", phys)
+        else:
+            log.error("the damaged record at log offset %d was not mended: %s", phys, problem)
 
 
 class MasterBehindError(ReplicationError):

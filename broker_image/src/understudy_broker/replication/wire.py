@@ -15,6 +15,8 @@ slave -> master::
                then probe sequence (8) | the group epoch this slave applied (8): the
                answer to a metadata frame's ``probe`` (docs/failover.md, "A master cut off
                from ZooKeeper only"). A slave sends it only for a master that probes.
+    REPAIR     a heartbeat whose offset is ``REPAIR_MARKER`` (2**64-2), then the log offset
+               (8) of a record this slave found damaged in its copy: "send me yours".
 
 master -> slave::
 
@@ -27,6 +29,9 @@ master -> slave::
                  ZooKeeper confirmations fail, a master adds ``probe``:
                  ``{"seq": N, "hold_ms": H}`` (it will read for H ms from now on its
                  slaves' echoes; a slave that echoes uses no READ for that long).
+    repair       the same header with start offset ``REPAIR_OFFSET`` (2**64-2): the log
+                 offset (8), then the master's intact copy of that record (empty when
+                 it has none), answering a REPAIR.
 
 Both sides cap frame sizes (:data:`MAX_PUSH_BYTES`, :data:`MAX_METADATA_BYTES`) *before*
 reading a body.
@@ -56,6 +61,9 @@ PUSH_HEADER = struct.Struct(
 )
 METADATA_OFFSET = (1 << 64) - 1
 ECHO_MARKER = (1 << 64) - 1
+REPAIR_MARKER = (1 << 64) - 2
+REPAIR_OFFSET = (1 << 64) - 2
+REPAIR = struct.Struct(">Q")  # the damaged record's log offset
 ECHO = struct.Struct(
     ">"
     "Q"  # the probe's sequence number
@@ -151,3 +159,20 @@ def decode_probe(data: dict[str, Any]) -> tuple[int, float] | None:
             or not isinstance(hold_ms, int) or isinstance(hold_ms, bool) or hold_ms < 0):
         raise ReplicationProtocolError(f"bad metadata frame: probe {probe!r}")
     return seq, hold_ms / 1000.0
+
+
+def encode_repair_request(phys: int) -> bytes:
+    """The REPAIR frame (slave -> master) asking for the record at ``phys``."""
+    return HEARTBEAT.pack(REPAIR_MARKER) + REPAIR.pack(phys)
+
+
+def encode_repair(phys: int, data: bytes) -> bytes:
+    """The repair frame (master -> slave): the record at ``phys`` (``b""``: none)."""
+    return PUSH_HEADER.pack(REPAIR_OFFSET, REPAIR.size + len(data)) + REPAIR.pack(phys) + data
+
+
+def decode_repair(body: bytes) -> tuple[int, bytes]:
+    if len(body) < REPAIR.size:
+        raise ReplicationProtocolError("repair frame shorter than its log offset")
+    (phys,) = REPAIR.unpack_from(body)
+    return phys, body[REPAIR.size:]

@@ -1001,6 +1001,61 @@ class CommitLog:
         base = start_phys - start_phys % self.segment_bytes
         return os.pread(self._read_fd(base), stop - start_phys, start_phys - base)
 
+    # ---- mending a damaged record from another copy ---------------------------------
+    def damaged_phys(self) -> list[int]:
+        """Log offsets of the damaged records found so far (recovery, index rebuild, reads)."""
+        return sorted(self._damaged)
+
+    def record_bytes(self, phys: int) -> bytes | None:
+        """The whole record at ``phys`` if this copy holds it intact (CRC checked), for a
+        slave that mends its damaged copy; None otherwise."""
+        if not self._min_phys <= phys < self._max_phys:
+            return None
+        base = phys - phys % self.segment_bytes
+        try:
+            head = os.pread(self._read_fd(base), PREFIX_SIZE, phys - base)
+            if len(head) < PREFIX_SIZE:
+                return None
+            size, magic, _crc = RECORD_PREFIX.unpack(head)
+            if magic != RECORD_MAGIC or size < PREFIX_SIZE or phys - base + size > self.segment_bytes:
+                return None
+            data = os.pread(self._read_fd(base), size, phys - base)
+            decode_record(memoryview(data), 0, phys)
+        except (OSError, CorruptRecordError):
+            return None
+        return data
+
+    def repair(self, phys: int, data: bytes) -> str | None:
+        """Write another copy's intact bytes over the damaged record at ``phys`` (same
+        place, same length: nothing else moves) and fsync. Returns None when mended, else
+        why not (the copy is not that record, or the damage reaches the length field)."""
+        err = self._damaged.get(phys)
+        if err is None:
+            return "no damaged record known there"
+        try:
+            rec = decode_record(memoryview(data), 0, phys)
+        except CorruptRecordError as exc:
+            return f"the other copy is not intact either: {exc}"
+        if rec.size != len(data) or (rec.topic, rec.queue, rec.queue_offset) != (
+                err.topic, err.queue, err.offset):
+            return (f"the other copy holds {rec.topic}/{rec.queue} offset {rec.queue_offset} "
+                    f"there, not {err.topic}/{err.queue} offset {err.offset}")
+        base = phys - phys % self.segment_bytes
+        own = os.pread(self._read_fd(base), PREFIX_SIZE, phys - base)
+        if len(own) < PREFIX_SIZE or RECORD_PREFIX.unpack(own)[0] != len(data):
+            return "the damage reaches the record's length field: its neighbours cannot be trusted"
+        fd = os.open(self._log_dir / _segment_name(base), os.O_WRONLY)
+        try:
+            view, off = memoryview(data), phys - base
+            while view:
+                n = os.pwrite(fd, view, off)
+                view, off = view[n:], off + n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        del self._damaged[phys]
+        return None
+
     # ---- reads --------------------------------------------------------------------
     def read(
         self, topic: str, queue: int, offset: int, *, max_bytes: int, max_records: int
