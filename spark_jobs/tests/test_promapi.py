@@ -171,10 +171,13 @@ def test_a_range_is_checked_as_a_whole() -> None:
 def test_the_query_asks_for_the_contract_and_grouped_up_only() -> None:
     assert promapi.sla_query() == (
         '{__name__=~"understudy_group_mode|understudy_broker_permission|understudy_group_epoch|'
-        'understudy_failover_total"} or up{group!=""}')
+        'understudy_failover_total|understudy_group_mode_entered_timestamp_seconds|'
+        'understudy_broker_exited_timestamp_seconds|understudy_broker_started_timestamp_seconds|'
+        'understudy_broker_read_gained_timestamp_seconds|understudy_broker_read_lost_timestamp_seconds"} '
+        'or up{group!=""}')
     assert promapi.sla_query('{namespace="prod", cluster=~"eu-.*"}').endswith(
-        'understudy_failover_total",namespace="prod", cluster=~"eu-.*"} or up{group!="",namespace="prod", '
-        'cluster=~"eu-.*"}')
+        'understudy_broker_read_lost_timestamp_seconds",namespace="prod", cluster=~"eu-.*"} or '
+        'up{group!="",namespace="prod", cluster=~"eu-.*"}')
     assert promapi.selector(["a", "b"]) == '{__name__=~"a|b"}'
 
 
@@ -543,7 +546,10 @@ def test_sla_export_writes_query_range_files(fake: FakePrometheus, tmp_path: pat
     (["--start", "-1h", "--end", "-2h"], 2, "is before --start"),
     (["--start", "yesterday"], 2, "--start: 'yesterday' is not a time"),
     (["--start", "-1h", "--end", "2026-02-30"], 2, "--end: '2026-02-30' is not a time"),
-    (["--start", "-10s", "--end", "-1s", "--step", "1m"], 2, "nothing to read"),
+    # absolute times: no evaluation time (1 ms before a minute ends) falls inside; a
+    # relative 9 s window held one in 15 % of runs, whenever a minute ended inside it
+    (["--start", "2026-01-01T00:00:10Z", "--end", "2026-01-01T00:00:50Z", "--step", "1m"], 2,
+     "nothing to read"),
     (["--start", "-1h", "--header", "no-colon"], 2, "is not a header"),
     (["--start", "-1h", "--labels", "namespace"], 2, "not a list of label matchers"),
     (["--start", "-1h", "--max-points", "20000"], 2, "--max-points"),

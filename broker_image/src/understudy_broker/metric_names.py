@@ -28,6 +28,33 @@ CONSUMER_LAG_MESSAGES: Final = "understudy_consumer_lag_messages"
 broker holding READ for the queue's group (so each series has one source)."""
 REBALANCES_TOTAL: Final = "understudy_rebalances_total"
 """Counter {consumer_group}: assignment generations written (by the broker whose write won)."""
+
+# Event times (docs/sla.md, "Event times"): the instants of mode and permission changes as
+# gauge values, in seconds since the epoch (wall clock, millisecond precision or better), so
+# that an SLA report places each transition where it happened instead of on the scrape grid.
+# Each holds the *latest* instant of its kind; a series appears once its kind first happened.
+GROUP_MODE_ENTERED: Final = "understudy_group_mode_entered_timestamp_seconds"
+"""Gauge {group,mode} (controller): when the group last entered ``mode`` (NORMAL, FENCING,
+SLAVE_CONSUME, RECOVERING): the instant the controller's versioned write of that transition
+succeeded (the transition journal's instant), or the state's ``since`` for a state it found
+written (it became the leader, or another writer moved the group). The current mode began at
+the series of the current mode (the largest value)."""
+BROKER_EXITED: Final = "understudy_broker_exited_timestamp_seconds"
+"""Gauge {group,broker,role} (controller): when the controller's liveness source reported the
+broker's process exited (a certain death): a process killed with SIGKILL writes nothing, so
+this is when its effective permission ended."""
+BROKER_STARTED: Final = "understudy_broker_started_timestamp_seconds"
+"""Gauge {group,broker,role}: when this broker process wrote its first permission-log line
+(it began publishing an effective permission; a restarted broker is back from here)."""
+BROKER_READ_GAINED: Final = "understudy_broker_read_gained_timestamp_seconds"
+"""Gauge {group,broker,role}: when this broker process last gained effective READ (the
+permission log's instant for that line)."""
+BROKER_READ_LOST: Final = "understudy_broker_read_lost_timestamp_seconds"
+"""Gauge {group,broker,role}: when this broker process last lost effective READ (the
+permission log's instant: a lapsed read lease is dated at the lapse)."""
+BROKER_PERMISSION_SINCE: Final = "understudy_broker_permission_since_timestamp_seconds"
+"""Gauge {group,broker,role}: when the broker's current effective permission began (the
+permission log's instant of the line that set it; epoch-only changes do not move it)."""
 TOPIC_QUEUES: Final = "understudy_topic_queues"
 """Gauge {topic}: the topic's queues, removed ones excluded (from ``/topics/<topic>``),
 exported by one controller per cluster (see docs/cluster.md "Metrics")."""
@@ -97,6 +124,12 @@ BASE_NAMES: Final[frozenset[str]] = frozenset(
         PRODUCE_LATENCY_SECONDS,
         CONSUMER_LAG_MESSAGES,
         REBALANCES_TOTAL,
+        GROUP_MODE_ENTERED,
+        BROKER_EXITED,
+        BROKER_STARTED,
+        BROKER_READ_GAINED,
+        BROKER_READ_LOST,
+        BROKER_PERMISSION_SINCE,
         TOPIC_QUEUES,
         TOPIC_WRITABLE_QUEUES,
         TOPIC_READABLE_QUEUES,

@@ -9,7 +9,9 @@ path.
 
 Rejected lines are counted by a Spark ``Observation`` riding on the pass that builds the
 per-group states; text exports get one quick pass before it that collects their distinct
-series heads (see ``readers._with_heads``).
+series heads (see ``readers._with_heads``). The same Observation collects the distinct
+values of the event-time series (docs/sla.md "Event times"), from which the groups with a
+complete event log get their transitions placed to the millisecond.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 from pyspark import StorageLevel
@@ -28,7 +30,7 @@ from pyspark.sql import functions as F
 
 from understudy_spark import promapi, readers, report, transforms
 from understudy_spark.readers import InputError
-from understudy_spark.transforms import Targets
+from understudy_spark.transforms import ExactTables, Targets
 
 Progress = Callable[[str], None]
 _KEEP_OBSERVATIONS = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
@@ -169,7 +171,8 @@ def observed_states(
 ) -> tuple[DataFrame, Observation]:
     """The per-group states of ``files`` (keyed readers -> clean -> states, lazily), and
     the Observation that counts, on the same pass, ``rejected`` input lines (by weight),
-    accepted ``samples`` and the ``first_bad`` file. Also what ``bench/sla.py`` times."""
+    accepted ``samples`` and the ``first_bad`` file, and collects the distinct ``events``
+    (:func:`transforms.event_observations`). Also what ``bench/sla.py`` times."""
     parsed = readers.read_parsed(spark, files, keyed=True)
     observation = Observation("understudy_sla_input")
     parsed = parsed.observe(
@@ -177,9 +180,33 @@ def observed_states(
         F.coalesce(F.sum(F.when(~F.col("ok"), F.col("weight"))), F.lit(0)).alias("rejected"),
         F.count(F.when(F.col("ok"), 1)).alias("samples"),
         F.min(F.when(~F.col("ok"), F.col("source_file"))).alias("first_bad"),
+        transforms.event_observations(),
     )
     clean = transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=step_s)
     return transforms.group_states(clean), observation
+
+
+def event_times(
+    spark: SparkSession, observed: Sequence[object] | None, states: DataFrame, *, step_s: float
+) -> tuple[ExactTables | None, list[tuple[str, str]]]:
+    """The exact tables of the groups whose event log is complete, and per group the
+    resolution its durations have (``transforms.event_resolution``'s reason); ``(None, [])``
+    without a single event value in the input. ``observed``: the Observation's ``events``.
+    The events and the per-group bounds are small and kept on the driver (local
+    DataFrames), so nothing here reads the input again; the exact ``pieces`` (one pass
+    over the persisted states) are persisted: unpersist them when done."""
+    if not observed:
+        return None, []
+    events = transforms.event_log(spark.createDataFrame(list(observed), transforms.OBSERVED_EVENTS_SCHEMA))
+    bounds_df = transforms.group_bounds(states, step_s=step_s)
+    bounds = spark.createDataFrame(bounds_df.collect(), bounds_df.schema)
+    resolution = transforms.event_resolution(events, bounds, step_s=step_s)
+    rows = resolution.collect()
+    found = sorted((str(r["group"]), str(r["reason"])) for r in rows)
+    if not any(bool(r["exact"]) for r in rows):
+        return None, found
+    exact = transforms.exact_tables(events, resolution, bounds, states, step_s=step_s)
+    return replace(exact, pieces=exact.pieces.persist(StorageLevel.MEMORY_AND_DISK)), found
 
 
 def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobResult:
@@ -197,6 +224,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
     states = transforms.incident_buckets(planned).persist(StorageLevel.MEMORY_AND_DISK)
     incidents: DataFrame | None = None
     daily: DataFrame | None = None
+    exact: ExactTables | None = None
     try:
         progress("parsing exports and building per-group states")
         bounds = states.agg(
@@ -224,15 +252,24 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             )
         first_bucket, last_bucket = int(bounds["lo"]), int(bounds["hi"])
 
+        exact, resolution = event_times(spark, stats.get("events"), states, step_s=config.step_s)
+        n_exact = sum(1 for _g, reason in resolution if reason == transforms.EXACT)
+        progress(f"event times: {n_exact} group(s) exact, the others at scrape resolution")
+
         progress("deriving incidents, timelines and daily/monthly SLA")
-        incidents = transforms.incidents(states, step_s=config.step_s).persist(StorageLevel.MEMORY_AND_DISK)
+        found = transforms.incidents(states, step_s=config.step_s)
+        if exact is not None:
+            found = exact.merge_incidents(found)
+        incidents = found.persist(StorageLevel.MEMORY_AND_DISK)
         timeline = transforms.timeline(states, step_s=config.step_s)
         daily = transforms.daily_sla(
             states, incidents, step_s=config.step_s, first_bucket=first_bucket,
-            last_bucket=last_bucket, targets=config.targets,
+            last_bucket=last_bucket, targets=config.targets, exact=exact,
         ).persist(StorageLevel.MEMORY_AND_DISK)  # written, and summed again into monthly
         monthly = transforms.monthly_sla(daily, targets=config.targets)
         outside = transforms.outside_incidents(states, step_s=config.step_s)
+        if exact is not None:
+            outside = exact.merge_outside(outside)
         outputs: list[str] = []
         tables = {"incidents": incidents, "daily": daily, "monthly": monthly, "timeline": timeline}
         frames: dict[str, pd.DataFrame] = {}
@@ -250,11 +287,15 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
         # Shown in the report (its own line and table), not a table of its own.
         frames["outside"] = _pandas(outside.orderBy("group", "start"))
         step = pd.Timedelta(seconds=config.step_s)
+        if not resolution:  # not one event value in the input
+            no_events = transforms.scrape_resolution(config.step_s, transforms.NO_EVENT_TIMES)
+            resolution = [(str(g), no_events) for g in sorted(frames["daily"]["group"].unique())]
         meta = report.ReportMeta(
             inputs=config.inputs, step_s=config.step_s, targets=config.targets,
             samples=samples, rejected_lines=rejected,
             start=pd.Timestamp(first_bucket * config.step_s, unit="s"),
             end=pd.Timestamp(last_bucket * config.step_s, unit="s") + step,
+            resolution=tuple(resolution),
         )
         progress("rendering report.html and summary.md")
         write_text(spark, _join(config.out, "report.html"), report.render_html(
@@ -273,7 +314,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             outputs=tuple(outputs), seconds=time.monotonic() - t0,
         )
     finally:
-        for frame in (daily, incidents, states):
+        for frame in (daily, incidents, exact.pieces if exact is not None else None, states):
             if frame is not None:
                 frame.unpersist()
 

@@ -53,14 +53,20 @@ from typing import IO, Any, Protocol
 
 from understudy_broker import metric_names as names
 
-#: The series an SLA export carries: the metrics contract the job reads (DESIGN.md), and
-#: ``up``. The job ignores ``understudy_group_epoch``; it is exported so that the files
-#: are a faithful copy of the contract, as ``promrun``'s exports are.
+#: The series an SLA export carries: the metrics contract the job reads (DESIGN.md), the
+#: event times it places transitions with (docs/sla.md "Event times"), and ``up``. The job
+#: ignores ``understudy_group_epoch``; it is exported so that the files are a faithful copy
+#: of the contract, as ``promrun``'s exports are.
 SLA_METRICS: tuple[str, ...] = (
     names.GROUP_MODE,
     names.BROKER_PERMISSION,
     names.GROUP_EPOCH,
     names.FAILOVER_TOTAL,
+    names.GROUP_MODE_ENTERED,
+    names.BROKER_EXITED,
+    names.BROKER_STARTED,
+    names.BROKER_READ_GAINED,
+    names.BROKER_READ_LOST,
     names.UP,
 )
 #: Prometheus refuses query_range answers above this many points per series.

@@ -53,11 +53,15 @@ SAMPLES_SCHEMA = StructType(
 # all of its lines; a text line counts one).
 PARSED_COLUMNS = ["timestamp", "metric", "labels", "value", "source_file", "raw", "weight", "ok"]
 
-# The job's hot path needs only three labels. Reading them straight out of the label text
+# The job's hot path needs only these labels. Reading them straight out of the label text
 # (``keyed=True``) instead of building a map per sample halves the parsing cost and the
 # width of every row that crosses the shuffle. ``group`` is null when the label is absent
-# or empty (Prometheus treats an empty label as absent); ``broker``/``role`` are ``""``.
-KEY_LABELS = ("group", "broker", "role")
+# or empty (Prometheus treats an empty label as absent); ``broker``/``role``/``mode`` are
+# ``""``. ``mode`` only tells the series of ``understudy_group_mode_entered_timestamp_seconds``
+# apart (docs/sla.md "Event times"); the shuffle never carries it.
+KEY_LABELS = ("group", "broker", "role", "mode")
+# What a rejected keyed sample shows of its labels.
+_SHOWN_LABELS = ("group", "broker", "role")
 KEYED_COLUMNS = ["timestamp", "metric", *KEY_LABELS, "value", "source_file", "raw", "weight", "ok"]
 
 # query_range JSON: {"status": "success", "data": {"resultType": "matrix", "result": [...]}}.
@@ -258,6 +262,7 @@ def _key_labels(label_set: Column) -> list[Column]:
         F.when(group != "", group).alias("group"),
         _label(label_set, "broker").alias("broker"),
         _label(label_set, "role").alias("role"),
+        _label(label_set, "mode").alias("mode"),
     ]
 
 
@@ -479,6 +484,7 @@ def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool =
             F.when(group != "", group).alias("group"),
             F.coalesce(labels["broker"], F.lit("")).alias("broker"),
             F.coalesce(labels["role"], F.lit("")).alias("role"),
+            F.coalesce(labels["mode"], F.lit("")).alias("mode"),
         ]
     else:
         label_cols = [F.map_filter(labels, lambda k, _v: k != "__name__").alias("labels")]
@@ -517,7 +523,7 @@ def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool =
         F.lit(False),
     )
     # Only a rejected sample needs a printable form.
-    shown = F.to_json(F.struct(*KEY_LABELS)) if keyed else F.to_json("labels")
+    shown = F.to_json(F.struct(*_SHOWN_LABELS)) if keyed else F.to_json("labels")
     raw = F.when(~F.col("doc_ok"), F.lit("document is not query_range matrix JSON")).when(
         ~F.col("ok"), F.concat_ws(" ", "metric", shown, "pair")
     )
@@ -565,7 +571,7 @@ _READERS = {
 
 def read_parsed(spark: SparkSession, files: Sequence[InputFile], *, keyed: bool = False) -> DataFrame:
     """Every input row with its verdict, all forms in one table: ``PARSED_COLUMNS``, or
-    with ``keyed=True`` ``KEYED_COLUMNS`` (the three key labels instead of the map)."""
+    with ``keyed=True`` ``KEYED_COLUMNS`` (the key labels instead of the map)."""
     frames = []
     for form, reader in _READERS.items():
         paths = [f.path for f in files if f.form is form]

@@ -102,16 +102,38 @@ class ReportMeta:
     rejected_lines: int
     start: pd.Timestamp
     end: pd.Timestamp
+    # Per group, how exact its durations are (``transforms.event_resolution``'s reason).
+    resolution: Sequence[tuple[str, str]] = ()
 
 
 def iso(ts: object) -> str:
-    """ISO-8601 UTC with a ``Z``, or ``""`` for a missing time."""
+    """ISO-8601 UTC with a ``Z``, or ``""`` for a missing time; with milliseconds when the
+    time has any (event times), without for whole seconds (bucket times)."""
     if ts is None or (isinstance(ts, float) and math.isnan(ts)) or ts is pd.NaT:
         return ""
     stamp = pd.Timestamp(str(ts)) if not isinstance(ts, pd.Timestamp) else ts
     if stamp.tzinfo is not None:
         stamp = stamp.tz_convert("UTC").tz_localize(None)
-    return str(stamp.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    ms = stamp.microsecond // 1000
+    return str(stamp.strftime("%Y-%m-%dT%H:%M:%S")) + (f".{ms:03d}Z" if ms else "Z")
+
+
+MAX_GROUPS_NAMED = 20
+
+
+def resolution_lines(resolution: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per resolution (``durations exact (event times)``, or at scrape resolution
+    and why), naming its groups: ``g1, g2: durations exact (event times).``"""
+    by_reason: dict[str, list[str]] = {}
+    for group, reason in resolution:
+        by_reason.setdefault(reason, []).append(group)
+    lines = []
+    for reason, groups in sorted(by_reason.items(), key=lambda kv: (not kv[0].startswith("durations exact"), kv[0])):
+        named = ", ".join(sorted(groups)[:MAX_GROUPS_NAMED])
+        if len(groups) > MAX_GROUPS_NAMED:
+            named += f" and {len(groups) - MAX_GROUPS_NAMED} more ({len(groups)} groups)"
+        lines.append(f"{named}: {reason}.")
+    return lines
 
 
 def _e(text: object) -> str:
@@ -644,6 +666,7 @@ def render_html(
 {meta.samples:,} samples read, {meta.rejected_lines:,} input line(s) rejected &middot;
 targets: per-incident read unavailability &le; {_e(fmt_seconds(limit))} s,
 monthly read availability &ge; {_e(fmt_fraction(meta.targets.monthly_read_availability))}.</p>
+{"".join(f'<p class="note">{_e(line)}</p>' for line in resolution_lines(meta.resolution))}
 {"".join(verdicts)}
 <section><h2>Overall</h2>{_monthly_table(overall, meta, label="overall per month")}
 <h3>Where the read-unavailable time is</h3>
@@ -672,6 +695,7 @@ def render_summary(
         "",
         f"Period {iso(meta.start)} to {iso(meta.end)}, step {fmt_seconds(meta.step_s)} s, "
         f"{meta.samples} samples, {meta.rejected_lines} rejected input line(s).",
+        *(["", *resolution_lines(meta.resolution)] if meta.resolution else []),
         "",
         "| month | availability | unknown (s) | incidents | over limit | one-reader violation (s) "
         "| two readers, unresolved (s) | target met |",

@@ -19,6 +19,13 @@ incident, in buckets of one step::
                one-reader violation from v >= 2, one bucket stays unresolved]
     b3        RECOVERING: the slave drops READ, back-sync runs
     b4        NORMAL, master FULL                                 (normal_at)
+
+With ``event_times`` the controller and the brokers also export the event-time gauges
+(docs/sla.md "Event times"): every transition above happens at an instant shortly before
+its bucket starts (inside the last tenth of the bucket before, after that bucket's
+scrapes), so the samples are exactly those without the flag, and ``ground_truth.json``
+adds each incident's ``exact`` figures, to the millisecond. Without the flag the output
+is byte for byte what it was before the flag existed.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class SynthSpec:
     duplicate_fraction: float = 0.001
     violation_fraction: float = 0.2
     start: str = "2026-11-01T00:00:00Z"
+    event_times: bool = False
 
     def __post_init__(self) -> None:
         if self.groups < 1 or self.days < 1:
@@ -158,6 +166,7 @@ class Series:
     values: FloatArray
     stale: IntArray
     offset_ms: int
+    timestamps: bool = False  # values are instants in seconds: written to the millisecond
 
 
 def group_name(group: int) -> str:
@@ -207,6 +216,8 @@ def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
     def offset() -> int:
         return int(rng.integers(0, int(step_ms * 0.7)))
 
+    ev = group_events(p, group) if spec.event_times else None
+
     out: list[Series] = []
     for gen, idx in _segments(ctl_gen, scraped):
         instance = f"ctl-{group}-{gen}:9300"
@@ -215,6 +226,9 @@ def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
         off = offset()
         out.append(Series({"__name__": names.GROUP_MODE, **labels}, idx, mode[idx].astype(np.float64), stale, off))
         out.append(Series({"__name__": names.FAILOVER_TOTAL, **labels}, idx, counter[idx], stale, off))
+        if ev is not None:
+            out += ev.controller_series(labels, gen, first=int(np.flatnonzero(ctl_gen == gen)[0]),
+                                        idx=idx, mode=mode, off=off)
     brokers = [(0, "master", master_gen, master_perm, master_alive)]
     for s in range(1, spec.slaves + 1):
         brokers.append((s, "slave", np.zeros(total, dtype=np.int64), slave_perm if s == 1 else np.zeros(total), np.ones(total, dtype=bool)))
@@ -237,7 +251,166 @@ def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
             if present.size and present[-1] + 1 < total:
                 ends = np.append(ends, present[-1] + 1)
             out.append(Series({"__name__": names.BROKER_PERMISSION, **labels}, present, perm[present], ends.astype(np.int64), off))
+            if ev is not None:
+                out += ev.broker_series(labels, ordinal, gen, idx=idx[alive[idx]], off=off)
     return out
+
+
+# ------------------------------------------------------------------------- event times
+
+EVENT_METRICS = (names.GROUP_MODE_ENTERED, names.BROKER_EXITED, names.BROKER_STARTED,
+                 names.BROKER_READ_GAINED, names.BROKER_READ_LOST)
+MODE_NAMES = ("NORMAL", "FENCING", "SLAVE_CONSUME", "RECOVERING")
+DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentTimes:
+    """One incident's instants, in milliseconds since the epoch (``event_times``). Each
+    lies shortly before the bucket the plan puts the change in (see the module docstring)."""
+
+    exited: int  # the master's process exits; the controller sees it (its READ ends)
+    fencing: int
+    slave_consume: int
+    slave_read: int  # the acting slave gains READ: reads restored
+    restarted: int  # the master's new process writes its first permission line
+    violation_read: int | None  # it reads at once (two readers) ...
+    violation_lost: int | None  # ... until here
+    recovering: int
+    slave_lost: int  # the acting slave drops READ: the failback gap begins
+    master_read: int  # the master gains READ: the gap ends
+    normal: int  # NORMAL written: healthy again
+
+
+def incident_times(spec: SynthSpec, i: Incident) -> IncidentTimes:
+    """The instants of incident ``i`` (pure: seeded by the spec's seed and the incident)."""
+    rng = np.random.default_rng([spec.seed, 0xE7, i.group, i.b0])
+    step_ms = spec.step_s * 1000
+
+    def before(bucket: int) -> int:
+        # after the previous bucket's scrapes (< 0.9 step into it), before this one starts;
+        # at least 50 ms early, so the few ms added below stay inside the previous bucket
+        early = int(rng.integers(50, max(51, int(step_ms * 0.09))))
+        return spec.start_ms + bucket * step_ms - early
+
+    t0, t1, t2, t3, t4 = before(i.b0), before(i.b1), before(i.b2), before(i.b3), before(i.b4)
+    violation_lost = before(i.b2 + i.violation) if i.violation else None
+    return IncidentTimes(
+        exited=t0, fencing=t0 + 4, slave_consume=t1, slave_read=t1 + 2, restarted=t2,
+        violation_read=t2 + 3 if i.violation else None, violation_lost=violation_lost,
+        recovering=t3, slave_lost=t3 + 1, master_read=t4, normal=t4 + 1,
+    )
+
+
+# (bucket from which the change is visible, instant in ms)
+Timed = list[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class GroupEvents:
+    """A group's event-time gauges, from the plan: the broker events per (ordinal, process
+    generation, metric), the controller's per mode and the exits it saw."""
+
+    spec: SynthSpec
+    group: int
+    broker: dict[tuple[int, int, str], Timed] = field(default_factory=dict)
+    modes: dict[str, Timed] = field(default_factory=dict)
+    exits: Timed = field(default_factory=list)
+
+    def add(self, key: tuple[int, int, str], bucket: int, t_ms: int) -> None:
+        self.broker.setdefault(key, []).append((bucket, t_ms))
+
+    def _series(self, name: str, labels: dict[str, str], timed: Timed, idx: IntArray, off: int) -> list[Series]:
+        total = self.spec.days * self.spec.buckets_per_day
+        if not timed or not idx.size:
+            return []
+        timed = sorted(timed)
+        starts = np.array([b for b, _ in timed], dtype=np.int64)
+        instants = np.array([t for _, t in timed], dtype=np.int64)
+        pos = np.searchsorted(starts, idx, side="right") - 1
+        present = idx[pos >= 0]
+        if not present.size:
+            return []
+        values = instants[pos[pos >= 0]] / 1000.0
+        ends = present[np.flatnonzero(np.diff(present) > 1)] + 1
+        if present[-1] + 1 < total:
+            ends = np.append(ends, present[-1] + 1)
+        return [Series({"__name__": name, **labels}, present, values, ends.astype(np.int64), off, timestamps=True)]
+
+    def broker_series(self, labels: dict[str, str], ordinal: int, gen: int, *, idx: IntArray, off: int) -> list[Series]:
+        """The gauges one broker process exports (``idx``: the buckets it is up and scraped)."""
+        out: list[Series] = []
+        for metric in (names.BROKER_STARTED, names.BROKER_READ_GAINED, names.BROKER_READ_LOST):
+            out += self._series(metric, labels, self.broker.get((ordinal, gen, metric), []), idx, off)
+        return out
+
+    def controller_series(self, labels: dict[str, str], gen: int, *, first: int, idx: IntArray, mode: IntArray,
+                          off: int) -> list[Series]:
+        """The gauges controller process ``gen`` (running from bucket ``first``) exports: the
+        first one knows every change; a later one what it wrote, and the mode it found,
+        dated by the state's ``since``."""
+        out: list[Series] = []
+        for code, mode_name in enumerate(MODE_NAMES):
+            timed = self.modes.get(mode_name, [])
+            if gen:
+                seen = [e for e in timed if e[0] <= first]
+                timed = [e for e in timed if e[0] > first] + (seen[-1:] if int(mode[first]) == code else [])
+            out += self._series(names.GROUP_MODE_ENTERED, {**labels, "mode": mode_name}, timed, idx, off)
+        master = f"{group_name(self.group)}-0"
+        exits = [e for e in self.exits if not gen or e[0] > first]
+        out += self._series(names.BROKER_EXITED, {**labels, "broker": master, "role": "master"}, exits, idx, off)
+        return out
+
+
+def group_events(p: Plan, group: int) -> GroupEvents:
+    """Every event-time change of ``group`` from the plan. Before the period: the brokers
+    started and the master gained READ a day earlier, and the group was NORMAL since."""
+    spec = p.spec
+    ev = GroupEvents(spec=spec, group=group)
+    base = spec.start_ms - DAY_MS
+    ev.modes["NORMAL"] = [(0, base + 50)]
+    ev.add((0, 0, names.BROKER_STARTED), 0, base + 100)
+    ev.add((0, 0, names.BROKER_READ_GAINED), 0, base + 300)
+    for s in range(1, spec.slaves + 1):
+        ev.add((s, 0, names.BROKER_STARTED), 0, base + 200)
+    mine = sorted((x for x in p.incidents if x.group == group), key=lambda x: x.b0)
+    for gen, i in enumerate(mine, start=1):  # the master's process generation after it
+        t = incident_times(spec, i)
+        ev.exits.append((i.b0, t.exited))
+        for bucket, mode_name, at in ((i.b0, "FENCING", t.fencing), (i.b1, "SLAVE_CONSUME", t.slave_consume),
+                                      (i.b3, "RECOVERING", t.recovering), (i.b4, "NORMAL", t.normal)):
+            ev.modes.setdefault(mode_name, []).append((bucket, at))
+        ev.add((1, 0, names.BROKER_READ_GAINED), i.b1, t.slave_read)
+        ev.add((1, 0, names.BROKER_READ_LOST), i.b3, t.slave_lost)
+        ev.add((0, gen, names.BROKER_STARTED), i.b2, t.restarted)
+        if t.violation_read is not None and t.violation_lost is not None:
+            ev.add((0, gen, names.BROKER_READ_GAINED), i.b2, t.violation_read)
+            ev.add((0, gen, names.BROKER_READ_LOST), i.b2 + i.violation, t.violation_lost)
+        ev.add((0, gen, names.BROKER_READ_GAINED), i.b4, t.master_read)
+    return ev
+
+
+def _ms_iso(t_ms: int) -> str:
+    return dt.datetime.fromtimestamp(t_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def exact_truth(spec: SynthSpec, i: Incident) -> dict[str, Any]:
+    """Incident ``i`` as the job must report it from the event times, to the millisecond."""
+    t = incident_times(spec, i)
+    gap = t.master_read - t.slave_lost
+    violation = 0 if t.violation_read is None or t.violation_lost is None else t.violation_lost - t.violation_read
+    return {
+        "master_lost_at": _ms_iso(t.exited),
+        "reads_restored_at": _ms_iso(t.slave_read),
+        "master_back_at": _ms_iso(t.restarted),
+        "normal_at": _ms_iso(t.normal),
+        "read_unavailable_s": (t.slave_read - t.exited + gap) / 1000,
+        "failback_gap_s": gap / 1000,
+        "one_reader_violation_s": violation / 1000,
+        "one_reader_unresolved_s": 0.0,
+        "backsync_s": (t.normal - t.recovering) / 1000,
+        "duration_s": (t.normal - t.exited) / 1000,
+    }
 
 
 def _ts_ms(spec: SynthSpec, s: Series, buckets: IntArray) -> IntArray:
@@ -250,7 +423,9 @@ def _label_text(labels: dict[str, str], *, with_name: bool) -> str:
     return ", ".join(f'{k}="{v}"' for k, v in items)
 
 
-def _values_text(values: FloatArray) -> npt.NDArray[np.str_]:
+def _values_text(values: FloatArray, *, timestamps: bool = False) -> npt.NDArray[np.str_]:
+    if timestamps:
+        return _seconds_text(np.round(values * 1000).astype(np.int64))
     return np.asarray(np.round(values).astype(np.int64).astype(str))
 
 
@@ -278,7 +453,7 @@ def write_query_range(path: pathlib.Path, spec: SynthSpec, series: list[Series],
             continue
         pairs = np.strings.add(
             np.strings.add(np.strings.add("[", _seconds_text(_ts_ms(spec, s, buckets))), ',"'),
-            np.strings.add(_values_text(values), '"]'),
+            np.strings.add(_values_text(values, timestamps=s.timestamps), '"]'),
         )
         parts.append('{"metric":' + json.dumps(s.labels, separators=(",", ":")) + ',"values":[' + ",".join(pairs.tolist()) + "]}")
         n += int(buckets.size)
@@ -292,7 +467,7 @@ def write_query_range(path: pathlib.Path, spec: SynthSpec, series: list[Series],
 def _sample_lines(spec: SynthSpec, s: Series, lo: int, hi: int, *, dump: bool) -> tuple[npt.NDArray[np.str_], IntArray]:
     buckets, values, stale = _day_slice(s, lo, hi)
     all_b = np.concatenate([buckets, stale])
-    texts = np.concatenate([_values_text(values), np.full(stale.size, "NaN")])
+    texts = np.concatenate([_values_text(values, timestamps=s.timestamps), np.full(stale.size, "NaN")])
     ts = _ts_ms(spec, s, all_b)
     if dump:
         prefix = "{" + _label_text(s.labels, with_name=True) + "} "
@@ -328,7 +503,8 @@ def write_text(path: pathlib.Path, spec: SynthSpec, series: list[Series], lo: in
         if not dump:
             for name, kind in ((names.GROUP_MODE, "gauge"),
                                (names.counter_base(names.FAILOVER_TOTAL), "counter"),
-                               (names.BROKER_PERMISSION, "gauge"), (names.UP, "gauge")):
+                               (names.BROKER_PERMISSION, "gauge"), (names.UP, "gauge"),
+                               *((m, "gauge") for m in (EVENT_METRICS if spec.event_times else ()))):
                 fh.write(f"# TYPE {name} {kind}\n")
         fh.write("\n".join(lines.tolist()))
         fh.write("\n")
@@ -362,14 +538,18 @@ def ground_truth(p: Plan) -> dict[str, Any]:
             "one_reader_violation_s": (i.violation if i.violation >= 2 else 0) * step,
             "one_reader_unresolved_s": (1 if i.violation == 1 else 0) * step,
             "backsync_s": (i.b4 - i.b3) * step,
+            **({"exact": exact_truth(spec, i)} if spec.event_times else {}),
         }
         for i in sorted(p.incidents, key=lambda x: (x.group, x.b0))
     ]
     failovers: dict[str, int] = {}
     for i in p.incidents:
         failovers[group_name(i.group)] = failovers.get(group_name(i.group), 0) + 1
+    spec_doc = asdict(spec)
+    if not spec.event_times:  # the output of a spec without the flag stays as it was
+        del spec_doc["event_times"]
     return {
-        "spec": asdict(spec),
+        "spec": spec_doc,
         "start": _iso(spec, 0),
         "end": _iso(spec, spec.days * spec.buckets_per_day),
         "groups": [group_name(g) for g in range(spec.groups)],

@@ -22,6 +22,11 @@ Time is discretised into buckets of one step (the scrape interval): a sample at 
 belongs to bucket ``floor(t / step)``. A bucket with no usable sample is *unknown*: never
 counted as unavailable, reported in its own ``unknown_s`` column.
 
+Event times (the last section; docs/sla.md "Event times"): a group whose export carries a
+complete log of its mode and READ changes (the event-time gauges) gets its incidents,
+its time outside incidents and its daily seconds from those instants, to the
+millisecond (:func:`exact_tables`); every other group keeps the buckets.
+
 What real exports throw at us, and where it is handled (all in :func:`clean_samples`):
 staleness markers (Prometheus' special NaN; any NaN means "no sample" for these gauges),
 duplicate samples and out-of-order samples (one value per bucket, the latest timestamp
@@ -55,6 +60,7 @@ KEYED_SCHEMA = StructType(
         StructField("group", StringType(), nullable=True),
         StructField("broker", StringType(), nullable=False),
         StructField("role", StringType(), nullable=False),
+        StructField("mode", StringType(), nullable=False),
         StructField("value", DoubleType(), nullable=True),
     ]
 )
@@ -120,8 +126,8 @@ def _at(bucket: Column, step_s: float) -> Column:
 
 
 def key_samples(samples: DataFrame) -> DataFrame:
-    """The long table (``readers.SAMPLES_SCHEMA``) keyed by the three labels the SLA
-    uses: ``timestamp, metric, group, broker, role, value`` (``KEYED_SCHEMA``).
+    """The long table (``readers.SAMPLES_SCHEMA``) keyed by the labels the SLA uses:
+    ``timestamp, metric, group, broker, role, mode, value`` (``KEYED_SCHEMA``).
 
     ``instance``/``pod`` and every other label are dropped here, which is what merges the
     series of a restarted pod with its predecessor. An empty ``group`` is no group.
@@ -134,6 +140,7 @@ def key_samples(samples: DataFrame) -> DataFrame:
         F.when(group != "", group).alias("group"),
         F.coalesce(labels["broker"], F.lit("")).alias("broker"),
         F.coalesce(labels["role"], F.lit("")).alias("role"),
+        F.coalesce(labels["mode"], F.lit("")).alias("mode"),
         "value",
     )
 
@@ -482,6 +489,7 @@ def daily_sla(
     first_bucket: int,
     last_bucket: int,
     targets: Targets,
+    exact: ExactTables | None = None,
 ) -> DataFrame:
     """Per group and UTC day inside ``[first_bucket, last_bucket]``.
 
@@ -489,7 +497,8 @@ def daily_sla(
     one_reader_unresolved_s, incidents, incidents_over_limit,
     max_incident_read_unavailable_s, failovers_counted, read_availability, target,
     target_met``. ``read_availability`` is readable time over *known* time; unknown time
-    is only reported.
+    is only reported. With ``exact`` (:func:`exact_tables`), the groups it holds take their
+    read-unavailable and two-reader seconds from the event times (nothing is unresolved).
     """
     step_ms = int(step_s * 1000)
     step = F.lit(float(step_s))
@@ -548,6 +557,19 @@ def daily_sla(
     known_n = F.coalesce(F.col("known_n"), F.lit(0))
     unavail_n = F.coalesce(F.col("unavail_n"), F.lit(0))
     availability = F.when(known_n > 0, 1.0 - unavail_n / known_n)
+    unavailable_s = unavail_n * step
+    violation_s = F.coalesce(F.col("violation_n"), F.lit(0)) * step
+    unresolved_s = F.coalesce(F.col("unresolved_n"), F.lit(0)) * step
+    if exact is not None:
+        joined = joined.join(F.broadcast(exact.groups), on="group", how="left").join(
+            F.broadcast(exact.days), on=["group", "day"], how="left")
+        is_exact = F.coalesce(F.col("exact"), F.lit(False))
+        ex_unavailable = F.coalesce(F.col("exact_unavailable_s"), F.lit(0.0))
+        unavailable_s = F.when(is_exact, ex_unavailable).otherwise(unavailable_s)
+        violation_s = F.when(is_exact, F.coalesce(F.col("exact_violation_s"), F.lit(0.0))).otherwise(violation_s)
+        unresolved_s = F.when(is_exact, F.lit(0.0)).otherwise(unresolved_s)
+        availability = F.when(is_exact & (known_n > 0), 1.0 - ex_unavailable / (known_n * step)).otherwise(
+            availability)
     target = F.lit(float(targets.monthly_read_availability))
     over = F.coalesce(F.col("incidents_over_limit"), F.lit(0))
     return joined.select(
@@ -555,9 +577,9 @@ def daily_sla(
         "day",
         (known_n * step).alias("known_s"),
         ((F.col("expected_n") - known_n) * step).alias("unknown_s"),
-        (unavail_n * step).alias("read_unavailable_s"),
-        (F.coalesce(F.col("violation_n"), F.lit(0)) * step).alias("one_reader_violation_s"),
-        (F.coalesce(F.col("unresolved_n"), F.lit(0)) * step).alias("one_reader_unresolved_s"),
+        unavailable_s.alias("read_unavailable_s"),
+        violation_s.alias("one_reader_violation_s"),
+        unresolved_s.alias("one_reader_unresolved_s"),
         F.coalesce(F.col("incidents"), F.lit(0)).alias("incidents"),
         over.alias("incidents_over_limit"),
         F.col("max_incident_read_unavailable_s"),
@@ -627,4 +649,378 @@ def monthly_sla(daily: DataFrame, *, targets: Targets) -> DataFrame:
         (
             F.coalesce(availability >= target, F.lit(True)) & (F.col("incidents_over_limit") == 0)
         ).alias("target_met"),
+    )
+
+
+# --------------------------------------------------------------------------- event times
+#
+# docs/sla.md "Event times". The controller and the brokers export, as gauge values, the
+# instant of every mode and READ change (each gauge holds the latest instant of its kind).
+# Every distinct value such a gauge ever showed is one event, so the distinct values of a
+# whole export are an event log of the group: the job collects them in its one pass over the
+# input (an Observation, :func:`event_observations`) and places every transition to the
+# millisecond. A group whose log is incomplete keeps the bucket definitions above, and the
+# report says which groups are exact and why the others are not (:func:`event_resolution`).
+
+MODE_ENTERED = metric_names.GROUP_MODE_ENTERED
+EXITED = metric_names.BROKER_EXITED
+STARTED = metric_names.BROKER_STARTED
+READ_GAINED = metric_names.BROKER_READ_GAINED
+READ_LOST = metric_names.BROKER_READ_LOST
+EVENT_METRICS = (MODE_ENTERED, EXITED, STARTED, READ_GAINED, READ_LOST)
+
+# Event kinds, in the order events of one millisecond are applied: an exit or a restart ends
+# READ before a gain at the same instant starts it.
+KIND_EXITED, KIND_STARTED, KIND_LOST, KIND_GAINED, KIND_MODE = 0, 1, 2, 3, 4
+_KINDS = {EXITED: KIND_EXITED, STARTED: KIND_STARTED, READ_LOST: KIND_LOST, READ_GAINED: KIND_GAINED,
+          MODE_ENTERED: KIND_MODE}
+# The ``mode`` label of MODE_ENTERED, by the mode's code in ``understudy_group_mode``.
+MODE_NAMES = ("NORMAL", "FENCING", "SLAVE_CONSUME", "RECOVERING")
+
+# What :func:`event_observations` collects: one row per distinct (series, value).
+OBSERVED_EVENTS_SCHEMA = StructType(
+    [
+        StructField("group", StringType(), nullable=True),
+        StructField("broker", StringType(), nullable=True),
+        StructField("role", StringType(), nullable=True),
+        StructField("mode", StringType(), nullable=True),
+        StructField("metric", StringType(), nullable=True),
+        StructField("value", DoubleType(), nullable=True),
+    ]
+)
+EXACT = "durations exact (event times)"
+# How long after a group's first sample its event log may begin (a new group: its brokers
+# publish their first permission and the controller creates its state within seconds).
+COVERAGE_SLACK_S = 30.0
+NO_EVENT_TIMES = "no event-time series"
+
+
+def scrape_resolution(step_s: float, why: str) -> str:
+    """The resolution line of a group without (complete) event times."""
+    return f"durations at scrape resolution ({step_s:g} s): {why}"
+
+
+def event_observations() -> Column:
+    """The aggregate an Observation on the keyed input rows (``readers.KEYED_COLUMNS``)
+    computes in the job's one pass: the distinct ``(group, broker, role, mode, metric,
+    value)`` of the event-time series (``OBSERVED_EVENTS_SCHEMA``), as ``events``. Each is
+    small: a gauge repeats its value until the next event of its kind."""
+    usable = (
+        F.col("ok")
+        & F.col("metric").isin(*EVENT_METRICS)
+        & F.col("group").isNotNull()
+        & F.col("value").isNotNull()
+        & ~F.isnan("value")
+        & (F.col("value") > 0)  # an unset gauge would read 0 (1970): never an event
+    )
+    row = F.struct("group", "broker", "role", "mode", "metric", "value")
+    return F.collect_set(F.when(usable, row)).alias("events")
+
+
+def event_log(observed: DataFrame) -> DataFrame:
+    """The observed event values (``OBSERVED_EVENTS_SCHEMA``) as events: ``group, broker,
+    role, kind, mode, t_ms`` (``mode``: the code of the mode entered, for ``KIND_MODE``;
+    ``broker``/``role`` are ``""`` for it). ``t_ms`` is the instant in whole milliseconds."""
+    metric = F.col("metric")
+    kind = F.lit(None).cast("int")
+    for name, code in _KINDS.items():
+        kind = F.when(metric == name, F.lit(code)).otherwise(kind)
+    mode = F.lit(None).cast("int")
+    for code, name in enumerate(MODE_NAMES):
+        mode = F.when(F.col("mode") == name, F.lit(code)).otherwise(mode)
+    is_mode = kind == KIND_MODE
+    e = observed.select(
+        "group",
+        F.when(is_mode, F.lit("")).otherwise(F.coalesce("broker", F.lit(""))).alias("broker"),
+        F.when(is_mode, F.lit("")).otherwise(F.coalesce("role", F.lit(""))).alias("role"),
+        kind.alias("kind"),
+        F.when(is_mode, mode).alias("mode"),
+        F.round(F.col("value") * 1000.0).cast("long").alias("t_ms"),
+    )
+    return e.where(
+        F.col("group").isNotNull()
+        & F.col("kind").isNotNull()
+        & F.when(F.col("kind") == KIND_MODE, F.col("mode").isNotNull()).otherwise(F.col("broker") != "")
+    ).distinct()
+
+
+def group_bounds(states: DataFrame, *, step_s: float) -> DataFrame:
+    """Per group of :func:`group_states`: ``group, lo_ms, hi_ms`` (the start of its first
+    bucket and the end of its last, the window its events are read in) and ``n_brokers``
+    (the most permission series it showed at once)."""
+    step_ms = int(step_s * 1000)
+    b = states.groupBy("group").agg(
+        F.min("bucket").alias("lo"), F.max("bucket").alias("hi"), F.max("perm_series").alias("n_brokers"))
+    return b.select(
+        "group",
+        (F.col("lo") * F.lit(step_ms)).alias("lo_ms"),
+        ((F.col("hi") + 1) * F.lit(step_ms)).alias("hi_ms"),
+        F.coalesce("n_brokers", F.lit(0)).alias("n_brokers"),
+    )
+
+
+def _holding(events: DataFrame) -> DataFrame:
+    """Events with ``h`` (the broker holds READ after it: 1 after a gain, 0 after a loss,
+    a restart or an exit; null for mode events) and ``h_before`` (the same broker's ``h``
+    before it, 0 for its first event)."""
+    h = F.when(F.col("kind") == KIND_GAINED, 1).when(F.col("kind") != KIND_MODE, 0)
+    wb = Window.partitionBy("group", "broker").orderBy("t_ms", "kind")
+    e = events.withColumn("h", h)
+    return e.withColumn("h_before", F.coalesce(F.lag("h").over(wb), F.lit(0)))
+
+
+def event_resolution(events: DataFrame, bounds: DataFrame, *, step_s: float) -> DataFrame:
+    """Per group of ``bounds`` (:func:`group_bounds`): ``group, exact, reason``. A group's
+    transitions are placed from its events (``exact``) only when its event log is complete
+    over its whole window; otherwise ``reason`` says what is missing, and the group keeps
+    the bucket definitions (scrape resolution):
+
+    - no event-time series at all (an export without them, or older brokers/controllers);
+    - no mode events (a controller without them);
+    - fewer brokers with a start event than the group has permission series;
+    - event times that begin only inside the window, later than ``COVERAGE_SLACK_S`` (or
+      two steps) after the group's first sample (a broker or controller upgraded
+      mid-window: what happened before is not in the log; a group that is new in the
+      window starts its log within seconds of its first sample);
+    - a broker that restarted while its log says it held READ, without an exit event (a
+      death no controller dated: when its READ ended is unknown).
+    """
+    b = bounds.select("group", "lo_ms", "n_brokers")
+    h = _holding(events)
+    brokers = h.where(F.col("kind") != KIND_MODE).groupBy("group").agg(
+        F.count_distinct(F.when(F.col("kind") == KIND_STARTED, F.col("broker"))).alias("started"),
+        F.sort_array(F.collect_set(F.when(
+            (F.col("kind") == KIND_STARTED) & (F.col("h_before") == 1), F.col("broker")))).alias("undated"),
+    )
+    firsts = events.where(F.col("kind") != KIND_MODE).groupBy("group", "broker").agg(F.min("t_ms").alias("first"))
+    first_broker = firsts.groupBy("group").agg(F.max("first").alias("brokers_from"))
+    modes = events.where(F.col("kind") == KIND_MODE).groupBy("group").agg(F.min("t_ms").alias("modes_from"))
+    anything = events.select("group").distinct().withColumn("any", F.lit(True))
+    j = (
+        b.join(anything, on="group", how="left")
+        .join(modes, on="group", how="left")
+        .join(brokers, on="group", how="left")
+        .join(first_broker, on="group", how="left")
+    )
+    since = F.greatest("modes_from", "brokers_from")
+    slack_ms = int(max(COVERAGE_SLACK_S, 2 * step_s) * 1000)
+    fallback = F.concat(F.lit(scrape_resolution(step_s, "")), F.coalesce(
+        F.when(F.col("any").isNull(), F.lit(NO_EVENT_TIMES))
+        .when(F.col("modes_from").isNull(), F.lit("no mode event times from the controller"))
+        .when(F.coalesce("started", F.lit(0)) < F.col("n_brokers"),
+              F.lit("a broker exports no event-time series"))
+        .when(since > F.col("lo_ms") + F.lit(slack_ms), F.concat(
+            F.lit("event times begin only at "),
+            F.date_format(F.timestamp_millis(since), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")))
+        .when(F.size("undated") > 0, F.concat(
+            F.array_join("undated", ", "),
+            F.lit(" restarted while holding READ, and no controller dated its exit")))
+    ))
+    return j.select("group", fallback.isNull().alias("exact"), F.coalesce(fallback, F.lit(EXACT)).alias("reason"))
+
+
+def exact_segments(events: DataFrame, bounds: DataFrame) -> DataFrame:
+    """The event log of each group in ``bounds`` as segments of constant state: ``group,
+    t0, t1`` (ms, clipped to the group's window), ``readers`` (brokers holding READ),
+    ``masters`` (of them, role master), ``mode`` (code), ``hi_ms``, and the incident each
+    segment belongs to: ``incident`` (the instant the master lost READ, the incident's
+    key; null outside incidents), ``restored`` (when reads came back in it) and ``end``
+    (when it ended: the group healthy again, or ``hi_ms`` while still open).
+
+    *Healthy* is mode NORMAL with the master holding READ. An incident is a maximal
+    stretch of unhealthy time in which the mode left NORMAL, from the first instant in it
+    at which the master lacked READ (an exit, a loss, a lapse) to the instant it was
+    healthy again. Unhealthy time before the master lost READ (a FENCING while it still
+    read) is not part of it; unhealthy stretches without a failover are no incident (their
+    unreadable time is reported outside incidents), as with buckets.
+    """
+    h = _holding(events).join(bounds.select("group", "lo_ms", "hi_ms"), on="group", how="inner")
+    w = Window.partitionBy("group").orderBy("t_ms", "kind", "broker")
+    upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    delta = F.col("h") - F.col("h_before")
+    s = h.select(
+        "group",
+        "lo_ms",
+        "hi_ms",
+        F.greatest("t_ms", "lo_ms").alias("t0"),
+        F.least(F.coalesce(F.lead("t_ms").over(w), F.col("hi_ms")), F.col("hi_ms")).alias("t1"),
+        F.coalesce(F.sum(delta).over(upto), F.lit(0)).cast("int").alias("readers"),
+        F.coalesce(F.sum(F.when(F.col("role") == "master", delta)).over(upto), F.lit(0)).cast("int").alias("masters"),
+        F.last(F.col("mode"), ignorenulls=True).over(upto).alias("mode"),
+    ).where(F.col("t1") > F.col("t0"))
+    # (no mode yet: a new group before its controller created its state; not healthy)
+    healthy = F.coalesce((F.col("mode") == MODE_NORMAL) & (F.col("masters") >= 1), F.lit(False))
+    ws = Window.partitionBy("group").orderBy("t0")
+    s = s.withColumn("healthy", healthy)
+    new_run = F.coalesce(F.lag("healthy").over(ws) != F.col("healthy"), F.lit(True))
+    s = s.withColumn("run", F.sum(new_run.cast("int")).over(ws.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+    wr = Window.partitionBy("group", "run")
+    t0 = F.col("t0")
+    failover = F.max((F.col("mode") != MODE_NORMAL).cast("int")).over(wr) == 1
+    lost = F.min(F.when(F.col("masters") == 0, t0)).over(wr)
+    s = s.withColumn("incident", F.when(~F.col("healthy") & failover, lost))
+    restored = F.min(F.when((t0 >= F.col("incident")) & (F.col("readers") >= 1), t0)).over(wr)
+    inside = F.col("incident").isNotNull() & (t0 >= F.col("incident"))
+    return s.select(
+        "group",
+        "t0",
+        "t1",
+        "readers",
+        "masters",
+        "mode",
+        "hi_ms",
+        F.when(inside, F.col("incident")).alias("incident"),
+        F.when(inside, restored).alias("restored"),
+        F.when(inside, F.max("t1").over(wr)).alias("end"),
+    )
+
+
+def exact_pieces(segments: DataFrame, states: DataFrame, *, step_s: float) -> DataFrame:
+    """The parts of :func:`exact_segments` that count (in an incident, nobody reading, or
+    two readers), cut at bucket boundaries and kept where the bucket is *known*: ``group,
+    bucket, p0, p1, ms`` (milliseconds: sums stay exact), ``readers, mode, incident,
+    restored``. Unknown time
+    is never unavailable, with event times as with samples. Only these pieces are cut into
+    buckets: steady single-reader time is never expanded."""
+    step_ms = int(step_s * 1000)
+    counted = segments.where(F.col("incident").isNotNull() | (F.col("readers") == 0) | (F.col("readers") >= 2))
+    first_b = F.floor(F.col("t0") / F.lit(step_ms))
+    last_b = F.floor((F.col("t1") - 1) / F.lit(step_ms))
+    cut = counted.select("*", F.explode(F.sequence(first_b, last_b)).alias("bucket"))
+    lo = F.col("bucket") * F.lit(step_ms)
+    pieces = cut.select(
+        "group",
+        "bucket",
+        F.greatest("t0", lo).alias("p0"),
+        F.least(F.col("t1"), lo + F.lit(step_ms)).alias("p1"),
+        "readers",
+        "mode",
+        "incident",
+        "restored",
+    )
+    known = states.where(F.col("known")).select("group", "bucket")
+    joined = known.join(F.broadcast(pieces), on=["group", "bucket"], how="inner")
+    return joined.select(
+        "group", "bucket", "p0", "p1", (F.col("p1") - F.col("p0")).alias("ms"),
+        "readers", "mode", "incident", "restored",
+    )
+
+
+def exact_incidents(segments: DataFrame, pieces: DataFrame, events: DataFrame) -> DataFrame:
+    """Incidents of the exact groups (``INCIDENT_COLUMNS``, times to the millisecond):
+    ``master_lost_at`` the master's loss of READ, ``reads_restored_at`` the first READ after
+    it, ``master_back_at`` the master's first restart or READ gain from then on,
+    ``normal_at`` healthy again (null while open); the seconds are sums of the known
+    pieces: nobody reading, of that after reads were restored (failback gap), two readers
+    (a violation: event times leave nothing unresolved), RECOVERING (back-sync); unknown is
+    the rest of the incident's span."""
+    spans = segments.where(F.col("incident").isNotNull()).groupBy("group", "incident").agg(
+        F.min("restored").alias("restored"), F.max("end").alias("end"), F.max("hi_ms").alias("hi_ms"))
+    p = pieces.where(F.col("incident").isNotNull())
+    nobody = F.col("readers") == 0
+    sums = p.groupBy("group", "incident").agg(
+        F.sum(F.when(nobody, F.col("ms"))).alias("unavailable"),
+        F.sum(F.when(nobody & (F.col("p0") >= F.col("restored")), F.col("ms"))).alias("gap"),
+        F.sum(F.when(F.col("readers") >= 2, F.col("ms"))).alias("violation"),
+        F.sum(F.when(F.col("mode") == MODE_RECOVERING, F.col("ms"))).alias("backsync"),
+        F.sum("ms").alias("known"),
+    )
+    master = events.where((F.col("role") == "master") & F.col("kind").isin(KIND_STARTED, KIND_GAINED)).select(
+        F.col("group").alias("m_group"), F.col("t_ms").alias("m_t"))
+    back = spans.join(
+        master,
+        on=(spans["group"] == master["m_group"]) & (master["m_t"] >= spans["restored"]) & (master["m_t"] <= spans["end"]),
+        how="inner",
+    ).groupBy("group", "incident").agg(F.min("m_t").alias("back"))
+    j = spans.join(sums, on=["group", "incident"], how="left").join(back, on=["group", "incident"], how="left")
+    is_open = F.col("end") >= F.col("hi_ms")
+    duration_ms = F.col("end") - F.col("incident")
+    duration = duration_ms / F.lit(1000.0)
+
+    def s(c: str) -> Column:  # milliseconds -> seconds, once
+        return F.coalesce(F.col(c), F.lit(0)) / F.lit(1000.0)
+
+    return j.select(
+        "group",
+        F.timestamp_millis("incident").alias("master_lost_at"),
+        F.timestamp_millis("restored").alias("reads_restored_at"),
+        F.timestamp_millis("back").alias("master_back_at"),
+        F.when(~is_open, F.timestamp_millis("end")).alias("normal_at"),
+        s("unavailable").alias("read_unavailable_s"),
+        s("gap").alias("failback_gap_s"),
+        s("violation").alias("one_reader_violation_s"),
+        F.lit(0.0).alias("one_reader_unresolved_s"),
+        s("backsync").alias("backsync_s"),
+        ((duration_ms - F.coalesce(F.col("known"), F.lit(0))) / F.lit(1000.0)).alias("unknown_s"),
+        duration.alias("duration_s"),
+        is_open.alias("open"),
+    )
+
+
+def exact_outside(pieces: DataFrame) -> DataFrame:
+    """Known time with nobody reading outside any incident, for the exact groups, as
+    stretches of adjacent pieces (``OUTSIDE_COLUMNS``)."""
+    o = pieces.where(F.col("incident").isNull() & (F.col("readers") == 0))
+    w = Window.partitionBy("group").orderBy("p0")
+    new_run = F.coalesce(F.lag("p1").over(w) != F.col("p0"), F.lit(True))
+    o = o.withColumn("run", F.sum(new_run.cast("int")).over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+    runs = o.groupBy("group", "run").agg(F.min("p0").alias("p0"), F.max("p1").alias("p1"), F.sum("ms").alias("ms"))
+    return runs.select(
+        "group",
+        F.timestamp_millis("p0").alias("start"),
+        F.timestamp_millis("p1").alias("end"),
+        (F.col("ms") / F.lit(1000.0)).alias("read_unavailable_s"),
+    )
+
+
+def exact_days(pieces: DataFrame, *, step_s: float) -> DataFrame:
+    """Per exact group and UTC day: ``exact_unavailable_s`` (nobody reading) and
+    ``exact_violation_s`` (two readers), for :func:`daily_sla`."""
+    day = F.to_date(_at(F.col("bucket"), step_s))
+    def seconds(when: Column) -> Column:
+        return F.coalesce(F.sum(F.when(when, F.col("ms"))), F.lit(0)) / F.lit(1000.0)
+
+    return pieces.withColumn("day", day).groupBy("group", "day").agg(
+        seconds(F.col("readers") == 0).alias("exact_unavailable_s"),
+        seconds(F.col("readers") >= 2).alias("exact_violation_s"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ExactTables:
+    """What the event times give the exact groups (:func:`exact_tables`): ``groups``
+    (``group, exact = true``), their ``incidents`` and ``outside`` stretches, and ``days``
+    for :func:`daily_sla`."""
+
+    groups: DataFrame
+    incidents: DataFrame
+    outside: DataFrame
+    days: DataFrame
+    pieces: DataFrame
+
+    def merge_incidents(self, bucket_incidents: DataFrame) -> DataFrame:
+        """The incidents of every group: the exact groups' from their events, the others'
+        from the buckets."""
+        others = bucket_incidents.join(F.broadcast(self.groups), on="group", how="left_anti")
+        return others.select(*INCIDENT_COLUMNS).unionByName(self.incidents.select(*INCIDENT_COLUMNS))
+
+    def merge_outside(self, bucket_outside: DataFrame) -> DataFrame:
+        others = bucket_outside.join(F.broadcast(self.groups), on="group", how="left_anti")
+        return others.select(*OUTSIDE_COLUMNS).unionByName(self.outside.select(*OUTSIDE_COLUMNS))
+
+
+def exact_tables(events: DataFrame, resolution: DataFrame, bounds: DataFrame, states: DataFrame, *,
+                 step_s: float) -> ExactTables:
+    """The event-time tables of the groups :func:`event_resolution` found exact. ``events``:
+    :func:`event_log`; ``states``: the per-bucket states (for which buckets are known)."""
+    groups = resolution.where(F.col("exact")).select("group", "exact")
+    exact_bounds = bounds.join(F.broadcast(groups.select("group")), on="group", how="inner")
+    segments = exact_segments(events, exact_bounds)
+    pieces = exact_pieces(segments, states, step_s=step_s)
+    return ExactTables(
+        groups=groups,
+        incidents=exact_incidents(segments, pieces, events),
+        outside=exact_outside(pieces),
+        days=exact_days(pieces, step_s=step_s),
+        pieces=pieces,
     )

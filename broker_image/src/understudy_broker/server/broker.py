@@ -331,8 +331,10 @@ class Broker:
         self.metrics.set_permission(eff)
         lost_read = self._had_read and not has_read
         # A lease lapse noticed late (a timer after a pause) is logged at the lapse itself.
-        self._permlog.record(eff, epoch,
-                             t_ns=self.authority.lease_lapsed_at_ns() if lost_read else None)
+        change = self._permlog.record(
+            eff, epoch, t_ns=self.authority.lease_lapsed_at_ns() if lost_read else None)
+        if change is not None:  # the event-time gauges carry the log line's instant
+            self.metrics.permission_logged(change.effective, change.t_ns)
         self._signal.fire()  # long-polls re-check their permission
         if lost_read:
             self._spawn(self._port.close_consumer_sessions(

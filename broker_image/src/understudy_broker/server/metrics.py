@@ -28,6 +28,27 @@ class BrokerMetrics:
             ["group", "broker", "role"],
             registry=self.registry,
         ).labels(group=group, broker=broker, role=role)
+        # Event times (docs/sla.md "Event times"): children are created when first set, so
+        # a series never shows 0 (1970) before its kind of change happened.
+        labels = {"group": group, "broker": broker, "role": role}
+        self._event_labels = labels
+        self._started = Gauge(
+            names.BROKER_STARTED,
+            "When this broker process wrote its first permission-log line (seconds since the epoch).",
+            list(labels), registry=self.registry)
+        self._since = Gauge(
+            names.BROKER_PERMISSION_SINCE,
+            "When the current effective permission began (seconds since the epoch).",
+            list(labels), registry=self.registry)
+        self._read_gained = Gauge(
+            names.BROKER_READ_GAINED,
+            "When this broker process last gained effective READ (seconds since the epoch).",
+            list(labels), registry=self.registry)
+        self._read_lost = Gauge(
+            names.BROKER_READ_LOST,
+            "When this broker process last lost effective READ (seconds since the epoch).",
+            list(labels), registry=self.registry)
+        self._logged: Permission | None = None
         self._in = Counter(
             names.counter_base(names.MESSAGES_IN_TOTAL),
             "Messages appended by produce requests.",
@@ -148,6 +169,22 @@ class BrokerMetrics:
 
     def set_permission(self, perm: Permission) -> None:
         self._permission.set(int(perm))
+
+    def permission_logged(self, perm: Permission, t_ns: int) -> None:
+        """A permission-log line was written at ``t_ns`` (``time.time_ns()``, possibly
+        backdated to a lease lapse): set the event-time gauges from that instant."""
+        at = t_ns / 1e9
+        before = self._logged
+        if before is None:
+            self._started.labels(**self._event_labels).set(at)
+        if before is None or perm != before:
+            self._since.labels(**self._event_labels).set(at)
+            had = before is not None and bool(before & Permission.READ)
+            if perm & Permission.READ and not had:
+                self._read_gained.labels(**self._event_labels).set(at)
+            elif had and not perm & Permission.READ:
+                self._read_lost.labels(**self._event_labels).set(at)
+        self._logged = perm
 
     def messages_in(self, n: int) -> None:
         self._in.inc(n)

@@ -98,15 +98,35 @@ class ControllerMetrics:
                                     "group has a live broker holding WRITE", ["topic"], registry=r)
         self.topic_readable = Gauge(names.TOPIC_READABLE_QUEUES, "Queues of the topic whose "
                                     "group has a live broker holding READ", ["topic"], registry=r)
+        # Event times (docs/sla.md "Event times"), seconds since the epoch.
+        self.mode_entered = Gauge(names.GROUP_MODE_ENTERED, "When the group last entered each "
+                                  "mode (seconds since the epoch)", ["group", "mode"], registry=r)
+        self.exited = Gauge(names.BROKER_EXITED, "When the broker's process was seen to exit "
+                            "(seconds since the epoch)", ["group", "broker", "role"], registry=r)
+        self._modes: dict[str, Mode] = {}  # the mode each group's mode_entered last moved for
+        self._exited: dict[str, set[tuple[str, str]]] = {}  # group -> (broker, role) exported
 
     def lead(self, group: str) -> None:
         self.failovers.labels(group)
         for phase in PHASES:
             self.phase.labels(group, phase)
 
-    def set_state(self, group: str, state: GroupState) -> None:
+    def set_state(self, group: str, state: GroupState, *, entered_at: float | None = None) -> None:
+        """Export ``state``. ``entered_at``: the wall-clock instant this controller's write
+        of a transition into a new mode succeeded; a mode found otherwise (this controller
+        just began leading, or another writer moved the group) is dated by ``state.since``."""
         self.mode.labels(group).set(int(state.mode))
         self.epoch.labels(group).set(state.epoch)
+        if entered_at is not None or self._modes.get(group) is not state.mode:
+            self._modes[group] = state.mode
+            at = entered_at if entered_at is not None else state.since
+            if at > 0:
+                self.mode_entered.labels(group, state.mode.name).set(at)
+
+    def broker_exited(self, group: str, broker: str, role: str, at: float) -> None:
+        """The liveness source reported ``broker``'s process exited at ``at`` (wall clock)."""
+        self._exited.setdefault(group, set()).add((broker, role))
+        self.exited.labels(group, broker, role).set(at)
 
     def forget(self, group: str) -> None:
         for metric in (self.mode, self.epoch, self.failovers, self.degraded):
@@ -118,6 +138,12 @@ class ControllerMetrics:
         for mode in Mode:
             with contextlib.suppress(KeyError):
                 self.transitions.remove(group, mode.name)
+            with contextlib.suppress(KeyError):
+                self.mode_entered.remove(group, mode.name)
+        self._modes.pop(group, None)
+        for broker, role in self._exited.pop(group, set()):
+            with contextlib.suppress(KeyError):
+                self.exited.remove(group, broker, role)
 
     def set_topic(self, topic: str, counts: TopicCounts) -> None:
         self.topic_queues.labels(topic).set(counts.queues)
@@ -208,8 +234,11 @@ class Controller:
             d.wake()
 
     def _on_process_exit(self, broker: str) -> None:
+        at = time.time()  # the liveness event's instant: the exit's event time
         for d in self.drivers:
             if broker in d.brokers:
+                if d.is_leader:
+                    self.metrics.broker_exited(d.group, broker, d.roles.get(broker, ""), at)
                 d.wake()
 
 
@@ -221,6 +250,7 @@ class GroupDriver:
         self.group = group
         self.is_leader = False
         self.brokers: set[str] = set()
+        self.roles: dict[str, str] = {}  # broker -> role, from the config (metric labels)
         self.memory = Memory()
         self.last_decision: Decision | None = None
         self._event = asyncio.Event()
@@ -340,6 +370,7 @@ class GroupDriver:
             return 1.0
         interval = config.failover.check_interval_ms / 1000.0
         names = {b.name for b in config.brokers}
+        self.roles = {b.name: b.role.value for b in config.brokers}
         if names != self.brokers:
             self.brokers = names
             self.c.liveness.track(names)
@@ -373,8 +404,11 @@ class GroupDriver:
             log.info("group %s: state moved under us (version %d); re-reading", self.group,
                      version)
             return 0
+        written_at = time.time()  # the transition's event time (as the journal's t_ns)
         self.memory = decision.memory
-        self.c.metrics.set_state(self.group, decision.target)
+        self.c.metrics.set_state(
+            self.group, decision.target,
+            entered_at=written_at if decision.target.mode is not state.mode else None)
         self.c.metrics.transitions.labels(self.group, decision.target.mode.name).inc()
         if state.mode is Mode.FENCING and decision.target.mode is Mode.SLAVE_CONSUME:
             self.c.metrics.failovers.labels(self.group).inc()
