@@ -48,6 +48,7 @@ from understudy_broker.scheduling import (
     parse_deliver_at_ms,
     parse_duration_ms,
 )
+from understudy_broker.tasks import stop_tasks
 
 _stderr = Console(stderr=True)
 
@@ -406,9 +407,18 @@ async def _consume(
                                      "member": consumer.member_id}) + "\n")
         logged = len(consumer.ownership_log)
 
+    async def keep_flushing() -> None:
+        # Acquisitions and releases reach the record within 0.1 s even while the loop
+        # below waits (a commit to a broker cut off): a member killed meanwhile must not
+        # leave a release it made in memory only (the harness would date it at the kill).
+        while True:
+            await asyncio.sleep(0.1)
+            flush_ownership()
+
     consumed = 0
     since_commit = 0
     errors: list[str] = []
+    flusher = asyncio.create_task(keep_flushing()) if record is not None else None
     with _progress() as progress:
         task = progress.add_task(f"consume {topic}", total=count, rate="")
         started = time.perf_counter()
@@ -449,6 +459,8 @@ async def _consume(
         except (BrokerError, ConnectionError) as exc:
             errors.append(str(exc))
         finally:
+            if flusher is not None:
+                await stop_tasks([flusher])
             await consumer.close()
             flush_ownership()
         elapsed = time.perf_counter() - started
