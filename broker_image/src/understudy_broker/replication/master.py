@@ -137,9 +137,6 @@ class ReplicationServer:
         self._leaving: set[str] = set()
         self._isr_wake = asyncio.Event()
         self.isr_writes = 0
-        # Members of a record someone else wrote (seen when our write conflicted), until
-        # our next write replaces it: the record may name them meanwhile.
-        self._isr_foreign: frozenset[str] = frozenset()
         # ``on_echo(slave, seq, epoch)``: a slave answered a metadata frame's probe.
         self._on_echo = on_echo
 
@@ -325,13 +322,14 @@ class ReplicationServer:
 
     def echo_set(self) -> frozenset[str] | None:
         """Every slave the in-sync record may name right now (so the controller may choose
-        it to act for reads): what the record says as far as we know, who is joining
-        (a write that adds them may have reached ZooKeeper unanswered), and the members
-        of a record someone else wrote. None while no record is loaded: the slave route
-        then renews nothing (docs/failover.md, "A master cut off from ZooKeeper only")."""
+        it to act for reads): what the record says as far as we know (a record someone
+        else wrote is adopted when our write conflicts with it), and who is joining (a
+        write that adds them may have reached ZooKeeper unanswered). None while no record
+        is loaded: the slave route then renews nothing (docs/failover.md, "A master cut
+        off from ZooKeeper only")."""
         if self._isr_store is None or self._isr_version is None or self._isr_version < 0:
             return None
-        return self._isr | self._joining | self._isr_foreign
+        return self._isr | self._joining
 
     def _release_isr_waiters(self) -> None:
         while self._waiters:
@@ -426,7 +424,6 @@ class ReplicationServer:
                 if self._isr_version is None:
                     members, version = await store.load()
                     self._isr, self._isr_version = members, version
-                    self._isr_foreign = frozenset()
                     log.info("in-sync set %s (record version %d)", sorted(members), version)
                     for link in self._links.values():
                         self._maybe_join(link)
@@ -438,7 +435,6 @@ class ReplicationServer:
                     new_version = await store.store(wanted, version=self._isr_version)
                     log.info("in-sync set %s -> %s", sorted(self._isr), sorted(wanted))
                     self._isr, self._isr_version = wanted, new_version
-                    self._isr_foreign = frozenset()
                     self.isr_writes += 1
                     # Whoever changed sides during the write needs another one.
                     self._joining -= wanted
@@ -454,7 +450,7 @@ class ReplicationServer:
                 try:
                     members, self._isr_version = await store.load()
                     # Someone else wrote it (an acting slave takes members out): adopt it.
-                    self._isr, self._isr_foreign = members, members
+                    self._isr = members
                 except Exception as exc2:  # unreachable store: retry below
                     log.warning("reloading the in-sync record failed: %s", exc2)
                     await asyncio.sleep(self.isr_retry_s)

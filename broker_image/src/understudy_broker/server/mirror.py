@@ -54,13 +54,13 @@ class CommitMirror:
         if not targets:
             return
         body = p.BackSyncRequest(self._group, self._name, epoch, offsets).encode()
-        held = await asyncio.gather(*(self._send(t, epoch, body) for t in targets))
+        peers = self._peers()
+        held = await asyncio.gather(*(self._send(t, peers.get(t), epoch, body) for t in targets))
         missing = frozenset(t for t, ok in zip(targets, held, strict=True) if not ok)
         if missing:
             await self._remove(epoch, missing)
 
-    async def _send(self, target: str, epoch: int, body: bytes) -> bool:
-        address = self._peers().get(target)
+    async def _send(self, target: str, address: str | None, epoch: int, body: bytes) -> bool:
         if address is None:
             log.warning("mirror: %s is in the in-sync record but not in the group config", target)
             return False

@@ -569,7 +569,7 @@ class Requests:
         waits = [self._offsets_durable()]
         if commits_end:
             waits.append(self._replica.replicated(commits_end))
-        if self._authority.role is Role.SLAVE and self._authority.acting() == self._cfg.name:
+        if self._authority.acting() == self._cfg.name:  # a slave acting for reads
             # Every value now stored for these queues, not only what moved: an earlier
             # commit that moved them may still be on its way to a slave.
             held = {q: o for q, o in stored.items() if o is not None}

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from understudy_broker.storage.durability import durable_replace, fsync_dir
+from understudy_broker.storage.durability import durable_replace, fsync_dir, write_all
 from understudy_broker.storage.index import IndexFileError, QueueIndex
 from understudy_broker.storage.records import (
     CRC_FROM,
@@ -712,12 +712,7 @@ class CommitLog:
         base = phys - phys % self.segment_bytes
         if base != self._write_base:
             self._open_writer(base)
-        view = memoryview(data)
-        off = phys - base
-        while view:
-            n = os.pwrite(self._write_fd, view, off)
-            view = view[n:]
-            off += n
+        write_all(self._write_fd, data, phys - base)
 
     # ---- properties ---------------------------------------------------------------
     @property
@@ -1046,10 +1041,7 @@ class CommitLog:
             return "the damage reaches the record's length field: its neighbours cannot be trusted"
         fd = os.open(self._log_dir / _segment_name(base), os.O_WRONLY)
         try:
-            view, off = memoryview(data), phys - base
-            while view:
-                n = os.pwrite(fd, view, off)
-                view, off = view[n:], off + n
+            write_all(fd, data, phys - base)
             os.fsync(fd)
         finally:
             os.close(fd)
