@@ -16,6 +16,12 @@ from typing import Any
 from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, Router, _with_retries
 from understudy_broker.model import Permission
+from understudy_broker.security import ClientSecurity
+
+
+def _refused(exc: BrokerError) -> bool:
+    """A refusal of this client (not of the broker's state): raised, never retried."""
+    return exc.status in (p.Status.NOT_AUTHORIZED, p.Status.AUTHENTICATION_FAILED)
 
 
 def _holder(route: p.RouteResponse, group: str, need: Permission) -> str | None:
@@ -29,21 +35,26 @@ async def _stats(router: Router, topic: str, group: str, queues: list[int]
         body = await _with_retries(router, Permission.READ, p.Op.QUEUE_STATS,
                                    p.QueueStatsRequest(topic, queues).encode(), group=group,
                                    retries=1)
-    except (BrokerError, ConnectionError, OSError, TimeoutError):
+    except (BrokerError, ConnectionError, OSError, TimeoutError) as exc:
+        if isinstance(exc, BrokerError) and _refused(exc):
+            raise
         try:
             body = await _with_retries(router, Permission.NONE, p.Op.QUEUE_STATS,
                                        p.QueueStatsRequest(topic, queues).encode(), group=group,
                                        retries=1)
-        except (BrokerError, ConnectionError, OSError, TimeoutError):
+        except (BrokerError, ConnectionError, OSError, TimeoutError) as exc2:
+            if isinstance(exc2, BrokerError) and _refused(exc2):
+                raise
             return {}
     return dict(p.QueueStatsResponse.decode(body).queues)
 
 
-async def describe_topic(bootstrap: Sequence[str], topic: str) -> dict[str, Any]:
+async def describe_topic(bootstrap: Sequence[str], topic: str,
+                         security: ClientSecurity | None = None) -> dict[str, Any]:
     """``{topic, groups, queues: [{queue, group, writer, reader, log_end, start,
     consumer_groups: [{consumer_group, owner, committed, lag}]}]}``; an ordered topic adds
     ``send_head``, ``consume_head`` (groups) and ``producers`` (:func:`_producers`)."""
-    router = Router(bootstrap)
+    router = Router(bootstrap, security=security)
     try:
         await router.learn_topic(topic, Permission.NONE)
         route = router.route
@@ -123,36 +134,28 @@ def backlog_of(described: dict[str, Any]) -> dict[int, int]:
     return out
 
 
-async def admin_topic(bootstrap: Sequence[str], req: p.AdminTopicRequest) -> p.AdminTopicResponse:
+async def admin_topic(bootstrap: Sequence[str], req: p.AdminTopicRequest,
+                      security: ClientSecurity | None = None) -> p.AdminTopicResponse:
     """ADMIN_TOPIC through any broker; alter and delete first measure the backlog."""
     if req.action != "create" and req.backlog is None and not req.force:
-        described = await describe_topic(bootstrap, req.topic)
+        described = await describe_topic(bootstrap, req.topic, security)
         req = p.AdminTopicRequest(req.action, req.topic, req.groups, req.queues_per_group,
                                   req.add_groups, req.remove_groups, req.ordered, req.force,
                                   backlog_of(described))
-    router = Router(bootstrap)
-    try:
-        body = await _with_retries(router, Permission.NONE, p.Op.ADMIN_TOPIC, req.encode(),
-                                   retries=2)
-        return p.AdminTopicResponse.decode(body)
-    finally:
-        await router.close()
+    return p.AdminTopicResponse.decode(
+        await _any_broker(bootstrap, security, p.Op.ADMIN_TOPIC, req.encode()))
 
 
-async def describe_consumer_group(bootstrap: Sequence[str], cgroup: str) -> dict[str, Any]:
+async def describe_consumer_group(bootstrap: Sequence[str], cgroup: str,
+                                  security: ClientSecurity | None = None) -> dict[str, Any]:
     """``{group, generation, members: [...], assignment: [{topic, queue, member, next,
     committed, lag}]}``."""
-    router = Router(bootstrap)
-    try:
-        d = p.DescribeGroupResponse.decode(await _with_retries(
-            router, Permission.NONE, p.Op.DESCRIBE_GROUP, p.DescribeGroupRequest(cgroup).encode(),
-            retries=2))
-    finally:
-        await router.close()
+    d = p.DescribeGroupResponse.decode(await _any_broker(
+        bootstrap, security, p.Op.DESCRIBE_GROUP, p.DescribeGroupRequest(cgroup).encode()))
     topics = sorted({str(o["topic"]) for o in d.owners})
     stats: dict[tuple[str, int], p.QueueStats] = {}
     for t in topics:
-        described = await describe_topic(bootstrap, t)
+        described = await describe_topic(bootstrap, t, security)
         for q in described["queues"]:
             for c in q["consumer_groups"]:
                 if c["consumer_group"] == cgroup:
@@ -174,12 +177,26 @@ async def describe_consumer_group(bootstrap: Sequence[str], cgroup: str) -> dict
             "assignment": assignment}
 
 
-async def list_consumer_groups(bootstrap: Sequence[str]) -> list[dict[str, Any]]:
+async def list_consumer_groups(bootstrap: Sequence[str],
+                               security: ClientSecurity | None = None) -> list[dict[str, Any]]:
     """``[{group, members, generation}]`` for every consumer group."""
-    router = Router(bootstrap)
+    body = await _any_broker(bootstrap, security, p.Op.LIST_GROUPS,
+                             p.ListGroupsRequest().encode())
+    return [dict(g) for g in p.ListGroupsResponse.decode(body).groups]
+
+
+async def security_admin(bootstrap: Sequence[str], req: p.SecurityAdminRequest,
+                         security: ClientSecurity | None = None) -> p.SecurityAdminResponse:
+    """SECURITY_ADMIN (users and ACLs) through any broker."""
+    return p.SecurityAdminResponse.decode(
+        await _any_broker(bootstrap, security, p.Op.SECURITY_ADMIN, req.encode()))
+
+
+async def _any_broker(bootstrap: Sequence[str], security: ClientSecurity | None, op: p.Op,
+                      body: bytes) -> bytes:
+    """One request to any broker (cluster-wide answers), retried twice; the OK body."""
+    router = Router(bootstrap, security=security)
     try:
-        body = await _with_retries(router, Permission.NONE, p.Op.LIST_GROUPS,
-                                   p.ListGroupsRequest().encode(), retries=2)
+        return await _with_retries(router, Permission.NONE, op, body, retries=2)
     finally:
         await router.close()
-    return [dict(g) for g in p.ListGroupsResponse.decode(body).groups]

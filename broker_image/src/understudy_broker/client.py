@@ -26,11 +26,14 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
+
+from scramp import ScramClient, ScramException
 
 from understudy_broker import protocol as p
 from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
@@ -44,6 +47,7 @@ from understudy_broker.scheduling import (
     is_system_topic,
     retry_topic,
 )
+from understudy_broker.security import ClientSecurity, tls_error_message
 from understudy_broker.tasks import stop_tasks
 
 log = logging.getLogger("understudy.client")
@@ -97,6 +101,38 @@ class DamagedRecord(BrokerError):
                    offset=asked if at is None else at)
 
 
+class SecurityError(BrokerError):
+    """This client cannot talk to the broker: authentication was refused
+    (``AUTHENTICATION_FAILED``) or the TLS handshake failed. Never retried: another
+    attempt would fail the same way."""
+
+    @property
+    def retriable(self) -> bool:
+        return False
+
+
+class TlsError(SecurityError):
+    """A failed TLS handshake; its text is the TLS error and what to check."""
+
+    def __init__(self, exc: BaseException, address: str) -> None:
+        super().__init__(p.Status.AUTHENTICATION_FAILED, tls_error_message(exc, address),
+                         address=address)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: Refusals of this client rather than of the broker's state: never retried.
+REFUSALS: Final = frozenset({p.Status.AUTHENTICATION_FAILED, p.Status.NOT_AUTHORIZED})
+
+
+def broker_error(status: int, message: str, *, address: str) -> BrokerError:
+    """The error for a refused request: a :class:`SecurityError` when it refused this
+    client (authentication, ACLs), a :class:`BrokerError` otherwise."""
+    cls = SecurityError if status in REFUSALS else BrokerError
+    return cls(status, message, address=address)
+
+
 def parse_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -122,6 +158,9 @@ class Connection:
         self._pending: dict[int, asyncio.Future[p.Frame]] = {}
         self._ids = itertools.count(1)
         self._closed: BaseException | None = None
+        self._answered = False  # any frame came back (a TLS port closes a plain client)
+        self.client_certificate = False  # set by open(): TLS with a client certificate
+        self._tls = writer.get_extra_info("ssl_object") is not None
         self._task = asyncio.create_task(self._read_loop())
 
     @classmethod
@@ -131,11 +170,52 @@ class Connection:
         *,
         max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
         connect_timeout_s: float = 3.0,
+        security: ClientSecurity | None = None,
     ) -> Connection:
+        """Connect (over TLS when ``security`` has a context) and, when it names a user,
+        authenticate (SCRAM) before returning; :class:`SecurityError` when refused."""
         host, port = parse_address(address)
+        tls = security.ssl if security is not None else None
         async with asyncio.timeout(connect_timeout_s):
-            reader, writer = await asyncio.open_connection(host, port, limit=READ_CHUNK)
-        return cls(address, reader, writer, max_frame_bytes=max_frame_bytes)
+            try:
+                reader, writer = await asyncio.open_connection(
+                    host, port, limit=READ_CHUNK, ssl=tls,
+                    server_hostname=host if tls is not None else None)
+            except ssl.SSLError as exc:
+                raise TlsError(exc, address) from None
+        conn = cls(address, reader, writer, max_frame_bytes=max_frame_bytes)
+        conn.client_certificate = security is not None and security.client_certificate
+        if security is not None and security.user is not None:
+            try:
+                async with asyncio.timeout(connect_timeout_s):
+                    await conn._authenticate(security)
+            except BaseException:
+                await conn.close()
+                raise
+        return conn
+
+    async def _authenticate(self, security: ClientSecurity) -> None:
+        """The SCRAM exchange (RFC 5802) in two AUTHENTICATE requests; the server's
+        signature is checked too, so a broker that does not know the password is not
+        trusted either."""
+        assert security.user is not None
+        assert security.password is not None
+        scram = ScramClient([security.mechanism], security.user, security.password)
+
+        async def step(message: str) -> str:
+            frame = await self.exchange(
+                p.Op.AUTHENTICATE, p.AuthenticateRequest(security.mechanism, message).encode())
+            if frame.status != p.Status.OK:
+                raise broker_error(frame.status, p.error_message(frame), address=self.address)
+            return p.AuthenticateResponse.decode(frame.body).message
+
+        try:
+            scram.set_server_first(await step(scram.get_client_first()))
+            scram.set_server_final(await step(scram.get_client_final()))
+        except ScramException as exc:
+            raise SecurityError(p.Status.AUTHENTICATION_FAILED,
+                                f"the broker's SCRAM answer is not valid: {exc}",
+                                address=self.address) from None
 
     @property
     def closed(self) -> bool:
@@ -165,7 +245,7 @@ class Connection:
         reading cannot hold the caller beyond ``timeout_s``."""
         frame = await self.exchange(op, body, epoch=epoch, timeout_s=timeout_s)
         if frame.status != p.Status.OK:
-            raise BrokerError(frame.status, p.error_message(frame), address=self.address)
+            raise broker_error(frame.status, p.error_message(frame), address=self.address)
         return frame.body
 
     async def exchange(
@@ -192,6 +272,16 @@ class Connection:
 
     async def _read_loop(self) -> None:
         reason: BaseException = ConnectionError(f"connection to {self.address} closed by peer")
+        if not self._tls:
+            reason = ConnectionError(
+                f"connection to {self.address} closed by peer before any answer (a broker "
+                "that serves TLS closes plain connections: give --tls-ca?)")
+        elif self.client_certificate:
+            # TLS 1.3 checks a client certificate after the handshake: a refused one shows
+            # as a close before the first answer.
+            reason = TlsError(ConnectionError(
+                "the broker closed the connection before any answer: it refused this "
+                "client's certificate (not signed by its CA, or expired)"), self.address)
         try:
             while True:
                 data = await self._reader.read(READ_CHUNK)
@@ -202,6 +292,9 @@ class Connection:
                     frame = self._decoder.next_frame()
                     if not isinstance(frame, p.Frame):
                         break
+                    if not self._answered:
+                        self._answered = True
+                        reason = ConnectionError(f"connection to {self.address} closed by peer")
                     fut = self._pending.pop(frame.request_id, None)
                     if fut is not None and not fut.done():
                         fut.set_result(frame)
@@ -212,6 +305,8 @@ class Connection:
                         )
         except p.FrameError as exc:
             reason = ConnectionError(f"bad frame from {self.address}: {exc}")
+        except ssl.SSLError as exc:
+            reason = TlsError(exc, self.address)
         except (ConnectionError, OSError) as exc:
             reason = ConnectionError(f"connection to {self.address} lost: {exc}")
         except asyncio.CancelledError:
@@ -257,6 +352,7 @@ async def request_once(
     epoch: int = 0,
     timeout_s: float = 5.0,
     max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
+    security: ClientSecurity | None = None,
 ) -> p.Frame:
     """One request on a fresh connection, closed afterwards; returns the response frame
     whatever its status. For the few callers that talk to one broker once: a broker
@@ -264,7 +360,7 @@ async def request_once(
     ``OSError``/``TimeoutError`` when the broker cannot be reached, :class:`BrokerError`
     (``TIMEOUT``) when it does not answer in time."""
     conn = await Connection.open(address, max_frame_bytes=max_frame_bytes,
-                                 connect_timeout_s=timeout_s)
+                                 connect_timeout_s=timeout_s, security=security)
     try:
         return await conn.exchange(op, body, epoch=epoch, timeout_s=timeout_s)
     finally:
@@ -318,9 +414,11 @@ class Router:
         max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
         connect_timeout_s: float = 3.0,
         request_timeout_s: float = 30.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         if not bootstrap:
             raise ValueError("at least one bootstrap address is needed")
+        self.security = security
         for a in bootstrap:
             parse_address(a)
         self.bootstrap = list(bootstrap)
@@ -504,6 +602,7 @@ class Router:
             address,
             max_frame_bytes=self.max_frame_bytes,
             connect_timeout_s=self.connect_timeout_s,
+            security=self.security,
         )
 
     async def refresh(self) -> p.RouteResponse:
@@ -512,6 +611,7 @@ class Router:
         a hung broker (it accepts connections and never answers) costs a stagger, not a
         whole timeout: every member heartbeat and pull loop re-routes through here."""
         errors: list[str] = []
+        refused: list[SecurityError] = []
         addresses = iter(self._addresses())
         asked: dict[asyncio.Task[p.RouteResponse], str] = {}
         pending: set[asyncio.Task[p.RouteResponse]] = set()
@@ -536,19 +636,29 @@ class Router:
                     if not isinstance(exc, (OSError, TimeoutError, BrokerError,
                                             ConnectionError, p.FrameError)):
                         raise exc
+                    if isinstance(exc, SecurityError):
+                        refused.append(exc)
                     errors.append(f"{asked[task]}: {exc or type(exc).__name__}")
         finally:
             await stop_tasks(pending)
+        if refused and len(refused) == len(errors):
+            raise refused[0]  # every broker refused this client: say why, not "no answer"
         raise ConnectionError("no broker answered GET_ROUTE: " + "; ".join(errors))
 
     async def _ask_route(self, address: str) -> p.RouteResponse:
-        conn = await self._connect(address)
+        # A connection this router holds to the broker already answers (requests are
+        # pipelined): a new one costs a TLS handshake and a SCRAM exchange on a secure
+        # cluster, on every re-route of every pull loop.
+        held = next((c for c in self._conns.values()
+                     if c.address == address and not c.closed), None)
+        conn = held or await self._connect(address)
         try:
             body = await conn.request(
                 p.Op.GET_ROUTE, p.GetRouteRequest().encode(), timeout_s=self.connect_timeout_s)
             return p.RouteResponse.decode(body)
         finally:
-            await conn.close()
+            if held is None:
+                await conn.close()
 
     async def learn_topic(self, topic: str, need: Permission) -> int:
         """The topic's queue count. A broker may learn a topic a moment after another
@@ -567,7 +677,8 @@ class Router:
             with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError,
                                      p.FrameError):
                 frame = await request_once(address, p.Op.GET_ROUTE, ask,
-                                           timeout_s=self.connect_timeout_s)
+                                           timeout_s=self.connect_timeout_s,
+                                           security=self.security)
                 if frame.status == p.Status.OK:
                     found = p.RouteResponse.decode(frame.body)
                     if topic in found.topics:
@@ -666,9 +777,10 @@ class Router:
             await conn.close()
 
 
-async def create_topic(bootstrap: Sequence[str], *, topic: str, queues: int) -> p.CreateTopicResponse:
+async def create_topic(bootstrap: Sequence[str], *, topic: str, queues: int,
+                       security: ClientSecurity | None = None) -> p.CreateTopicResponse:
     """Create (or grow) a topic on the group's writer."""
-    router = Router(bootstrap)
+    router = Router(bootstrap, security=security)
     try:
         body = await _with_retries(
             router, Permission.WRITE, p.Op.CREATE_TOPIC, p.CreateTopicRequest(topic, queues).encode()
@@ -1020,6 +1132,7 @@ class Producer:
         leader_session_timeout_ms: int = 6000,
         member_id: str | None = None,
         idempotent: bool = True,
+        security: ClientSecurity | None = None,
     ) -> None:
         if acks not in (0, 1):
             raise ValueError("acks must be 0 or 1")
@@ -1027,7 +1140,8 @@ class Producer:
                 or linger_ms < 0 or send_timeout_s <= 0):
             raise ValueError("batch_size, in-flight limits and send_timeout_s must be positive, "
                              "retries and linger_ms >= 0")
-        self.router = Router(bootstrap, request_timeout_s=min(request_timeout_s, send_timeout_s))
+        self.router = Router(bootstrap, request_timeout_s=min(request_timeout_s, send_timeout_s),
+                             security=security)
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
         self.linger_s = linger_ms / 1000
@@ -1604,6 +1718,7 @@ class Consumer(_GroupMember):
         orderly: bool = False,
         retries: bool = True,
         max_reconsume: int = DEFAULT_MAX_RECONSUME,
+        security: ClientSecurity | None = None,
     ) -> None:
         if session_timeout_ms < 500:
             raise ValueError("session_timeout_ms must be at least 500")
@@ -1626,7 +1741,8 @@ class Consumer(_GroupMember):
         self._handed: int | None = None  # orderly: the queue of the record handed out last
         self.group = group
         self.topic = topic
-        self.router = Router(bootstrap, request_timeout_s=request_timeout_s + max_wait_ms / 1000)
+        self.router = Router(bootstrap, request_timeout_s=request_timeout_s + max_wait_ms / 1000,
+                             security=security)
         self.max_wait_ms = max_wait_ms
         self.max_bytes = max_bytes
         self.membership = membership
@@ -1942,7 +2058,8 @@ class Consumer(_GroupMember):
             return None
         self._retry = Consumer(self.router.bootstrap, group=self.group, topic=name,
                                member_id=f"{self.member_id}.retry", retries=False,
-                               max_reconsume=self.max_reconsume, **self._settings)
+                               max_reconsume=self.max_reconsume,
+                               security=self.router.security, **self._settings)
         log.info("consumer group %s: reading its retry topic %s", self.group, name)
         return self._retry
 

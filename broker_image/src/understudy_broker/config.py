@@ -61,6 +61,46 @@ class ClientLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """TLS, authentication and ACLs (docs/security.md). The default is open: no TLS, no
+    authentication (``understudy local up --secure`` and the operator turn them on)."""
+
+    #: Server certificate and key of the client and replication ports; the CA that
+    #: verifies client certificates and peer brokers.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    #: Client certificates on the client port: ``none``, ``optional`` (a verified one
+    #: authenticates its common name), ``required``.
+    tls_client_auth: str = "optional"
+    #: The HTTP side port (metrics, health) over TLS too.
+    tls_http: bool = False
+    #: Seconds between checks of the certificate files (a changed file is loaded for new
+    #: connections, no restart).
+    tls_reload_interval_s: float = 30.0
+    #: Every client authenticates (SCRAM or a client certificate) and ACLs are enforced.
+    require_auth: bool = False
+    #: Users granted everything (brokers, a local cluster's admin).
+    super_users: frozenset[str] = frozenset()
+    #: The group's shared secret: the replication port accepts only brokers that prove it.
+    group_secret: bytes | None = None
+    #: Which decisions go to the ``understudy.audit`` log: ``off``, ``denied``, ``all``.
+    audit: str = "denied"
+    #: The SCRAM user this broker authenticates as on other brokers' client ports
+    #: (back-sync, probes, escapes); without it, its certificate is its identity there.
+    peer_user: str | None = None
+    peer_password: str | None = field(default=None, repr=False)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+
+CLIENT_AUTH_MODES = ("none", "optional", "required")
+AUDIT_MODES = ("off", "denied", "all")
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerConfig:
     data_dir: Path
     port: int
@@ -99,6 +139,7 @@ class BrokerConfig:
     zk_session_timeout_ms: int = 4000
     #: ``(user, password)`` for ZooKeeper digest authentication and ACLs.
     zk_digest: tuple[str, str] | None = None
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     @property
     def coordinated(self) -> bool:
@@ -140,6 +181,7 @@ def validate(cfg: BrokerConfig) -> None:
     used = [p for p in ports.values() if p]
     if len(used) != len(set(used)):
         raise ConfigError("--port, --http-port and --replication-port must differ")
+    _validate_security(cfg)
     if cfg.role is Role.MASTER:
         if cfg.replication_port is None:
             raise ConfigError("a master needs --replication-port (slaves connect to it)")
@@ -180,6 +222,29 @@ def validate(cfg: BrokerConfig) -> None:
     names = [p.name for p in cfg.peers]
     if cfg.name in names or len(names) != len(set(names)):
         raise ConfigError("--peer names must be unique and differ from --name")
+
+
+def _validate_security(cfg: BrokerConfig) -> None:
+    sec = cfg.security
+    if (sec.tls_cert is None) != (sec.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if sec.tls_client_auth not in CLIENT_AUTH_MODES:
+        raise ConfigError(f"--tls-client-auth: one of {', '.join(CLIENT_AUTH_MODES)}")
+    if sec.tls_client_auth == "required" and sec.tls_ca is None:
+        raise ConfigError("--tls-client-auth required needs --tls-ca (to verify them)")
+    if (sec.tls_ca is not None or sec.tls_http) and not sec.tls:
+        raise ConfigError("--tls-ca and --tls-http need --tls-cert and --tls-key")
+    if sec.require_auth and not cfg.coordinated:
+        raise ConfigError("--require-auth needs --zk: users and ACLs live in ZooKeeper")
+    if sec.audit not in AUDIT_MODES:
+        raise ConfigError(f"--audit: one of {', '.join(AUDIT_MODES)}")
+    if sec.tls_reload_interval_s <= 0:
+        raise ConfigError("--tls-reload-interval must be positive")
+    if (sec.peer_user is None) != (sec.peer_password is None):
+        raise ConfigError("--peer-user and --peer-password-file go together")
+    if sec.group_secret is not None and len(sec.group_secret) < 16:
+        raise ConfigError("--group-secret-file: at least 16 bytes (make one with "
+                          "`head -c 32 /dev/urandom | base64`)")
 
 
 def _validate_limits(cfg: BrokerConfig) -> None:

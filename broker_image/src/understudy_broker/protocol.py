@@ -78,6 +78,8 @@ class Op(enum.IntEnum):
     DESCRIBE_GROUP = 14  # a consumer group's members and assignment
     LIST_GROUPS = 15  # every consumer group under the chroot
     NACK = 16  # a member hands a message back: redelivered after a delay, or dead-lettered
+    AUTHENTICATE = 17  # one SCRAM step (docs/security.md); the connection's user once done
+    SECURITY_ADMIN = 18  # users and ACLs: create, delete, list; add, remove, list; whoami
 
 
 class Status(enum.IntEnum):
@@ -103,6 +105,8 @@ class Status(enum.IntEnum):
     STORAGE_FULL = 17  # the broker's disk is full: nothing of the request was stored
     CORRUPT_RECORD = 18  # the record at this offset is damaged here: never served (final)
     BUSY = 19  # the broker is at a limit (client connections): nothing was done, retry
+    AUTHENTICATION_FAILED = 20  # unknown user, wrong password, or not authenticated yet
+    NOT_AUTHORIZED = 21  # the connection's user holds no ACL for this: nothing was done
 
 
 #: Refusals that mean "not the broker for this now": the client's route is stale (or the
@@ -1512,6 +1516,95 @@ class NackResponse:
         return cls(_topic_name(data), _field(data, "reconsume", int), _field(data, "dueMs", int))
 
 
+@dataclass(frozen=True, slots=True)
+class AuthenticateRequest:
+    """AUTHENTICATE: one step of a SASL SCRAM exchange (RFC 5802): the client-first
+    message, then the client-final one, each in its own request on the same connection."""
+
+    mechanism: str
+    message: str
+
+    def encode(self) -> bytes:
+        return _json_body({"mechanism": self.mechanism, "message": self.message})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_field(data, "mechanism", str), _field(data, "message", str))
+
+
+@dataclass(frozen=True, slots=True)
+class AuthenticateResponse:
+    """The server's SCRAM message for the step; ``user`` once the exchange succeeded."""
+
+    message: str
+    user: str | None = None
+
+    def encode(self) -> bytes:
+        return _json_body({"message": self.message, "user": self.user})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        user = data.get("user")
+        return cls(_field(data, "message", str), user if isinstance(user, str) else None)
+
+
+SECURITY_ACTIONS: Final = ("user-create", "user-delete", "user-list", "acl-add", "acl-remove",
+                           "acl-list", "whoami")
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityAdminRequest:
+    """SECURITY_ADMIN: ``action`` (:data:`SECURITY_ACTIONS`) on ``user``. A created user's
+    ``credentials`` are its salted SCRAM keys (``acl.UserDoc`` JSON, made by the client:
+    the password never travels); ``rules`` are ``acl.Rule`` dicts."""
+
+    action: str
+    user: str | None = None
+    credentials: Mapping[str, Any] | None = None
+    rules: Sequence[Mapping[str, Any]] = ()
+
+    def encode(self) -> bytes:
+        return _json_body({"action": self.action, "user": self.user,
+                           "credentials": self.credentials, "rules": list(self.rules)})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        action = _field(data, "action", str)
+        if action not in SECURITY_ACTIONS:
+            raise FrameError(Status.BAD_REQUEST,
+                             f"action must be one of {', '.join(SECURITY_ACTIONS)}")
+        user = data.get("user")
+        if user is not None and not isinstance(user, str):
+            raise _bad("field 'user' must be a string")
+        creds = data.get("credentials")
+        if creds is not None and not isinstance(creds, dict):
+            raise _bad("field 'credentials' must be an object")
+        rules = data.get("rules", [])
+        if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+            raise _bad("field 'rules' must be a list of objects")
+        return cls(action, user, creds, rules)
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityAdminResponse:
+    """``users``: ``[{user, mechanisms, rules}]`` for the list actions and whoami;
+    ``changed``: whether anything was written."""
+
+    users: Sequence[Mapping[str, Any]] = ()
+    changed: bool = False
+
+    def encode(self) -> bytes:
+        return _json_body({"users": list(self.users), "changed": self.changed})
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        data = _json_object(body)
+        return cls(_field(data, "users", list), bool(data.get("changed", False)))
+
+
 #: Request and response body types per operation.
 REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicRequest,
@@ -1529,6 +1622,8 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.DESCRIBE_GROUP: DescribeGroupRequest,
     Op.LIST_GROUPS: ListGroupsRequest,
     Op.NACK: NackRequest,
+    Op.AUTHENTICATE: AuthenticateRequest,
+    Op.SECURITY_ADMIN: SecurityAdminRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -1546,6 +1641,8 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.DESCRIBE_GROUP: DescribeGroupResponse,
     Op.LIST_GROUPS: ListGroupsResponse,
     Op.NACK: NackResponse,
+    Op.AUTHENTICATE: AuthenticateResponse,
+    Op.SECURITY_ADMIN: SecurityAdminResponse,
 }
 
 

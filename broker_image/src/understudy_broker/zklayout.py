@@ -17,6 +17,8 @@ connect string (``host:port/understudy``)::
     /topics/<topic>                   TopicDoc             (operator / `understudy topic`, versioned)
     /consumers/<cg>/members/<member>  MemberDoc, ephemeral (the broker hosting the member)
     /consumers/<cg>/assignment        AssignmentDoc        (brokers, versioned writes only)
+    /acl/users/<user>                 acl.UserDoc          (SCRAM salts and keys, never a password)
+    /acl/rules/<user>                 acl.RulesDoc         (what the user may do)
 """
 
 from __future__ import annotations
@@ -50,6 +52,31 @@ def check_name(kind: str, name: str) -> str:
     if not _NAME.match(name):
         raise LayoutError(f"{kind} name {name!r} must be a DNS label: [a-z0-9-], at most 63")
     return name
+
+
+ACL_USERS = "/acl/users"
+ACL_RULES = "/acl/rules"
+
+
+_USER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+
+
+def check_user(name: str) -> str:
+    """User names: letters, digits, ``._@-``, 1-128 characters, not starting with a
+    symbol (they are znode names and certificate common names)."""
+    if not isinstance(name, str) or not _USER.match(name):
+        raise LayoutError(f"user name {name!r} must be 1-128 of [A-Za-z0-9._@-], starting "
+                          "with a letter or digit")
+    return name
+
+
+def acl_user_path(user: str) -> str:
+    """``/acl/users/<user>``."""
+    return f"{ACL_USERS}/{check_user(user)}"
+
+
+def acl_rules_path(user: str) -> str:
+    return f"{ACL_RULES}/{acl_user_path(user).rsplit('/', 1)[1]}"
 
 
 def group_path(group: str) -> str:
@@ -503,14 +530,19 @@ def _dump(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _load(kind: str, data: bytes) -> dict[str, Any]:
+def _load(kind: str, data: bytes, error: type[ValueError] = LayoutError) -> dict[str, Any]:
+    """A znode document as a JSON object; ``error`` (with ``kind`` in its message) if not."""
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LayoutError(f"{kind}: not JSON: {exc}") from exc
+        raise error(f"{kind}: not JSON: {exc}") from exc
     if not isinstance(doc, dict):
-        raise LayoutError(f"{kind}: expected a JSON object, got {type(doc).__name__}")
+        raise error(f"{kind}: expected a JSON object, got {type(doc).__name__}")
     return doc
+
+
+dump_document = _dump
+load_document = _load
 
 
 # --------------------------------------------------------------------------- cluster

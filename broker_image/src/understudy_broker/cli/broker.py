@@ -26,6 +26,7 @@ from understudy_broker.config import (
     BrokerConfig,
     ClientLimits,
     ConfigError,
+    SecurityConfig,
     parse_hostport,
     parse_peer,
     validate,
@@ -33,6 +34,7 @@ from understudy_broker.config import (
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
+from understudy_broker.security import SecurityConfigError, read_secret
 from understudy_broker.server.limits import nofile_wanted
 from understudy_broker.zkclient import parse_digest
 
@@ -80,6 +82,19 @@ def _config_from_flags(
     zk: str | None = None,
     zk_session_timeout_ms: int = 4000,
     zk_digest: str | None = None,
+    zk_digest_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
+    tls_client_auth: str = "optional",
+    tls_http: bool = False,
+    tls_reload_interval: float = 30.0,
+    require_auth: bool = False,
+    super_user: tuple[str, ...] = (),
+    group_secret_file: str | None = None,
+    audit: str = "denied",
+    peer_user: str | None = None,
+    peer_password_file: str | None = None,
 ) -> BrokerConfig:
     """Flags -> config; raises ConfigError/ValueError with a message naming the flag."""
     the_role = Role(role)
@@ -125,17 +140,49 @@ def _config_from_flags(
                         else DEFAULT_LINK_TIMEOUT_ZK_MS if zk else DEFAULT_LINK_TIMEOUT_MS) / 1000,
         zk=zk,
         zk_session_timeout_ms=zk_session_timeout_ms,
-        zk_digest=_digest(zk_digest),
+        zk_digest=_digest(zk_digest, zk_digest_file),
+        security=SecurityConfig(
+            tls_cert=_path(tls_cert), tls_key=_path(tls_key), tls_ca=_path(tls_ca),
+            tls_client_auth=tls_client_auth, tls_http=tls_http,
+            tls_reload_interval_s=tls_reload_interval, require_auth=require_auth,
+            super_users=frozenset(super_user),
+            group_secret=_secret_bytes(group_secret_file, "--group-secret-file"),
+            audit=audit, peer_user=peer_user,
+            peer_password=_secret_text(peer_password_file, "--peer-password-file"),
+        ),
     )
 
 
-def _digest(text: str | None) -> tuple[str, str] | None:
+def _digest(text: str | None, file: str | None = None) -> tuple[str, str] | None:
+    flag = "--zk-digest"
+    if file is not None:
+        if text:
+            raise ConfigError("--zk-digest and --zk-digest-file: give one")
+        text, flag = _secret_text(file, "--zk-digest-file"), "--zk-digest-file"
     if not text:
         return None
     try:
         return parse_digest(text)
     except ValueError as exc:
-        raise ConfigError(f"--zk-digest: {exc}") from None
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def _path(text: str | None) -> Path | None:
+    return None if text is None else Path(text)
+
+
+def _secret_text(file: str | None, flag: str) -> str | None:
+    if file is None:
+        return None
+    try:
+        return read_secret(Path(file))
+    except SecurityConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def _secret_bytes(file: str | None, flag: str) -> bytes | None:
+    text = _secret_text(file, flag)
+    return None if text is None else text.encode()
 
 
 @click.command(short_help="Run a broker (master or slave).",
@@ -217,6 +264,41 @@ def _digest(text: str | None) -> tuple[str, str] | None:
               help="ZooKeeper session timeout; the read lease is derived from it.")
 @click.option("--zk-digest", default=None, metavar="USER:PASSWORD", envvar="UNDERSTUDY_ZK_DIGEST",
               help="ZooKeeper digest identity (also env UNDERSTUDY_ZK_DIGEST); nodes get its ACL.")
+@click.option("--zk-digest-file", default=None, metavar="FILE",
+              help="A file holding USER:PASSWORD, instead of --zk-digest (a mounted Secret).")
+@click.option("--tls-cert", default=None, metavar="FILE",
+              help="Serve TLS on the client and replication ports with this certificate "
+                   "(PEM; with --tls-key). It is also this broker's client certificate "
+                   "towards its peers.")
+@click.option("--tls-key", default=None, metavar="FILE", help="The certificate's private key.")
+@click.option("--tls-ca", default=None, metavar="FILE",
+              help="CA certificates that verify client certificates and peer brokers.")
+@click.option("--tls-client-auth", type=click.Choice(["none", "optional", "required"]),
+              default="optional", show_default=True,
+              help="Client certificates on the client port (a verified one authenticates "
+                   "its common name as the user).")
+@click.option("--tls-http", is_flag=True, default=False,
+              help="Serve the HTTP side port (metrics, health) over TLS too.")
+@click.option("--tls-reload-interval", type=click.FloatRange(min=0.1), default=30.0,
+              show_default=True,
+              help="Seconds between checks of the certificate files; a changed pair is "
+                   "used for new connections without a restart.")
+@click.option("--require-auth", is_flag=True, default=False,
+              help="Every client authenticates (SCRAM or a client certificate) and ACLs "
+                   "in ZooKeeper are enforced (needs --zk).")
+@click.option("--super-user", multiple=True, metavar="NAME",
+              help="A user granted everything (repeatable): brokers, the cluster admin.")
+@click.option("--group-secret-file", default=None, metavar="FILE",
+              help="The group's shared secret: the replication port serves only brokers "
+                   "that prove it (and a slave replicates only from a master that does).")
+@click.option("--audit", type=click.Choice(["off", "denied", "all"]), default="denied",
+              show_default=True,
+              help="Which authorisation decisions go to the understudy.audit log.")
+@click.option("--peer-user", default=None, metavar="NAME",
+              help="SCRAM user this broker authenticates as on its peers' client ports "
+                   "(else its certificate is its identity there).")
+@click.option("--peer-password-file", default=None, metavar="FILE",
+              help="The --peer-user's password.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def broker(log_level: str, **flags: Any) -> None:

@@ -17,7 +17,8 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
 
 import click
 from rich.console import Console
@@ -48,6 +49,7 @@ from understudy_broker.scheduling import (
     parse_deliver_at_ms,
     parse_duration_ms,
 )
+from understudy_broker.security import PASSWORD_ENV, ClientSecurity, SecurityConfigError
 from understudy_broker.tasks import stop_tasks
 
 _stderr = Console(stderr=True)
@@ -99,10 +101,49 @@ bootstrap_option = click.option(
     help="Any broker of the group (repeatable or comma-separated).",
 )
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SECURITY_OPTIONS = (
+    click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                 envvar="UNDERSTUDY_TLS_CA",
+                 help="Connect over TLS, verifying brokers against these CA certificates."),
+    click.option("--tls-cert", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                 help="Client certificate (its common name is the user; with --tls-key)."),
+    click.option("--tls-key", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                 help="The client certificate's private key."),
+    click.option("--user", default=None, metavar="NAME", envvar="UNDERSTUDY_USER",
+                 help="Authenticate as this user (SCRAM-SHA-512)."),
+    click.option("--password-file", type=click.Path(dir_okay=False), default=None,
+                 metavar="FILE",
+                 help=f"The user's password (else the {PASSWORD_ENV} environment variable)."),
+)
+
+
+def client_options(fn: F) -> F:
+    """``--bootstrap`` and the security flags; the command receives ``bootstrap`` and
+    ``security`` (a :class:`ClientSecurity`, or None without any security flag)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
+                user: str | None, password_file: str | None, **kwargs: Any) -> Any:
+        def path(v: str | None) -> Path | None:
+            return None if v is None else Path(v)
+        try:
+            kwargs["security"] = ClientSecurity.from_files(
+                tls_ca=path(tls_ca), tls_cert=path(tls_cert), tls_key=path(tls_key),
+                user=user, password_file=path(password_file))
+        except SecurityConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        return fn(*args, **kwargs)
+
+    out: Any = wrapper
+    for option in reversed(_SECURITY_OPTIONS):
+        out = option(out)
+    return bootstrap_option(out)  # type: ignore[no-any-return]
+
 
 @click.command(short_help="Produce messages to a topic.",
                context_settings={"help_option_names": ["-h", "--help"]})
-@bootstrap_option
+@client_options
 @click.option("--topic", "-t", required=True)
 @click.option("--count", "-n", type=click.IntRange(min=1), default=10_000, show_default=True)
 @click.option("--size", "-s", type=click.IntRange(min=1), default=1024, show_default=True, help="Body bytes per message.")
@@ -142,6 +183,7 @@ bootstrap_option = click.option(
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def produce(
     bootstrap: tuple[str, ...],
+    security: ClientSecurity | None,
     topic: str,
     count: int,
     size: int,
@@ -210,6 +252,7 @@ def produce(
                 id_prefix=id_prefix,
                 record=record,
                 deliver_at=when,
+                security=security,
             )
         )
     _report(summary, as_json=as_json, title="produce")
@@ -232,8 +275,10 @@ async def _produce(
     id_prefix: str | None = None,
     record: TextIO | None = None,
     deliver_at: Callable[[], int] | None = None,
+    security: ClientSecurity | None = None,
 ) -> dict[str, Any]:
-    producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms, **(options or {}))
+    producer = Producer(bootstrap, batch_size=batch_size, linger_ms=linger_ms,
+                        security=security, **(options or {}))
     slots = asyncio.Semaphore(window)
     latencies: list[float] = []
     errors: list[str] = []
@@ -258,7 +303,7 @@ async def _produce(
                 return
             exc = fut.exception()
             if exc is not None:
-                if len(errors) < 5:
+                if len(errors) < 5 and str(exc) not in errors:
                     errors.append(str(exc))
                 return
             acked += 1
@@ -319,7 +364,7 @@ async def _produce(
 
 @click.command(short_help="Consume messages as a consumer group.",
                context_settings={"help_option_names": ["-h", "--help"]})
-@bootstrap_option
+@client_options
 @click.option("--topic", "-t", required=True)
 @click.option("--group", "-g", required=True, help="Consumer group.")
 @click.option("--count", "-n", type=click.IntRange(min=1), default=10_000, show_default=True)
@@ -343,6 +388,7 @@ async def _produce(
 @click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON summary line.")
 def consume(
     bootstrap: tuple[str, ...],
+    security: ClientSecurity | None,
     topic: str,
     group: str,
     count: int,
@@ -371,7 +417,8 @@ def consume(
             _consume(addrs, topic=topic, group=group, count=count, idle_timeout=idle_timeout,
                      commit_every=commit_every, session_timeout_ms=session_timeout_ms,
                      member_id=member_id, record=record, nack_every=nack_every,
-                     nack_delay_ms=nack_delay_ms, max_reconsume=max_reconsume)
+                     nack_delay_ms=nack_delay_ms, max_reconsume=max_reconsume,
+                     security=security)
         )
     _report(summary, as_json=as_json, title="consume")
     if summary["consumed"] < count:
@@ -392,9 +439,11 @@ async def _consume(
     nack_every: int | None = None,
     nack_delay_ms: int = 1000,
     max_reconsume: int = DEFAULT_MAX_RECONSUME,
+    security: ClientSecurity | None = None,
 ) -> dict[str, Any]:
     consumer = Consumer(bootstrap, group=group, topic=topic, member_id=member_id,
-                        session_timeout_ms=session_timeout_ms, max_reconsume=max_reconsume)
+                        session_timeout_ms=session_timeout_ms, max_reconsume=max_reconsume,
+                        security=security)
     nacked = redelivered = dead = 0
     logged = 0
 
@@ -499,7 +548,7 @@ def topic() -> None:
 
 
 @topic.command("create")
-@bootstrap_option
+@client_options
 @click.option("--topic", "-t", "name", required=True)
 @click.option("--queues", "-q", type=click.IntRange(1, 65535), default=4, show_default=True,
               help="Without --groups: queues of a topic on the bootstrap broker's group.")
@@ -511,7 +560,7 @@ def topic() -> None:
               help="A strictly ordered topic: one queue per group, written through the send "
                    "chain and read through the consume chain (docs/ordered.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the topic as one JSON object.")
-def topic_create(bootstrap: tuple[str, ...], name: str, queues: int, groups: str | None,
+def topic_create(bootstrap: tuple[str, ...], security: ClientSecurity | None, name: str, queues: int, groups: str | None,
                  queues_per_group: int | None, ordered: bool, as_json: bool) -> None:
     """Create TOPIC: over --groups with --queues-per-group queues each (stored in
     ZooKeeper by the broker; any broker then serves its route), or, without --groups,
@@ -521,7 +570,7 @@ def topic_create(bootstrap: tuple[str, ...], name: str, queues: int, groups: str
         if queues_per_group is not None or ordered:
             raise click.UsageError("--queues-per-group and --ordered need --groups")
         try:
-            resp = asyncio.run(create_topic(boot, topic=name, queues=queues))
+            resp = asyncio.run(create_topic(boot, topic=name, queues=queues, security=security))
         except (BrokerError, ConnectionError) as exc:
             raise click.ClickException(str(exc)) from exc
         if as_json:
@@ -534,12 +583,13 @@ def topic_create(bootstrap: tuple[str, ...], name: str, queues: int, groups: str
     names = [g.strip() for g in groups.split(",") if g.strip()]
     per_group = queues_per_group or (1 if ordered else 4)
     req = p.AdminTopicRequest("create", name, names, per_group, ordered=ordered)
-    _admin(boot, req, as_json)
+    _admin(boot, req, as_json, security)
 
 
-def _admin(boot: list[str], req: p.AdminTopicRequest, as_json: bool) -> None:
+def _admin(boot: list[str], req: p.AdminTopicRequest, as_json: bool,
+           security: ClientSecurity | None) -> None:
     try:
-        resp = asyncio.run(admin_topic(boot, req))
+        resp = asyncio.run(admin_topic(boot, req, security))
     except (BrokerError, ConnectionError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     placement = [{"queue": q, "group": g} for q, g in enumerate(resp.placement) if g is not None]
@@ -558,7 +608,7 @@ def _admin(boot: list[str], req: p.AdminTopicRequest, as_json: bool) -> None:
 
 
 @topic.command("alter")
-@bootstrap_option
+@client_options
 @click.option("--topic", "-t", "name", required=True)
 @click.option("--add-groups", default="", metavar="G3,...", help="Groups to add queues on.")
 @click.option("--remove-groups", default="", metavar="G2,...",
@@ -567,7 +617,7 @@ def _admin(boot: list[str], req: p.AdminTopicRequest, as_json: bool) -> None:
               help="Grow (or, with the backlog rule, shrink) every group to this many queues.")
 @click.option("--force", is_flag=True, help="Remove queues even if they hold unconsumed messages.")
 @click.option("--json", "as_json", is_flag=True)
-def topic_alter(bootstrap: tuple[str, ...], name: str, add_groups: str, remove_groups: str,
+def topic_alter(bootstrap: tuple[str, ...], security: ClientSecurity | None, name: str, add_groups: str, remove_groups: str,
                 queues_per_group: int | None, force: bool, as_json: bool) -> None:
     """Add groups or queues to a cluster topic, or remove drained ones."""
     def split(v: str) -> list[str]:
@@ -578,29 +628,30 @@ def topic_alter(bootstrap: tuple[str, ...], name: str, add_groups: str, remove_g
     req = p.AdminTopicRequest("alter", name, queues_per_group=queues_per_group,
                               add_groups=split(add_groups), remove_groups=split(remove_groups),
                               force=force)
-    _admin(_bootstrap(bootstrap), req, as_json)
+    _admin(_bootstrap(bootstrap), req, as_json, security)
 
 
 @topic.command("delete")
-@bootstrap_option
+@client_options
 @click.option("--topic", "-t", "name", required=True)
 @click.option("--force", is_flag=True, help="Delete even if queues hold unconsumed messages.")
 @click.option("--json", "as_json", is_flag=True)
-def topic_delete(bootstrap: tuple[str, ...], name: str, force: bool, as_json: bool) -> None:
+def topic_delete(bootstrap: tuple[str, ...], security: ClientSecurity | None, name: str, force: bool, as_json: bool) -> None:
     """Delete a cluster topic (refused while it holds unconsumed messages, unless --force)."""
-    _admin(_bootstrap(bootstrap), p.AdminTopicRequest("delete", name, force=force), as_json)
+    _admin(_bootstrap(bootstrap), p.AdminTopicRequest("delete", name, force=force), as_json,
+           security)
 
 
 @topic.command("describe")
-@bootstrap_option
+@client_options
 @click.option("--topic", "-t", "name", required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def topic_describe(bootstrap: tuple[str, ...], name: str, as_json: bool) -> None:
+def topic_describe(bootstrap: tuple[str, ...], security: ClientSecurity | None, name: str, as_json: bool) -> None:
     """Per queue: group, writer, reader, log end; per consumer group: owner, committed
     offset and lag. An ordered topic also shows its send head, consume head and active
     producer."""
     try:
-        d = asyncio.run(describe_topic(_bootstrap(bootstrap), name))
+        d = asyncio.run(describe_topic(_bootstrap(bootstrap), name, security))
     except (BrokerError, ConnectionError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -637,12 +688,12 @@ def consumer_group() -> None:
 
 
 @consumer_group.command("list")
-@bootstrap_option
+@client_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def consumer_group_list(bootstrap: tuple[str, ...], as_json: bool) -> None:
+def consumer_group_list(bootstrap: tuple[str, ...], security: ClientSecurity | None, as_json: bool) -> None:
     """Every consumer group, with its member count and assignment generation."""
     try:
-        groups = asyncio.run(list_consumer_groups(_bootstrap(bootstrap)))
+        groups = asyncio.run(list_consumer_groups(_bootstrap(bootstrap), security))
     except (BrokerError, ConnectionError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -657,13 +708,13 @@ def consumer_group_list(bootstrap: tuple[str, ...], as_json: bool) -> None:
 
 
 @consumer_group.command("describe")
-@bootstrap_option
+@client_options
 @click.option("--group", "-g", "cgroup", required=True, help="The consumer group.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def consumer_group_describe(bootstrap: tuple[str, ...], cgroup: str, as_json: bool) -> None:
+def consumer_group_describe(bootstrap: tuple[str, ...], security: ClientSecurity | None, cgroup: str, as_json: bool) -> None:
     """Members, and per queue: owner, committed offset, lag."""
     try:
-        d = asyncio.run(describe_consumer_group(_bootstrap(bootstrap), cgroup))
+        d = asyncio.run(describe_consumer_group(_bootstrap(bootstrap), cgroup, security))
     except (BrokerError, ConnectionError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -681,13 +732,13 @@ def consumer_group_describe(bootstrap: tuple[str, ...], cgroup: str, as_json: bo
 
 
 @topic.command("list")
-@bootstrap_option
+@client_options
 @click.option("--json", "as_json", is_flag=True)
-def topic_list(bootstrap: tuple[str, ...], as_json: bool) -> None:
+def topic_list(bootstrap: tuple[str, ...], security: ClientSecurity | None, as_json: bool) -> None:
     """Show topics and the group's brokers with their effective permission."""
 
     async def fetch() -> Any:
-        router = Router(_bootstrap(bootstrap))
+        router = Router(_bootstrap(bootstrap), security=security)
         try:
             return await router.refresh()
         finally:
@@ -695,7 +746,7 @@ def topic_list(bootstrap: tuple[str, ...], as_json: bool) -> None:
 
     try:
         route = asyncio.run(fetch())
-    except ConnectionError as exc:
+    except (BrokerError, ConnectionError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(route.encode().decode())

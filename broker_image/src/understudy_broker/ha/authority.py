@@ -20,6 +20,7 @@ was a lease lapse, and back-sync — so the broker holds no ``if coordinated`` b
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,9 +32,11 @@ from understudy_broker.config import BrokerConfig, Peer
 from understudy_broker.model import Health, Permission, Role, Snapshot, effective_permission
 from understudy_broker.protocol import BrokerRoute, GroupRoute
 from understudy_broker.replication.isr import IsrStore
+from understudy_broker.security import ClientSecurity
 from understudy_broker.zklayout import GroupConfig, OrderedFacts
 
 if TYPE_CHECKING:
+    from understudy_broker.ha.aclview import AclView
     from understudy_broker.ha.clusterview import ClusterView
     from understudy_broker.ha.membership import Membership
 
@@ -187,6 +190,11 @@ class Authority(Protocol):
         ...
 
     @property
+    def acls(self) -> AclView | None:
+        """Users and ACL rules (``None`` without ZooKeeper)."""
+        ...
+
+    @property
     def producers(self) -> Membership | None:
         """The producers of ordered topics, held by brokers like consumer groups: the one
         that owns the topic's unit is its active producer (``None`` without ZooKeeper)."""
@@ -197,12 +205,14 @@ class Authority(Protocol):
     async def stop(self) -> None: ...
 
 
-async def probe_peer(peer: Peer, *, timeout_s: float = 0.5) -> tuple[int, int, str]:
+async def probe_peer(peer: Peer, *, timeout_s: float = 0.5,
+                     security: ClientSecurity | None = None) -> tuple[int, int, str]:
     """HEARTBEAT a peer: ``(effective permission, epoch, role)``; ``OSError`` or
     ``TimeoutError`` when it cannot be reached, ``ValueError`` when it answers wrongly."""
     try:
         frame = await request_once(peer.address, p.Op.HEARTBEAT, p.HeartbeatRequest().encode(),
-                                   timeout_s=timeout_s, max_frame_bytes=64 * 1024)
+                                   timeout_s=timeout_s, max_frame_bytes=64 * 1024,
+                                   security=security)
         if frame.status != p.Status.OK:
             raise ValueError(f"peer {peer.name} answered with an error")
         hb = p.HeartbeatResponse.decode(frame.body)
@@ -214,7 +224,8 @@ async def probe_peer(peer: Peer, *, timeout_s: float = 0.5) -> tuple[int, int, s
 
 
 def authority_for(cfg: BrokerConfig, *, address: Callable[[], str],
-                  peer_probe: PeerProbe = probe_peer) -> Authority:
+                  peer_probe: PeerProbe = probe_peer,
+                  security: ClientSecurity | None = None) -> Authority:
     """The authority a broker with ``cfg`` runs under: ZooKeeper with ``--zk``, else static.
     ``address`` gives ``host:port`` once the broker listens (port 0 resolves late)."""
     if cfg.zk is not None:
@@ -224,8 +235,10 @@ def authority_for(cfg: BrokerConfig, *, address: Callable[[], str],
             connect=cfg.zk, group=cfg.group, name=cfg.name, role=cfg.role,
             configured=cfg.permission, address=address,
             session_timeout_s=cfg.zk_session_timeout_ms / 1000,
-            link_timeout_s=cfg.link_timeout_s, digest_auth=cfg.zk_digest,
+            link_timeout_s=cfg.link_timeout_s, digest_auth=cfg.zk_digest, security=security,
         )
+    if peer_probe is probe_peer and security is not None:
+        peer_probe = functools.partial(probe_peer, security=security)
     return StaticAuthority(name=cfg.name, group=cfg.group, role=cfg.role,
                            configured=cfg.permission, address=address, peers=cfg.peers,
                            probe=peer_probe)
@@ -354,6 +367,10 @@ class StaticAuthority(BrokerIdentity):
 
     @property
     def membership(self) -> Membership | None:
+        return None
+
+    @property
+    def acls(self) -> AclView | None:
         return None
 
     @property

@@ -27,6 +27,7 @@ from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, request_once
 from understudy_broker.model import GroupState, Mode, Role, Snapshot
 from understudy_broker.retry import Backoff
+from understudy_broker.security import ClientSecurity
 from understudy_broker.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def backsync_epoch_due(*, role: Role, name: str, state: GroupState | None) -> in
 
 async def push_offsets(
     *, host: str, port: int, request: p.BackSyncRequest, timeout_s: float,
-    max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
+    max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES, security: ClientSecurity | None = None,
 ) -> p.BackSyncResponse:
     """One BACKSYNC_OFFSETS on a fresh connection. Raises :class:`BackSyncRefused` for an
     error status, ``OSError``/``TimeoutError`` when the master cannot be reached, the
@@ -59,7 +60,7 @@ async def push_offsets(
     ``protocol.FrameError`` for a garbled answer."""
     frame = await request_once(f"{host}:{port}", p.Op.BACKSYNC_OFFSETS, request.encode(),
                                epoch=request.epoch, timeout_s=timeout_s,
-                               max_frame_bytes=max_frame_bytes)
+                               max_frame_bytes=max_frame_bytes, security=security)
     if frame.status != p.Status.OK:
         raise BackSyncRefused(p.Status(frame.status), p.error_message(frame))
     return p.BackSyncResponse.decode(frame.body)
@@ -73,6 +74,7 @@ async def push_until_acknowledged(
     still_due: Callable[[], bool],
     timeout_s: float = 2.0,
     backoff_s: tuple[float, float] = (0.02, 0.5),
+    security: ClientSecurity | None = None,
 ) -> p.BackSyncResponse | None:
     """Push until the master acknowledges (returns its answer) or the push is no longer
     due or was refused as stale (returns ``None``). ``master`` gives the master's client
@@ -86,7 +88,7 @@ async def push_until_acknowledged(
         else:
             try:
                 return await push_offsets(host=where[0], port=where[1], request=request(),
-                                          timeout_s=timeout_s)
+                                          timeout_s=timeout_s, security=security)
             except BackSyncRefused as exc:
                 if exc.status is p.Status.STALE_EPOCH:
                     log.info("back-sync epoch %d refused as stale: %s", epoch, exc)
@@ -124,7 +126,9 @@ class BackSyncer:
         escape_quiesce: Callable[[], Awaitable[None]] | None = None,
         escaped: Callable[[], list[int]] = list,
         escaped_synced: Callable[[list[int]], None] = lambda _o: None,
+        security: ClientSecurity | None = None,
     ) -> None:
+        self._security = security
         self._role = role
         self._name = name
         self._group = group
@@ -171,7 +175,8 @@ class BackSyncer:
                 # before the list of escaped entries is read (docs/delayed.md).
                 await self._escape_quiesce()
             answer = await push_until_acknowledged(epoch=epoch, master=self._master,
-                                                   request=request, still_due=still_due)
+                                                   request=request, still_due=still_due,
+                                                   security=self._security)
             if answer is not None and sent:
                 self._escaped_synced(list(sent))
         except Exception:  # a background task must report, not vanish

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from understudy_broker.ha.aclview import AclView
 from understudy_broker.ha.authority import BrokerHooks, BrokerIdentity, ReplicationFacts
 from understudy_broker.ha.backsync import BackSyncer
 from understudy_broker.ha.clusterview import ClusterView
@@ -56,6 +57,7 @@ from understudy_broker.model import (
 )
 from understudy_broker.protocol import BrokerRoute, GroupRoute
 from understudy_broker.replication.isr import IsrConflictError, IsrStore
+from understudy_broker.security import ClientSecurity
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zkclient import Digest, digest_acl
 from understudy_broker.zklayout import (
@@ -136,6 +138,7 @@ class ZkAuthority(BrokerIdentity):
         link_timeout_s: float = DEFAULT_LINK_TIMEOUT_S,
         fence_after_s: float | None = None,
         digest_auth: Digest | None = None,
+        security: ClientSecurity | None = None,
         publish_interval_s: float = 1.0,
     ) -> None:
         self._connect = connect
@@ -148,6 +151,7 @@ class ZkAuthority(BrokerIdentity):
         self._link_timeout_s = link_timeout_s
         self._fence_after_s = session_timeout_s if fence_after_s is None else fence_after_s
         self._digest_auth = digest_auth
+        self._security = security  # what this broker presents to its peers' client ports
         self._publish_interval_s = publish_interval_s
         self._health = Health()
         self._facts: Callable[[], ReplicationFacts] = ReplicationFacts
@@ -163,6 +167,7 @@ class ZkAuthority(BrokerIdentity):
         self._task: asyncio.Task[None] | None = None
         self._cluster: ClusterView | None = None
         self._membership: Membership | None = None
+        self._acls: AclView | None = None
         self._producers: Membership | None = None
         # The slave route (docs/failover.md, "A master cut off from ZooKeeper only"): a
         # master's probes and its slaves' echoes; a slave's hold-back after echoing.
@@ -317,7 +322,7 @@ class ZkAuthority(BrokerIdentity):
             has_read=lambda: bool(self.effective() & Permission.READ),
             master=self._master_client_address, offsets=hooks.offsets,
             escape_quiesce=hooks.escape_quiesce, escaped=hooks.escaped,
-            escaped_synced=hooks.escaped_synced,
+            escaped_synced=hooks.escaped_synced, security=self._security,
         )
 
     def _master_client_address(self) -> tuple[str, int] | None:
@@ -405,6 +410,8 @@ class ZkAuthority(BrokerIdentity):
                                      view=self._cluster, acl=acl, space=PRODUCER_GROUPS)
         self._cluster.subscribe(self._producers.topics_changed)
         await self._producers.start()
+        self._acls = AclView(self._coord.client, loop, acl=acl)
+        await self._acls.start()
         self._task = loop.create_task(self._publish_loop(), name=f"status-{self._name}")
         if self._role is Role.SLAVE:  # the hold-back every slave starts with ends then
             self._wake_after("holdback", self._holdback.remaining(lease_clock()))
@@ -416,6 +423,10 @@ class ZkAuthority(BrokerIdentity):
     @property
     def membership(self) -> Membership | None:
         return self._membership
+
+    @property
+    def acls(self) -> AclView | None:
+        return self._acls
 
     @property
     def producers(self) -> Membership | None:

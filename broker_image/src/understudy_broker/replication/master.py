@@ -18,6 +18,8 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,20 +33,28 @@ from understudy_broker.replication.isr import (
     ReplicationTimeoutError,
 )
 from understudy_broker.replication.wire import (
+    AUTH_HELLO,
+    AUTH_MAGIC,
+    CHALLENGE,
     ECHO,
     ECHO_MARKER,
     HEARTBEAT,
     HELLO,
     MAX_PUSH_BYTES,
+    NONCE_BYTES,
+    PROOF,
     PUSH_HEADER,
     REPAIR,
     REPAIR_MARKER,
+    NotOfThisGroup,
     ReplicationError,
     ReplicationProtocolError,
     decode_hello_name,
     encode_metadata,
     encode_repair,
+    group_mac,
     hello_name_length,
+    proof_matches,
 )
 from understudy_broker.storage.commitlog import CommitLog
 from understudy_broker.storage.records import CommitLogError
@@ -102,7 +112,15 @@ class ReplicationServer:
         isr_lag_s: float = 1.0,
         isr_retry_s: float = 0.2,
         on_echo: Callable[[str, int, int], None] | None = None,
+        tls: ssl.SSLContext | None = None,
+        group: str = "",
+        secret: bytes | None = None,
     ) -> None:
+        # The port's TLS, and the group secret a connecting slave must prove first.
+        self._tls = tls
+        self._group = group
+        self._secret = secret
+        self.refused = 0  # connections that did not prove the group secret
         if max_lag_bytes < 1:
             raise ValueError("max_lag_bytes must be positive")
         self.log = log
@@ -145,7 +163,9 @@ class ReplicationServer:
         if self._isr_store is not None:
             task = asyncio.create_task(self._isr_loop(), name="isr")
             self._tasks.add(task)
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self._server = await asyncio.start_server(
+            self._handle, self.host, self.port, ssl=self._tls,
+            ssl_handshake_timeout=self.link_timeout_s if self._tls is not None else None)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("replication server listening on %s:%d (sync=%s)", self.host, self.port, self.sync)
 
@@ -498,6 +518,9 @@ class ReplicationServer:
         link: _Link | None = None
         pusher: asyncio.Task[None] | None = None
         try:
+            if self._secret is not None:
+                async with asyncio.timeout(self.link_timeout_s):
+                    await self._check_proof(reader, writer)
             async with asyncio.timeout(self.link_timeout_s):
                 name = await _read_hello(reader)
             async with asyncio.timeout(self.link_timeout_s):
@@ -554,6 +577,9 @@ class ReplicationServer:
                 peer,
                 self.link_timeout_s,
             )
+        except NotOfThisGroup as exc:
+            self.refused += 1
+            log.warning("refused a replication connection from %s: %s", peer, exc)
         except (ReplicationError, CommitLogError) as exc:
             log.error("replication link %s (%s) dropped: %s", link and link.name, peer, exc)
         except asyncio.CancelledError:
@@ -621,6 +647,25 @@ class ReplicationServer:
         except Exception:
             log.exception("metadata callback failed; skipping this metadata frame")
         return None
+
+
+    async def _check_proof(self, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+        """The group-secret handshake (replication/wire.py): nothing of the log is sent to
+        a peer that does not prove it."""
+        assert self._secret is not None
+        magic, theirs = AUTH_HELLO.unpack(await reader.readexactly(AUTH_HELLO.size))
+        if magic != AUTH_MAGIC:
+            raise NotOfThisGroup(
+                "it did not prove the group secret (a broker of this group starts with "
+                "the same --group-secret-file)")
+        ours = os.urandom(NONCE_BYTES)
+        writer.write(CHALLENGE.pack(ours, group_mac(self._secret, "master", self._group,
+                                                    theirs, ours)))
+        await writer.drain()
+        (proof,) = PROOF.unpack(await reader.readexactly(PROOF.size))
+        if not proof_matches(group_mac(self._secret, "slave", self._group, ours, theirs), proof):
+            raise NotOfThisGroup(f"its proof of group {self._group!r}'s secret is wrong")
 
 
 async def _read_hello(reader: asyncio.StreamReader) -> str:

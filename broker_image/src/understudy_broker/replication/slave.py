@@ -14,17 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 from understudy_broker.replication.wire import (
+    AUTH_HELLO,
+    AUTH_MAGIC,
+    CHALLENGE,
     HEARTBEAT,
     MAX_METADATA_BYTES,
     MAX_PUSH_BYTES,
     METADATA_OFFSET,
+    NONCE_BYTES,
+    PROOF,
     PUSH_HEADER,
     REPAIR,
     REPAIR_OFFSET,
+    NotOfThisGroup,
     ReplicationError,
     ReplicationProtocolError,
     check_body_length,
@@ -34,6 +42,8 @@ from understudy_broker.replication.wire import (
     encode_echo,
     encode_hello,
     encode_repair_request,
+    group_mac,
+    proof_matches,
 )
 from understudy_broker.retry import Backoff
 from understudy_broker.storage.commitlog import CommitLog
@@ -64,7 +74,13 @@ class ReplicationClient:
         commit: GroupCommit | None = None,
         epoch: Callable[[], int] = lambda: 0,
         on_probe: Callable[[int, float], int | None] | None = None,
+        tls: ssl.SSLContext | None = None,
+        group: str = "",
+        secret: bytes | None = None,
     ) -> None:
+        self._tls = tls
+        self._group = group
+        self._secret = secret
         self.log = log
         self.master_host = master_host
         self.master_port = master_port
@@ -148,6 +164,20 @@ class ReplicationClient:
             self._wake.clear()
             await _first_of(self._stop, self._wake, timeout_s=delay)
 
+    async def _prove(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The group-secret handshake (replication/wire.py); the master proves it too,
+        so a stranger on the master's address cannot feed this slave a log."""
+        assert self._secret is not None
+        ours = os.urandom(NONCE_BYTES)
+        writer.write(AUTH_HELLO.pack(AUTH_MAGIC, ours))
+        await writer.drain()
+        theirs, mac = CHALLENGE.unpack(await reader.readexactly(CHALLENGE.size))
+        if not proof_matches(group_mac(self._secret, "master", self._group, ours, theirs), mac):
+            raise NotOfThisGroup(
+                f"{self.master_host}:{self.master_port} did not prove group "
+                f"{self._group!r}'s secret: not our master")
+        writer.write(PROOF.pack(group_mac(self._secret, "slave", self._group, theirs, ours)))
+
     @property
     def _group_commit(self) -> bool:
         """Batch flush policy: acknowledge only fsynced bytes, fsyncing off the loop."""
@@ -165,8 +195,13 @@ class ReplicationClient:
             # offset is an acknowledgement too.
             await self._fsync()
         async with asyncio.timeout(self.link_timeout_s):
-            reader, writer = await asyncio.open_connection(self.master_host, self.master_port)
+            reader, writer = await asyncio.open_connection(
+                self.master_host, self.master_port, ssl=self._tls,
+                server_hostname=self.master_host if self._tls is not None else None)
         self._writer = writer
+        if self._secret is not None:
+            async with asyncio.timeout(self.link_timeout_s):
+                await self._prove(reader, writer)
         self.master_epoch = None
         writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
         async with asyncio.timeout(self.link_timeout_s):

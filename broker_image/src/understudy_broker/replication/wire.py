@@ -33,12 +33,25 @@ master -> slave::
                  offset (8), then the master's intact copy of that record (empty when
                  it has none), answering a REPAIR.
 
+With a group secret (``--group-secret-file``, docs/security.md) a slave proves it before
+its HELLO, and the master proves it back (HMAC-SHA-256 over both nonces, the group and
+the side, so no answer can be replayed or reflected)::
+
+    slave -> master   AUTH_HELLO   magic b"UQRA" | slave nonce (32)
+    master -> slave   CHALLENGE    master nonce (32) | MAC("master", slave nonce, master nonce)
+    slave -> master   PROOF        MAC("slave", master nonce, slave nonce), then HELLO ...
+
+A master with a secret closes a connection that starts with a plain HELLO or fails the
+proof; a slave closes one whose master fails its MAC. Neither sends a log byte first.
+
 Both sides cap frame sizes (:data:`MAX_PUSH_BYTES`, :data:`MAX_METADATA_BYTES`) *before*
 reading a body.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import struct
 from typing import Any
@@ -69,6 +82,11 @@ ECHO = struct.Struct(
     "Q"  # the probe's sequence number
     "Q"  # the group epoch the slave applied when it answered
 )
+AUTH_MAGIC = b"UQRA"
+NONCE_BYTES = 32
+AUTH_HELLO = struct.Struct(">4s32s")  # magic b"UQRA", the slave's nonce
+CHALLENGE = struct.Struct(">32s32s")  # the master's nonce, its MAC
+PROOF = struct.Struct(">32s")  # the slave's MAC
 MAX_NAME_BYTES = 255
 MAX_PUSH_BYTES = 8 << 20
 MAX_METADATA_BYTES = 16 << 20
@@ -80,6 +98,21 @@ class ReplicationError(Exception):
 
 class ReplicationProtocolError(ReplicationError):
     """A peer sent something the protocol does not allow; the link is dropped."""
+
+
+class NotOfThisGroup(ReplicationError):
+    """A peer did not prove the group secret: not one of this group's brokers."""
+
+
+def group_mac(secret: bytes, side: str, group: str, first: bytes, second: bytes) -> bytes:
+    """The MAC one side of a replication link sends to prove the group secret."""
+    msg = b"understudy-replication-v1|" + side.encode() + b"|" + group.encode() + b"|" \
+        + first + second
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def proof_matches(expected: bytes, got: bytes) -> bool:
+    return hmac.compare_digest(expected, got)
 
 
 def encode_hello(name: str) -> bytes:

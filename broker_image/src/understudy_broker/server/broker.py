@@ -42,11 +42,14 @@ from understudy_broker.ha.permlog import FILE_NAME as PERMISSION_LOG
 from understudy_broker.ha.permlog import PermissionLog
 from understudy_broker.model import Permission, Role
 from understudy_broker.replication.master import ReplicationServer
+from understudy_broker.security import BrokerTls, CertReloader
+from understudy_broker.server.auth import Session
 from understudy_broker.server.connections import ClientPort
 from understudy_broker.server.http import BrokerHttpPort
 from understudy_broker.server.metrics import BrokerMetrics
 from understudy_broker.server.replica import (
     METADATA_INTERVAL_S,
+    LinkSecurity,
     MasterReplica,
     Replica,
     SlaveReplica,
@@ -101,14 +104,25 @@ class Broker:
         peer_probe: PeerProbe = probe_peer,
     ) -> None:
         self.cfg = cfg
+        # TLS contexts, built once (a bad certificate fails here, before anything opens),
+        # and reloaded when their files change (docs/security.md).
+        self.tls = BrokerTls.of(cfg.security)
+        self._peer_security = self.tls.peer_security(cfg.security)
+        self._reloader = (CertReloader(self.tls.contexts(), cfg.security.tls_cert,
+                                       cfg.security.tls_key,
+                                       interval_s=cfg.security.tls_reload_interval_s)
+                          if cfg.security.tls_cert is not None and cfg.security.tls_key
+                          is not None else None)
         self.authority: Authority = authority or authority_for(
-            cfg, address=lambda: f"{cfg.host}:{self.listening.port}", peer_probe=peer_probe)
+            cfg, address=lambda: f"{cfg.host}:{self.listening.port}", peer_probe=peer_probe,
+            security=self._peer_security)
         self.metrics = BrokerMetrics(group=cfg.group, broker=cfg.name, role=cfg.role.value)
         self._signal = AppendSignal()
         self._permlog = PermissionLog(cfg.data_dir / PERMISSION_LOG, group=cfg.group,
                                       broker=cfg.name)
         self._port = ClientPort(handle=self._handle, epoch=self.authority.epoch,
-                                max_frame_bytes=cfg.max_frame_bytes, limits=cfg.limits)
+                                max_frame_bytes=cfg.max_frame_bytes, limits=cfg.limits,
+                                tls=self.tls.client_port)
         self._http: BrokerHttpPort | None = None  # only with --http-port
         self._parts: _Parts | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -119,7 +133,8 @@ class Broker:
         self._stopping = False
         # Secondary messages (due entries escaped or moved, nacks) go out through the
         # client library, this broker's own port first (docs/delayed.md).
-        self._escaper = Escaper(bootstrap=self._bootstrap, writable=self._group_writable)
+        self._escaper = Escaper(bootstrap=self._bootstrap, writable=self._group_writable,
+                                security=self._peer_security)
 
     # ---- parts ----------------------------------------------------------------------
 
@@ -142,8 +157,8 @@ class Broker:
             replication_port=self._parts.replica.port if self._parts is not None else None,
         )
 
-    async def _handle(self, frame: p.Frame, room: OutputRoom) -> bytes:
-        return await self.parts.requests.handle(frame, room)
+    async def _handle(self, frame: p.Frame, room: OutputRoom, session: Session) -> bytes:
+        return await self.parts.requests.handle(frame, room, session)
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -188,7 +203,7 @@ class Broker:
                 cfg=cfg, authority=self.authority, store=store, replica=replica,
                 signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,
                 backsync_persisted=self._on_backsync_persisted, scheduler=scheduler,
-                escaper=self._escaper,
+                escaper=self._escaper, peer_security=self._peer_security,
             ), scheduler, schedule)
             membership = self.authority.membership
             if membership is not None:
@@ -202,7 +217,7 @@ class Broker:
             if cfg.http_port is not None:
                 self._http = BrokerHttpPort(
                     registry=self.metrics.registry, ready=self._ready, host=cfg.host,
-                    port=cfg.http_port, permissions=self._permlog.path,
+                    port=cfg.http_port, permissions=self._permlog.path, tls=self.tls.http,
                 )
                 await self._http.start()
         except BaseException:
@@ -210,6 +225,8 @@ class Broker:
             if schedule is not None:
                 schedule.close()
             raise
+        if self._reloader is not None:
+            self._reloader.start()
         self._spawn(self._housekeeping(), "housekeeping")
         self._spawn(self.parts.scheduler.run(), "scheduler")
         self._spawn(store.run_recovery_points(), "recovery-point")
@@ -254,6 +271,8 @@ class Broker:
                                   "epoch": self.authority.epoch(),
                                   **self._probe()},
                 on_echo=self.authority.echoed,
+                tls=self.tls.replication, group=cfg.group,
+                secret=cfg.security.group_secret,
                 ack_timeout_s=cfg.ack_timeout_s,
                 metadata_interval_s=METADATA_INTERVAL_S,
                 # With ZooKeeper the master records the in-sync set (docs/failover.md):
@@ -267,7 +286,9 @@ class Broker:
             raise ConfigError("a slave needs a master address")
         return SlaveReplica(store, name=cfg.name, master=cfg.master,
                             link_timeout_s=cfg.link_timeout_s, on_data=self._signal.fire,
-                            epoch=self.authority.epoch, on_probe=self.authority.answer_probe)
+                            epoch=self.authority.epoch, on_probe=self.authority.answer_probe,
+                            link=LinkSecurity(self.tls.peer, cfg.group,
+                                              cfg.security.group_secret))
 
     def _probe(self) -> dict[str, dict[str, int]]:
         probe = self.authority.probe()
@@ -299,6 +320,8 @@ class Broker:
         if parts is not None:
             await parts.replica.stop()
         await stop_tasks(list(self._background))
+        if self._reloader is not None:
+            await self._reloader.stop()
         await self._escaper.close()
         await self.authority.stop()
         self._permlog.record(Permission.NONE, self.authority.epoch())

@@ -30,6 +30,7 @@ import contextlib
 import logging
 import resource
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Awaitable, Callable
@@ -38,8 +39,11 @@ from typing import Any
 
 from understudy_broker import protocol as p
 from understudy_broker.config import ClientLimits
+from understudy_broker.security import certificate_user
 from understudy_broker.server import limits as lim
-from understudy_broker.server.requests import CONSUMER_OPS, OutputRoom, RequestError
+from understudy_broker.server.auth import Session
+from understudy_broker.server.errors import RequestError
+from understudy_broker.server.requests import CONSUMER_OPS, OutputRoom
 
 log = logging.getLogger("understudy.broker")
 
@@ -63,6 +67,7 @@ class _Conn:
     writer: asyncio.StreamWriter
     max_unsent: int
     last_active: float
+    session: Session
     mine: set[asyncio.Task[Any]] = field(default_factory=set)
     polls: set[asyncio.Task[Any]] = field(default_factory=set)
     consumer: bool = False
@@ -106,12 +111,14 @@ class ClientPort:
     def __init__(
         self,
         *,
-        handle: Callable[[p.Frame, OutputRoom], Awaitable[bytes]],
+        handle: Callable[[p.Frame, OutputRoom, Session], Awaitable[bytes]],
         epoch: Callable[[], int],
         max_frame_bytes: int,
         limits: ClientLimits | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._handle = handle
+        self._tls = tls
         self._epoch = epoch
         self._max_frame_bytes = max_frame_bytes
         self._limits = limits or ClientLimits()
@@ -141,7 +148,8 @@ class ClientPort:
                 "replication; raise it (ulimit -n) to serve more",
                 self._max_connections, self._limits.max_connections, soft, lim.FD_RESERVE)
         self._server = await asyncio.start_server(
-            self._serve, host, port, limit=READ_CHUNK, backlog=512
+            self._serve, host, port, limit=READ_CHUNK, backlog=512, ssl=self._tls,
+            ssl_handshake_timeout=self._limits.frame_timeout_s if self._tls else None,
         )
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="client-port-sweep")
 
@@ -189,12 +197,16 @@ class ClientPort:
         if task is not None:
             self._connections.add(task)
         decoder = p.FrameDecoder(self._max_frame_bytes)
-        conn = _Conn(writer, self._limits.max_unsent_bytes, time.monotonic())
+        peer = writer.get_extra_info("peername")
+        # A verified client certificate names the connection's user (TLS is done here).
+        session = Session.of_certificate(
+            f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
+            certificate_user(writer.get_extra_info("ssl_object")))
+        conn = _Conn(writer, self._limits.max_unsent_bytes, time.monotonic(), session)
         # drain() then waits exactly while more than the limit is unsent.
         writer.transport.set_write_buffer_limits(high=self._limits.max_unsent_bytes)
         self._conns.add(conn)
         reserved = 0  # request memory held for the incomplete frame at the decoder's head
-        peer = writer.get_extra_info("peername")
         try:
             while not self._stopping:
                 reserved = await self._hold_back(conn, decoder, reserved)
@@ -292,7 +304,7 @@ class ClientPort:
 
     async def _respond(self, frame: p.Frame, conn: _Conn, charge: int) -> None:
         try:
-            out = await self._answer(frame, conn.room)
+            out = await self._answer(frame, conn.room, conn.session)
         except _Gone:
             return
         finally:
@@ -305,10 +317,10 @@ class ClientPort:
         conn.written += len(out)
         conn.last_active = time.monotonic()
 
-    async def _answer(self, frame: p.Frame, room: OutputRoom) -> bytes:
+    async def _answer(self, frame: p.Frame, room: OutputRoom, session: Session) -> bytes:
         epoch = self._epoch()
         try:
-            body = await self._handle(frame, room)
+            body = await self._handle(frame, room, session)
             return p.encode_response(frame, body=body, epoch=epoch)
         except RequestError as exc:
             status, message = exc.status, exc.message

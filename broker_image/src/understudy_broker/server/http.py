@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +31,9 @@ class HttpSidePort:
         ready: Callable[[], tuple[bool, str]],
         host: str,
         port: int,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        self._tls = tls
         self._registry = registry
         self._ready = ready
         self._host = host
@@ -44,7 +47,8 @@ class HttpSidePort:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        self._server = await asyncio.start_server(self._handle, self._host, self._port,
+                                                  ssl=self._tls)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -107,8 +111,9 @@ class BrokerHttpPort(HttpSidePort):
         host: str,
         port: int,
         permissions: Path,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(registry=registry, ready=ready, host=host, port=port)
+        super().__init__(registry=registry, ready=ready, host=host, port=port, tls=tls)
         self._permissions = permissions
 
     def respond(self, method: str, path: str) -> tuple[int, str, bytes]:

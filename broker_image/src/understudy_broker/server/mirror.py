@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, request_once
 from understudy_broker.replication.isr import IsrConflictError, IsrStore, NotEnoughReplicasError
+from understudy_broker.security import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,9 @@ class CommitMirror:
     ``offsets`` (or left the record); raises :class:`NotEnoughReplicasError` otherwise."""
 
     def __init__(self, *, name: str, group: str, store: IsrStore | None,
-                 peers: Callable[[], Mapping[str, str]], timeout_s: float) -> None:
+                 peers: Callable[[], Mapping[str, str]], timeout_s: float,
+                 security: ClientSecurity | None = None) -> None:
+        self._security = security
         self._name = name
         self._group = group
         self._store = store
@@ -66,7 +69,7 @@ class CommitMirror:
             return False
         try:
             frame = await request_once(address, p.Op.BACKSYNC_OFFSETS, body, epoch=epoch,
-                                       timeout_s=self._timeout_s)
+                                       timeout_s=self._timeout_s, security=self._security)
         except (OSError, TimeoutError, BrokerError) as exc:
             log.warning("mirror: %s did not take a commit: %r", target, exc)
             return False

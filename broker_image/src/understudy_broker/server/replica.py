@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from understudy_broker.ha.authority import Authority
@@ -184,6 +186,18 @@ class MasterReplica:
         await self._server.stop()
 
 
+@dataclass(frozen=True, slots=True)
+class LinkSecurity:
+    """The replication link's TLS context and the group secret both sides prove."""
+
+    tls: ssl.SSLContext | None = None
+    group: str = ""
+    secret: bytes | None = field(default=None, repr=False)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"tls": self.tls, "group": self.group, "secret": self.secret}
+
+
 class SlaveReplica:
     """A slave: a :class:`ReplicationClient` copying the master's log into the store, the
     master's topics and offsets adopted from its metadata, and the replicated commit
@@ -193,7 +207,8 @@ class SlaveReplica:
     def __init__(self, store: Store, *, name: str, master: tuple[str, int],
                  link_timeout_s: float, on_data: Callable[[], None],
                  epoch: Callable[[], int] = lambda: 0,
-                 on_probe: Callable[[int, float], int | None] | None = None) -> None:
+                 on_probe: Callable[[int, float], int | None] | None = None,
+                 link: LinkSecurity | None = None) -> None:
         self._store = store
         self._name = name
         self._link_timeout_s = link_timeout_s
@@ -204,7 +219,7 @@ class SlaveReplica:
             store.log, master_host=master[0], master_port=master[1], name=name,
             on_metadata=self._on_metadata, on_append=self._on_replicated,
             link_timeout_s=link_timeout_s, commit=store.log_commit, epoch=epoch,
-            on_probe=on_probe,
+            on_probe=on_probe, **(link or LinkSecurity()).kwargs(),
         )
         self.apply_commit_records()  # commits replicated after offsets.json was written
 

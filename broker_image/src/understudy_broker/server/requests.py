@@ -28,15 +28,20 @@ from typing import Final, Protocol
 from understudy_broker import idempotence as idem
 from understudy_broker import protocol as p
 from understudy_broker import scheduling as sch
+from understudy_broker.acl import AclError, Resource
 from understudy_broker.chains import still_head
 from understudy_broker.client import BrokerError
 from understudy_broker.config import BrokerConfig
+from understudy_broker.ha.aclview import admin_security
 from understudy_broker.ha.authority import Authority
 from understudy_broker.ha.clusterview import ClusterView
 from understudy_broker.ha.membership import Membership, MembershipError
 from understudy_broker.ha.topicadmin import TopicAdmin, TopicConflict
 from understudy_broker.model import Permission, Role
 from understudy_broker.replication.isr import NotEnoughReplicasError, ReplicationTimeoutError
+from understudy_broker.security import ClientSecurity
+from understudy_broker.server.auth import INTERNAL, Guard, Session
+from understudy_broker.server.errors import RequestError
 from understudy_broker.server.metrics import BrokerMetrics
 from understudy_broker.server.mirror import CommitMirror
 from understudy_broker.server.producers import ProducePlan, Producers
@@ -53,15 +58,6 @@ log = logging.getLogger("understudy.broker")
 PULL_MAX_RECORDS = 4096
 #: Operations that make a connection a consumer session (closed when READ is lost).
 CONSUMER_OPS = frozenset({p.Op.PULL, p.Op.COMMIT_OFFSET, p.Op.FETCH_OFFSET})
-
-
-class RequestError(Exception):
-    """A request that is answered with a non-OK status."""
-
-    def __init__(self, status: p.Status, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class AppendSignal:
@@ -131,7 +127,7 @@ def storage_failed(exc: OSError, doing: str, *, undone: bool = True) -> RequestE
     return RequestError(p.Status.INTERNAL, f"{doing}: {exc}")
 
 
-Handler = Callable[[p.Frame], Awaitable[bytes]]
+Handler = Callable[[p.Frame, Session], Awaitable[bytes]]
 #: Waits until the requesting connection can take an answer (its client reads what it was
 #: sent); True when it had to wait. Given by the client port (server/connections.py).
 OutputRoom = Callable[[], Awaitable[bool]]
@@ -159,8 +155,10 @@ class Requests:
         backsync_persisted: Callable[[int | None], None],
         scheduler: Scheduler,
         escaper: Escaper,
+        peer_security: ClientSecurity | None = None,
     ) -> None:
         self._cfg = cfg
+        self._guard = Guard(cfg.security, lambda: authority.acls, cfg.name)
         self._authority = authority
         self._store = store
         self._replica = replica
@@ -174,7 +172,8 @@ class Requests:
         # An acting slave copies each commit to the other slaves of the in-sync record
         # before acknowledging it (server/mirror.py).
         self._mirror = CommitMirror(name=cfg.name, group=cfg.group, store=authority.isr_store(),
-                                    peers=self._other_slaves, timeout_s=cfg.link_timeout_s)
+                                    peers=self._other_slaves, timeout_s=cfg.link_timeout_s,
+                                    security=peer_security)
         self._producers = Producers(store.log)
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
@@ -192,21 +191,25 @@ class Requests:
             p.Op.DESCRIBE_GROUP: self._describe_group,
             p.Op.LIST_GROUPS: self._list_groups,
             p.Op.NACK: self._nack,
+            p.Op.AUTHENTICATE: self._authenticate,
+            p.Op.SECURITY_ADMIN: self._security_admin,
         }
 
-    async def handle(self, frame: p.Frame, room: OutputRoom = always_room) -> bytes:
-        """The response body for ``frame``; raises :class:`RequestError` or
-        ``protocol.FrameError`` for an error answer. A PULL builds its answer only once
-        ``room`` says the connection can take it."""
+    async def handle(self, frame: p.Frame, room: OutputRoom = always_room,
+                     who: Session = INTERNAL) -> bytes:
+        """The response body for ``frame`` from the connection whose identity is ``who``;
+        raises :class:`RequestError` or ``protocol.FrameError`` for an error answer. A PULL
+        builds its answer only once ``room`` says the connection can take it."""
         if frame.is_response:
             raise RequestError(p.Status.BAD_FRAME, "a broker does not accept responses")
         handler = self._handlers.get(frame.op)
         if handler is None:
             raise RequestError(p.Status.UNKNOWN_OPERATION, f"operation {frame.op} is not supported")
+        self._guard.admit(who, frame.op)
         try:
             if frame.op == p.Op.PULL:
-                return await self._pull(frame, room)
-            return await handler(frame)
+                return await self._pull(frame, who, room)
+            return await handler(frame, who)
         except DamagedRecordError as exc:  # a read reached it; the store logged it
             raise RequestError(p.Status.CORRUPT_RECORD, p.corrupt_record_message(
                 exc.offset, f"{exc.topic}/{exc.queue}: {exc.detail}")) from None
@@ -366,9 +369,10 @@ class Requests:
 
     # ---- handlers -------------------------------------------------------------------
 
-    async def _create_topic(self, frame: p.Frame) -> bytes:
+    async def _create_topic(self, frame: p.Frame, who: Session) -> bytes:
         self._require_write(frame)
         req = p.CreateTopicRequest.decode(frame.body)
+        await self._may_change_topic(who, "create", req.topic)
         if req.topic.startswith(RESERVED_PREFIX):
             raise RequestError(p.Status.BAD_REQUEST,
                                f"topic names starting with {RESERVED_PREFIX!r} are reserved")
@@ -381,11 +385,12 @@ class Requests:
         return p.CreateTopicResponse(req.topic, topics.get(req.topic) or req.queues,
                                      created).encode()
 
-    async def _produce(self, frame: p.Frame) -> bytes:
+    async def _produce(self, frame: p.Frame, who: Session) -> bytes:
         started = time.perf_counter()
         self._require_write(frame)
         req = p.decode_produce_full(frame.body)
         topic, raw = req.topic, req.messages
+        await self._guard.require(who, Resource.TOPIC, topic, "produce")
         queues = self._queues(topic)
         if not raw:
             return p.ProduceResponse([]).encode()
@@ -490,9 +495,13 @@ class Requests:
                                "on ordered topics (it would reorder them)")
         return out or None
 
-    async def _pull(self, frame: p.Frame, room: OutputRoom = always_room) -> bytes:
+    async def _pull(self, frame: p.Frame, who: Session,
+                    room: OutputRoom = always_room) -> bytes:
         self._require_read(frame)
         req = p.PullRequest.decode(frame.body)
+        await self._guard.require(who, Resource.TOPIC, req.topic, "consume")
+        if req.member:
+            await self._guard.require(who, Resource.GROUP, req.cgroup, "join")
         self._check_queue(req.topic, req.queue)
         if req.member:
             await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
@@ -538,9 +547,11 @@ class Requests:
                 await self._check_owner(req.cgroup, req.member, req.generation, req.topic,
                                         req.queue)
 
-    async def _commit_offset(self, frame: p.Frame) -> bytes:
+    async def _commit_offset(self, frame: p.Frame, who: Session) -> bytes:
         self._require_read(frame)
         req = p.CommitOffsetRequest.decode(frame.body)
+        await self._guard.require(who, Resource.TOPIC, req.topic, "consume")
+        await self._guard.require(who, Resource.GROUP, req.group, "commit")
         queues = self._queues(req.topic)
         bad = [q for q in req.offsets if q >= queues]
         if bad:
@@ -593,9 +604,11 @@ class Requests:
         except OSError as exc:
             raise storage_failed(exc, "persisting consumer offsets") from exc
 
-    async def _fetch_offset(self, frame: p.Frame) -> bytes:
+    async def _fetch_offset(self, frame: p.Frame, who: Session) -> bytes:
         self._require_read(frame)
         req = p.FetchOffsetRequest.decode(frame.body)
+        await self._guard.require(who, Resource.TOPIC, req.topic, "consume")
+        await self._guard.require(who, Resource.GROUP, req.group, "describe")
         self._queues(req.topic)
         self._check_placed(req.topic, req.queues)
         offsets = self._store.offsets
@@ -603,8 +616,10 @@ class Requests:
             {q: offsets.get(req.group, req.topic, q) for q in req.queues}
         ).encode()
 
-    async def _get_route(self, frame: p.Frame) -> bytes:
+    async def _get_route(self, frame: p.Frame, who: Session) -> bytes:
         req = p.GetRouteRequest.decode(frame.body)
+        if req.topic is not None:
+            await self._guard.require(who, Resource.TOPIC, req.topic, "describe")
         view = self._authority.cluster
         if view is not None and req.wait_ms:
             await view.wait_change(req.known_version, req.wait_ms / 1000)
@@ -644,9 +659,10 @@ class Requests:
 
     # ---- cluster: topics and consumer groups ------------------------------------------
 
-    async def _admin_topic(self, frame: p.Frame) -> bytes:
+    async def _admin_topic(self, frame: p.Frame, who: Session) -> bytes:
         view = self._cluster()
         req = p.AdminTopicRequest.decode(frame.body)
+        await self._may_change_topic(who, req.action, req.topic)
         try:
             doc = await self._topic_admin.apply(req, known_groups=view.groups())
         except TopicPlanError as exc:
@@ -659,8 +675,9 @@ class Requests:
             return p.AdminTopicResponse(req.topic, [], False, True).encode()
         return p.AdminTopicResponse(doc.name, list(doc.queues), doc.ordered, True).encode()
 
-    async def _queue_stats(self, frame: p.Frame) -> bytes:
+    async def _queue_stats(self, frame: p.Frame, who: Session) -> bytes:
         req = p.QueueStatsRequest.decode(frame.body)
+        await self._guard.require(who, Resource.TOPIC, req.topic, "describe")
         n = self._queues(req.topic)
         lg, offsets = self._store.log, self._store.offsets
         committed = offsets.snapshot()
@@ -674,23 +691,39 @@ class Requests:
                  if q in ts.get(req.topic, {})})
         return p.QueueStatsResponse(self._cfg.name, self._cfg.group, out).encode()
 
-    async def _member_heartbeat(self, frame: p.Frame) -> bytes:
+    async def _member_heartbeat(self, frame: p.Frame, who: Session) -> bytes:
         req = p.MemberHeartbeatRequest.decode(frame.body)
+        if req.producer:
+            await self._guard.require(who, Resource.TOPIC, req.cgroup, "produce")
+        else:
+            await self._guard.require(who, Resource.GROUP, req.cgroup, "join")
+            for t in req.topics:
+                await self._guard.require(who, Resource.TOPIC, t, "consume")
         if req.producer:
             await self._check_producer_group(req)
         return await _answer(self._membership(req.producer).heartbeat(req))
 
-    async def _leave_group(self, frame: p.Frame) -> bytes:
+    async def _leave_group(self, frame: p.Frame, who: Session) -> bytes:
         req = p.LeaveGroupRequest.decode(frame.body)
+        await self._guard.require(who, *((Resource.TOPIC, req.cgroup, "produce") if req.producer
+                                         else (Resource.GROUP, req.cgroup, "join")))
         return await _answer(self._membership(req.producer).leave(req))
 
-    async def _describe_group(self, frame: p.Frame) -> bytes:
+    async def _describe_group(self, frame: p.Frame, who: Session) -> bytes:
         req = p.DescribeGroupRequest.decode(frame.body)
+        await self._guard.require(who, Resource.TOPIC if req.producer else Resource.GROUP,
+                                  req.cgroup, "describe")
         return await _answer(self._membership(req.producer).describe(req.cgroup))
 
-    async def _list_groups(self, frame: p.Frame) -> bytes:
+    async def _list_groups(self, frame: p.Frame, who: Session) -> bytes:
         p.ListGroupsRequest.decode(frame.body)
-        return await _answer(self._membership().list_groups())
+        listed = await _answer(self._membership().list_groups())
+        if not self._guard.enforcing:
+            return listed
+        groups = p.ListGroupsResponse.decode(listed).groups
+        seen = [g for g in groups
+                if await self._guard.allowed(who, Resource.GROUP, str(g["group"]), "describe")]
+        return p.ListGroupsResponse(seen).encode()
 
     async def _check_owner(self, cgroup: str, member: str, generation: int, topic: str,
                            queue: int) -> None:
@@ -700,11 +733,12 @@ class Requests:
         except MembershipError as exc:
             raise RequestError(exc.status, exc.message) from None
 
-    async def _backsync(self, frame: p.Frame) -> bytes:
+    async def _backsync(self, frame: p.Frame, who: Session) -> bytes:
         """BACKSYNC_OFFSETS on the master: no READ needed (the master is NONE until this
         completes). Merge (maximum per key: nothing moves back), persist, then answer; a
         push tagged with an epoch older than the one applied is refused as stale."""
         req = p.BackSyncRequest.decode(frame.body)
+        await self._guard.require(who, Resource.CLUSTER, "*", "broker")
         if self._authority.role is not Role.MASTER:
             return await self._mirrored(frame, req)
         if req.group != self._cfg.group:
@@ -762,7 +796,7 @@ class Requests:
         await acknowledged([self._offsets_durable()])
         return p.BackSyncResponse(req.epoch, moved, epoch).encode()
 
-    async def _nack(self, frame: p.Frame) -> bytes:
+    async def _nack(self, frame: p.Frame, who: Session) -> bytes:
         """NACK on the broker serving the queue (it holds READ): the member must own the
         queue (invariant 6). The message goes, as an ordinary produce through the client
         library, to the consumer group's retry topic with a delay (stored in that group's
@@ -771,6 +805,8 @@ class Requests:
         self._require_read(frame)
         self._cluster()
         req = p.NackRequest.decode(frame.body)
+        await self._guard.require(who, Resource.TOPIC, req.topic, "consume")
+        await self._guard.require(who, Resource.GROUP, req.cgroup, "commit")
         self._check_queue(req.topic, req.queue)
         await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
         records = self._store.log.read(req.topic, req.queue, req.offset, max_bytes=1,
@@ -822,7 +858,44 @@ class Requests:
         except TopicPlanError as exc:
             raise RequestError(p.Status.INTERNAL, f"creating {topic!r}: {exc}") from None
 
-    async def _heartbeat(self, frame: p.Frame) -> bytes:
+    async def _may_change_topic(self, who: Session, action: str, topic: str) -> None:
+        """Creating, altering or deleting a topic: the cluster operation, or ``admin`` on
+        the topic itself."""
+        if await self._guard.allowed(who, Resource.CLUSTER, "*", action):
+            return
+        await self._guard.require(who, Resource.TOPIC, topic, "admin")
+
+    # ---- security ---------------------------------------------------------------------
+
+    async def _authenticate(self, frame: p.Frame, who: Session) -> bytes:
+        if self._authority.acls is None:
+            raise RequestError(p.Status.UNSUPPORTED,
+                               f"{self._cfg.name} runs without ZooKeeper: it has no users "
+                               "(start brokers with --zk)")
+        return await self._guard.authenticate(who, p.AuthenticateRequest.decode(frame.body))
+
+    async def _security_admin(self, frame: p.Frame, who: Session) -> bytes:
+        req = p.SecurityAdminRequest.decode(frame.body)
+        if req.action == "whoami":
+            return p.SecurityAdminResponse([{
+                "user": who.user, "via": who.via,
+                "super_user": self._guard.is_super(who),
+                "rules": [] if who.user is None or self._authority.acls is None else
+                [r.to_dict() for r in await self._authority.acls.fresh_rules(who.user)]}]
+            ).encode()
+        acls = self._authority.acls
+        if acls is None:
+            self._cluster()
+            raise AssertionError("unreachable")  # pragma: no cover
+        listing = req.action in ("user-list", "acl-list")
+        await self._guard.require(who, Resource.CLUSTER, "*",
+                                  "describe" if listing else "security")
+        try:
+            return await admin_security(acls, req)
+        except AclError as exc:
+            raise RequestError(p.Status.BAD_REQUEST, str(exc)) from None
+
+    async def _heartbeat(self, frame: p.Frame, who: Session) -> bytes:
         p.HeartbeatRequest.decode(frame.body)
         return p.HeartbeatResponse(
             self._cfg.name,

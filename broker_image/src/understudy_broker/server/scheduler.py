@@ -34,6 +34,7 @@ from understudy_broker import protocol as p
 from understudy_broker import scheduling as sch
 from understudy_broker.client import BrokerError, Producer
 from understudy_broker.model import Permission
+from understudy_broker.security import ClientSecurity
 from understudy_broker.storage.commitlog import AppendResult, CommitLog, DamagedRecordError
 from understudy_broker.storage.records import RecordTuple
 from understudy_broker.storage.schedule import ScheduleIndex
@@ -66,8 +67,10 @@ class Escaper:
     any broker answers a route)."""
 
     def __init__(self, *, bootstrap: Callable[[], list[str]],
-                 writable: Callable[[str], bool], send_timeout_s: float = 5.0) -> None:
+                 writable: Callable[[str], bool], send_timeout_s: float = 5.0,
+                 security: ClientSecurity | None = None) -> None:
         self._bootstrap = bootstrap
+        self._security = security
         # Whether a group has a writer now, from the broker's own ZooKeeper view, not the
         # client's route (a drill found a nack's copy sent to a group 4 s after its hung
         # master had been fenced: the route's watch was parked on the hung broker).
@@ -81,7 +84,8 @@ class Escaper:
         if self._producer is None:
             self._producer = Producer(self._bootstrap(), linger_ms=1.0, hedge_after_ms=None,
                                       send_timeout_s=self._send_timeout_s,
-                                      request_timeout_s=self._send_timeout_s)
+                                      request_timeout_s=self._send_timeout_s,
+                                      security=self._security)
         return self._producer
 
     async def put(self, topic: str, key: bytes | None, payload: bytes, *,
