@@ -410,9 +410,10 @@ async def disk_full(c: Cycle) -> None:
     topic = f"chaos-probe-{c.group.group}"
     bootstrap = tuple(c.plan.bootstrap(c.group.group))
     await create_cluster_topic(Target(label=topic, topic=topic, bootstrap=bootstrap,
-                                      groups=(c.group.group,)), 1)
+                                      groups=(c.group.group,),
+                                      security=lc.client_security(c.plan)), 1)
     await begin(c)
-    conn = await Connection.open(c.plan.address(c.master))
+    conn = await Connection.open(c.plan.address(c.master), security=lc.client_security(c.plan))
     try:
         c.fault()
         started = time.monotonic()

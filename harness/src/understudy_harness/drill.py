@@ -138,6 +138,9 @@ class DrillOptions:
     kinds: tuple[str, ...] = chaos.KINDS
     seed: int | None = None
     zk_ensemble: int = 1
+    #: TLS on every broker port, SCRAM and ACLs (``local up --secure``); every client of
+    #: the run (in-process and subprocesses) connects as the cluster's admin.
+    secure: bool = False
     #: Stop starting cycles once this many seconds from the start, less what the drain,
     #: teardown and check need, have passed; ``None``: no cap.
     max_seconds: float | None = None
@@ -427,11 +430,11 @@ async def holders(target: Target) -> dict[str, str | None]:
     boot = list(target.bootstrap)
     out: dict[str, str | None] = {"producer": None}
     with contextlib.suppress(Exception):
-        out["producer"] = ((await describe_topic(boot, target.topic)).get("producers")
-                           or {}).get("active")
+        out["producer"] = ((await describe_topic(boot, target.topic, target.security))
+                           .get("producers") or {}).get("active")
     for cg in CONSUMER_GROUPS:
         with contextlib.suppress(Exception):
-            d = await describe_consumer_group(boot, cg)
+            d = await describe_consumer_group(boot, cg, target.security)
             out[cg] = next((str(a["member"]) for a in d["assignment"]
                             if a["topic"] == target.topic), None)
     return out
@@ -504,13 +507,16 @@ async def start_subclients(plan: ClusterPlan, target: Target, opts: DrillOptions
     """The ordered scenario's subprocess producer and ``cg2`` member, started before the
     in-process clients so that they are the active ones at first (waited for, bounded)."""
     await create_cluster_topic(target, 1)
+    client_args = plan.security.client_argv() if plan.secure else []
     subs = [
         subclients.start_producer(plan.dir, target.bootstrap, target.topic, name="ordered.sub",
                                   rate=opts.rate * len(plan.groups),
-                                  session_timeout_ms=opts.session_timeout_ms),
+                                  session_timeout_ms=opts.session_timeout_ms,
+                                  client_args=client_args),
         subclients.start_consumer(plan.dir, target.bootstrap, target.topic,
                                   cgroup=CONSUMER_GROUPS[1], name="cg2.sub",
-                                  session_timeout_ms=opts.session_timeout_ms),
+                                  session_timeout_ms=opts.session_timeout_ms,
+                                  client_args=client_args),
     ]
     status.phase = "waiting for the subprocess clients to be the active ones"
     deadline = time.monotonic() + 30
@@ -606,6 +612,7 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None,
         zk_ensemble=opts.zk_ensemble,
         placement=on_loopback if lab is None else lab.placement,
         data_dirs=None if lab is None else lab.data_dirs(),
+        secure=opts.secure,
     )
     history = plan.dir / "history.jsonl"
     # A history is one run: a directory reused from an earlier drill must not lend it its
@@ -631,6 +638,8 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None,
                 await watch.watch_chains(ORDERED_TOPIC)
             targets = (ordered_targets(plan) if ordered else delayed_targets(plan) if delayed
                        else cluster_targets(plan) if cluster else traffic_targets(plan))
+            security = lc.client_security(plan)
+            targets = [dataclasses.replace(t, security=security) for t in targets]
             traffic = Traffic(
                 targets, writer, status,
                 rate=opts.rate * (len(plan.groups) if cluster else 1), queues=opts.queues,

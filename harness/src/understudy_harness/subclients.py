@@ -113,10 +113,12 @@ def _lines(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def start_producer(directory: Path, bootstrap: Sequence[str], topic: str, *, name: str,
-                   rate: float, session_timeout_ms: int) -> SubClient:
-    """``understudy produce`` at ``rate``, ids ``<name>-<n>``, recording its acks."""
+                   rate: float, session_timeout_ms: int,
+                   client_args: Sequence[str] = ()) -> SubClient:
+    """``understudy produce`` at ``rate``, ids ``<name>-<n>``, recording its acks;
+    ``client_args``: TLS and credentials of a secure cluster."""
     record = directory / f"{name}.jsonl"
-    cmd = [_understudy(), "produce", "-b", ",".join(bootstrap), "-t", topic,
+    cmd = [_understudy(), "produce", "-b", ",".join(bootstrap), *client_args, "-t", topic,
            "--count", str(FOREVER), "--rate", f"{rate:g}", "--id-prefix", name,
            "--member-id", name, "--leader-session-timeout-ms", str(session_timeout_ms),
            "--record", str(record), "--send-timeout", "30", "--window", "2000",
@@ -125,12 +127,14 @@ def start_producer(directory: Path, bootstrap: Sequence[str], topic: str, *, nam
 
 
 def start_consumer(directory: Path, bootstrap: Sequence[str], topic: str, *, cgroup: str,
-                   name: str, session_timeout_ms: int, prefix: Sequence[str] = ()) -> SubClient:
+                   name: str, session_timeout_ms: int, prefix: Sequence[str] = (),
+                   client_args: Sequence[str] = ()) -> SubClient:
     """``understudy consume`` as member ``name`` of ``cgroup``, committing every batch and
     recording its deliveries and ownership; after ``prefix`` (``ip netns exec NAME``: a
     member on a host of its own, :mod:`understudy_harness.netns`)."""
     record = directory / f"{name}.jsonl"
-    cmd = [*prefix, _understudy(), "consume", "-b", ",".join(bootstrap), "-t", topic, "-g", cgroup,
+    cmd = [*prefix, _understudy(), "consume", "-b", ",".join(bootstrap), *client_args,
+           "-t", topic, "-g", cgroup,
            "--count", str(FOREVER), "--idle-timeout", "86400", "--commit-every", "1",
            "--session-timeout-ms", str(session_timeout_ms), "--member-id", name,
            "--record", str(record)]

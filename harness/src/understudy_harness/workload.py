@@ -19,9 +19,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from understudy_harness.history import HistoryWriter
+
+if TYPE_CHECKING:
+    from understudy_broker.security import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,8 @@ class Target:
     #: extra copy the consumers see was written by the brokers (the delayed scenario's
     #: escape duplicates), not by the producer's at-least-once window.
     resend: bool = True
+    #: TLS and credentials of a secure cluster (``local up --secure``); None: plain.
+    security: ClientSecurity | None = None
 
 
 @dataclass(slots=True)
@@ -157,7 +162,8 @@ class Traffic:
             if t.groups:
                 await create_cluster_topic(t, 1 if t.ordered else self.queues)
             else:
-                await create_topic(list(t.bootstrap), topic=t.topic, queues=self.queues)
+                await create_topic(list(t.bootstrap), topic=t.topic, queues=self.queues,
+                                   security=t.security)
             self.writer.topic(topic=t.topic, ordered=t.ordered)
             for _ in range(t.producers):
                 self.add_producer(t)
@@ -236,7 +242,7 @@ class Traffic:
             consumer = Consumer(
                 list(member.target.bootstrap), group=cgroup, topic=topic, max_wait_ms=200,
                 request_timeout_s=REQUEST_TIMEOUT_S, membership=True, member_id=mid,
-                session_timeout_ms=self.session_timeout_ms,
+                session_timeout_ms=self.session_timeout_ms, security=member.target.security,
             )  # fmt: skip
             member.consumer = consumer
             self._watch_reads(consumer, cgroup)
@@ -330,6 +336,7 @@ class Traffic:
             hedge_after_ms=500.0 if target.resend else None,
             request_timeout_s=REQUEST_TIMEOUT_S,
             leader_session_timeout_ms=self.session_timeout_ms,
+            security=target.security,
         )  # fmt: skip
         # An ordered topic's standby sends nothing until the brokers make it the active
         # producer (its sends would wait there anyway, and time out).
@@ -408,7 +415,7 @@ class Traffic:
             generation = self.generation
             consumer = Consumer(
                 list(target.bootstrap), group=cgroup, topic=topic, max_wait_ms=200,
-                request_timeout_s=REQUEST_TIMEOUT_S,
+                request_timeout_s=REQUEST_TIMEOUT_S, security=target.security,
             )  # fmt: skip
             self._watch_reads(consumer, cgroup)
             try:
@@ -495,7 +502,7 @@ async def create_cluster_topic(target: Target, per_group: int) -> None:
     req = p.AdminTopicRequest("create", target.topic, list(target.groups), per_group,
                               ordered=target.ordered)
     try:
-        await admin_topic(list(target.bootstrap), req)
+        await admin_topic(list(target.bootstrap), req, target.security)
     except BrokerError as exc:
         if exc.status != p.Status.CONFLICT:
             raise

@@ -74,6 +74,7 @@ class DrillCannotRun(click.ClickException):
 @click.option("--disk-mb", type=click.IntRange(16, 1 << 16), default=256, show_default=True, help="With --faults mixed: each master's data directory on a tmpfs of this size (disk_full; root only).")
 @click.option("--netns/--no-netns", default=True, show_default=True, help="With --faults mixed: put every broker, ZooKeeper with the controller, and the drill's clients on hosts of their own in network namespaces when the machine allows (the partition kinds need it; root only).")
 @click.option("--kinds-json", type=click.Path(dir_okay=False, path_type=Path), help="With --faults mixed: write the per-kind table as JSON (one object per fault kind).")
+@click.option("--secure", is_flag=True, default=False, help="Run on a secure cluster (local up --secure: TLS on every broker port, SCRAM, ACLs); every client connects as its admin.")
 def drill(
     cycles: int,
     fault: str,
@@ -97,6 +98,7 @@ def drill(
     disk_mb: int,
     netns: bool,
     kinds_json: Path | None,
+    secure: bool,
 ) -> None:
     """Bring up a local cluster, run producers and consumer groups, fault the master again
     and again, then check every invariant: lost acknowledged messages, duplicates
@@ -126,6 +128,7 @@ def drill(
         max_seconds=None if max_minutes is None else max_minutes * 60,
         disk_bytes=disk_mb << 20,
         netns=netns,
+        secure=secure,
     )
     if faults is not None:
         try:

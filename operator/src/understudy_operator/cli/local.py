@@ -21,7 +21,7 @@ from rich.table import Table
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 from understudy_broker.zklayout import ReplicationPolicy
 from understudy_operator.local import cluster as lc
-from understudy_operator.local.plan import DEFAULT_DIR, PlanError
+from understudy_operator.local.plan import ADMIN_USER, DEFAULT_DIR, PlanError
 
 _out = Console()
 _err = Console(stderr=True)
@@ -83,9 +83,13 @@ def local() -> None:
               help="ZooKeeper servers: 1 standalone, or an ensemble (zk1..zkN, each its own "
                    "process, killed and started like a broker).")
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for NORMAL.")
+@click.option("--secure", is_flag=True, default=False,
+              help="TLS on every broker port, SCRAM and ACLs: a certificate authority, the "
+                   "brokers' certificate, group secrets and an admin user are made under "
+                   "DIR/security (docs/security.md).")
 def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms: int,
        min_insync_replicas: int | None, in_sync_replicas: int | None, auto_degrade: bool,
-       max_lag_bytes: int, zk_ensemble: str, timeout: float) -> None:
+       max_lag_bytes: int, zk_ensemble: str, timeout: float, secure: bool) -> None:
     """Start the cluster; return once every group is NORMAL and its master reads.
     Quorum writes: docs/replication.md."""
     replication = ReplicationPolicy(
@@ -103,10 +107,19 @@ def up(directory: Path, groups: int, slaves: int, sync: bool, session_timeout_ms
                 zk_ensemble=int(zk_ensemble),
                 timeout=timeout,
                 progress=lambda msg: live.update(msg),
+                secure=secure,
             )
     except (lc.LocalError, PlanError) as exc:
         raise _fail(exc) from None
     _out.print(lc.describe(plan))
+    if plan.secure:
+        files = plan.security
+        _out.print(f"secure: TLS on every port, SCRAM and ACLs. The admin user is "
+                   f"'{ADMIN_USER}', its password in {files.admin_password} (owner-only); "
+                   f"the CA certificate is {files.ca_cert}.")
+        _out.print("connect as the admin: understudy topic list -b "
+                   f"{plan.address(plan.groups[0].master.name)} "
+                   + " ".join(files.client_argv()))
     _out.print(f"stop it with: understudy local down --dir {plan.dir}")
 
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import secrets
 import shutil
 import signal
 import time
@@ -26,16 +27,29 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
 from understudy_broker import metric_names
+from understudy_broker.acl import make_user
 from understudy_broker.model import GroupState, Permission
-from understudy_broker.zklayout import BrokerStatus, FailoverPolicy, ReplicationPolicy, status_path
+from understudy_broker.security import ClientSecurity
+from understudy_broker.zklayout import (
+    BrokerStatus,
+    FailoverPolicy,
+    ReplicationPolicy,
+    acl_user_path,
+    status_path,
+)
 from understudy_operator.controller.observe import Observation
+from understudy_operator.k8s import certs
 from understudy_operator.local import procs
 from understudy_operator.local.plan import (
+    ADMIN_USER,
+    BROKER_USER,
     CONTROLLER,
+    HOST,
     STATE_FILE,
     ZOOKEEPER,
     ClusterPlan,
@@ -180,6 +194,7 @@ def up(
     progress: Progress = _quiet,
     placement: Placer = on_loopback,
     data_dirs: Mapping[str, Path] | None = None,
+    secure: bool = False,
 ) -> ClusterPlan:
     """Start ZooKeeper (one server, or an ensemble of ``zk_ensemble``), the brokers and
     the controller; return once every group is NORMAL and its master reads (uncoordinated,
@@ -188,7 +203,9 @@ def up(
     a host (:class:`~.plan.Placement`; the partition tests' network namespaces), by
     name: brokers, ``zookeeper``, ``controller``. ``data_dirs``: brokers whose data
     directory lives elsewhere (a small tmpfs that a test fills), by name; ``data/<broker>``
-    is then a symbolic link to it."""
+    is then a symbolic link to it. ``secure``: a certificate authority, the brokers'
+    certificate, each group's secret and an admin user are made under ``security/``, and
+    every broker serves TLS and requires authentication (docs/security.md)."""
     directory = directory.resolve()
     # Bad sizes or a bad replication policy are refused before anything starts.
     if zk_ensemble not in ZK_ENSEMBLE_SIZES:
@@ -224,9 +241,13 @@ def up(
             failover=failover,
             replication=replication,
             placement=placement,
+            secure=secure,
         )
         (directory / STATE_FILE).write_text(plan.to_json())
         _write_configs(plan)
+        if secure:
+            progress("making a certificate authority, certificates and the admin user")
+            _make_security(plan)
         for name, target in (data_dirs or {}).items():
             link = directory / "data" / plan.process(name).name
             target.mkdir(parents=True, exist_ok=True)
@@ -330,6 +351,46 @@ def _write_configs(plan: ClusterPlan) -> None:
 
     _zk(plan, create_chroot, chroot=False)
     _zk(plan, write)
+
+
+def _make_security(plan: ClusterPlan) -> None:
+    """The CA, one certificate for every broker (its common name a super user; names and
+    addresses of every broker host), each group's secret, and the admin user's password
+    (files readable by their owner only); the admin's salted keys go to ZooKeeper."""
+    files = plan.security
+    files.dir.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC)
+    ca = certs.new_ca(now=now, validity=timedelta(days=365))
+    hosts = sorted({p.host for p in plan.brokers} | {HOST})
+    broker = certs.issue(ca, common_name=BROKER_USER, dns_names=["localhost"],
+                         ip_addresses=hosts, server=True, client=True, now=now,
+                         validity=timedelta(days=365))
+    password = secrets.token_urlsafe(24)
+    private = [(files.ca_key, ca.key_pem), (files.broker_key, broker.key_pem),
+               (files.admin_password, password.encode() + b"\n"),
+               *((files.group_secret(g.group), secrets.token_urlsafe(32).encode() + b"\n")
+                 for g in plan.groups)]
+    for path, data in private:
+        path.touch(mode=0o600)
+        path.write_bytes(data)
+    files.ca_cert.write_bytes(ca.cert_pem)
+    files.broker_cert.write_bytes(broker.cert_pem)
+    admin = make_user(password)
+
+    async def write(zk: ZkGateway) -> None:
+        await zk.create(acl_user_path(ADMIN_USER), admin.to_json())
+
+    _zk(plan, write)
+
+
+def client_security(plan: ClusterPlan) -> ClientSecurity | None:
+    """What a client of this cluster presents: the CA and the admin user of a secure
+    cluster, nothing otherwise."""
+    if not plan.secure:
+        return None
+    files = plan.security
+    return ClientSecurity.from_files(tls_ca=files.ca_cert, user=ADMIN_USER,
+                                     password_file=files.admin_password)
 
 
 def _spawn(plan: ClusterPlan, p: ProcessPlan) -> int:

@@ -41,6 +41,55 @@ STATE_FILE = "cluster.json"
 ZOOKEEPER = "zookeeper"
 CONTROLLER = "controller"
 HOST = "127.0.0.1"
+SECURITY = "security"
+#: The common name of every broker's certificate (a super user on every broker), and
+#: the local secure cluster's administrator (a super user too).
+BROKER_USER = "understudy-broker"
+ADMIN_USER = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityFiles:
+    """Where ``understudy local up --secure`` keeps its CA, the brokers' certificate, the
+    admin's password and each group's secret (docs/security.md)."""
+
+    dir: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.dir / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.dir / "ca.key"
+
+    @property
+    def broker_cert(self) -> Path:
+        return self.dir / "broker.crt"
+
+    @property
+    def broker_key(self) -> Path:
+        return self.dir / "broker.key"
+
+    @property
+    def admin_password(self) -> Path:
+        return self.dir / f"{ADMIN_USER}.password"
+
+    def group_secret(self, group: str) -> Path:
+        return self.dir / f"{group}.secret"
+
+    def broker_argv(self, group: str) -> list[str]:
+        """The flags that turn a broker's TLS, SCRAM and ACLs on."""
+        return ["--tls-cert", str(self.broker_cert.resolve()),
+                "--tls-key", str(self.broker_key.resolve()),
+                "--tls-ca", str(self.ca_cert.resolve()),
+                "--require-auth", "--super-user", BROKER_USER, "--super-user", ADMIN_USER,
+                "--group-secret-file", str(self.group_secret(group).resolve())]
+
+    def client_argv(self) -> list[str]:
+        """The client flags of the admin (any ``understudy`` client command)."""
+        return ["--tls-ca", str(self.ca_cert.resolve()), "--user", ADMIN_USER,
+                "--password-file", str(self.admin_password.resolve())]
 
 
 class PlanError(ValueError):
@@ -137,6 +186,12 @@ class ClusterPlan:
     session_timeout_ms: int = 2000
     controller_http_port: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: TLS on every port, SCRAM and ACLs (``understudy local up --secure``).
+    secure: bool = False
+
+    @property
+    def security(self) -> SecurityFiles:
+        return SecurityFiles(self.dir / SECURITY)
 
     @property
     def zk_port(self) -> int:
@@ -219,6 +274,7 @@ class ClusterPlan:
                 for p in self.processes
             ],
             "extra": self.extra,
+            "secure": self.secure,
         }
         return json.dumps(doc, indent=2) + "\n"
 
@@ -257,6 +313,7 @@ class ClusterPlan:
                     for p in doc["processes"]
                 ),
                 extra=dict(doc.get("extra", {})),
+                secure=bool(doc.get("secure", False)),
             )
         except (KeyError, TypeError, ValueError, LayoutError) as exc:
             raise PlanError(f"{path} is malformed ({exc!r}); run 'understudy local down' and 'up' again") from None
@@ -282,6 +339,7 @@ def plan_cluster(
     replication: ReplicationPolicy | None = None,
     chroot: str = DEFAULT_CHROOT,
     placement: Placer = on_loopback,
+    secure: bool = False,
 ) -> ClusterPlan:
     """Name and wire the cluster: groups ``g1..gN``, brokers ``gK-0`` (master) and
     ``gK-1..gK-M`` (slaves, configured READ so they may act for reads). ``port`` hands
@@ -326,7 +384,8 @@ def plan_cluster(
     zk_connect = zk_hosts(nodes) + chroot
     procs = [
         broker_process(g, b, directory=directory, zk_connect=zk_connect if coordinated else None,
-                       prefix=placement(b.name).prefix)
+                       prefix=placement(b.name).prefix,
+                       security=SecurityFiles(directory / SECURITY) if secure else None)
         for g in configs
         for b in g.brokers
     ]
@@ -352,12 +411,13 @@ def plan_cluster(
         chroot=chroot,
         session_timeout_ms=session_timeout_ms,
         controller_http_port=controller_port,
+        secure=secure,
     )
 
 
 def broker_process(
     group: GroupConfig, b: BrokerSpec, *, directory: Path, zk_connect: str | None,
-    prefix: Sequence[str] = (),
+    prefix: Sequence[str] = (), security: SecurityFiles | None = None,
 ) -> ProcessPlan:
     """The ``understudy broker`` command for one broker of ``group`` (coordinated by the
     ZooKeeper at ``zk_connect``; static without one), after ``prefix``."""
@@ -390,6 +450,8 @@ def broker_process(
             argv += ["--peer", f"{peer.name}={peer.address}"]
     if zk_connect is not None:
         argv += ["--zk", zk_connect, "--zk-session-timeout-ms", str(group.session_timeout_ms)]
+    if security is not None:
+        argv += security.broker_argv(group.group)
     return ProcessPlan(name=b.name, argv=tuple(argv), marker=b.name, http_port=b.http_port,
                        group=group.group, host=b.host)
 

@@ -1,0 +1,378 @@
+"""Security on a real secure local cluster (``understudy local up --secure``: ZooKeeper,
+two groups of a master and a slave serving TLS, SCRAM and ACLs, the controller).
+
+Checked as a user would notice: every refused client gets its error (no credentials, a
+wrong password, an unknown user, a foreign or expired certificate, denied on a topic,
+denied on a consumer group) and nothing is stored, no offset moves; a client certificate
+authenticates its common name; the replication port serves nothing to a stranger; the
+acting slave refuses and allows exactly like its master, and back-sync runs over TLS with
+authentication."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from understudy_broker import protocol as p
+from understudy_broker.cli.client import produce, topic
+from understudy_broker.cli.security import acl, user
+from understudy_broker.client import BrokerError, Connection, Consumer, Producer, SecurityError
+from understudy_broker.replication.wire import AUTH_HELLO, AUTH_MAGIC, CHALLENGE, encode_hello
+from understudy_broker.security import ClientSecurity, client_context
+from understudy_harness import testing
+from understudy_operator.k8s import certs
+from understudy_operator.local import cluster as lc
+from understudy_operator.local.plan import ClusterPlan
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterPlan]]:
+    directory = tmp_path_factory.mktemp("secure") / "c"
+    try:
+        plan = lc.up(directory, groups=2, slaves=1, secure=True)
+        yield directory, plan
+    finally:
+        if (directory / "cluster.json").exists():
+            lc.down(directory)
+
+
+def admin_args(plan: ClusterPlan) -> list[str]:
+    return ["-b", plan.address("g1-0"), *plan.security.client_argv()]
+
+
+def run(cmd: object, args: list[str]) -> tuple[int, str]:
+    out = CliRunner().invoke(cmd, args)  # type: ignore[arg-type]
+    return out.exit_code, out.output
+
+
+def make_user(plan: ClusterPlan, tmp: Path, name: str, rules: list[list[str]]) -> ClientSecurity:
+    """A SCRAM user with ``rules`` (``acl add`` arguments), created through the CLI."""
+    pw = tmp / f"{name}.pw"
+    pw.write_text(f"{name}-secret\n")
+    code, out = run(user, ["create", name, "--new-password-file", str(pw), "--json",
+                           *admin_args(plan)])
+    assert code == 0 and json.loads(out)["created"], out
+    for rule in rules:
+        code, out = run(acl, ["add", "--principal", name, *rule, "--json", *admin_args(plan)])
+        assert code == 0, out
+    sec = ClientSecurity.from_files(tls_ca=plan.security.ca_cert, user=name, password_file=pw)
+    assert sec is not None
+    return sec
+
+
+def everyone(plan: ClusterPlan) -> list[str]:
+    return [plan.address(b) for b in ("g1-0", "g1-1", "g2-0", "g2-1")]
+
+
+def topic_create(plan: ClusterPlan, name: str) -> None:
+    code, out = run(topic, ["create", "-t", name, "--groups", "g1,g2",
+                            "--queues-per-group", "1", *admin_args(plan)])
+    assert code == 0, out
+
+
+async def log_ends(plan: ClusterPlan, name: str) -> dict[str, int]:
+    """Every queue's log end, read as the admin from every group's master."""
+    sec = lc.client_security(plan)
+    ends = {}
+    for g in ("g1", "g2"):
+        conn = await Connection.open(plan.address(f"{g}-0"), security=sec)
+        try:
+            body = await conn.request(p.Op.QUEUE_STATS, p.QueueStatsRequest(name, [0, 1]).encode())
+        finally:
+            await conn.close()
+        for q, st in p.QueueStatsResponse.decode(body).queues.items():
+            ends[f"{g}/{q}"] = st.end
+    return ends
+
+
+async def produce_as(plan: ClusterPlan, sec: ClientSecurity | None, name: str,
+                     n: int = 20) -> list[BaseException | None]:
+    async with Producer([plan.address("g1-0")], security=sec, send_timeout_s=3.0) as prod:
+        futs = [await prod.send(name, b"m-%d" % i) for i in range(n)]
+        await asyncio.gather(*futs, return_exceptions=True)
+    return [f.exception() for f in futs]
+
+
+def test_clients_without_the_right_credentials_are_refused_and_store_nothing(
+        secure: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    _directory, plan = secure
+    topic_create(plan, "guarded")
+    before = asyncio.run(log_ends(plan, "guarded"))
+    boot = ["-b", plan.address("g1-0"), "-t", "guarded", "-n", "5", "--json"]
+    ca = ["--tls-ca", str(plan.security.ca_cert)]
+    wrong = tmp_path / "wrong.pw"
+    wrong.write_text("not-the-password\n")
+
+    # No TLS at all: the TLS port closes the plain connection, and says what to check.
+    code, out = run(produce, boot)
+    assert code != 0 and "--tls-ca" in out, out
+    # TLS but no user: the broker requires authentication.
+    code, out = run(produce, [*boot, *ca])
+    assert code != 0 and "AUTHENTICATION_FAILED" in out and "requires authentication" in out, out
+    # The admin with a wrong password; a user nobody created.
+    code, out = run(produce, [*boot, *ca, "--user", "admin", "--password-file", str(wrong)])
+    assert code != 0 and "wrong password for user 'admin'" in out, out
+    code, out = run(produce, [*boot, *ca, "--user", "mallory", "--password-file", str(wrong)])
+    assert code != 0 and "unknown user 'mallory'" in out, out
+
+    # Certificates: one from another CA, one expired (both refused by the TLS handshake).
+    now = datetime.now(UTC)
+    other_ca = certs.new_ca(now=now, validity=timedelta(days=30))
+    ours = certs.KeyPair(plan.security.ca_cert.read_bytes(), plan.security.ca_key.read_bytes())
+    foreign = certs.issue(other_ca, common_name="admin", server=False, client=True, now=now,
+                          validity=timedelta(days=1))
+    expired = certs.issue(ours, common_name="admin", server=False, client=True,
+                          now=now - timedelta(days=3), validity=timedelta(days=1))
+    for label, pair in (("foreign", foreign), ("expired", expired)):
+        crt, key = tmp_path / f"{label}.crt", tmp_path / f"{label}.key"
+        crt.write_bytes(pair.cert_pem)
+        key.write_bytes(pair.key_pem)
+        code, out = run(produce, [*boot, *ca, "--tls-cert", str(crt), "--tls-key", str(key)])
+        assert code != 0 and "TLS error" in out, (label, out)
+        assert "refused this client's certificate" in out or "alert" in out.lower(), out
+    # A broker certificate the client does not trust (no --tls-ca: the system's CAs).
+    code, out = run(produce, [*boot, "--tls-cert", str(tmp_path / "foreign.crt"),
+                              "--tls-key", str(tmp_path / "foreign.key")])
+    assert code != 0 and "CERTIFICATE_VERIFY_FAILED" in out, out
+
+    assert asyncio.run(log_ends(plan, "guarded")) == before  # nothing was stored
+
+
+def test_acls_allow_what_they_grant_and_refuse_the_rest(
+        secure: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    _directory, plan = secure
+    for name in ("orders-eu", "payroll"):
+        topic_create(plan, name)
+    bob = make_user(plan, tmp_path, "bob", [
+        ["--topic", "orders-*", "--operation", "produce,consume"],
+        ["--group", "shop", "--operation", "join,commit"]])
+
+    async def scenario() -> None:
+        before = await log_ends(plan, "payroll")
+        refused = await produce_as(plan, bob, "payroll")
+        assert all(isinstance(e, SecurityError) and e.status == p.Status.NOT_AUTHORIZED
+                   for e in refused), refused
+        assert "may not produce on topic 'payroll'" in str(refused[0])
+        assert await log_ends(plan, "payroll") == before
+
+        assert await produce_as(plan, bob, "orders-eu") == [None] * 20
+        seen = await read_all(plan, bob, "orders-eu", "shop", 20)
+        assert len(seen) == 20
+        # Another consumer group: not granted, refused, and no offset of it appears.
+        with pytest.raises(BrokerError) as denied:
+            await read_all(plan, bob, "orders-eu", "audit", 20)
+        assert denied.value.status == p.Status.NOT_AUTHORIZED
+        assert "group 'audit'" in denied.value.message
+        assert await committed(plan, "orders-eu", "audit") == {}
+        assert sum((await committed(plan, "orders-eu", "shop")).values()) == 20
+
+    asyncio.run(scenario())
+
+    # Cluster operations are refused to bob, with the ACL that would grant them.
+    bob_args = ["-b", plan.address("g2-0"), "--tls-ca", str(plan.security.ca_cert),
+                "--user", "bob", "--password-file", str(tmp_path / "bob.pw")]
+    code, out = run(topic, ["create", "-t", "orders-new", "--groups", "g1", *bob_args])
+    assert code != 0 and "NOT_AUTHORIZED" in out, out
+    code, out = run(user, ["list", *bob_args])
+    assert code != 0 and "--cluster --operation describe" in out, out
+    code, out = run(acl, ["list", "--json", *admin_args(plan)])
+    rules = {a["principal"]: a["rules"] for a in json.loads(out)["acls"]}
+    assert {"resource": "group", "name": "shop", "operations": ["commit", "join"]} in rules["bob"]
+
+
+async def read_all(plan: ClusterPlan, sec: ClientSecurity, name: str, group: str,
+                   n: int) -> list[bytes]:
+    seen: list[bytes] = []
+    consumer = Consumer(everyone(plan), group=group, topic=name, security=sec)
+    try:
+        deadline = time.monotonic() + 20
+        while len(seen) < n and time.monotonic() < deadline:
+            seen.extend(r.body for r in await consumer.getmany(timeout_s=0.5))
+        await consumer.commit()
+    finally:
+        await consumer.close()
+    return seen
+
+
+async def committed(plan: ClusterPlan, name: str, group: str) -> dict[int, int]:
+    """The consumer group's committed offset per queue (queue 0 lives on g1, 1 on g2),
+    as the admin reads it from each group's master."""
+    sec = lc.client_security(plan)
+    out: dict[int, int] = {}
+    for q, g in ((0, "g1"), (1, "g2")):
+        conn = await Connection.open(plan.address(f"{g}-0"), security=sec)
+        try:
+            body = await conn.request(p.Op.QUEUE_STATS, p.QueueStatsRequest(name, [q]).encode())
+        finally:
+            await conn.close()
+        st = p.QueueStatsResponse.decode(body).queues.get(q)
+        if st is not None and st.committed.get(group) is not None:
+            out[q] = int(st.committed[group] or 0)
+    return out
+
+
+def test_a_client_certificate_authenticates_its_common_name(
+        secure: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    _directory, plan = secure
+    topic_create(plan, "metrics-in")
+    code, out = run(acl, ["add", "--principal", "carol", "--topic", "metrics-in",
+                          "--operation", "produce", *admin_args(plan)])
+    assert code == 0, out
+    now = datetime.now(UTC)
+    ca = certs.KeyPair(plan.security.ca_cert.read_bytes(), plan.security.ca_key.read_bytes())
+    pair = certs.issue(ca, common_name="carol", server=False, client=True, now=now,
+                       validity=timedelta(days=1))
+    crt, key = tmp_path / "carol.crt", tmp_path / "carol.key"
+    crt.write_bytes(pair.cert_pem)
+    key.write_bytes(pair.key_pem)
+    args = ["-b", plan.address("g1-0"), "--tls-ca", str(plan.security.ca_cert),
+            "--tls-cert", str(crt), "--tls-key", str(key)]
+    code, out = run(user, ["whoami", "--json", *args])
+    assert code == 0 and json.loads(out)["user"] == "carol" and json.loads(out)["via"] == \
+        "certificate", out
+    code, out = run(produce, [*args, "-t", "metrics-in", "-n", "10", "--json"])
+    assert code == 0 and json.loads(out.splitlines()[-1])["acked"] == 10, out
+    code, out = run(produce, [*args, "-t", "orders-eu", "-n", "1", "--json"])
+    assert code != 0 and "user 'carol' may not produce" in out, out
+
+
+def test_the_replication_port_serves_no_stranger(secure: tuple[Path, ClusterPlan]) -> None:
+    """A peer without the group's secret gets no byte of the log: not with a plain hello,
+    not with a made-up proof; and a plain TCP client cannot even speak TLS to it."""
+    _directory, plan = secure
+    master = next(g for g in plan.groups if g.group == "g1").master
+    tls = client_context(plan.security.ca_cert, plan.security.broker_cert,
+                         plan.security.broker_key)
+
+    async def attempt(first: bytes, tls_ctx: ssl.SSLContext | None) -> bytes:
+        reader, writer = await asyncio.open_connection(
+            master.host, master.replication_port, ssl=tls_ctx,
+            server_hostname=master.host if tls_ctx else None)
+        try:
+            writer.write(first)
+            await writer.drain()
+            got = b""
+            async with asyncio.timeout(5):
+                while chunk := await reader.read(65536):
+                    got += chunk
+            return got
+        except (ConnectionError, ssl.SSLError):
+            return b""
+        finally:
+            writer.close()
+
+    async def scenario() -> None:
+        # Even holding the brokers' own certificate: a plain hello gets nothing.
+        assert await attempt(encode_hello("g1-9") + (0).to_bytes(8, "big"), tls) == b""
+        # A made-up proof: the master's challenge (64 bytes) and nothing after it.
+        got = await attempt(AUTH_HELLO.pack(AUTH_MAGIC, b"\0" * 32) + b"\1" * 32
+                            + encode_hello("g1-9") + (0).to_bytes(8, "big"), tls)
+        assert len(got) == CHALLENGE.size
+        # No TLS at all.
+        assert await attempt(encode_hello("g1-9"), None) == b""
+
+    asyncio.run(scenario())
+    text = (plan.log_dir / f"{master.name}.log").read_text()
+    assert "refused a replication connection" in text
+
+
+def test_the_acting_slave_enforces_acls_like_its_master_and_back_sync_runs_secure(
+        secure: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    directory, plan = secure
+    topic_create(plan, "orders-failover")
+    dave = make_user(plan, tmp_path, "dave", [
+        ["--topic", "orders-failover", "--operation", "produce,consume"],
+        ["--group", "dave-app", "--operation", "join,commit"]])
+    asyncio.run(produce_as(plan, dave, "orders-failover"))
+    lc.kill(directory, "g1-0")
+    try:
+        lc.wait_mode(plan, "g1", "SLAVE_CONSUME", deadline=time.monotonic() + 20)
+
+        async def while_acting() -> None:
+            seen = await read_all(plan, dave, "orders-failover", "dave-app", 20)
+            assert len(seen) == 20  # g1's queue read (and committed) through the acting slave
+            with pytest.raises(BrokerError) as denied:
+                await read_all(plan, dave, "orders-failover", "other-app", 20)
+            assert denied.value.status == p.Status.NOT_AUTHORIZED
+            # The acting slave's own answer: pull from it directly as dave.
+            conn = await Connection.open(plan.address("g1-1"), security=dave)
+            try:
+                frame = await conn.exchange(p.Op.FETCH_OFFSET, p.FetchOffsetRequest(
+                    "other-app", "orders-failover", [0]).encode())
+            finally:
+                await conn.close()
+            assert frame.status == p.Status.NOT_AUTHORIZED, p.error_message(frame)
+
+        asyncio.run(while_acting())
+    finally:
+        lc.start(directory, "g1-0")
+    lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
+    lc.wait_master_reads(plan, "g1", deadline=time.monotonic() + 20)
+    # Back-sync over TLS, authenticated as a broker: the commit made on the acting slave
+    # is on the master, and dave's group reads nothing again.
+    got = asyncio.run(committed(plan, "orders-failover", "dave-app"))
+    assert got.get(0) is not None and sum(got.values()) == 20, got
+    again = asyncio.run(read_again(plan, dave))
+    assert again == [], again
+
+
+async def read_again(plan: ClusterPlan, sec: ClientSecurity) -> list[bytes]:
+    consumer = Consumer(everyone(plan), group="dave-app", topic="orders-failover",
+                        security=sec)
+    try:
+        out: list[bytes] = []
+        for _ in range(6):
+            out.extend(r.body for r in await consumer.getmany(timeout_s=0.5))
+        return out
+    finally:
+        await consumer.close()
+
+
+def test_a_new_certificate_is_served_without_a_restart(brokers: testing.Brokers,
+                                                       tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    ca = certs.new_ca(now=now, validity=timedelta(days=30))
+    first = certs.issue(ca, common_name="understudy-broker", ip_addresses=["127.0.0.1"],
+                        server=True, client=True, now=now, validity=timedelta(days=10))
+    crt, key, ca_file = tmp_path / "b.crt", tmp_path / "b.key", tmp_path / "ca.crt"
+    crt.write_bytes(first.cert_pem)
+    key.write_bytes(first.key_pem)
+    ca_file.write_bytes(ca.cert_pem)
+    m = brokers.master(extra=["--tls-cert", str(crt), "--tls-key", str(key), "--tls-ca",
+                              str(ca_file), "--tls-reload-interval", "0.2", "--async"])
+    ctx = client_context(ca_file)
+
+    async def served_serial() -> int:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", m.port, ssl=ctx,
+                                                       server_hostname="127.0.0.1")
+        try:
+            der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+            return certs.inspect(ssl.DER_cert_to_PEM_cert(der).encode()).serial
+        finally:
+            writer.close()
+
+    assert asyncio.run(served_serial()) == first.info.serial
+    second = certs.issue(ca, common_name="understudy-broker", ip_addresses=["127.0.0.1"],
+                         server=True, client=True, now=now, validity=timedelta(days=20))
+    tmp_key = tmp_path / "b.key.new"
+    tmp_key.write_bytes(second.key_pem)
+    crt.write_bytes(second.cert_pem)
+    tmp_key.replace(key)
+    testing.wait_until(lambda: asyncio.run(served_serial()) == second.info.serial,
+                       "the broker serves the new certificate", within_s=10)
+    # Clients go on working with the same process.
+    tls = ["-b", f"127.0.0.1:{m.port}", "--tls-ca", str(ca_file)]
+    code, out = run(topic, ["create", "-t", "t", "-q", "1", *tls])
+    assert code == 0, out
+    code, out = run(produce, [*tls, "-t", "t", "-n", "5", "--json"])
+    assert code == 0 and json.loads(out.splitlines()[-1])["acked"] == 5, out
