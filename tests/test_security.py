@@ -14,6 +14,8 @@ import asyncio
 import json
 import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -61,7 +63,8 @@ def make_user(plan: ClusterPlan, tmp: Path, name: str, rules: list[list[str]]) -
     pw.write_text(f"{name}-secret\n")
     code, out = run(user, ["create", name, "--new-password-file", str(pw), "--json",
                            *admin_args(plan)])
-    assert code == 0 and json.loads(out)["created"], out
+    assert code == 0, out
+    assert json.loads(out)["created"], out
     for rule in rules:
         code, out = run(acl, ["add", "--principal", name, *rule, "--json", *admin_args(plan)])
         assert code == 0, out
@@ -115,15 +118,20 @@ def test_clients_without_the_right_credentials_are_refused_and_store_nothing(
 
     # No TLS at all: the TLS port closes the plain connection, and says what to check.
     code, out = run(produce, boot)
-    assert code != 0 and "--tls-ca" in out, out
+    assert code != 0, out
+    assert "--tls-ca" in out, out
     # TLS but no user: the broker requires authentication.
     code, out = run(produce, [*boot, *ca])
-    assert code != 0 and "AUTHENTICATION_FAILED" in out and "requires authentication" in out, out
+    assert code != 0, out
+    assert "AUTHENTICATION_FAILED" in out, out
+    assert "requires authentication" in out, out
     # The admin with a wrong password; a user nobody created.
     code, out = run(produce, [*boot, *ca, "--user", "admin", "--password-file", str(wrong)])
-    assert code != 0 and "wrong password for user 'admin'" in out, out
+    assert code != 0, out
+    assert "wrong password for user 'admin'" in out, out
     code, out = run(produce, [*boot, *ca, "--user", "mallory", "--password-file", str(wrong)])
-    assert code != 0 and "unknown user 'mallory'" in out, out
+    assert code != 0, out
+    assert "unknown user 'mallory'" in out, out
 
     # Certificates: one from another CA, one expired (both refused by the TLS handshake).
     now = datetime.now(UTC)
@@ -138,12 +146,14 @@ def test_clients_without_the_right_credentials_are_refused_and_store_nothing(
         crt.write_bytes(pair.cert_pem)
         key.write_bytes(pair.key_pem)
         code, out = run(produce, [*boot, *ca, "--tls-cert", str(crt), "--tls-key", str(key)])
-        assert code != 0 and "TLS error" in out, (label, out)
+        assert code != 0, (label, out)
+        assert "TLS error" in out, (label, out)
         assert "refused this client's certificate" in out or "alert" in out.lower(), out
     # A broker certificate the client does not trust (no --tls-ca: the system's CAs).
     code, out = run(produce, [*boot, "--tls-cert", str(tmp_path / "foreign.crt"),
                               "--tls-key", str(tmp_path / "foreign.key")])
-    assert code != 0 and "CERTIFICATE_VERIFY_FAILED" in out, out
+    assert code != 0, out
+    assert "CERTIFICATE_VERIFY_FAILED" in out, out
 
     assert asyncio.run(log_ends(plan, "guarded")) == before  # nothing was stored
 
@@ -182,9 +192,11 @@ def test_acls_allow_what_they_grant_and_refuse_the_rest(
     bob_args = ["-b", plan.address("g2-0"), "--tls-ca", str(plan.security.ca_cert),
                 "--user", "bob", "--password-file", str(tmp_path / "bob.pw")]
     code, out = run(topic, ["create", "-t", "orders-new", "--groups", "g1", *bob_args])
-    assert code != 0 and "NOT_AUTHORIZED" in out, out
+    assert code != 0, out
+    assert "NOT_AUTHORIZED" in out, out
     code, out = run(user, ["list", *bob_args])
-    assert code != 0 and "--cluster --operation describe" in out, out
+    assert code != 0, out
+    assert "--cluster --operation describe" in out, out
     code, out = run(acl, ["list", "--json", *admin_args(plan)])
     rules = {a["principal"]: a["rules"] for a in json.loads(out)["acls"]}
     assert {"resource": "group", "name": "shop", "operations": ["commit", "join"]} in rules["bob"]
@@ -238,12 +250,15 @@ def test_a_client_certificate_authenticates_its_common_name(
     args = ["-b", plan.address("g1-0"), "--tls-ca", str(plan.security.ca_cert),
             "--tls-cert", str(crt), "--tls-key", str(key)]
     code, out = run(user, ["whoami", "--json", *args])
-    assert code == 0 and json.loads(out)["user"] == "carol" and json.loads(out)["via"] == \
-        "certificate", out
+    assert code == 0, out
+    assert json.loads(out)["user"] == "carol", out
+    assert json.loads(out)["via"] == "certificate", out
     code, out = run(produce, [*args, "-t", "metrics-in", "-n", "10", "--json"])
-    assert code == 0 and json.loads(out.splitlines()[-1])["acked"] == 10, out
+    assert code == 0, out
+    assert json.loads(out.splitlines()[-1])["acked"] == 10, out
     code, out = run(produce, [*args, "-t", "orders-eu", "-n", "1", "--json"])
-    assert code != 0 and "user 'carol' may not produce" in out, out
+    assert code != 0, out
+    assert "user 'carol' may not produce" in out, out
 
 
 def test_the_replication_port_serves_no_stranger(secure: tuple[Path, ClusterPlan]) -> None:
@@ -321,7 +336,8 @@ def test_the_acting_slave_enforces_acls_like_its_master_and_back_sync_runs_secur
     # Back-sync over TLS, authenticated as a broker: the commit made on the acting slave
     # is on the master, and dave's group reads nothing again.
     got = asyncio.run(committed(plan, "orders-failover", "dave-app"))
-    assert got.get(0) is not None and sum(got.values()) == 20, got
+    assert got.get(0) is not None, got
+    assert sum(got.values()) == 20, got
     again = asyncio.run(read_again(plan, dave))
     assert again == [], again
 
@@ -338,7 +354,7 @@ async def read_again(plan: ClusterPlan, sec: ClientSecurity) -> list[bytes]:
         await consumer.close()
 
 
-def test_a_new_certificate_is_served_without_a_restart(brokers: testing.Brokers,
+def test_a_new_certificate_is_served_without_a_restart_on_every_port(brokers: testing.Brokers,
                                                        tmp_path: Path) -> None:
     now = datetime.now(UTC)
     ca = certs.new_ca(now=now, validity=timedelta(days=30))
@@ -349,8 +365,15 @@ def test_a_new_certificate_is_served_without_a_restart(brokers: testing.Brokers,
     key.write_bytes(first.key_pem)
     ca_file.write_bytes(ca.cert_pem)
     m = brokers.master(extra=["--tls-cert", str(crt), "--tls-key", str(key), "--tls-ca",
-                              str(ca_file), "--tls-reload-interval", "0.2", "--async"])
+                              str(ca_file), "--tls-reload-interval", "0.2", "--async",
+                              "--tls-http"])
     ctx = client_context(ca_file)
+    # The HTTP side port speaks TLS too (--tls-http): metrics over https, not over http.
+    with urllib.request.urlopen(f"https://127.0.0.1:{m.http_port}/healthz", context=ctx,
+                                timeout=5) as answer:
+        assert answer.status == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(f"http://127.0.0.1:{m.http_port}/healthz", timeout=5)
 
     async def served_serial() -> int:
         _reader, writer = await asyncio.open_connection("127.0.0.1", m.port, ssl=ctx,
@@ -375,4 +398,5 @@ def test_a_new_certificate_is_served_without_a_restart(brokers: testing.Brokers,
     code, out = run(topic, ["create", "-t", "t", "-q", "1", *tls])
     assert code == 0, out
     code, out = run(produce, [*tls, "-t", "t", "-n", "5", "--json"])
-    assert code == 0 and json.loads(out.splitlines()[-1])["acked"] == 5, out
+    assert code == 0, out
+    assert json.loads(out.splitlines()[-1])["acked"] == 5, out
