@@ -12,10 +12,18 @@ kernel, so the test, the workload pod and the brokers read the same clock):
 - the fault/restart events this test records, and mode events from polling the BrokerGroup's
   status (every 0.5-1 s: mode times carry that error; READ times come from the brokers' logs).
 The merged history is written to ``$E2E_ARTIFACTS`` (default ``e2e/.artifacts``) for inspection.
+
+The chaos runs use a group with its broker ports in plain TCP (``spec.security`` off): the
+recorded workload (``understudy workload``) has no TLS or SCRAM options yet. ZooKeeper still
+requires the chart's digest credentials and the NetworkPolicies are on.
+``test_secure_group_serves_authenticated_clients_through_a_failover`` runs the Kubernetes
+default instead — operator certificates, TLS, SCRAM users and ACLs, the group secret — with
+the CLI's clients (docs/security-kubernetes.md).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -88,13 +96,29 @@ def namespace(kind_cluster: str, request: pytest.FixtureRequest) -> Iterator[str
         sh("kubectl", "delete", "namespace", name, "--wait=false", check=False)
 
 
-def apply_group(namespace: str) -> None:
+#: The HTTP port's NetworkPolicy peers: Prometheus (the default) and the API server, through
+#: whose pod proxy the test reads every broker's /permissions (it is not on the pod's node).
+METRICS_FROM = [
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+    {"ipBlock": {"cidr": "0.0.0.0/0"}},
+]
+PLAIN = {"tls": False, "requireAuth": False, "groupSecret": False}
+
+
+def apply(doc: dict[str, Any]) -> None:
+    subprocess.run(["kubectl", "apply", "-f", "-"], input=yaml.safe_dump(doc), text=True, check=True, timeout=60)
+
+
+def apply_group(namespace: str, *, secure: bool = False) -> None:
     doc = yaml.safe_load((ROOT / "crds" / "samples" / "minimal.yaml").read_text())
     doc["metadata"] = {"name": GROUP, "namespace": namespace}
     doc["spec"]["image"] = f"understudy/broker:{TAG}"
     doc["spec"]["imagePullPolicy"] = "Never"
     doc["spec"]["failover"] = {"checkIntervalMs": 250, "detectionChecks": 2}
-    subprocess.run(["kubectl", "apply", "-f", "-"], input=yaml.safe_dump(doc), text=True, check=True, timeout=60)
+    doc["spec"]["networkPolicy"] = {"metricsFrom": METRICS_FROM}
+    if not secure:
+        doc["spec"]["security"] = PLAIN
+    apply(doc)
 
 
 def status(namespace: str) -> dict[str, Any]:
@@ -229,3 +253,107 @@ def test_master_fault_fails_over_and_back(namespace: str, fault: str) -> None:
     assert report.duplicates_rewind == 0
     assert report.one_reader_violations == 0
     assert len(report.cycles) == 1
+
+
+# --------------------------------------------------------------------------- the secure default
+
+
+def run_client(namespace: str, name: str, command: str, *, timeout: float = 240) -> tuple[bool, str]:
+    """Run ``command`` in a Job in ``namespace`` with the group's CA bundle at /ca/ca.crt
+    (the group's ConfigMap) and the user's password at /pw/password; (succeeded, log)."""
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"backoffLimit": 0, "activeDeadlineSeconds": int(timeout), "template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "understudy-e2e-client"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "client", "image": f"understudy/broker:{TAG}", "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-ec", command],
+                    "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                        "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [{"name": "ca", "mountPath": "/ca", "readOnly": True},
+                                     {"name": "pw", "mountPath": "/pw", "readOnly": True},
+                                     {"name": "tmp", "mountPath": "/tmp"}]}],
+                "volumes": [
+                    {"name": "ca", "configMap": {"name": f"{GROUP}-config", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"name": "pw", "secret": {"secretName": "app-password", "defaultMode": 0o440}},
+                    {"name": "tmp", "emptyDir": {}}]}}},
+    }
+    apply(job)
+
+    def finished() -> tuple[bool, bool] | None:
+        st = kubectl_json("-n", namespace, "get", "job", name).get("status") or {}
+        if st.get("succeeded"):
+            return (True, True)
+        if st.get("failed"):
+            return (True, False)
+        return None
+
+    _, ok = wait_for(f"Job {name} finished", finished, timeout=timeout + 60)
+    logs = sh("kubectl", "-n", namespace, "logs", f"job/{name}", timeout=120, check=False).stdout
+    return ok, logs
+
+
+def test_secure_group_serves_authenticated_clients_through_a_failover(namespace: str) -> None:
+    apply_group(namespace, secure=True)
+    before = wait_ready(namespace, RECOVERY_TIMEOUT_S)
+    sts = kubectl_json("-n", namespace, "get", "statefulset", GROUP)
+    script = sts["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    for flag in ("--tls-cert", "--require-auth", "--group-secret-file", "--zk-digest-file"):
+        assert flag in script
+    for secret in (f"{GROUP}-broker-tls", f"{GROUP}-group-secret", f"{GROUP}-zookeeper-digest"):
+        kubectl_json("-n", namespace, "get", "secret", secret)
+
+    topic = "secure-orders"
+    apply({"apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
+           "metadata": {"name": topic, "namespace": namespace},
+           "spec": {"groups": [GROUP], "queuesPerGroup": 2}})
+    password = os.urandom(18).hex()
+    sh("kubectl", "-n", namespace, "create", "secret", "generic", "app-password",
+       f"--from-literal=password={password}")
+    apply({"apiVersion": "understudy.io/v1alpha1", "kind": "BrokerUser",
+           "metadata": {"name": "app", "namespace": namespace},
+           "spec": {"authentication": {"type": "scram-sha-512", "passwordSecret": {"name": "app-password"}},
+                    "acls": [{"resource": "topic", "name": topic, "operations": ["produce", "consume"]},
+                             {"resource": "group", "name": "e2e-*", "operations": ["join", "commit"]}]}})
+
+    def ready(kind: str, name: str) -> bool:
+        st = kubectl_json("-n", namespace, "get", kind, name).get("status") or {}
+        return condition(st, "Ready") == "True"
+
+    wait_for("BrokerTopic Ready", lambda: ready("brokertopic", topic), timeout=120)
+    wait_for("BrokerUser Ready", lambda: ready("brokeruser", "app"), timeout=120)
+
+    brokers = f"{GROUP}-0.{namespace}.svc:9876,{GROUP}-1.{namespace}.svc:9876"
+    creds = "--tls-ca /ca/ca.crt --user app --password-file /pw/password"
+    ok, logs = run_client(namespace, "produce-ok", f"understudy produce -b {brokers} {creds} -t {topic} -n 200 --send-timeout 30")
+    assert ok, logs
+    ok, logs = run_client(namespace, "produce-anonymous", f"understudy produce -b {brokers} --tls-ca /ca/ca.crt -t {topic} -n 1 --send-timeout 10 --retries 0")
+    assert not ok, logs
+    assert "AUTHENTICATION_FAILED" in logs or "NOT_AUTHORIZED" in logs, logs
+    ok, logs = run_client(namespace, "produce-denied", f"understudy produce -b {brokers} {creds} -t other-topic -n 1 --send-timeout 10 --retries 0")
+    assert not ok, logs
+    assert "NOT_AUTHORIZED" in logs, logs
+    ok, logs = run_client(namespace, "produce-plaintext", f"understudy produce -b {brokers} -t {topic} -n 1 --send-timeout 10 --retries 0")
+    assert not ok, logs
+
+    # The master's pod goes: reads move to the slave, over TLS, for the authenticated user.
+    sh(str(SCRIPTS / "chaos.sh"), "delete-pod", namespace, before["master"])
+    ok, logs = run_client(namespace, "consume-through-failover", f"understudy consume -b {brokers} {creds} -t {topic} -g e2e-readers -n 200 --idle-timeout 60")
+    assert ok, logs
+    after = wait_ready(namespace, RECOVERY_TIMEOUT_S)
+    assert after["epoch"] > before["epoch"]
+    assert condition(after, "BackSyncComplete") == "True"
+
+    # Nothing the operator wrote holds the password.
+    for kind in ("secrets", "configmaps", "statefulsets", "brokerusers", "events"):
+        text = sh("kubectl", "-n", namespace, "get", kind, "-o", "json").stdout
+        own = json.loads(text)
+        own["items"] = [i for i in own["items"] if i["metadata"]["name"] != "app-password"]
+        dumped = json.dumps(own)
+        assert password not in dumped, kind
+        assert base64.b64encode(password.encode()).decode() not in dumped, kind

@@ -27,7 +27,7 @@ from understudy_operator.k8s.zkconfig import build_group_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLES = sorted(p for p in (ROOT / "crds" / "samples").glob("*.yaml")
-                 if not p.name.startswith("topic-"))  # BrokerTopics: tests/test_k8s_topic.py
+                 if not p.name.startswith(("topic-", "user-")))  # tests/test_k8s_topic.py, test_operator_security.py
 K8S_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33"]
 NS = "shop"
 # Kinds kubernetes-validate has no schema for; checked by hand in the tests below.
@@ -66,6 +66,7 @@ def test_objects_of_a_group() -> None:
         ("Service", "payments-1"),
         ("Service", "payments-2"),
         ("PodDisruptionBudget", "payments"),
+        ("NetworkPolicy", "payments-brokers"),  # security default: tests/test_operator_security.py
         ("StatefulSet", "payments"),
         ("ServiceMonitor", "payments"),
     ]

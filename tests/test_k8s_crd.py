@@ -23,7 +23,7 @@ from understudy_operator.k8s.spec import SpecError, parse_spec
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CRD_PATH = ROOT / "crds" / "brokergroup.yaml"
 SAMPLES = sorted(p for p in (ROOT / "crds" / "samples").glob("*.yaml")
-                 if not p.name.startswith("topic-"))  # BrokerTopics: tests/test_k8s_topic.py
+                 if not p.name.startswith(("topic-", "user-")))  # tests/test_k8s_topic.py, test_operator_security.py
 K8S_VERSIONS = ["1.29", "1.30", "1.31", "1.32", "1.33"]
 
 

@@ -21,7 +21,7 @@ from understudy_operator.k8s.spec import (
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLES = sorted(p for p in (ROOT / "crds" / "samples").glob("*.yaml")
-                 if not p.name.startswith("topic-"))  # BrokerTopics: tests/test_k8s_topic.py
+                 if not p.name.startswith(("topic-", "user-")))  # tests/test_k8s_topic.py, test_operator_security.py
 ZK = "zk-0.zk:2181"
 
 

@@ -126,6 +126,8 @@ def declare(k: Emulator) -> None:
     for res, kind in [("v1/pods", "Pod"), ("v1/services", "Service"),
                       ("v1/configmaps", "ConfigMap"), ("v1/events", "Event"),
                       ("v1/persistentvolumeclaims", "PersistentVolumeClaim"),
+                      ("v1/secrets", "Secret"),  # security is on by default
+                      ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy"),
                       ("apps/v1/statefulsets", "StatefulSet"),
                       ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget")]:
         k.resources[res] = kmock.ResourceInfo(

@@ -42,6 +42,8 @@ from understudy_broker.topicnodes import (
 )
 from understudy_broker.zkclient import digest_acl, kazoo_future, make_client
 from understudy_broker.zklayout import (
+    ACL_RULES,
+    ACL_USERS,
     CONSUMERS_DIR,
     CONTROLLERS_DIR,
     GROUPS_DIR,
@@ -51,6 +53,8 @@ from understudy_broker.zklayout import (
     LayoutError,
     MemberDoc,
     TopicDoc,
+    acl_rules_path,
+    acl_user_path,
     config_path,
     controller_path,
     decode_isr,
@@ -403,10 +407,81 @@ class ZkGateway:
         """Delete the topic (with an ordered topic's chains); ``False`` when it was gone."""
         return await delete_topic_nodes(self.client, topic, loop=asyncio.get_running_loop())
 
+    # ------------------------------------------------------------------ users and ACLs
+
+    async def put(self, path: str, data: bytes) -> bool:
+        """Create ``path`` with ``data`` or replace what is there; ``False`` when it already
+        held exactly ``data`` (nothing written)."""
+        found = await self.get(path)
+        if found is None:
+            if await self.create(path, data) is not None:
+                return True
+            found = await self.get(path)
+        if found is not None and found[0] == data:
+            return False
+        return await self.set_data(path, data)
+
+    async def read_acl_user(self, user: str) -> bytes | None:
+        """``/acl/users/<user>`` (salted SCRAM credentials), raw; ``None`` when absent."""
+        found = await self.get(acl_user_path(user))
+        return None if found is None else found[0]
+
+    async def read_acl_rules(self, user: str) -> bytes | None:
+        found = await self.get(acl_rules_path(user))
+        return None if found is None else found[0]
+
+    async def write_acl_user(self, user: str, doc: bytes) -> bool:
+        """Write ``/acl/users/<user>`` (an ``acl.UserDoc``); ``False`` when unchanged."""
+        return await self.put(acl_user_path(user), doc)
+
+    async def write_acl_rules(self, user: str, doc: bytes) -> bool:
+        """Write ``/acl/rules/<user>`` (an ``acl.RulesDoc``); ``False`` when unchanged."""
+        return await self.put(acl_rules_path(user), doc)
+
+    async def delete_acl_user(self, user: str) -> list[str]:
+        """Delete the user's credentials and rules; the paths that existed."""
+        gone = []
+        for path in (acl_user_path(user), acl_rules_path(user)):
+            if await self.delete(path):
+                gone.append(path)
+        return gone
+
+    async def acl_users(self) -> list[str]:
+        return sorted(await self.children(ACL_USERS))
+
+    async def acl_rule_users(self) -> list[str]:
+        return sorted(await self.children(ACL_RULES))
+
     async def delete_group(self, group: str) -> None:
         """Remove ``/groups/<group>`` and ``/controllers/<group>`` recursively."""
         await self.delete(group_path(group), recursive=True)
         await self.delete(controller_path(group), recursive=True)
+
+
+async def secure_chroot(connect: str, chroot: str, *, digest: Digest,
+                        timeout_s: float = 5.0) -> str:
+    """Make sure ``chroot`` exists under ``connect`` (``host:port[,...]``, no chroot) and
+    only ``digest``'s identity may use it: created with the digest ACL, or its ACL set to it
+    when it was open to the world. Every node the components create under it gets the same
+    ACL (:func:`understudy_broker.zkclient.digest_acl`). Returns what was done, in words;
+    raises :class:`ZkUnavailable` or :data:`ZkError`."""
+    wanted = digest_acl(digest) or []
+    async with open_gateway(connect, timeout_s=timeout_s, digest=digest,
+                            connect_timeout_s=timeout_s) as zk:
+        if await zk.exists(chroot):
+            acls, _stat = await asyncio.to_thread(zk.client.get_acls, chroot)
+            if sorted(map(str, acls)) == sorted(map(str, wanted)):
+                return f"{chroot}: digest ACL in place"
+            await asyncio.to_thread(zk.client.set_acls, chroot, wanted)
+            return f"{chroot}: ACL set to the digest identity {digest[0]} (was {acls!r})"
+        parent = chroot.rsplit("/", 1)[0]
+        if parent:
+            await asyncio.to_thread(zk.client.ensure_path, parent)
+        try:
+            await asyncio.to_thread(zk.client.create, chroot, b"", acl=wanted)
+        except NodeExistsError:
+            return await secure_chroot(connect, chroot, digest=digest, timeout_s=timeout_s)
+        return f"{chroot}: created with the digest identity {digest[0]}'s ACL"
 
 
 def gateway(connect: str, *, timeout_s: float, digest: Digest | None = None) -> ZkGateway:

@@ -3,7 +3,7 @@ Deployment starts.
 
 Why this module exists: the chart's contract is one command line
 (``--zk CONNECT/CHROOT (--all-namespaces | --namespace NS ...) --metrics-port 8080
---health-port 8081 --log-level LEVEL``); this module turns it into an :class:`OperatorConfig`,
+--health-port 8081 --log-level LEVEL --zk-digest-file FILE --ca-secret NS/NAME``); this module turns it into an :class:`OperatorConfig`,
 finds the API server credentials the way kopf does (service account in a pod, else kubeconfig,
 or ``--server`` for a local proxy or emulator), serves ``/metrics`` and kopf's liveness probe,
 and runs :func:`understudy_operator.handlers.app.run`. Bad flags are click usage errors.
@@ -19,17 +19,31 @@ import os
 import re
 import socket
 import sys
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from understudy_operator.cli.options import digest_option
+
 if TYPE_CHECKING:
     import kopf
+
+    from understudy_operator.zk import Digest
 
 log = logging.getLogger("understudy.operator")
 
 _CONNECT = re.compile(r"^[A-Za-z0-9.-]+:\d{1,5}(,[A-Za-z0-9.-]+:\d{1,5})*$")
 _CHROOT = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def split_ca_secret(value: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` -> (namespace, name); ``ValueError`` if bad."""
+    ns, slash, name = value.partition("/")
+    if not slash or not _NAME.match(ns) or not _NAME.match(name):
+        raise ValueError(f"{value!r}: expected NAMESPACE/NAME of a Secret")
+    return ns, name
 
 
 def split_zk(value: str) -> tuple[str, str | None]:
@@ -97,11 +111,31 @@ def connection_info(server: str | None, *, insecure: bool) -> kopf.ConnectionInf
                    "--namespace list exists (no RBAC for namespaces needed).")
 @click.option("--identity", metavar="NAME",
               help="This replica's name in controller elections (default: HOSTNAME:PID).")
+@digest_option
+@click.option("--ca-secret", metavar="NAMESPACE/NAME",
+              help="The one CA Secret for every namespace (default: understudy-ca in each "
+                   "resource's namespace). The chart sets its own namespace's.")
+@click.option("--ca-validity-days", type=click.IntRange(30, 36500), default=5 * 365,
+              show_default=True, help="Validity of a new or renewed CA certificate.")
+@click.option("--ca-renew-days", type=click.IntRange(2, 36499), default=180,
+              show_default=True, help="Renew the CA certificate this long before it ends.")
+@click.option("--cert-validity-days", type=click.IntRange(2, 3650), default=365,
+              show_default=True, help="Validity of broker and user certificates.")
+@click.option("--cert-renew-days", type=click.IntRange(1, 3649), default=30,
+              show_default=True,
+              help="Renew a certificate this long before it ends (a rolling restart).")
+@click.option("--cluster-domain", default="cluster.local", show_default=True,
+              help="DNS suffix of Services in the brokers' certificates.")
+@click.option("--security-interval", type=click.FloatRange(1, 86400), default=60.0,
+              show_default=True,
+              help="Seconds between certificate renewal checks and password Secret checks.")
 def operator_cmd(zk: str | None, all_namespaces: bool, namespaces: tuple[str, ...],
                  metrics_port: int, health_port: int, listen: str, log_level: str,
                  status_interval: float, handoff_timeout: float, max_lag_bytes: int,
-                 server: str | None, insecure: bool, scanning: bool, identity: str | None
-                 ) -> None:
+                 server: str | None, insecure: bool, scanning: bool, identity: str | None,
+                 digest: Digest | None, ca_secret: str | None, ca_validity_days: int,
+                 ca_renew_days: int, cert_validity_days: int, cert_renew_days: int,
+                 cluster_domain: str, security_interval: float) -> None:
     """Run the Kubernetes operator for BrokerGroups (understudy.io/v1alpha1): builds each
     group's StatefulSet, Services, ConfigMap, PDB (and ServiceMonitor), writes its ZooKeeper config, runs its
     failover controller with pod status as the liveness source, rolls pods safely (slaves
@@ -114,7 +148,21 @@ def operator_cmd(zk: str | None, all_namespaces: bool, namespaces: tuple[str, ..
     from understudy_operator.handlers.app import run
     from understudy_operator.handlers.metrics import OperatorMetrics
     from understudy_operator.handlers.runtime import OperatorConfig
+    from understudy_operator.k8s.certs import CertError, CertPolicy
 
+    ca_location: tuple[str, str] | None = None
+    if ca_secret is not None:
+        try:
+            ca_location = split_ca_secret(ca_secret)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--ca-secret") from None
+    try:
+        policy = CertPolicy(ca_validity=timedelta(days=ca_validity_days),
+                            ca_renew_before=timedelta(days=ca_renew_days),
+                            cert_validity=timedelta(days=cert_validity_days),
+                            cert_renew_before=timedelta(days=cert_renew_days))
+    except CertError as exc:
+        raise click.UsageError(f"certificate days: {exc}") from None
     connect: str | None = None
     chroot: str | None = None
     if zk is not None:
@@ -129,7 +177,9 @@ def operator_cmd(zk: str | None, all_namespaces: bool, namespaces: tuple[str, ..
     config = OperatorConfig(
         zk_connect=connect, zk_chroot=chroot, status_interval_s=status_interval,
         handoff_timeout_s=handoff_timeout, max_lag_bytes=max_lag_bytes, scanning=scanning,
-        identity=identity or f"{socket.gethostname()}:{os.getpid()}")
+        identity=identity or f"{socket.gethostname()}:{os.getpid()}", zk_digest=digest,
+        ca_secret=ca_location, cert_policy=policy, cluster_domain=cluster_domain,
+        security_interval_s=security_interval)
     metrics = OperatorMetrics()
     served: Any = None
     if metrics_port:
@@ -141,8 +191,9 @@ def operator_cmd(zk: str | None, all_namespaces: bool, namespaces: tuple[str, ..
         log.info("metrics on http://%s:%d/metrics", listen, metrics_port)
     liveness = f"http://{listen}:{health_port}/healthz" if health_port else None
     where = "all namespaces" if all_namespaces else ", ".join(namespaces)
-    log.info("operator %s watching %s (default ZooKeeper: %s)", config.identity, where,
-             zk or "none")
+    log.info("operator %s watching %s (default ZooKeeper: %s, digest identity: %s, CA: %s)",
+             config.identity, where, zk or "none", digest[0] if digest else "none",
+             "/".join(ca_location) if ca_location else "understudy-ca per namespace")
     try:
         asyncio.run(run(config=config, connection=info, namespaces=namespaces,
                         clusterwide=all_namespaces, metrics=metrics,

@@ -6,7 +6,10 @@ process each get their own. Every handler here is a few lines that find the run'
 :class:`~understudy_operator.handlers.runtime.Runtime` in kopf's ``memo``, time the call for
 ``/metrics`` and delegate to one module per verb: ``reconcile`` (create/update/resume),
 ``status`` + ``rolling`` (the timer), ``delete`` (the finalizer), ``pods`` (pod events); BrokerTopics go to ``topics``
-(create/update/resume and the finalizer).
+(create/update/resume and the finalizer), BrokerUsers to ``users`` (the same, plus a timer
+that notices a changed password Secret and renews a certificate). A second BrokerGroup timer
+(every ``security_interval_s``) runs ``reconcile`` again so certificates are renewed before
+they end (``handlers/security.py``), which restarts the brokers through the rollout.
 
 Both replicas of a two-replica operator run every handler (kopf peering is off: leadership is
 per group, by the controller's ZooKeeper election). Applies and deletions are idempotent;
@@ -35,8 +38,15 @@ from understudy_operator.handlers.runtime import (
 )
 from understudy_operator.handlers.status import on_transition, refresh, watch_state
 from understudy_operator.handlers.topics import finalize_topic, reconcile_topic
+from understudy_operator.handlers.users import finalize_user, reconcile_user
 from understudy_operator.k8s.builders import LABEL_GROUP
-from understudy_operator.k8s.kube import BROKERGROUPS, BROKERTOPICS, KubeClient, KubeError
+from understudy_operator.k8s.kube import (
+    BROKERGROUPS,
+    BROKERTOPICS,
+    BROKERUSERS,
+    KubeClient,
+    KubeError,
+)
 from understudy_operator.zk import ZkError
 
 log = logging.getLogger(__name__)
@@ -44,6 +54,7 @@ log = logging.getLogger(__name__)
 FINALIZER: Final = "understudy.io/finalizer"
 _BG: Final = (BROKERGROUPS.group, BROKERGROUPS.version, BROKERGROUPS.plural)
 _BT: Final = (BROKERTOPICS.group, BROKERTOPICS.version, BROKERTOPICS.plural)
+_BU: Final = (BROKERUSERS.group, BROKERUSERS.version, BROKERUSERS.plural)
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -87,6 +98,18 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         if handle.leading and not handle.rollout_lock.locked():
             handle.spawn(_roll_logged(rt, handle), name=f"rollout-{handle.name}")
 
+    @kopf.timer(*_BG, interval=config.security_interval_s,
+                initial_delay=config.security_interval_s, registry=registry)
+    async def renew_brokergroup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        # The same idempotent reconcile: it renews what is due (certificates, a CA) and
+        # writes nothing otherwise; a new certificate revision starts the safe rollout.
+        rt = runtime_of(memo)
+        handle = rt.groups.get((str(body.metadata.namespace), str(body.metadata.name)))
+        if handle is None or handle.generation != int(body.metadata.get("generation") or 0):
+            return  # not running here yet, or a spec change is pending: the update handles it
+        with rt.metrics.timed("renew"):
+            await reconcile(rt, body=body)
+
     @kopf.on.delete(*_BG, registry=registry)
     async def delete_brokergroup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str:
         rt = runtime_of(memo)
@@ -106,6 +129,28 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         rt = runtime_of(memo)
         with rt.metrics.timed("topic-delete"):
             return await finalize_topic(rt, body=body)
+
+    @kopf.on.resume(*_BU, registry=registry)
+    @kopf.on.create(*_BU, registry=registry)
+    @kopf.on.update(*_BU, field="spec", registry=registry)
+    async def reconcile_brokeruser(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        rt = runtime_of(memo)
+        with rt.metrics.timed("user"):
+            await reconcile_user(rt, body=body)
+
+    @kopf.timer(*_BU, interval=config.security_interval_s,
+                initial_delay=config.security_interval_s, registry=registry)
+    async def refresh_brokeruser(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        # A changed password Secret, a certificate due, a CA renewed: written again.
+        rt = runtime_of(memo)
+        with rt.metrics.timed("user"):
+            await reconcile_user(rt, body=body)
+
+    @kopf.on.delete(*_BU, registry=registry)
+    async def delete_brokeruser(body: kopf.Body, memo: kopf.Memo, **_: Any) -> str:
+        rt = runtime_of(memo)
+        with rt.metrics.timed("user-delete"):
+            return await finalize_user(rt, body=body)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_GROUP: kopf.PRESENT}, registry=registry)
     def broker_pod(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -25,9 +25,15 @@ from understudy_broker.zklayout import controller_path, group_path
 from understudy_operator.handlers.reconcile import parse
 from understudy_operator.handlers.runtime import Runtime
 from understudy_operator.k8s.builders import selector_labels
-from understudy_operator.k8s.kube import PODS, PVCS, STATEFULSETS, KubeError
+from understudy_operator.k8s.kube import PODS, PVCS, SECRETS, STATEFULSETS, KubeError
+from understudy_operator.k8s.security import (
+    LABEL_SECRET_FOR,
+    broker_tls_secret_name,
+    group_secret_name,
+    zk_digest_secret_name,
+)
 from understudy_operator.k8s.spec import DEFAULT_CHROOT, PvcRetention, SpecError
-from understudy_operator.zk import ZkError, ZkUnavailable, open_gateway
+from understudy_operator.zk import Digest, ZkError, ZkUnavailable, open_gateway
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +89,8 @@ async def _finalize(rt: Runtime, *, body: Mapping[str, Any]) -> str:
     done = []
     if url is not None:
         try:
-            done.append(await delete_group_nodes(url=url, group=name, namespace=namespace))
+            done.append(await delete_group_nodes(url=url, group=name, namespace=namespace,
+                                                 digest=rt.config.zk_digest))
         except (ZkError, ZkUnavailable) as exc:
             raise kopf.TemporaryError(f"cannot remove ZooKeeper nodes: {exc}", delay=5) from exc
     else:
@@ -99,6 +106,18 @@ async def _finalize(rt: Runtime, *, body: Mapping[str, Any]) -> str:
         done.append(f"deleted {len(claims)} PersistentVolumeClaim(s)")
     else:
         done.append("kept the PersistentVolumeClaims (retentionOnDelete: Retain)")
+    # Owner references let Kubernetes collect the group's Secrets; deleting them here does
+    # not wait for the garbage collector (and a name reused at once starts clean).
+    gone = 0
+    for secret in (broker_tls_secret_name(name), group_secret_name(name),
+                   zk_digest_secret_name(name)):
+        found = await rt.kube.get(SECRETS, namespace=namespace, name=secret)
+        labels = ((found or {}).get("metadata") or {}).get("labels") or {}
+        if found is not None and labels.get(LABEL_SECRET_FOR) == f"BrokerGroup.{name}":
+            await rt.kube.delete(SECRETS, namespace=namespace, name=secret)
+            gone += 1
+    if gone:
+        done.append(f"deleted {gone} Secret(s)")
     rt.metrics.decision(name, "deleted")
     summary = "; ".join(done)
     log.info("group %s/%s deleted: %s", namespace, name, summary)
@@ -106,12 +125,13 @@ async def _finalize(rt: Runtime, *, body: Mapping[str, Any]) -> str:
 
 
 async def delete_group_nodes(*, url: str, group: str, namespace: str,
-                             timeout_s: float = 10.0) -> str:
+                             timeout_s: float = 10.0, digest: Digest | None = None) -> str:
     """Remove ``/groups/<group>`` and ``/controllers/<group>`` (recursively) under ``url``'s
     chroot, unless the stored config names brokers of another namespace (a same-named group
     elsewhere). Returns what was done, in words; raises :data:`ZkError` or
     :class:`ZkUnavailable` when ZooKeeper cannot be reached."""
-    async with open_gateway(url, timeout_s=timeout_s, connect_timeout_s=timeout_s) as zk:
+    async with open_gateway(url, timeout_s=timeout_s, connect_timeout_s=timeout_s,
+                            digest=digest) as zk:
         cfg = await zk.read_config(group)
         if cfg is not None:
             foreign = [b.host for b in cfg.brokers if not b.host.endswith(f".{namespace}.svc")]

@@ -9,8 +9,14 @@ place that must never half-apply a bad spec. The order is deliberate:
    acts for reads;
 3. the group's controller is started once (its ZooKeeper session is also ours), the ZooKeeper
    ``config`` is written (only when its bytes change);
+   (before 3, the Secrets the pods mount — certificates, group secret, ZooKeeper digest —
+   are made or renewed by ``handlers/security.py``; a same-named Secret the operator did not
+   make stops everything with ``Ready=False, reason=SecretConflict``);
 4. children are built, adopted and applied; per-broker Services of removed ordinals are
    deleted (Kubernetes would not garbage-collect them: their owner still exists).
+
+``spec.security.tls`` and ``groupSecret`` are fixed once the group runs (the StatefulSet
+records what its brokers were started with): a change is reported like a bad spec.
 """
 
 from __future__ import annotations
@@ -27,10 +33,21 @@ from understudy_broker.model import GroupState, Mode
 from understudy_operator.controller.driver import Controller
 from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import GroupHandle, Runtime
-from understudy_operator.k8s.builders import LABEL_GROUP, LABEL_SERVICE, build_all
+from understudy_operator.handlers.security import (
+    SecretConflict,
+    ensure_group_security,
+    secure_zookeeper,
+)
+from understudy_operator.k8s.builders import (
+    LABEL_GROUP,
+    LABEL_SERVICE,
+    build_all,
+    network_policy_name,
+)
 from understudy_operator.k8s.kube import (
     BROKERGROUPS,
     CRDS,
+    NETWORKPOLICIES,
     SERVICEMONITOR_CRD,
     SERVICEMONITORS,
     SERVICES,
@@ -39,6 +56,7 @@ from understudy_operator.k8s.kube import (
 )
 from understudy_operator.k8s.podliveness import PodLiveness
 from understudy_operator.k8s.rollout import plan_scale
+from understudy_operator.k8s.security import security_change_problems
 from understudy_operator.k8s.spec import MAX_SLAVES, BrokerGroupSpec, SpecError, parse_spec
 from understudy_operator.k8s.status import (
     Condition,
@@ -89,9 +107,15 @@ async def report_invalid(rt: Runtime, *, body: Mapping[str, Any], exc: SpecError
 
 async def report_unreachable(rt: Runtime, *, body: Mapping[str, Any], message: str) -> None:
     """Ready=False/ZooKeeperUnreachable and a Warning Event (the handler retries)."""
+    await report_problem(rt, body=body, reason="ZooKeeperUnreachable", message=message)
+
+
+async def report_problem(rt: Runtime, *, body: Mapping[str, Any], reason: str,
+                         message: str) -> None:
+    """Ready=False with ``reason`` and a Warning Event; nothing else is applied."""
     meta = body.get("metadata", {})
     conditions = [
-        Condition("Ready", False, "ZooKeeperUnreachable", message) if c.type == "Ready" else c
+        Condition("Ready", False, reason, message) if c.type == "Ready" else c
         for c in compute_conditions(state=None, brokers=[])
     ]
     prev = (body.get("status") or {}).get("conditions")
@@ -101,8 +125,8 @@ async def report_unreachable(rt: Runtime, *, body: Mapping[str, Any], message: s
         await rt.kube.patch_status(BROKERGROUPS, namespace=meta["namespace"], name=meta["name"],
                                    status={"conditions": rendered})
     except KubeError as exc:
-        log.warning("cannot report the ZooKeeper problem on the status: %s", exc)
-    await events.post(rt, body, type_="Warning", reason="ZooKeeperUnreachable", message=message)
+        log.warning("cannot report %s on the status: %s", reason, exc)
+    await events.post(rt, body, type_="Warning", reason=reason, message=message)
 
 
 async def ensure_group(rt: Runtime, *, body: Mapping[str, Any], spec: BrokerGroupSpec
@@ -135,8 +159,10 @@ async def ensure_group(rt: Runtime, *, body: Mapping[str, Any], spec: BrokerGrou
         spec.zookeeper.url, groups=[name], liveness=liveness, loop=loop,
         session_timeout_s=rt.config.controller_session_timeout_s,
         metrics=rt.metrics.controller,
-        identity=rt.config.identity, on_transition=on_transition)
+        identity=rt.config.identity, on_transition=on_transition,
+        digest_auth=rt.config.zk_digest)
     try:
+        await secure_zookeeper(rt, spec.zookeeper.url)
         await controller.start(connect_timeout_s=5.0)
     except Exception as exc:
         await controller.stop()
@@ -172,7 +198,24 @@ async def _reconcile(rt: Runtime, *, body: Mapping[str, Any]) -> None:
         return
 
     sts = await rt.kube.get(STATEFULSETS, namespace=namespace, name=name)
+    problems = security_change_problems(spec.security, sts)
+    running = rt.groups.get((namespace, name))
+    if problems:
+        rt.metrics.errors.labels("reconcile", "invalid-spec").inc()
+        refused = SpecError(problems)
+        if running is not None:  # the status timer keeps reporting it
+            running.spec_problem = spec_error_text(refused)
+        await report_invalid(rt, body=body, exc=refused)
+        return
+    if running is not None:
+        running.spec_problem = None
     current = int(sts["spec"]["replicas"]) if sts and "replicas" in sts.get("spec", {}) else None
+    try:
+        security = await ensure_group_security(rt, body=body, spec=spec)
+    except SecretConflict as exc:
+        rt.metrics.errors.labels("reconcile", "secret-conflict").inc()
+        await report_problem(rt, body=body, reason="SecretConflict", message=str(exc))
+        raise kopf.TemporaryError(str(exc), delay=30) from exc
     handle = await ensure_group(rt, body=body, spec=spec)
     state, _ = await handle.zk.read_state(name)
     scale = plan_scale(current=current, desired=spec.replicas, state=state,
@@ -187,7 +230,7 @@ async def _reconcile(rt: Runtime, *, body: Mapping[str, Any]) -> None:
         log.info("group %s/%s: ZooKeeper config written (%d brokers)", namespace, name,
                  spec.replicas)
 
-    objects = build_all(spec=spec, group=name, namespace=namespace)
+    objects = build_all(spec=spec, group=name, namespace=namespace, security=security)
     monitor_crd = await rt.kube.exists(CRDS, namespace=None, name=SERVICEMONITOR_CRD)
     if not monitor_crd:
         objects = [o for o in objects if o["kind"] != "ServiceMonitor"]
@@ -203,6 +246,8 @@ async def _reconcile(rt: Runtime, *, body: Mapping[str, Any]) -> None:
                      obj["metadata"]["name"])
     if monitor_crd and not spec.monitoring.enabled:
         await rt.kube.delete(SERVICEMONITORS, namespace=namespace, name=name)
+    if not spec.network_policy.enabled:
+        await rt.kube.delete(NETWORKPOLICIES, namespace=namespace, name=network_policy_name(name))
     await _delete_stale_services(rt, namespace=namespace, name=name, replicas=spec.replicas)
     handle.generation = int(meta.get("generation") or 0)
     if current is not None and current != spec.replicas:

@@ -14,20 +14,24 @@ import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 import kopf
 
 from understudy_broker.model import GroupState
+from understudy_broker.security import ClientSecurity
 from understudy_broker.tasks import stop_tasks
 from understudy_operator.controller.driver import Controller
 from understudy_operator.handlers.metrics import OperatorMetrics
+from understudy_operator.k8s.certs import CertPolicy
 from understudy_operator.k8s.kube import KubeClient
 from understudy_operator.k8s.podliveness import PodLiveness
 from understudy_operator.k8s.rollout import DEFAULT_MAX_LAG_BYTES
+from understudy_operator.k8s.security import DEFAULT_CLUSTER_DOMAIN
 from understudy_operator.k8s.spec import BrokerGroupSpec
 from understudy_operator.k8s.status import FailoverTimes
-from understudy_operator.zk import ZkGateway, gateway
+from understudy_operator.zk import Digest, ZkGateway, gateway
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,14 @@ class OperatorConfig:
     resources are discovered once, e.g. without RBAC for namespaces, or against an emulator).
     ``topic_retry_s``: how often a BrokerTopic change or deletion that waits for queues to
     drain is tried again.
+
+    Security (docs/security-kubernetes.md): ``zk_digest`` is the ZooKeeper digest identity of
+    every session the operator opens (its controllers', topics', users') and, copied into a
+    Secret per group, the brokers'; ``ca_secret`` is ``(namespace, name)`` of the one CA
+    Secret (``None``: ``understudy-ca`` in each resource's namespace); ``cert_policy`` the
+    validity and renewal windows; ``cluster_domain`` the DNS suffix in the brokers'
+    certificates; ``security_interval_s`` how often certificates are checked for renewal
+    and password Secrets for changes.
     """
 
     zk_connect: str | None = None
@@ -58,6 +70,11 @@ class OperatorConfig:
     identity: str | None = None
     scanning: bool = True
     topic_retry_s: float = 30.0
+    zk_digest: Digest | None = field(default=None, repr=False)
+    ca_secret: tuple[str, str] | None = None
+    cert_policy: CertPolicy = field(default_factory=CertPolicy)
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
+    security_interval_s: float = 60.0
 
 
 @dataclass
@@ -75,6 +92,9 @@ class GroupHandle:
     last_mode: GroupState | None = None
     failover_times: FailoverTimes | None = None
     state_watch_armed: bool = False
+    spec_problem: str | None = None
+    """A spec the operator refused although it parses (a change of spec.security.tls on a
+    running group): reported by the status like an invalid spec."""
     status_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     rollout_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -116,8 +136,14 @@ class Runtime:
     groups: dict[tuple[str, str], GroupHandle] = field(default_factory=dict)
     on_transition: Callable[[GroupHandle, GroupState, GroupState], None] | None = None
     topic_sessions: dict[str, ZkGateway] = field(default_factory=dict)
-    """One ZooKeeper session per ensemble/chroot that BrokerTopics name (topics are written
-    with versioned writes, so one session serves every topic of that ensemble)."""
+    """One ZooKeeper session per ensemble/chroot that BrokerTopics and BrokerUsers name
+    (topics are written with versioned writes, so one session serves every topic of that
+    ensemble)."""
+    client_security: dict[tuple[str, str], tuple[datetime, ClientSecurity]] = field(
+        default_factory=dict)
+    """(namespace, CA fingerprint) -> (renew after, the operator's TLS identity for brokers)."""
+    secured_chroots: set[str] = field(default_factory=set)
+    """Connect strings + chroots whose chroot node already has the digest ACL."""
 
     def leading_count(self) -> int:
         return sum(1 for h in self.groups.values() if h.leading)
@@ -127,7 +153,8 @@ class Runtime:
         zk = self.topic_sessions.get(url)
         if zk is not None:
             return zk
-        zk = gateway(url, timeout_s=self.config.controller_session_timeout_s)
+        zk = gateway(url, timeout_s=self.config.controller_session_timeout_s,
+                     digest=self.config.zk_digest)
         await zk.start(timeout_s=5.0)
         if url in self.topic_sessions:  # another handler won the race: keep one session
             await zk.stop()

@@ -70,6 +70,7 @@ async def refresh(rt: Runtime, handle: GroupHandle, body: Mapping[str, Any] | No
             parse(rt, body.get("spec") or {}, handle.name)
         except SpecError as exc:
             spec_error = spec_error_text(exc)
+        spec_error = spec_error or handle.spec_problem
         spec = handle.spec
         name = handle.name
         state, _ = await handle.zk.read_state(name)

@@ -24,11 +24,17 @@ import kopf
 
 from understudy_broker.admin import backlog_of, describe_topic
 from understudy_broker.client import BrokerError
+from understudy_broker.security import ClientSecurity
 from understudy_broker.topicnodes import OrderedNodesLeft
 from understudy_broker.topology import TopicPlanError
 from understudy_broker.zklayout import GroupConfig, TopicDoc
 from understudy_operator.handlers import events
 from understudy_operator.handlers.runtime import Runtime
+from understudy_operator.handlers.security import (
+    SecretConflict,
+    operator_client_security,
+    secure_zookeeper,
+)
 from understudy_operator.k8s.kube import BROKERTOPICS, KubeError
 from understudy_operator.k8s.spec import SpecError
 from understudy_operator.k8s.status import Condition, merge_conditions
@@ -40,6 +46,7 @@ from understudy_operator.k8s.topicspec import (
     plan_delete,
     plan_sync,
 )
+from understudy_operator.k8s.userspec import OPERATOR_COMMON_NAME, operator_rules
 from understudy_operator.zk import ZkError, ZkGateway, ZkUnavailable
 
 log = logging.getLogger(__name__)
@@ -73,7 +80,8 @@ async def reconcile_topic(rt: Runtime, *, body: Mapping[str, Any]) -> None:
         current, version = await zk.read_topic(spec.topic)
         plan = plan_sync(spec, current, known_groups=configs.keys())
         if plan.removes:
-            backlog = await measure_backlog(configs, spec.topic, current)
+            backlog = await measure_backlog(configs, spec.topic, current,
+                                            security=await _security(rt, body, current, zk))
             plan = plan_sync(spec, current, known_groups=configs.keys(), backlog=backlog)
     except ZkError as exc:
         raise kopf.TemporaryError(f"ZooKeeper: {exc!r}", delay=5) from exc
@@ -125,7 +133,8 @@ async def finalize_topic(rt: Runtime, *, body: Mapping[str, Any]) -> str:
         current, version = await zk.read_topic(spec.topic)
         backlog = None
         if current is not None and spec.deletion_policy.value == "Delete":
-            backlog = await measure_backlog(await _group_configs(zk), spec.topic, current)
+            backlog = await measure_backlog(await _group_configs(zk), spec.topic, current,
+                                            security=await _security(rt, body, current, zk))
         if not plan_delete(spec, current, backlog):
             return f"topic {spec.topic} was already gone"
         deleted = await zk.delete_topic(spec.topic)
@@ -139,11 +148,32 @@ async def finalize_topic(rt: Runtime, *, body: Mapping[str, Any]) -> str:
     return f"topic {spec.topic} deleted" if deleted else f"topic {spec.topic} was already gone"
 
 
-async def measure_backlog(configs: Mapping[str, GroupConfig], topic: str, doc: TopicDoc | None
-                          ) -> dict[int, int] | None:
+async def _security(rt: Runtime, body: Mapping[str, Any], doc: TopicDoc | None,
+                    zk: ZkGateway) -> ClientSecurity | None:
+    """TLS and the operator's client certificate when a group of the topic that this
+    operator runs has TLS on (``spec.security.tls``); plain for groups it does not run
+    (local groups, another operator's), which it knows nothing about. The identity's rules
+    (describe topics and consumer groups) are written to the cluster first."""
+    if doc is None:
+        return None
+    groups = set(doc.groups())
+    if not any(h.spec.security.tls for h in rt.groups.values() if h.name in groups):
+        return None
+    namespace = str(body.get("metadata", {}).get("namespace"))
+    await zk.write_acl_rules(OPERATOR_COMMON_NAME, operator_rules().to_json())
+    try:
+        return await operator_client_security(rt, namespace)
+    except (SecretConflict, KubeError) as exc:
+        log.warning("topic backlog: no TLS identity for the operator (%s)", exc)
+        return None
+
+
+async def measure_backlog(configs: Mapping[str, GroupConfig], topic: str, doc: TopicDoc | None,
+                          *, security: ClientSecurity | None = None) -> dict[int, int] | None:
     """Unconsumed messages per queue, asked of the brokers of the topic's groups (their
-    addresses are in the groups' ZooKeeper ``configs``); ``None`` when no broker answered,
-    which the plans treat as "still holds messages"."""
+    addresses are in the groups' ZooKeeper ``configs``) with ``security`` (TLS on the
+    groups); ``None`` when no broker answered, which the plans treat as "still holds
+    messages"."""
     if doc is None:
         return {}
     bootstrap = [f"{b.host}:{b.port}" for group in doc.groups() if group in configs
@@ -151,7 +181,7 @@ async def measure_backlog(configs: Mapping[str, GroupConfig], topic: str, doc: T
     if not bootstrap:
         return None
     try:
-        return backlog_of(await describe_topic(bootstrap, topic))
+        return backlog_of(await describe_topic(bootstrap, topic, security))
     except (BrokerError, ConnectionError, OSError, TimeoutError) as exc:
         log.warning("topic %s: backlog unknown (%s)", topic, exc)
         return None
@@ -165,8 +195,9 @@ async def _group_configs(zk: ZkGateway) -> dict[str, GroupConfig]:
 
 async def _session(rt: Runtime, body: Mapping[str, Any], spec: TopicSpec) -> ZkGateway:
     try:
+        await secure_zookeeper(rt, spec.zookeeper.url)
         return await rt.topic_zk(spec.zookeeper.url)
-    except ZkUnavailable as exc:
+    except (ZkUnavailable, ZkError) as exc:
         text = f"ZooKeeper {spec.zookeeper.url} unreachable ({exc}); nothing applied, retrying"
         await _report(rt, body, ready=False, reason="ZooKeeperUnreachable", message=text,
                       warn=True)

@@ -18,6 +18,15 @@ Choices worth knowing:
   the only reader.
 * Services publish not-ready addresses: replication and the route protocol must reach a broker
   that has no READ (and is therefore not ready for consumers).
+* Security (``spec.security``, on by default; docs/security-kubernetes.md): each broker gets
+  its certificate, the CA bundle, the group secret and the ZooKeeper digest as files from
+  Secrets mounted read-only (mode 0440, group-readable through ``fsGroup``), never as
+  environment values or arguments; the argv names only the files. The pod template carries
+  ``understudy.io/tls-revision`` (``k8s/security.py:tls_revision``): a renewed certificate
+  or a new CA bundle changes it, and the operator's rollout restarts the brokers safely.
+* A NetworkPolicy per group (``spec.networkPolicy``, on by default) admits the client port
+  from the namespace (or the configured peers), every broker and the operator, the
+  replication port from the group's own pods only, and the HTTP port from Prometheus.
 """
 
 from __future__ import annotations
@@ -26,6 +35,23 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from understudy_operator.k8s.certs import BROKER_COMMON_NAME
+from understudy_operator.k8s.security import (
+    ANNOTATION_SECURITY_MODE,
+    ANNOTATION_TLS_REVISION,
+    CA_CERT_KEY,
+    GROUP_SECRET_DIR,
+    GROUP_SECRET_KEY,
+    SECRET_FILE_MODE,
+    TLS_DIR,
+    ZK_DIGEST_DIR,
+    ZK_DIGEST_KEY,
+    SecurityInputs,
+    broker_tls_secret_name,
+    group_secret_name,
+    security_mode,
+    zk_digest_secret_name,
+)
 from understudy_operator.k8s.spec import BrokerGroupSpec, PvcRetention, ReplicationMode
 from understudy_operator.k8s.zkconfig import (
     BROKER_PORT,
@@ -79,10 +105,12 @@ def configmap_name(group: str) -> str:
     return f"{group}-config"
 
 
-def broker_argv(*, spec: BrokerGroupSpec, group: str, namespace: str, ordinal: int) -> Argv:
+def broker_argv(*, spec: BrokerGroupSpec, group: str, namespace: str, ordinal: int,
+                zk_digest: bool = False) -> Argv:
     """The ``understudy broker`` argv of one broker (the CLI contract of the broker issue plus
-    the HA issue's ``--zk`` flags). The ``--name`` value is a placeholder for the pod name,
-    rendered by :func:`render_command`."""
+    the HA issue's ``--zk`` flags and the security issue's file flags). The ``--name`` value
+    is a placeholder for the pod name, rendered by :func:`render_command`. ``zk_digest``:
+    the brokers authenticate to ZooKeeper with the digest Secret mounted for them."""
     argv: Argv = [
         "understudy",
         "broker",
@@ -130,6 +158,30 @@ def broker_argv(*, spec: BrokerGroupSpec, group: str, namespace: str, ordinal: i
         "--zk-session-timeout-ms",
         str(spec.zookeeper.session_timeout_ms),
     ]
+    argv += security_argv(spec=spec, group=group, ordinal=ordinal, zk_digest=zk_digest)
+    return argv
+
+
+def security_argv(*, spec: BrokerGroupSpec, group: str, ordinal: int, zk_digest: bool) -> Argv:
+    """The broker's security flags: files only, never a secret value."""
+    sec = spec.security
+    argv: Argv = []
+    if sec.tls:
+        name = broker_name(group, ordinal)
+        argv += ["--tls-cert", f"{TLS_DIR}/{name}.crt", "--tls-key", f"{TLS_DIR}/{name}.key",
+                 "--tls-ca", f"{TLS_DIR}/{CA_CERT_KEY}",
+                 "--tls-client-auth", sec.tls_client_auth.value]
+    if sec.require_auth:
+        argv.append("--require-auth")
+    if sec.tls or sec.require_auth:
+        # Brokers call each other's client ports with their own certificate (CN
+        # understudy-broker): back-sync, peer probes, escaped messages.
+        for user in (BROKER_COMMON_NAME, *sec.super_users):
+            argv += ["--super-user", user]
+    if sec.group_secret:
+        argv += ["--group-secret-file", f"{GROUP_SECRET_DIR}/{GROUP_SECRET_KEY}"]
+    if zk_digest:
+        argv += ["--zk-digest-file", f"{ZK_DIGEST_DIR}/{ZK_DIGEST_KEY}"]
     return argv
 
 
@@ -140,11 +192,13 @@ def render_command(argv: Sequence[str | object]) -> str:
     )
 
 
-def broker_script(*, spec: BrokerGroupSpec, group: str, namespace: str) -> str:
+def broker_script(*, spec: BrokerGroupSpec, group: str, namespace: str,
+                  zk_digest: bool = False) -> str:
     """The container's ``/bin/sh -c`` script: pick the argv by the pod's ordinal and exec it."""
     lines = ["set -eu", f'case "${{{POD_NAME_ENV}##*-}}" in']
     for ordinal in range(spec.replicas):
-        argv = broker_argv(spec=spec, group=group, namespace=namespace, ordinal=ordinal)
+        argv = broker_argv(spec=spec, group=group, namespace=namespace, ordinal=ordinal,
+                           zk_digest=zk_digest)
         lines.append(f"  {ordinal}) exec {render_command(argv)} ;;")
     lines.append(
         f'  *) echo "understudy: pod ${POD_NAME_ENV} has no broker ordinal in group '
@@ -181,20 +235,46 @@ def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _secret_volume(name: str, secret: str) -> dict[str, Any]:
+    return {"name": name, "secret": {"secretName": secret, "defaultMode": SECRET_FILE_MODE}}
+
+
+def security_volumes(*, spec: BrokerGroupSpec, group: str, zk_digest: bool
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Secret volumes and their read-only mounts for the security flags."""
+    wanted = []
+    if spec.security.tls:
+        wanted.append(("tls", broker_tls_secret_name(group), TLS_DIR))
+    if spec.security.group_secret:
+        wanted.append(("group-secret", group_secret_name(group), GROUP_SECRET_DIR))
+    if zk_digest:
+        wanted.append(("zookeeper-digest", zk_digest_secret_name(group), ZK_DIGEST_DIR))
+    volumes = [_secret_volume(name, secret) for name, secret, _ in wanted]
+    mounts = [{"name": name, "mountPath": path, "readOnly": True} for name, _, path in wanted]
+    return volumes, mounts
+
+
 def build_statefulset(
     *,
     spec: BrokerGroupSpec,
     group: str,
     namespace: str,
     labels: Mapping[str, str] | None = None,
+    security: SecurityInputs | None = None,
 ) -> dict[str, Any]:
-    """The group's StatefulSet (ordinal 0 master, ``spec.slaves`` slaves)."""
+    """The group's StatefulSet (ordinal 0 master, ``spec.slaves`` slaves). ``security``
+    adds what the builders cannot know: the certificates' revision and whether the
+    operator has ZooKeeper digest credentials for the brokers."""
+    inputs = security or SecurityInputs()
     meta_labels = object_labels(group, labels)
+    sec_volumes, sec_mounts = security_volumes(spec=spec, group=group,
+                                               zk_digest=inputs.zk_digest)
     container: dict[str, Any] = {
         "name": "broker",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["/bin/sh", "-c", broker_script(spec=spec, group=group, namespace=namespace)],
+        "command": ["/bin/sh", "-c", broker_script(spec=spec, group=group, namespace=namespace,
+                                                   zk_digest=inputs.zk_digest)],
         "env": [
             {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {
@@ -224,6 +304,7 @@ def build_statefulset(
             {"name": "data", "mountPath": DATA_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            *sec_mounts,
         ],
     }
     if spec.resources:
@@ -245,6 +326,7 @@ def build_statefulset(
         "volumes": [
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
             {"name": "config", "configMap": {"name": configmap_name(group)}},
+            *sec_volumes,
         ],
     }
     if spec.pod_template.tolerations:
@@ -260,10 +342,14 @@ def build_statefulset(
     }
     if spec.storage.storage_class_name:
         claim_spec["storageClassName"] = spec.storage.storage_class_name
+    template_meta: dict[str, Any] = {"labels": meta_labels}
+    if spec.security.tls and inputs.tls_revision:
+        template_meta["annotations"] = {ANNOTATION_TLS_REVISION: inputs.tls_revision}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": group, "namespace": namespace, "labels": meta_labels},
+        "metadata": {"name": group, "namespace": namespace, "labels": meta_labels,
+                     "annotations": {ANNOTATION_SECURITY_MODE: security_mode(spec.security)}},
         "spec": {
             "serviceName": headless_service_name(group),
             "replicas": spec.replicas,
@@ -277,7 +363,7 @@ def build_statefulset(
                 "whenScaled": PvcRetention.RETAIN.value,
             },
             "template": {
-                "metadata": {"labels": meta_labels},
+                "metadata": template_meta,
                 "spec": pod_spec,
             },
             "volumeClaimTemplates": [
@@ -370,9 +456,15 @@ def build_configmap(
     group: str,
     namespace: str,
     labels: Mapping[str, str] | None = None,
+    security: SecurityInputs | None = None,
 ) -> dict[str, Any]:
     """The group's ConfigMap: the ZooKeeper config document, mounted read-only into the
-    brokers at ``/etc/understudy/config.json`` for inspection and static fallback."""
+    brokers at ``/etc/understudy/config.json`` for inspection and static fallback; with TLS,
+    also ``ca.crt``, the CA bundle clients in the namespace mount to verify the brokers
+    (public: certificates only)."""
+    data = {"config.json": encode_zk_config(spec=spec, group=group, namespace=namespace).decode()}
+    if spec.security.tls and security is not None and security.ca_bundle:
+        data[CA_CERT_KEY] = security.ca_bundle
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -381,7 +473,7 @@ def build_configmap(
             "namespace": namespace,
             "labels": object_labels(group, labels),
         },
-        "data": {"config.json": encode_zk_config(spec=spec, group=group, namespace=namespace).decode()},
+        "data": data,
     }
 
 
@@ -424,22 +516,89 @@ def build_servicemonitor(
     }
 
 
+#: Pods of every broker group, in any namespace (cross-group calls: escaped messages,
+#: the route of another group's queues).
+BROKER_PEER: Final = {"namespaceSelector": {},
+                      "podSelector": {"matchLabels": {"app.kubernetes.io/name":
+                                                      "understudy-broker"}}}
+#: The operator's pods (the chart's selector label), in any namespace: it asks brokers for
+#: a topic's backlog on the client port.
+OPERATOR_PEER: Final = {"namespaceSelector": {},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name":
+                                                        "understudy-operator"}}}
+#: Prometheus pods as prometheus-operator labels them, in any namespace.
+PROMETHEUS_PEER: Final = {"namespaceSelector": {},
+                          "podSelector": {"matchLabels": {"app.kubernetes.io/name":
+                                                          "prometheus"}}}
+
+
+def network_policy_name(group: str) -> str:
+    return f"{group}-brokers"
+
+
+def build_network_policy(
+    *,
+    spec: BrokerGroupSpec,
+    group: str,
+    namespace: str,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Ingress to the group's pods: the client port from ``networkPolicy.clientFrom``
+    (default every pod of the namespace) plus every broker and the operator; the
+    replication port from this group's pods only; the HTTP port (metrics, ``/permissions``)
+    from ``networkPolicy.metricsFrom`` (default Prometheus). Kubelet probes come from the
+    pod's own node, which NetworkPolicies always admit. Egress is not restricted."""
+    np = spec.network_policy
+    clients = [dict(p) for p in np.client_from] if np.client_from is not None else [
+        {"podSelector": {}}]
+    metrics = [dict(p) for p in np.metrics_from] if np.metrics_from is not None else [
+        dict(PROMETHEUS_PEER)]
+
+    def port(number: int) -> list[dict[str, Any]]:
+        return [{"protocol": "TCP", "port": number}]
+
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": network_policy_name(group), "namespace": namespace,
+                     "labels": object_labels(group, labels)},
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(group)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [*clients, dict(BROKER_PEER), dict(OPERATOR_PEER)],
+                 "ports": port(BROKER_PORT)},
+                {"from": [{"podSelector": {"matchLabels": selector_labels(group)}}],
+                 "ports": port(REPLICATION_PORT)},
+                {"from": metrics, "ports": port(HTTP_PORT)},
+            ],
+        },
+    }
+
+
 def build_all(
     *,
     spec: BrokerGroupSpec,
     group: str,
     namespace: str,
     labels: Mapping[str, str] | None = None,
+    security: SecurityInputs | None = None,
 ) -> list[dict[str, Any]]:
-    """Every object of a group in apply order (ConfigMap and Services before the pods that
-    use them); the ServiceMonitor only when monitoring is enabled."""
+    """Every object of a group in apply order (ConfigMap, Services and the NetworkPolicy
+    before the pods that use them); the ServiceMonitor only when monitoring is enabled. The
+    Secrets the pods mount are written by the handler before these (handlers/security.py)."""
     objects = [
-        build_configmap(spec=spec, group=group, namespace=namespace, labels=labels),
+        build_configmap(spec=spec, group=group, namespace=namespace, labels=labels,
+                        security=security),
         build_headless_service(group=group, namespace=namespace, labels=labels),
         *build_broker_services(spec=spec, group=group, namespace=namespace, labels=labels),
         build_pdb(group=group, namespace=namespace, labels=labels),
-        build_statefulset(spec=spec, group=group, namespace=namespace, labels=labels),
     ]
+    if spec.network_policy.enabled:
+        objects.append(build_network_policy(spec=spec, group=group, namespace=namespace,
+                                            labels=labels))
+    objects.append(build_statefulset(spec=spec, group=group, namespace=namespace, labels=labels,
+                                     security=security))
     if spec.monitoring.enabled:
         objects.append(
             build_servicemonitor(spec=spec, group=group, namespace=namespace, labels=labels)

@@ -68,6 +68,9 @@ class Resource:
 
 BROKERGROUPS: Final = Resource("understudy.io", "v1alpha1", "brokergroups", "BrokerGroup")
 BROKERTOPICS: Final = Resource("understudy.io", "v1alpha1", "brokertopics", "BrokerTopic")
+BROKERUSERS: Final = Resource("understudy.io", "v1alpha1", "brokerusers", "BrokerUser")
+SECRETS: Final = Resource("", "v1", "secrets", "Secret")
+NETWORKPOLICIES: Final = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
 SERVICES: Final = Resource("", "v1", "services", "Service")
 PODS: Final = Resource("", "v1", "pods", "Pod")
@@ -82,8 +85,8 @@ CRDS: Final = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"
 
 BY_KIND: Final[Mapping[str, Resource]] = {
     r.kind: r
-    for r in (BROKERGROUPS, CONFIGMAPS, SERVICES, PODS, PVCS, EVENTS, STATEFULSETS, PDBS,
-              SERVICEMONITORS, CRDS)
+    for r in (BROKERGROUPS, BROKERUSERS, CONFIGMAPS, SERVICES, PODS, PVCS, EVENTS, STATEFULSETS,
+              PDBS, SERVICEMONITORS, CRDS, SECRETS, NETWORKPOLICIES)
 }
 
 SERVICEMONITOR_CRD: Final = "servicemonitors.monitoring.coreos.com"

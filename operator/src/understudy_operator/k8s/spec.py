@@ -125,6 +125,41 @@ class MonitoringSpec:
     interval: str = DEFAULT_MONITORING_INTERVAL
 
 
+class TlsClientAuth(enum.StrEnum):
+    """``--tls-client-auth``: whether a client must (``required``), may (``optional``) or
+    may not (``none``) present a certificate."""
+
+    NONE = "none"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True, slots=True)
+class SecuritySpec:
+    """``spec.security`` (docs/security-kubernetes.md). On by default: operator-issued
+    certificates and TLS on the client and replication ports (``tls``), every client
+    authenticated and ACLs enforced (``require_auth``), the replication port open only to
+    brokers that prove the group's secret (``group_secret``). ``super_users``: BrokerUser
+    names granted everything, besides the brokers themselves."""
+
+    tls: bool = True
+    tls_client_auth: TlsClientAuth = TlsClientAuth.OPTIONAL
+    require_auth: bool = True
+    group_secret: bool = True
+    super_users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicySpec:
+    """``spec.networkPolicy``: who may reach the brokers' ports. ``client_from`` and
+    ``metrics_from`` are NetworkPolicyPeers copied verbatim (validated by the API server);
+    ``None`` means the default (every pod of the namespace; Prometheus pods anywhere)."""
+
+    enabled: bool = True
+    client_from: tuple[Mapping[str, Any], ...] | None = None
+    metrics_from: tuple[Mapping[str, Any], ...] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerGroupSpec:
     """A validated BrokerGroup spec. Build it with :func:`parse_spec`."""
@@ -141,6 +176,8 @@ class BrokerGroupSpec:
     failover: FailoverSpec = field(default_factory=FailoverSpec)
     pod_template: PodTemplateSpec = field(default_factory=PodTemplateSpec)
     monitoring: MonitoringSpec = field(default_factory=MonitoringSpec)
+    security: SecuritySpec = field(default_factory=SecuritySpec)
+    network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
 
     @property
     def replicas(self) -> int:
@@ -294,6 +331,9 @@ def parse_spec(
         enabled=p.boolean(mon_raw, "spec.monitoring", "enabled", default=True), interval=interval
     )
 
+    security = p.security(spec)
+    network_policy = p.network_policy(spec)
+
     if p.problems:
         raise SpecError(p.problems)
     return BrokerGroupSpec(
@@ -309,6 +349,8 @@ def parse_spec(
         failover=failover,
         pod_template=pod_template,
         monitoring=monitoring,
+        security=security,
+        network_policy=network_policy,
     )
 
 
@@ -326,6 +368,8 @@ _SPEC_KEYS: Final = frozenset(
         "failover",
         "podTemplate",
         "monitoring",
+        "security",
+        "networkPolicy",
     }
 )
 _STORAGE_KEYS: Final = frozenset({"size", "storageClassName", "retentionOnDelete"})
@@ -340,6 +384,12 @@ _POD_TEMPLATE_KEYS: Final = frozenset(
 )
 _MONITORING_KEYS: Final = frozenset({"enabled", "interval"})
 _BROKER_KEYS: Final = frozenset({"ordinal", "permission"})
+_SECURITY_KEYS: Final = frozenset({"tls", "tlsClientAuth", "requireAuth", "groupSecret",
+                                   "superUsers"})
+_NETWORK_POLICY_KEYS: Final = frozenset({"enabled", "clientFrom", "metricsFrom"})
+_PEER_KEYS: Final = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
+#: BrokerUser names (and certificate common names): the rule of understudy_broker.acl.
+_USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 
 
 def parse_zookeeper(p: FieldParser, spec: Mapping[str, Any], default_zk_connect: str | None
@@ -555,3 +605,57 @@ class FieldParser:
             node_selector=selector,
             priority_class_name=priority,
         )
+
+    def security(self, spec: Mapping[str, Any]) -> SecuritySpec:
+        raw = self.obj(spec, "spec", "security", _SECURITY_KEYS)
+        path = "spec.security"
+        tls = self.boolean(raw, path, "tls", default=True)
+        client_auth = TlsClientAuth(self.enum_str(raw, path, "tlsClientAuth",
+                                                  tuple(TlsClientAuth), default="optional"))
+        require_auth = self.boolean(raw, path, "requireAuth", default=True)
+        group_secret = self.boolean(raw, path, "groupSecret", default=True)
+        users_raw = raw.get("superUsers", [])
+        users: list[str] = []
+        if not isinstance(users_raw, list):
+            self.add(f"{path}.superUsers: must be a list of user names")
+        else:
+            for i, user in enumerate(users_raw):
+                if not isinstance(user, str) or not _USER_NAME.match(user):
+                    self.add(f"{path}.superUsers[{i}]: {user!r} is not a user name "
+                             "(1-128 of [A-Za-z0-9._@-], starting with a letter or digit)")
+                elif user not in users:
+                    users.append(user)
+        # The CRD's CEL rule on spec.security, re-checked: brokers authenticate to each
+        # other's client ports with their certificates, so authentication needs TLS with
+        # client certificates allowed.
+        if require_auth and (not tls or client_auth is TlsClientAuth.NONE):
+            self.add(f"{path}.requireAuth: authentication needs tls: true and tlsClientAuth "
+                     "optional or required (brokers authenticate to each other with their "
+                     "certificates)")
+        return SecuritySpec(tls=tls, tls_client_auth=client_auth, require_auth=require_auth,
+                            group_secret=group_secret, super_users=tuple(users))
+
+    def network_policy(self, spec: Mapping[str, Any]) -> NetworkPolicySpec:
+        raw = self.obj(spec, "spec", "networkPolicy", _NETWORK_POLICY_KEYS)
+        return NetworkPolicySpec(
+            enabled=self.boolean(raw, "spec.networkPolicy", "enabled", default=True),
+            client_from=self._peers(raw, "clientFrom"),
+            metrics_from=self._peers(raw, "metricsFrom"))
+
+    def _peers(self, raw: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], ...] | None:
+        value = raw.get(key)
+        if value is None:
+            return None
+        path = f"spec.networkPolicy.{key}"
+        if not isinstance(value, list):
+            self.add(f"{path}: must be a list of NetworkPolicy peers")
+            return None
+        peers = []
+        for i, peer in enumerate(value):
+            if not isinstance(peer, Mapping) or not peer:
+                self.add(f"{path}[{i}]: must be a NetworkPolicy peer (podSelector, "
+                         "namespaceSelector and/or ipBlock)")
+                continue
+            self.unknown(peer, f"{path}[{i}]", _PEER_KEYS)
+            peers.append(peer)
+        return tuple(peers)
