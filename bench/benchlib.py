@@ -4,12 +4,13 @@ through their cleanup, and writing their results file."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import pathlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from understudy_broker.client import BrokerError, Producer
@@ -23,6 +24,19 @@ def end_on_sigterm() -> None:
     """SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: through the script's
     ``finally`` blocks, which stop every process it started, by PID."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done (then arrive as usual): a cleanup
+    that stops servers one by one is not cut short by a second Ctrl-C or a SIGTERM
+    arriving meanwhile."""
+    wanted = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def write_results(doc: Any, out: pathlib.Path) -> None:

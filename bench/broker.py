@@ -21,7 +21,15 @@ overlap more but cost more CPU per message; on a CPU-starved machine larger ones
 reports CPU microseconds per message (servers and client): on a shared machine the
 msg/s figures move with other people's load, CPU per message much less.
 
-Usage: ``python bench/broker.py [--count N] [--batch-size B] [--repeat R] [--skip-jetstream]``.
+TLS + SCRAM on vs off (issue 15; bench/secure.py): in the same run, a plain and a secure
+ZooKeeper-coordinated local cluster of the same shape (one group, master + slave, sync,
+``--flush batch``), and JetStream R2 with TLS interleaved with the plain R2 runs; same
+messages, count, window and client settings. Adds ``secure_vs_plain_produce_ratio`` (secure
+msg/s / plain msg/s; target >= 0.75), ``jetstream_tls_vs_plain_produce_ratio`` and their
+figures to ``broker.json`` (every other key is as before).
+
+Usage: ``python bench/broker.py [--count N] [--batch-size B] [--repeat R] [--skip-jetstream]
+[--skip-secure] [--secure-repeat S]``.
 """
 
 from __future__ import annotations
@@ -35,19 +43,23 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchlib import end_on_sigterm, signals_deferred
 from rich.console import Console
 from rich.table import Table
 
 from understudy_broker.client import Consumer, Producer, create_topic
+from understudy_broker.security import ClientSecurity
 from understudy_operator.local.ports import free_port
 
 BODY = b"x" * 1024
@@ -168,16 +180,18 @@ def understudy_pair(root: Path, procs: Processes, *, flush: str) -> Iterator[str
 
 
 async def understudy_produce(
-    address: str, topic: str, n: int, *, batch_size: int = WINDOW
+    address: str, topic: str, n: int, *, batch_size: int = WINDOW,
+    security: ClientSecurity | None = None,
 ) -> tuple[float, list[float]]:
+    """``security``: TLS and the SCRAM user of every connection (bench/secure.py)."""
     # The slave must be connected before a synchronous produce can be acknowledged.
-    await create_topic([address], topic=topic, queues=4)
+    await create_topic([address], topic=topic, queues=4, security=security)
     lat: list[float] = []
     window = asyncio.Semaphore(WINDOW)
     # The window caps messages in flight (as publish_async_max_pending does for
     # JetStream); batch_size < WINDOW lets several batches overlap in the pipeline
     # client -> master -> slave instead of one batch making the whole round trip alone.
-    async with Producer([address], batch_size=batch_size, linger_ms=1) as prod:
+    async with Producer([address], batch_size=batch_size, linger_ms=1, security=security) as prod:
         await (await prod.send(topic, b"warm-up"))
         started = time.perf_counter()
         for _ in range(n):
@@ -214,12 +228,12 @@ async def understudy_consume(address: str, topic: str, n: int) -> float:
     return got / (time.perf_counter() - started)
 
 
-async def wait_slave(address: str) -> None:
+async def wait_slave(address: str, security: ClientSecurity | None = None) -> None:
     """Until the master answers a synchronous produce (the slave is in sync)."""
     for _ in range(100):
         try:
-            await create_topic([address], topic="ready", queues=1)
-            async with Producer([address], retries=0) as prod:
+            await create_topic([address], topic="ready", queues=1, security=security)
+            async with Producer([address], retries=0, security=security) as prod:
                 await (await prod.send("ready", b"ping"))
             return
         except Exception:
@@ -272,31 +286,54 @@ def start_nats(procs: Processes, name: str, conf: Path, port: int) -> subprocess
     return proc
 
 
-def start_jetstream_nodes(root: Path, procs: Processes, n: int = 3) -> list[NatsNode]:
-    """``n`` clustered nats-servers with JetStream (file store under ``root``) on 127.0.0.1."""
+@dataclasses.dataclass(frozen=True)
+class NatsTls:
+    """PEM files for nats-server's TLS: a certificate (server and client use, naming
+    127.0.0.1) with its key, and the CA that signed it."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def block(self) -> str:
+        return (f"tls {{ cert_file: \"{self.cert}\", key_file: \"{self.key}\", "
+                f"ca_file: \"{self.ca}\", timeout: 5 }}")
+
+
+def start_jetstream_nodes(root: Path, procs: Processes, n: int = 3,
+                          tls: NatsTls | None = None) -> list[NatsNode]:
+    """``n`` clustered nats-servers with JetStream (file store under ``root``) on 127.0.0.1.
+    ``tls``: TLS on the client port and on the routes between the servers (routes verify
+    each other's certificate against the CA; clients need not present one)."""
     ports = [(free_port(), free_port()) for _ in range(n)]
     routes = ", ".join(f"nats-route://127.0.0.1:{c}" for _, c in ports)
+    client_tls, route_tls = (f"{tls.block()}\n", f", {tls.block()}") if tls else ("", "")
     nodes = []
     for i, (cport, rport) in enumerate(ports):
         conf = root / f"n{i}.conf"
         conf.write_text(
-            f"server_name: n{i}\nlisten: 127.0.0.1:{cport}\n"
+            f"server_name: n{i}\nlisten: 127.0.0.1:{cport}\n{client_tls}"
             f"jetstream {{ store_dir: \"{root / f'js{i}'}\", max_memory_store: 268435456, max_file_store: 4294967296 }}\n"
-            f"cluster {{ name: bench, listen: 127.0.0.1:{rport}, routes: [{routes}] }}\n"
+            f"cluster {{ name: bench, listen: 127.0.0.1:{rport}, routes: [{routes}]{route_tls} }}\n"
         )
         nodes.append(NatsNode(f"n{i}", conf, cport, start_nats(procs, f"n{i}", conf, cport)))
     return nodes
 
 
-def start_jetstream(root: Path, procs: Processes) -> list[str]:
-    return [node.url for node in start_jetstream_nodes(root, procs)]
+def start_jetstream(root: Path, procs: Processes, tls: NatsTls | None = None) -> list[str]:
+    return [node.url for node in start_jetstream_nodes(root, procs, tls=tls)]
 
 
-async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int]) -> dict[str, float]:
+async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int], *,
+                        tls: ssl.SSLContext | None = None, name: str | None = None,
+                        consume: bool = True) -> dict[str, float]:
+    """Produce ``n`` messages (then consume them unless not ``consume``); figures under
+    ``name`` (default ``jetstream_r<replicas>``). ``tls``: the client's context (the
+    servers require TLS, bench/secure.py)."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
-    nc = await nats.connect(servers=urls)
+    nc = await nats.connect(servers=urls, tls=tls)
     try:
         js = nc.jetstream(publish_async_max_pending=WINDOW)
         stream = f"R{replicas}"
@@ -328,9 +365,11 @@ async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int])
             futs.append(fut)
         await asyncio.gather(*futs)
         seconds = time.perf_counter() - started
-        name = f"jetstream_r{replicas}"
+        name = name or f"jetstream_r{replicas}"
         out = summarize(name, n, seconds, lat)
         out.update(meter.per_message(name, n))
+        if not consume:
+            return out
         psub = await js.pull_subscribe(subject, durable=f"bench{replicas}",
                                        config=ConsumerConfig(ack_policy=AckPolicy.NONE))
         got = 0
@@ -437,10 +476,20 @@ def print_report(results: dict[str, Any], out: Path) -> None:
                            "" if met is None else ("met" if met else "missed"))
     if ratios.row_count:
         console_out.print(ratios)
+    secure_module().print_secure_report(results, console_out)
     console_out.print(
         f"load average {results['loadavg_start']:.1f} -> {results['loadavg_end']:.1f} on "
         f"{results['cpus']} cpus (other work on the machine moves msg/s; CPU us/msg moves less); "
         f"wrote {out}")
+
+
+def secure_module() -> types.ModuleType:
+    """bench/secure.py (TLS + SCRAM on vs off). It imports this module by name, so when
+    this file runs as a script it is registered as ``broker`` first: one copy of it."""
+    sys.modules.setdefault("broker", sys.modules[__name__])
+    import secure
+
+    return secure
 
 
 def main(argv: list[str]) -> int:
@@ -451,10 +500,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per system; the median run (by produce rate) is reported (default 3)")
     ap.add_argument("--skip-jetstream", action="store_true")
+    ap.add_argument("--skip-secure", action="store_true",
+                    help="skip TLS + SCRAM on vs off (bench/secure.py)")
+    ap.add_argument("--secure-repeat", type=int, default=5,
+                    help="plain and secure Understudy cluster runs, alternating, for TLS + SCRAM "
+                         "on vs off; each side's median run is reported (default 5: a run "
+                         "lasts 2 s, so one burst of other load moves it a lot)")
     ap.add_argument("--out", default="bench-results/broker.json")
     args = ap.parse_args(argv)
-    if args.count < 1 or args.batch_size < 1 or args.repeat < 1:
-        ap.error("--count, --batch-size and --repeat must be positive")
+    if args.count < 1 or args.batch_size < 1 or args.repeat < 1 or args.secure_repeat < 1:
+        ap.error("--count, --batch-size, --repeat and --secure-repeat must be positive")
+    end_on_sigterm()  # SIGTERM too goes through the finally below: every server stopped
+    secure = secure_module()
     results: dict[str, Any] = {"count": args.count, "body_bytes": len(BODY), "window": WINDOW,
                                "understudy_batch_size": args.batch_size, "repeat": args.repeat,
                                "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0],
@@ -466,16 +523,30 @@ def main(argv: list[str]) -> int:
             runs = [run_understudy(root / f"{name}-{i}", procs, args.count, flush=flush, name=name,
                                    batch_size=args.batch_size) for i in range(args.repeat)]
             results.update(median_run(runs, name))
+        if not args.skip_secure:
+            results.update(secure.understudy_secure_vs_plain(
+                root / "secure", args.count, batch_size=args.batch_size,
+                repeat=args.secure_repeat))
         if not args.skip_jetstream:
+            tls = None if args.skip_secure else secure.nats_tls_files(root / "nats-tls")
             for replicas in (2, 3):
-                runs = [run_jetstream(root / f"js{replicas}-{i}", procs, args.count, replicas)
-                        for i in range(args.repeat)]
+                def plain(i: int, replicas: int = replicas) -> dict[str, Any]:
+                    return run_jetstream(root / f"js{replicas}-{i}", procs, args.count, replicas)
+
+                if replicas == 2 and tls is not None:  # TLS runs interleaved with the plain
+                    runs, tls_runs = secure.interleave(args.repeat, plain, lambda i: (
+                        secure.run_jetstream_tls(root / f"js2-tls-{i}", procs, args.count, 2, tls)))
+                    results.update(secure.jetstream_tls_vs_plain(runs, tls_runs))
+                else:
+                    runs = [plain(i) for i in range(args.repeat)]
                 results.update(median_run(runs, f"jetstream_r{replicas}"))
     finally:
-        procs.stop_all()
+        with signals_deferred():
+            procs.stop_all()
         shutil.rmtree(root, ignore_errors=True)
     results["loadavg_end"] = os.getloadavg()[0]
     add_ratios(results)
+    secure.add_secure_ratios(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
