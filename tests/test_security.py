@@ -400,3 +400,39 @@ def test_a_new_certificate_is_served_without_a_restart_on_every_port(brokers: te
     code, out = run(produce, [*tls, "-t", "t", "-n", "5", "--json"])
     assert code == 0, out
     assert json.loads(out.splitlines()[-1])["acked"] == 5, out
+
+
+@pytest.mark.parametrize(("master_lines", "slave_lines", "links"), [
+    (["old"], ["old", "new"], True),          # step 1: the new secret added second
+    (["old", "new"], ["new", "old"], True),   # step 2: swapped, a broker at a time
+    (["new", "old"], ["old", "new"], True),
+    (["new", "old"], ["new"], True),          # step 3: the old one dropped
+    (["old"], ["new"], False),                # never shared a secret: no link
+], ids=["add", "swap-slave-first", "swap-master-first", "drop", "stranger"])
+def test_the_group_secret_rotates_a_broker_at_a_time(
+        brokers: testing.Brokers, tmp_path: Path, master_lines: list[str],
+        slave_lines: list[str], links: bool) -> None:
+    """A secret file holds one secret per line: a master proves the first and accepts any,
+    a slave accepts a master proving any of its own and proves that one back. So every
+    step of a rolling rotation keeps the replication link; two brokers with no secret in
+    common never link."""
+    secret = {"old": "o" * 32, "new": "n" * 32}
+
+    def secret_file(name: str, lines: list[str]) -> str:
+        path = tmp_path / f"{name}.secret"
+        path.write_text("".join(secret[x] + "\n" for x in lines))
+        return str(path)
+
+    m = brokers.master(extra=["--async", "--group-secret-file", secret_file("m", master_lines)])
+    s = brokers.slave(m, extra=["--group-secret-file", secret_file("s", slave_lines)])
+    code, out = run(topic, ["create", "-b", m.address, "-t", "t", "-q", "1"])
+    assert code == 0, out
+    code, out = run(produce, ["-b", m.address, "-t", "t", "-n", "20", "--json"])
+    assert code == 0, out
+    if links:
+        asyncio.run(testing.wait_caught_up(m.address, s.address, within_s=10))
+    else:
+        # The master proves its secret first: the slave refuses it and takes nothing.
+        testing.wait_until(lambda: "not our master" in s.log(),
+                           "the slave refuses a master without its secret", within_s=10)
+        assert asyncio.run(testing.heartbeat(s.address)).max_phys == 0

@@ -242,9 +242,11 @@ def _validate_security(cfg: BrokerConfig) -> None:
         raise ConfigError("--tls-reload-interval must be positive")
     if (sec.peer_user is None) != (sec.peer_password is None):
         raise ConfigError("--peer-user and --peer-password-file go together")
-    if sec.group_secret is not None and len(sec.group_secret) < 16:
-        raise ConfigError("--group-secret-file: at least 16 bytes (make one with "
-                          "`head -c 32 /dev/urandom | base64`)")
+    if sec.group_secret is not None:
+        lines = [x.strip() for x in sec.group_secret.splitlines() if x.strip()]
+        if not lines or any(len(x) < 16 for x in lines):
+            raise ConfigError("--group-secret-file: each secret (one per line) at least 16 "
+                              "bytes (make one with `head -c 32 /dev/urandom | base64`)")
 
 
 def _validate_limits(cfg: BrokerConfig) -> None:

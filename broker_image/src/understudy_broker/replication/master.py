@@ -53,8 +53,9 @@ from understudy_broker.replication.wire import (
     encode_metadata,
     encode_repair,
     group_mac,
+    group_secrets,
     hello_name_length,
-    proof_matches,
+    matching_secret,
 )
 from understudy_broker.storage.commitlog import CommitLog
 from understudy_broker.storage.records import CommitLogError
@@ -119,7 +120,7 @@ class ReplicationServer:
         # The port's TLS, and the group secret a connecting slave must prove first.
         self._tls = tls
         self._group = group
-        self._secret = secret
+        self._secrets = group_secrets(secret) if secret is not None else ()
         self.refused = 0  # connections that did not prove the group secret
         if max_lag_bytes < 1:
             raise ValueError("max_lag_bytes must be positive")
@@ -518,7 +519,7 @@ class ReplicationServer:
         link: _Link | None = None
         pusher: asyncio.Task[None] | None = None
         try:
-            if self._secret is not None:
+            if self._secrets:
                 async with asyncio.timeout(self.link_timeout_s):
                     await self._check_proof(reader, writer)
             async with asyncio.timeout(self.link_timeout_s):
@@ -653,18 +654,17 @@ class ReplicationServer:
                            writer: asyncio.StreamWriter) -> None:
         """The group-secret handshake (replication/wire.py): nothing of the log is sent to
         a peer that does not prove it."""
-        assert self._secret is not None
         magic, theirs = AUTH_HELLO.unpack(await reader.readexactly(AUTH_HELLO.size))
         if magic != AUTH_MAGIC:
             raise NotOfThisGroup(
                 "it did not prove the group secret (a broker of this group starts with "
                 "the same --group-secret-file)")
         ours = os.urandom(NONCE_BYTES)
-        writer.write(CHALLENGE.pack(ours, group_mac(self._secret, "master", self._group,
+        writer.write(CHALLENGE.pack(ours, group_mac(self._secrets[0], "master", self._group,
                                                     theirs, ours)))
         await writer.drain()
         (proof,) = PROOF.unpack(await reader.readexactly(PROOF.size))
-        if not proof_matches(group_mac(self._secret, "slave", self._group, ours, theirs), proof):
+        if matching_secret(self._secrets, "slave", self._group, ours, theirs, proof) is None:
             raise NotOfThisGroup(f"its proof of group {self._group!r}'s secret is wrong")
 
 

@@ -43,7 +43,8 @@ from understudy_broker.replication.wire import (
     encode_hello,
     encode_repair_request,
     group_mac,
-    proof_matches,
+    group_secrets,
+    matching_secret,
 )
 from understudy_broker.retry import Backoff
 from understudy_broker.storage.commitlog import CommitLog
@@ -80,7 +81,7 @@ class ReplicationClient:
     ) -> None:
         self._tls = tls
         self._group = group
-        self._secret = secret
+        self._secrets = group_secrets(secret) if secret is not None else ()
         self.log = log
         self.master_host = master_host
         self.master_port = master_port
@@ -167,16 +168,16 @@ class ReplicationClient:
     async def _prove(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The group-secret handshake (replication/wire.py); the master proves it too,
         so a stranger on the master's address cannot feed this slave a log."""
-        assert self._secret is not None
         ours = os.urandom(NONCE_BYTES)
         writer.write(AUTH_HELLO.pack(AUTH_MAGIC, ours))
         await writer.drain()
         theirs, mac = CHALLENGE.unpack(await reader.readexactly(CHALLENGE.size))
-        if not proof_matches(group_mac(self._secret, "master", self._group, ours, theirs), mac):
+        secret = matching_secret(self._secrets, "master", self._group, ours, theirs, mac)
+        if secret is None:
             raise NotOfThisGroup(
                 f"{self.master_host}:{self.master_port} did not prove group "
                 f"{self._group!r}'s secret: not our master")
-        writer.write(PROOF.pack(group_mac(self._secret, "slave", self._group, theirs, ours)))
+        writer.write(PROOF.pack(group_mac(secret, "slave", self._group, theirs, ours)))
 
     @property
     def _group_commit(self) -> bool:
@@ -199,7 +200,7 @@ class ReplicationClient:
                 self.master_host, self.master_port, ssl=self._tls,
                 server_hostname=self.master_host if self._tls is not None else None)
         self._writer = writer
-        if self._secret is not None:
+        if self._secrets:
             async with asyncio.timeout(self.link_timeout_s):
                 await self._prove(reader, writer)
         self.master_epoch = None

@@ -41,6 +41,10 @@ the side, so no answer can be replayed or reflected)::
     master -> slave   CHALLENGE    master nonce (32) | MAC("master", slave nonce, master nonce)
     slave -> master   PROOF        MAC("slave", master nonce, slave nonce), then HELLO ...
 
+A secret file may hold several secrets, one per line, to rotate without an outage: a
+master proves the first and accepts a proof of any; a slave accepts a master that proves
+any of its own and proves that same one back (docs/security.md, "Rotating credentials").
+
 A master with a secret closes a connection that starts with a plain HELLO or fails the
 proof; a slave closes one whose master fails its MAC. Neither sends a log byte first.
 
@@ -113,6 +117,19 @@ def group_mac(secret: bytes, side: str, group: str, first: bytes, second: bytes)
 
 def proof_matches(expected: bytes, got: bytes) -> bool:
     return hmac.compare_digest(expected, got)
+
+
+def group_secrets(content: bytes) -> tuple[bytes, ...]:
+    """The secrets of a ``--group-secret-file``: its non-empty lines, the one this broker
+    proves first."""
+    return tuple(line.strip() for line in content.splitlines() if line.strip())
+
+
+def matching_secret(secrets: tuple[bytes, ...], side: str, group: str, first: bytes,
+                    second: bytes, got: bytes) -> bytes | None:
+    """The secret among ``secrets`` whose MAC is ``got`` (None: none)."""
+    return next((s for s in secrets
+                 if proof_matches(group_mac(s, side, group, first, second), got)), None)
 
 
 def encode_hello(name: str) -> bytes:
