@@ -436,3 +436,21 @@ def test_the_group_secret_rotates_a_broker_at_a_time(
         testing.wait_until(lambda: "not our master" in s.log(),
                            "the slave refuses a master without its secret", within_s=10)
         assert asyncio.run(testing.heartbeat(s.address)).max_phys == 0
+
+
+def test_the_workload_runs_as_a_user_of_a_secure_cluster(secure: tuple[Path, ClusterPlan],
+                                                         tmp_path: Path) -> None:
+    """``understudy workload`` (the kind suite's traffic) takes the client flags too."""
+    from understudy_harness.cli.workload import workload
+
+    _directory, plan = secure
+    history = tmp_path / "history.jsonl"
+    code, out = run(workload, ["--bootstrap", ",".join(everyone(plan)), "--topic", "wl",
+                               "--groups", "1", "--rate", "100", "--duration", "1.5",
+                               "--drain-timeout", "15", "--history", str(history),
+                               *plan.security.client_argv()])
+    assert code == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["acked"] > 0, result
+    assert result["drained"], result
+    assert result["delivered"] >= result["acked"], result

@@ -531,6 +531,7 @@ class WorkloadOptions:
     duration_s: float = 60.0
     drain_timeout_s: float = 60.0
     queues: int = 4
+    security: ClientSecurity | None = None  # TLS and credentials (the client flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,7 +564,8 @@ async def run_workload(opts: WorkloadOptions, *, counts: TrafficCounts | None = 
     drain and write every event to ``opts.history`` (``time.time_ns``: the clock the
     brokers' permission-change logs use, so the two merge into one history)."""
     counts = counts or TrafficCounts()
-    target = Target(label=opts.topic, topic=opts.topic, bootstrap=opts.bootstrap)
+    target = Target(label=opts.topic, topic=opts.topic, bootstrap=opts.bootstrap,
+                    security=opts.security)
     with HistoryWriter(opts.history, clock=time.time_ns, clock_name="time_ns") as writer:
         traffic = Traffic(
             [target], writer, counts, rate=opts.rate, queues=opts.queues,

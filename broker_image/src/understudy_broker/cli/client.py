@@ -122,6 +122,12 @@ _SECURITY_OPTIONS = (
 def client_options(fn: F) -> F:
     """``--bootstrap`` and the security flags; the command receives ``bootstrap`` and
     ``security`` (a :class:`ClientSecurity`, or None without any security flag)."""
+    return bootstrap_option(security_options(fn))
+
+
+def security_options(fn: F) -> F:
+    """The security flags alone (a command with its own ``--bootstrap``): the command
+    receives ``security``."""
     @functools.wraps(fn)
     def wrapper(*args: Any, tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
                 user: str | None, password_file: str | None, **kwargs: Any) -> Any:
@@ -138,7 +144,7 @@ def client_options(fn: F) -> F:
     out: Any = wrapper
     for option in reversed(_SECURITY_OPTIONS):
         out = option(out)
-    return bootstrap_option(out)  # type: ignore[no-any-return]
+    return out  # type: ignore[no-any-return]
 
 
 @click.command(short_help="Produce messages to a topic.",

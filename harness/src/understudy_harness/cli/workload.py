@@ -21,6 +21,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from understudy_broker.cli.client import security_options
+from understudy_broker.security import ClientSecurity
 from understudy_harness.cli.live import live_status
 from understudy_harness.workload import (
     TrafficCounts,
@@ -65,6 +67,7 @@ class WorkloadFailed(click.ClickException):
 @click.option("--duration", type=click.FloatRange(0, 86400), default=60.0, show_default=True, help="Seconds of producing before the drain.")
 @click.option("--drain-timeout", type=click.FloatRange(0, 3600), default=60.0, show_default=True, help="Seconds to wait after producing stops until every consumer group has every acknowledged message.")
 @click.option("--history", required=True, type=click.Path(dir_okay=False, path_type=Path), help="History file to write (JSONL, time.time_ns clock); must not exist yet or be empty.")
+@security_options
 def workload(
     bootstrap: tuple[str, ...],
     topic: str,
@@ -73,6 +76,7 @@ def workload(
     duration: float,
     drain_timeout: float,
     history: Path,
+    security: ClientSecurity | None,
 ) -> None:
     """Produce to TOPIC at RATE for DURATION seconds while GROUPS consumer groups read it,
     drain, and record every acknowledgement, delivery and commit in the history file that
@@ -85,7 +89,7 @@ def workload(
         raise click.BadParameter(f"directory {history.parent} does not exist", param_hint="--history")
     opts = WorkloadOptions(
         bootstrap=bootstrap, topic=topic, history=history, groups=groups, rate=rate,
-        duration_s=duration, drain_timeout_s=drain_timeout,
+        duration_s=duration, drain_timeout_s=drain_timeout, security=security,
     )  # fmt: skip
     result = _run_with_status(opts)
     click.echo(json.dumps(result.to_json(), separators=(",", ":")))
