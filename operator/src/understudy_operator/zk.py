@@ -234,15 +234,7 @@ class ZkGateway:
 
     async def write_config(self, group: str, data: bytes) -> bool:
         """Store ``data`` as the group config unless it is already there; True if written."""
-        path = config_path(group)
-        found = await self.get(path)
-        if found is None:
-            if await self.create(path, data) is not None:
-                return True
-            found = await self.get(path)
-        if found is not None and found[0] == data:
-            return False
-        return await self.set_data(path, data)
+        return await self.put(config_path(group), data)
 
     async def read_state(self, group: str, *, warn: Warn = _log_warning
                          ) -> tuple[GroupState | None, int]:

@@ -392,10 +392,15 @@ _PEER_KEYS: Final = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
 _USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 
 
-def parse_zookeeper(p: FieldParser, spec: Mapping[str, Any], default_zk_connect: str | None
-                    ) -> ZooKeeperSpec:
-    """``spec.zookeeper`` of a BrokerGroup or a BrokerTopic: the connect string (else the
-    operator's default), the chroot and the session timeout; problems go to ``p``."""
+def parse_zookeeper(p: FieldParser, spec: Mapping[str, Any], default_zk_connect: str | None,
+                    default_chroot: str | None = None) -> ZooKeeperSpec:
+    """``spec.zookeeper`` of a BrokerGroup, BrokerTopic or BrokerUser: the connect string
+    (else the operator's default), the chroot (else ``default_chroot``, else the
+    project's) and the session timeout; problems go to ``p``."""
+    raw_zk = spec.get("zookeeper")
+    if default_chroot and (raw_zk is None or (isinstance(raw_zk, Mapping)
+                                              and "chroot" not in raw_zk)):
+        spec = {**spec, "zookeeper": {**(raw_zk or {}), "chroot": default_chroot}}
     zk_raw = p.obj(spec, "spec", "zookeeper", _ZK_KEYS)
     connect = p.string(zk_raw, "spec.zookeeper", "connect") or (default_zk_connect or "")
     if not connect:

@@ -86,11 +86,7 @@ def parse_topic_spec(spec: Mapping[str, Any], *, name: str,
               "(omit queuesPerGroup, or set 1)")
     policy = DeletionPolicy(p.enum_str(spec, "spec", "deletionPolicy", tuple(DeletionPolicy),
                                        default=DeletionPolicy.RETAIN.value))
-    raw_zk = spec.get("zookeeper")
-    if default_chroot and (raw_zk is None or (isinstance(raw_zk, Mapping)
-                                              and "chroot" not in raw_zk)):
-        spec = {**spec, "zookeeper": {**(raw_zk or {}), "chroot": default_chroot}}
-    zookeeper = parse_zookeeper(p, spec, default_zk_connect)
+    zookeeper = parse_zookeeper(p, spec, default_zk_connect, default_chroot)
     if p.problems:
         raise SpecError(p.problems, kind=KIND)
     return TopicSpec(topic, groups, per_group, ordered, policy, zookeeper)

@@ -115,11 +115,7 @@ def parse_user_spec(spec: Mapping[str, Any], *, name: str,
         p.add("spec.authentication.passwordSecret: only for scram-sha-512 (a tls user gets "
               "a certificate from the operator)")
     rules = _rules(p, spec.get("acls"))
-    raw_zk = spec.get("zookeeper")
-    if default_chroot and (raw_zk is None or (isinstance(raw_zk, Mapping)
-                                              and "chroot" not in raw_zk)):
-        spec = {**spec, "zookeeper": {**(raw_zk or {}), "chroot": default_chroot}}
-    zookeeper = parse_zookeeper(p, spec, default_zk_connect)
+    zookeeper = parse_zookeeper(p, spec, default_zk_connect, default_chroot)
     if p.problems:
         raise SpecError(p.problems, kind=KIND)
     return UserSpec(name, auth, ref, rules, zookeeper)
