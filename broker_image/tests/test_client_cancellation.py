@@ -15,7 +15,9 @@ import time
 
 import pytest
 
+from understudy_broker import protocol as p
 from understudy_broker.client import Consumer, Record
+from understudy_broker.model import Permission
 
 
 async def test_getmany_cancelled_as_a_batch_arrives_raises_and_keeps_the_batch() -> None:
@@ -60,3 +62,38 @@ async def test_a_queue_lost_past_the_lease_is_logged_released_when_the_lease_end
     c._lease_until = time.monotonic() + 5.0
     await c._stop_queue(1)
     assert abs(c.ownership_log[-1][0] - time.time()) < 0.5
+
+
+async def test_a_heartbeat_answered_after_the_lease_ended_drops_the_queues_first() -> None:
+    """Found by the partition suite: a member cut from every broker re-joined on the heal
+    (its heartbeat said UNKNOWN_MEMBER), the join's answer renewed its lease, and only
+    then did it stop the queue the group had handed on: the release was logged on the
+    answer, after the other member had taken the queue. The answer to a heartbeat sent
+    after the lease ended must not renew it over what was held: those queues ended with
+    the lease (and what was handed out goes back to the committed offset)."""
+    c = Consumer(["127.0.0.1:1"], group="g", topic="t", membership=True,
+                 session_timeout_ms=2000)
+    c._started = True
+    c._loops[0] = (1, asyncio.create_task(asyncio.sleep(3600)))
+    c._holding.add(0)
+    c._positions[0] = 42
+    c._lease_until = time.monotonic() - 5.0
+
+    class Answering:
+        address = "127.0.0.1:1"
+
+        async def request(self, op: p.Op, body: bytes, *, timeout_s: float) -> bytes:
+            return p.MemberHeartbeatResponse(7, [], [], "b").encode()
+
+    async def connection(_perm: Permission, _group: str | None = None) -> Answering:
+        return Answering()
+
+    c.router.connection = connection  # type: ignore[method-assign,assignment]
+    resp = await c._beat(join=True)
+    (at, what, queue), = c.ownership_log
+    assert (what, queue) == ("release", 0)
+    assert time.time() - 5.5 < at < time.time() - 4.5  # when the lease ended, not now
+    assert c._loops == {}
+    assert 0 not in c._positions  # from the committed offset next time
+    assert c._lease_valid()  # the answer starts a new lease
+    assert resp.generation == 7

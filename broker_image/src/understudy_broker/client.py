@@ -905,6 +905,11 @@ class _GroupMember:
         except (ConnectionError, OSError, p.FrameError):
             await self.router.failed(Permission.NONE, conn)
             raise
+        if self._lease_until and not self._lease_valid():
+            # Our lease ended while this was on its way (a cut, a hung broker, a re-join
+            # after UNKNOWN_MEMBER): what we held ended then, and the brokers may have
+            # handed it on. Let it go before the new lease begins, not on the answer.
+            await self._drop_all("its lease ended before a heartbeat was answered")
         # The brokers count us alive from the arrival of this request; we stop a margin
         # earlier, counted from when we sent it.
         self._lease_until = max(self._lease_until, sent + self.session_timeout_s * 0.8)
