@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +30,7 @@ from understudy_broker.cli.client import produce, topic
 from understudy_broker.cli.security import acl, user
 from understudy_broker.client import BrokerError, Connection, Consumer, Producer, SecurityError
 from understudy_broker.replication.wire import AUTH_HELLO, AUTH_MAGIC, CHALLENGE, encode_hello
-from understudy_broker.security import ClientSecurity, client_context
+from understudy_broker.security import ClientSecurity, client_context, server_context
 from understudy_harness import testing
 from understudy_operator.k8s import certs
 from understudy_operator.local import cluster as lc
@@ -156,6 +158,56 @@ def test_clients_without_the_right_credentials_are_refused_and_store_nothing(
     assert "CERTIFICATE_VERIFY_FAILED" in out, out
 
     assert asyncio.run(log_ends(plan, "guarded")) == before  # nothing was stored
+
+
+def test_a_broker_resetting_right_after_the_handshake_reads_as_a_refused_certificate(
+        tmp_path: Path) -> None:
+    """Found by CI: with TLS 1.3 the broker checks a client certificate after the client's
+    handshake is done, and when the client's first request crosses the broker's alert
+    the client sees a reset, not the alert. Before any answer, with a certificate
+    presented, that is the certificate refused (a TLS error), not a lost connection."""
+    now = datetime.now(UTC)
+    ca = certs.new_ca(now=now, validity=timedelta(days=1))
+    server = certs.issue(ca, common_name="broker", server=True, client=False, now=now,
+                         validity=timedelta(days=1), ip_addresses=["127.0.0.1"])
+    client = certs.issue(ca, common_name="admin", server=False, client=True, now=now,
+                         validity=timedelta(days=1))
+    files = {}
+    for name, pem in (("ca.crt", ca.cert_pem), ("s.crt", server.cert_pem),
+                      ("s.key", server.key_pem), ("c.crt", client.cert_pem),
+                      ("c.key", client.key_pem)):
+        files[name] = tmp_path / name
+        files[name].write_bytes(pem)
+
+    async def scenario() -> str:
+        async def reset(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(0.2)  # the client's request is in our buffer, unread
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # no alert, no close_notify: a reset
+
+        srv = await asyncio.start_server(
+            reset, "127.0.0.1", 0, ssl=server_context(files["s.crt"], files["s.key"], None,
+                                                      "none"))
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            sec = ClientSecurity(ssl=client_context(files["ca.crt"], files["c.crt"],
+                                                    files["c.key"]), client_certificate=True)
+            conn = await Connection.open(f"127.0.0.1:{port}", security=sec)
+            try:
+                with pytest.raises(SecurityError) as refused:
+                    await conn.request(p.Op.GET_ROUTE, p.GetRouteRequest("t").encode(),
+                                       timeout_s=5)
+            finally:
+                await conn.close()
+            return str(refused.value)
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    message = asyncio.run(scenario())
+    assert "TLS error" in message, message
+    assert "refused this client's certificate" in message, message
 
 
 def test_acls_allow_what_they_grant_and_refuse_the_rest(

@@ -262,6 +262,10 @@ class Connection:
             raise BrokerError(
                 p.Status.TIMEOUT, f"no answer within {timeout_s}s", address=self.address
             ) from None
+        except (ConnectionError, OSError) as exc:
+            if self._refusing_certificate() and not isinstance(exc, ssl.SSLError):
+                raise self._certificate_refused() from exc
+            raise
         finally:
             # drain() may raise (the broker died) before the future is awaited: forget it,
             # so the read loop's failure does not leave an unretrieved exception behind.
@@ -277,11 +281,7 @@ class Connection:
                 f"connection to {self.address} closed by peer before any answer (a broker "
                 "that serves TLS closes plain connections: give --tls-ca?)")
         elif self.client_certificate:
-            # TLS 1.3 checks a client certificate after the handshake: a refused one shows
-            # as a close before the first answer.
-            reason = TlsError(ConnectionError(
-                "the broker closed the connection before any answer: it refused this "
-                "client's certificate (not signed by its CA, or expired)"), self.address)
+            reason = self._certificate_refused()
         try:
             while True:
                 data = await self._reader.read(READ_CHUNK)
@@ -308,11 +308,23 @@ class Connection:
         except ssl.SSLError as exc:
             reason = TlsError(exc, self.address)
         except (ConnectionError, OSError) as exc:
-            reason = ConnectionError(f"connection to {self.address} lost: {exc}")
+            if not self._refusing_certificate():
+                reason = ConnectionError(f"connection to {self.address} lost: {exc}")
         except asyncio.CancelledError:
             reason = ConnectionError(f"connection to {self.address} closed")
         finally:
             self._fail_all(reason)
+
+    def _refusing_certificate(self) -> bool:
+        """TLS 1.3 checks a client certificate after the client's handshake is done: a
+        refused one shows as the broker closing (an alert, or a reset when our first
+        request crossed it) before it answered anything."""
+        return self._tls and self.client_certificate and not self._answered
+
+    def _certificate_refused(self) -> TlsError:
+        return TlsError(ConnectionError(
+            "the broker closed the connection before any answer: it refused this "
+            "client's certificate (not signed by its CA, or expired)"), self.address)
 
     def _fail_all(self, reason: BaseException) -> None:
         if self._closed is None:
