@@ -1,7 +1,8 @@
 """The topic series on a real local cluster (ZooKeeper, groups g1 and g2, the controller): the
 controller's /metrics counts a topic's queues, writable and readable queues; a master's kill
 takes its group's queues out of the writable count (its acting slave keeps them readable);
-the restarted master brings them back; a deleted topic's series go."""
+the restarted master brings them back; an info series says which group holds each queue; a
+deleted topic's series go."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def topic_series(plan: ClusterPlan, name: str) -> tuple[float, ...] | None:
     return tuple(found.get(n, -1.0) for n in TOPIC_NAMES)
 
 
+def placement(plan: ClusterPlan, name: str) -> dict[int, str]:
+    """queue -> group of topic ``name``, from the controller's ``understudy_topic_queue_info``."""
+    text = lc.http_get(plan.controller_http_port or 0, "/metrics") or ""
+    return {int(s.labels["queue"]): s.labels["group"] for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == names.TOPIC_QUEUE_INFO and s.labels.get("topic") == name and s.value == 1}
+
+
 def test_topic_series_follow_a_master_kill_and_a_delete(
         two_groups: tuple[Path, ClusterPlan]) -> None:
     directory, plan = two_groups
@@ -44,6 +53,10 @@ def test_topic_series_follow_a_master_kill_and_a_delete(
     assert created.exit_code == 0, created.output
     testing.wait_until(lambda: topic_series(plan, "viewed"), "4 queues, all writable and readable",
                        10, ok=lambda v: v == (4, 4, 4))
+    # where each queue lives, for the per-topic SLA: two queues on each group
+    placed = placement(plan, "viewed")
+    assert sorted(placed) == [0, 1, 2, 3], placed
+    assert sorted(placed.values()) == ["g1", "g1", "g2", "g2"], placed
 
     lc.kill(directory, "g1-0")
     try:

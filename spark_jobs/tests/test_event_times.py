@@ -37,7 +37,7 @@ pytestmark = pytest.mark.spark
 STEP = 60.0
 # The conftest's plant, with event times.
 SPEC = SynthSpec(groups=3, days=1, step_s=60, incidents=5, seed=7, gaps=3, controller_restarts=2,
-                 duplicate_fraction=0.002, violation_fraction=0.5, event_times=True)
+                 duplicate_fraction=0.002, violation_fraction=0.5, event_times=True, topics=3)
 FORM_PREFIX = {"query_range": "q-", "dump": "d-", "openmetrics": "o-"}
 TIMES = ("master_lost_at", "reads_restored_at", "master_back_at", "normal_at")
 SECONDS = ("read_unavailable_s", "failback_gap_s", "one_reader_violation_s", "one_reader_unresolved_s",
@@ -62,8 +62,10 @@ SUB_EXACT = {
 
 def _rename(path: pathlib.Path, out: pathlib.Path, prefix: str) -> None:
     text = path.read_text(encoding="utf-8")
-    out.write_text(text.replace('group="g', f'group="{prefix}g').replace('"group":"g', f'"group":"{prefix}g'),
-                   encoding="utf-8")
+    for label, first in (("group", "g"), ("topic", "t")):
+        text = text.replace(f'{label}="{first}', f'{label}="{prefix}{first}')
+        text = text.replace(f'"{label}":"{first}', f'"{label}":"{prefix}{first}')
+    out.write_text(text, encoding="utf-8")
 
 
 def _line(metric: str, labels: dict[str, str], value: float, t: float) -> str:
@@ -237,6 +239,64 @@ def test_the_report_says_which_groups_are_exact_and_why_the_others_are_not(
             "and no controller dated its exit.") in lines
     assert "durations exact (event times)" in html
     assert "no event-time series" in html
+
+
+def test_the_timeline_shows_each_transition_at_its_instant(
+    report: tuple[pathlib.Path, dict[str, Any], dict[str, Any]]
+) -> None:
+    out, _truth, _plain = report
+    timeline = _rows(out / "timeline.csv")
+    # the sub-scrape failover: 43 ms nobody reads, the acting slave reads, the 19 ms gap
+    # before the master reads again; at scrape resolution it was not there at all
+    sub = [(r["state"], _at(r["start"]), float(r["seconds"])) for r in timeline
+           if r["group"] == "sub" and r["state"] != transforms.STATE_NORMAL]
+    want = [(transforms.STATE_UNREADABLE, KILL + SUB["exited"], 0.043),
+            (transforms.STATE_SLAVE_READ, KILL + SUB["slave_read"], 2.156),
+            (transforms.STATE_UNREADABLE, KILL + SUB["slave_lost"], 0.019)]
+    assert [s for s, _t, _d in sub] == [s for s, _t, _d in want], sub
+    for (_s, t, d), (_w, wt, wd) in zip(sub, want, strict=True):
+        assert abs(t - wt) < 0.0005
+        assert d == pytest.approx(wd, abs=1e-6)
+    assert {r["state"] for r in timeline if r["group"] == "sub-plain"} == {transforms.STATE_NORMAL}
+    # every exact group's timeline adds up to its daily table, to the millisecond; the
+    # groups without event times keep whole steps
+    days: dict[str, list[dict[str, str]]] = {}
+    for r in _rows(out / "daily.csv"):  # the window holds two days (the sub-scrape case's)
+        days.setdefault(r["group"], []).append(r)
+    for group, rows in days.items():
+        runs = [r for r in timeline if r["group"] == group]
+        unreadable = sum(float(r["seconds"]) for r in runs if r["state"] == transforms.STATE_UNREADABLE)
+        two = sum(float(r["seconds"]) for r in runs if r["state"] == transforms.STATE_TWO_READERS)
+        if group[:2] in ("q-", "d-", "o-"):
+            assert unreadable == pytest.approx(sum(float(d["read_unavailable_s"]) for d in rows), abs=1e-6), group
+            assert two == pytest.approx(sum(float(d["one_reader_violation_s"]) for d in rows), abs=1e-6), group
+        elif group.startswith("p-"):
+            assert unreadable % STEP == 0, group
+
+
+@pytest.mark.parametrize("form", list(FORM_PREFIX))
+def test_topics_with_event_times(report: tuple[pathlib.Path, dict[str, Any], dict[str, Any]], form: str) -> None:
+    """The plant's topics: writes at scrape resolution as the ground truth counts them;
+    reads from the event times: the topic on one group is unreadable exactly when its group
+    is, to the millisecond; the totals add up."""
+    out, truth, _plain = report
+    prefix = FORM_PREFIX[form]
+    rows = {r["topic"][len(prefix):]: r for r in _rows(out / "topics_daily.csv") if r["topic"].startswith(prefix)}
+    want = {t["topic"]: t for t in truth["topics"]}
+    assert set(rows) == set(want) == {"t00", "t01", "t02"}
+    for topic, w in want.items():
+        row = rows[topic]
+        for key in ("known_s", "unknown_s", "write_available_s"):
+            assert float(row[key]) == w[key], (topic, key)
+        known = float(row["known_s"])
+        assert float(row["write_available_s"]) + float(row["write_unavailable_s"]) == pytest.approx(known)
+        assert sum(float(row[k]) for k in ("read_full_s", "read_partial_s", "read_none_s")) == pytest.approx(known)
+    assert float(rows["t01"]["write_unavailable_s"]) > 0  # a topic on one group: its failovers stop writes
+    day = truth["topics"][0]["day"]
+    group = next(r for r in _rows(out / "daily.csv") if r["group"] == f"{prefix}g0001" and r["day"] == day)
+    assert float(rows["t01"]["read_none_s"]) == pytest.approx(float(group["read_unavailable_s"]), abs=1e-6)
+    assert float(rows["t01"]["read_none_s"]) % STEP != 0  # milliseconds, not whole steps
+    assert float(rows["t01"]["read_partial_s"]) == 0
 
 
 # ----------------------------------------------------------- the transforms on inline events

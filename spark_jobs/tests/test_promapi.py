@@ -1,8 +1,8 @@
 """Reading straight from a Prometheus HTTP API (``understudy_spark.promapi``, ``sla export``
 and ``sla report --prometheus``) without Spark: the planner and time parsing (pure), then
 the HTTP client and the commands against a tiny ``http.server`` on 127.0.0.1 that plays
-Prometheus' answers, canned errors included. The real Prometheus is in
-``test_prometheus.py``."""
+Prometheus' answers, canned errors included. The real Prometheus (scraping a local cluster
+through the drill) is in ``test_drill_sla.py``."""
 
 from __future__ import annotations
 
@@ -173,10 +173,11 @@ def test_the_query_asks_for_the_contract_and_grouped_up_only() -> None:
         '{__name__=~"understudy_group_mode|understudy_broker_permission|understudy_group_epoch|'
         'understudy_failover_total|understudy_group_mode_entered_timestamp_seconds|'
         'understudy_broker_exited_timestamp_seconds|understudy_broker_started_timestamp_seconds|'
-        'understudy_broker_read_gained_timestamp_seconds|understudy_broker_read_lost_timestamp_seconds"} '
+        'understudy_broker_read_gained_timestamp_seconds|understudy_broker_read_lost_timestamp_seconds|'
+        'understudy_topic_queue_info|understudy_consumer_lag_messages"} '
         'or up{group!=""}')
     assert promapi.sla_query('{namespace="prod", cluster=~"eu-.*"}').endswith(
-        'understudy_broker_read_lost_timestamp_seconds",namespace="prod", cluster=~"eu-.*"} or '
+        'understudy_consumer_lag_messages",namespace="prod", cluster=~"eu-.*"} or '
         'up{group!="",namespace="prod", cluster=~"eu-.*"}')
     assert promapi.selector(["a", "b"]) == '{__name__=~"a|b"}'
 

@@ -15,6 +15,7 @@ from understudy_spark.readers import ExportFormat, InputError, detect_format
 
 T_MS = 1793534400000  # 2026-11-01T12:00:00Z
 PERM = 'understudy_broker_permission{group="g", broker="g-0", role="master"}'
+PERM_NAME = "understudy_broker_permission"
 
 
 @pytest.mark.parametrize(
@@ -167,3 +168,44 @@ def test_text_lines_split_the_same_by_bytes_and_by_characters(spark: Any, tmp_pa
     assert got == sorted([("gé", "b 1", 1.0, ms[0]), ("gé", "b 1", 0.0, ms[2]),
                           ("g  two", "ü", 1.0, ms[1]), ("g  two", "ü", 0.0, ms[3])])
     assert sum(1 for r in once if not r.ok) == 5
+
+
+@pytest.mark.spark
+def test_a_large_query_range_document_is_read_by_series_in_parallel(spark: Any, tmp_path: pathlib.Path) -> None:
+    # A compact document (Prometheus' own form) is cut at ``{"metric":`` into series read
+    # by several tasks; the same document pretty-printed is parsed whole. Both must give
+    # the same samples, including a label value that spells the delimiter (escaped) and a
+    # multi-byte one, and a truncated compact document must still be rejected with its line.
+    result = [
+        {"metric": {"__name__": PERM_NAME, "group": f"g{i}", "broker": f"g{i}-0", "role": "master",
+                    "note": '{"metric":' if i % 2 else "é"},
+         "values": [[T_MS / 1000 + 15 * k, str(k % 4)] for k in range(120)]}
+        for i in range(40)
+    ]
+    doc = {"status": "success", "data": {"resultType": "matrix", "result": result}}
+    for sub in ("compact", "pretty"):
+        (tmp_path / sub).mkdir()
+    compact = _write(tmp_path / "compact", "day.json", json.dumps(doc, separators=(",", ":"), ensure_ascii=False))
+    pretty = _write(tmp_path / "pretty", "day.json", json.dumps(doc, indent=1))
+    assert readers.splittable(*readers._head_and_tail(spark, compact))
+    assert not readers.splittable(*readers._head_and_tail(spark, pretty))
+    before = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "32768")  # the file is ~100 KB
+    try:
+        assert readers._records_as_series(spark, [compact]).rdd.getNumPartitions() >= 2
+        got = {}
+        for name, path in (("compact", compact), ("pretty", pretty)):
+            files = readers.list_inputs(spark, [path])
+            rows = readers.read_parsed(spark, files, keyed=True).collect()
+            assert all(r.ok for r in rows), name
+            got[name] = sorted((r.timestamp, r.group, r.broker, r.value) for r in rows)
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", before)
+    assert len(got["compact"]) == 40 * 120
+    assert got["compact"] == got["pretty"]
+
+    text = pathlib.Path(compact).read_text(encoding="utf-8")
+    truncated = _write(tmp_path, "truncated.json", text[: len(text) // 2])
+    config = job.JobConfig(inputs=(truncated,), out=str(tmp_path / "out"))
+    with pytest.raises(InputError, match=r"truncated\.json:1: malformed JSON"):
+        job.run(spark, config, progress=lambda _m: None)

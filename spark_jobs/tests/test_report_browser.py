@@ -217,7 +217,7 @@ def generated(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> pathlib.P
     root = tmp_path_factory.mktemp("browser")
     # 5-minute buckets keep Spark's part short; the report is the same kind of page.
     spec = SynthSpec(groups=4, days=2, step_s=STEP_S, incidents=5, seed=SEED, gaps=1, controller_restarts=1,
-                     violation_fraction=0.5, start="2026-11-30T00:00:00Z")
+                     violation_fraction=0.5, start="2026-11-30T00:00:00Z", topics=3)
     synthesize(spec, out=root / "exports", formats=("query_range",))
     out = root / "sla"
     job.run(spark, job.JobConfig(inputs=(str(root / "exports" / "query_range"),), out=str(out), step_s=STEP_S,
@@ -298,7 +298,7 @@ def test_the_report_renders_in_chromium_without_errors_and_every_chart_draws_its
     # every chart drew, and drew the data
     charts = {c["label"]: c for c in got["charts"]}
     assert set(charts) == {"state timeline per group", "read-unavailable seconds per incident",
-                           "error budget used per group"}, charts.keys()
+                           "error budget used per group", "topic availability timeline"}, charts.keys()
     for chart in charts.values():
         assert chart["width"] > 100, chart
         assert chart["height"] > 50, chart
@@ -308,6 +308,10 @@ def test_the_report_renders_in_chromium_without_errors_and_every_chart_draws_its
     timeline = charts["state timeline per group"]
     assert timeline["markers"] == len(incidents)  # one marker per incident
     assert {r["group"] for r in incidents} <= set(timeline["texts"])
+    topic_chart = charts["topic availability timeline"]  # a row per topic, its outages drawn
+    assert {r["topic"] for r in _rows(generated / "topics.csv")} == {"t00", "t01", "t02"}
+    assert {"t00", "t01", "t02"} <= set(topic_chart["texts"])
+    assert topic_chart["shapes"] > 6  # two lanes per topic and at least one outage
     histogram = charts["read-unavailable seconds per incident"]
     assert sum(int(t.rsplit(": ", 1)[1].split()[0]) for t in histogram["barTitles"]) == len(incidents)
     assert any(t.startswith(f"limit {LIMIT_S:,.0f} s") for t in histogram["texts"])
@@ -329,6 +333,7 @@ def test_the_report_renders_in_chromium_without_errors_and_every_chart_draws_its
     assert any(t["tableWidth"] > t["boxWidth"] for t in got["tables"]), "no table needed its scroll box at 1000 px"
     heads = {h for t in got["tables"] for h in t["head"]}
     assert {report.LABELS["read_unavailable_s"], report.LABELS["master_lost_at"], report.LABELS["budget"]} <= heads
+    assert {report.TOPIC_LABELS["write_availability"], report.TOPIC_LABELS["read_availability"]} <= heads
 
     # the rendered reconciliation adds up to the monthly total
     rows = {r[0]["text"]: [c["s"] for c in r if c["s"] is not None] for r in got["addsUp"]}

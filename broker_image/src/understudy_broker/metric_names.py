@@ -64,6 +64,11 @@ permission (what producers can send to right now)."""
 TOPIC_READABLE_QUEUES: Final = "understudy_topic_readable_queues"
 """Gauge {topic}: queues whose group has a live broker publishing READ in its effective
 permission (what consumers can pull from right now)."""
+TOPIC_QUEUE_INFO: Final = "understudy_topic_queue_info"
+"""Gauge {topic,queue,group}, always 1: queue ``queue`` of ``topic`` lives on ``group`` (from
+``/topics/<topic>``; removed queues have none), exported by the same controller as the topic
+series. The SLA job joins it to the group series for per-topic availability
+(docs/sla.md "Topic SLA")."""
 
 # --- exported too, not (yet) read by jobs or dashboards ----------------------------------
 LOG_FLUSHES_TOTAL: Final = "understudy_log_flushes_total"  # counter {group,broker}
@@ -133,6 +138,7 @@ BASE_NAMES: Final[frozenset[str]] = frozenset(
         TOPIC_QUEUES,
         TOPIC_WRITABLE_QUEUES,
         TOPIC_READABLE_QUEUES,
+        TOPIC_QUEUE_INFO,
         OPERATOR_RECONCILE_DURATION_SECONDS,
         OPERATOR_DECISIONS_TOTAL,
         OPERATOR_ERRORS_TOTAL,

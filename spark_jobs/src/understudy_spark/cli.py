@@ -11,13 +11,16 @@ API) and :mod:`understudy_spark.synth`. PySpark is imported only by ``report``, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import decimal
 import json
+import math
 import pathlib
 import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +45,23 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
-TARGET_KEYS = {"incident_read_unavailable_s", "monthly_read_availability"}
+TARGET_KEYS = {"incident_read_unavailable_s", "monthly_read_availability", "topic_availability", "topic_targets"}
+
+
+def parse_topic_targets(values: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """``--topic-target TOPIC=PERCENT`` (repeatable), e.g. ``orders=99.99``: the topic's
+    write and full-read availability target, as a fraction; sorted by topic."""
+    found: dict[str, float] = {}
+    for value in values:
+        name, sep, pct = value.partition("=")
+        try:  # decimal: 99.99 % is 0.9999, not 0.9998999999999999
+            fraction = float(decimal.Decimal(pct.strip()) / 100)
+        except decimal.InvalidOperation:
+            fraction = math.nan
+        if not sep or not name.strip() or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"--topic-target {value!r}: expected TOPIC=PERCENT, e.g. orders=99.99")
+        found[name.strip()] = fraction
+    return tuple(sorted(found.items()))
 
 
 def load_targets(path: pathlib.Path) -> Targets:
@@ -50,6 +69,8 @@ def load_targets(path: pathlib.Path) -> Targets:
 
         incident_read_unavailable_s: 60
         monthly_read_availability: 0.999
+        topic_availability: 0.999        # per topic: writes and full reads, each
+        topic_targets: {orders: 0.9999}  # per-topic overrides
     """
     try:
         data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -63,17 +84,24 @@ def load_targets(path: pathlib.Path) -> Targets:
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(TARGET_KEYS)}")
     defaults = Targets()
+    per_topic = data.get("topic_targets") or {}
+    if not isinstance(per_topic, dict):
+        raise ValueError(f"{path}: topic_targets must map topic names to fractions")
     try:
         limit = float(data.get("incident_read_unavailable_s", defaults.incident_read_unavailable_s))
         avail = float(data.get("monthly_read_availability", defaults.monthly_read_availability))
+        topic_avail = float(data.get("topic_availability", defaults.topic_availability))
+        topic_targets = tuple(sorted((str(k), float(v)) for k, v in per_topic.items()))
     except (TypeError, ValueError):
         raise ValueError(f"{path}: targets must be numbers") from None
-    if limit < 0 or not 0.0 <= avail <= 1.0:
+    fractions = [avail, topic_avail, *(v for _k, v in topic_targets)]
+    if limit < 0 or not all(0.0 <= f <= 1.0 for f in fractions):
         raise ValueError(
-            f"{path}: incident_read_unavailable_s must be >= 0 and "
-            "monthly_read_availability a fraction in [0, 1] (0.999, not 99.9)"
+            f"{path}: incident_read_unavailable_s must be >= 0 and each availability "
+            "(monthly_read_availability, topic_availability, topic_targets) a fraction in [0, 1] (0.999, not 99.9)"
         )
-    return Targets(incident_read_unavailable_s=limit, monthly_read_availability=avail)
+    return Targets(incident_read_unavailable_s=limit, monthly_read_availability=avail,
+                   topic_availability=topic_avail, topic_targets=topic_targets)
 
 
 class _Duration(click.ParamType[float, Any]):
@@ -259,6 +287,9 @@ def sla() -> None:
               help="YAML/JSON with incident_read_unavailable_s and monthly_read_availability.")
 @click.option("--step", type=DURATION, default="15s", show_default=True,
               help="Scrape interval: the time resolution of the states.")
+@click.option("--topic-target", "topic_target", multiple=True, metavar="TOPIC=PERCENT",
+              help="A topic's target for write and full-read availability, e.g. orders=99.99 (repeatable; "
+                   "default: topic_availability of --targets, else 99.9).")
 @click.option("--skip-bad", is_flag=True, help="Continue past malformed input and report how many lines were rejected.")
 @click.option("--master", default=None, help="Spark master (default: local[*], or spark-submit's).")
 @click.option("--shuffle-partitions", type=click.IntRange(min=1), default=8, show_default=True,
@@ -270,13 +301,15 @@ def report(
     out: str,
     targets_file: pathlib.Path | None,
     step: float,
+    topic_target: tuple[str, ...],
     skip_bad: bool,
     master: str | None,
     shuffle_partitions: int,
     **params: Any,
 ) -> None:
     """Compute incidents and daily/monthly SLA; write incidents.csv, daily.csv,
-    monthly.csv, Parquet tables, report.html and summary.md into --out.
+    monthly.csv (and, when the input holds the topic placement series, topics.csv,
+    topics_daily.csv, consumer_lag.csv), Parquet tables, report.html and summary.md into --out.
 
     Reads export files (--input) or a Prometheus HTTP API (--prometheus URL --start T
     [--end T]); what it read from Prometheus stays in --out/prometheus/ as query_range
@@ -296,6 +329,12 @@ def report(
         targets = load_targets(targets_file) if targets_file is not None else Targets()
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--targets") from None
+    try:
+        if topic_target:  # the command line wins over the file, topic by topic
+            merged = dict(targets.topic_targets) | dict(parse_topic_targets(topic_target))
+            targets = dataclasses.replace(targets, topic_targets=tuple(sorted(merged.items())))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--topic-target") from None
     from understudy_spark import job  # PySpark is heavy: import it only here
     from understudy_spark.readers import InputError
 

@@ -28,7 +28,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from understudy_spark import promapi, readers, report, transforms
+from understudy_spark import promapi, readers, report, topics, transforms
 from understudy_spark.readers import InputError
 from understudy_spark.transforms import ExactTables, Targets
 
@@ -146,8 +146,40 @@ def _first_bad(spark: SparkSession, files: Sequence[readers.InputFile], bad_path
 
 def ordered_by(table: str) -> list[str]:
     """The row order of each output table."""
+    by_topic = {"topics": ["topic", "month"], "topics_daily": ["topic", "day"],
+                "consumer_lag": ["topic", "consumer_group", "month"]}
+    if table in by_topic:
+        return by_topic[table]
     second = {"incidents": "master_lost_at", "daily": "day", "monthly": "month"}
     return ["group", second.get(table, "start")]
+
+
+def topic_tables(
+    spark: SparkSession, files: Sequence[readers.InputFile], states: DataFrame, exact: ExactTables | None, *,
+    config: JobConfig,
+) -> dict[str, DataFrame]:
+    """``topics`` (monthly), ``topics_daily`` and ``consumer_lag`` (docs/sla.md "Topic
+    SLA"), from a second pass that reads only the topic series, and the per-group states."""
+    rows = topics.topic_rows(readers.read_labelled(spark, files, topics.TOPIC_METRICS))
+    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+    placed = spark.createDataFrame(topics.placements(rows, step_s=config.step_s).collect(),
+                                   "topic string, queue string, group string, p0 long, p1 long")
+    exporter = spark.createDataFrame(topics.exporter_runs(rows, step_s=config.step_s).collect(), "e0 long, e1 long")
+    hosting = F.broadcast(placed.select("group").distinct())
+    found = topics.group_conditions(
+        states.join(hosting, on="group", how="left_semi"), step_s=config.step_s,
+        exact_pieces=exact.pieces.join(hosting, on="group", how="left_semi") if exact is not None else None)
+    # Runs of a few conditions per group, kept on the driver like ``placed``: every table
+    # below reads them more than once.
+    conditions = spark.createDataFrame(found.collect(), found.schema)
+    segments = topics.topic_segments(placed, exporter, conditions)
+    targets = config.targets
+    daily = topics.topic_daily(segments, targets=targets.topic_target_map(), default=targets.topic_availability)
+    daily = daily.persist(StorageLevel.MEMORY_AND_DISK)
+    monthly = topics.topic_monthly(daily, targets=targets.topic_target_map(), default=targets.topic_availability)
+    drawn = segments.where(F.col("unknown") | (F.col("known") & ~(F.col("write_ok") & F.col("read_full"))))
+    return {"topics": monthly, "topics_daily": daily, "consumer_lag": topics.consumer_lag(rows, step_s=config.step_s),
+            "_rows": rows, "_segments": drawn}
 
 
 def _pandas(df: DataFrame) -> pd.DataFrame:
@@ -171,7 +203,8 @@ def observed_states(
 ) -> tuple[DataFrame, Observation]:
     """The per-group states of ``files`` (keyed readers -> clean -> states, lazily), and
     the Observation that counts, on the same pass, ``rejected`` input lines (by weight),
-    accepted ``samples`` and the ``first_bad`` file, and collects the distinct ``events``
+    accepted ``samples``, the ``first_bad`` file and the ``topic_samples`` (the topic
+    series, :mod:`understudy_spark.topics`), and collects the distinct ``events``
     (:func:`transforms.event_observations`). Also what ``bench/sla.py`` times."""
     parsed = readers.read_parsed(spark, files, keyed=True)
     observation = Observation("understudy_sla_input")
@@ -181,6 +214,8 @@ def observed_states(
         F.count(F.when(F.col("ok"), 1)).alias("samples"),
         F.min(F.when(~F.col("ok"), F.col("source_file"))).alias("first_bad"),
         transforms.event_observations(),
+        # Whether the topic series are there at all: only then is a topic pass read.
+        F.count(F.when(F.col("ok") & F.col("metric").isin(*topics.TOPIC_METRICS), 1)).alias("topic_samples"),
     )
     clean = transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=step_s)
     return transforms.group_states(clean), observation
@@ -225,6 +260,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
     incidents: DataFrame | None = None
     daily: DataFrame | None = None
     exact: ExactTables | None = None
+    cached: list[DataFrame] = []
     try:
         progress("parsing exports and building per-group states")
         bounds = states.agg(
@@ -262,6 +298,8 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             found = exact.merge_incidents(found)
         incidents = found.persist(StorageLevel.MEMORY_AND_DISK)
         timeline = transforms.timeline(states, step_s=config.step_s)
+        if exact is not None:  # the exact groups' transitions at their instants
+            timeline = exact.merge_timeline(timeline)
         daily = transforms.daily_sla(
             states, incidents, step_s=config.step_s, first_bucket=first_bucket,
             last_bucket=last_bucket, targets=config.targets, exact=exact,
@@ -272,6 +310,13 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             outside = exact.merge_outside(outside)
         outputs: list[str] = []
         tables = {"incidents": incidents, "daily": daily, "monthly": monthly, "timeline": timeline}
+        n_topic = int(stats["topic_samples"])
+        if n_topic:
+            progress(f"{n_topic} topic-series samples: reading them again for the topic SLA")
+            found_topics = topic_tables(spark, files, states, exact, config=config)
+            cached += [found_topics.pop("_rows"), found_topics["topics_daily"]]
+            drawn = found_topics.pop("_segments")
+            tables.update(found_topics)
         frames: dict[str, pd.DataFrame] = {}
         for name, df in tables.items():
             progress(f"writing {name}")
@@ -286,6 +331,8 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             outputs += [target, _join(config.out, f"{name}.csv")]
         # Shown in the report (its own line and table), not a table of its own.
         frames["outside"] = _pandas(outside.orderBy("group", "start"))
+        if n_topic:
+            frames["topic_segments"] = _pandas(drawn.orderBy("topic", "t0").limit(report.MAX_TOPIC_SEGMENTS))
         step = pd.Timedelta(seconds=config.step_s)
         if not resolution:  # not one event value in the input
             no_events = transforms.scrape_resolution(config.step_s, transforms.NO_EVENT_TIMES)
@@ -301,9 +348,12 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
         write_text(spark, _join(config.out, "report.html"), report.render_html(
             incidents=frames["incidents"], daily=frames["daily"], monthly=frames["monthly"],
             timeline=frames["timeline"], outside=frames["outside"], meta=meta,
+            topics=frames.get("topics"), topic_segments=frames.get("topic_segments"),
+            consumer_lag=frames.get("consumer_lag"),
         ))
         write_text(spark, _join(config.out, "summary.md"), report.render_summary(
             incidents=frames["incidents"], monthly=frames["monthly"], meta=meta, outside=frames["outside"],
+            topics=frames.get("topics"),
         ))
         outputs += [_join(config.out, "report.html"), _join(config.out, "summary.md")]
         inc = frames["incidents"]
@@ -314,7 +364,7 @@ def run(spark: SparkSession, config: JobConfig, *, progress: Progress) -> JobRes
             outputs=tuple(outputs), seconds=time.monotonic() - t0,
         )
     finally:
-        for frame in (daily, incidents, exact.pieces if exact is not None else None, states):
+        for frame in (daily, incidents, exact.pieces if exact is not None else None, states, *cached):
             if frame is not None:
                 frame.unpersist()
 

@@ -54,9 +54,10 @@ from typing import IO, Any, Protocol
 from understudy_broker import metric_names as names
 
 #: The series an SLA export carries: the metrics contract the job reads (DESIGN.md), the
-#: event times it places transitions with (docs/sla.md "Event times"), and ``up``. The job
-#: ignores ``understudy_group_epoch``; it is exported so that the files are a faithful copy
-#: of the contract, as ``promrun``'s exports are.
+#: event times it places transitions with (docs/sla.md "Event times"), the topic placement
+#: and consumer lag of the topic SLA (docs/sla.md "Topic SLA"), and ``up``. The job ignores
+#: ``understudy_group_epoch``; it is exported so that the files are a faithful copy of the
+#: contract, as ``promrun``'s exports are.
 SLA_METRICS: tuple[str, ...] = (
     names.GROUP_MODE,
     names.BROKER_PERMISSION,
@@ -67,6 +68,8 @@ SLA_METRICS: tuple[str, ...] = (
     names.BROKER_STARTED,
     names.BROKER_READ_GAINED,
     names.BROKER_READ_LOST,
+    names.TOPIC_QUEUE_INFO,
+    names.CONSUMER_LAG_MESSAGES,
     names.UP,
 )
 #: Prometheus refuses query_range answers above this many points per series.

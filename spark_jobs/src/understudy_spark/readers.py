@@ -70,14 +70,13 @@ KEYED_COLUMNS = ["timestamp", "metric", *KEY_LABELS, "value", "source_file", "ra
 # (``[1795211698.96,"3"]``) when the schema says string, which is ~3x cheaper than
 # materialising an array of two strings per sample and exploding it; the text is then cut
 # with string functions (:func:`_pair_parts`).
-_RESULT_SCHEMA = ArrayType(
-    StructType(
-        [
-            StructField("metric", MapType(StringType(), StringType())),
-            StructField("values", ArrayType(StringType())),
-        ]
-    )
+_SERIES_SCHEMA = StructType(
+    [
+        StructField("metric", MapType(StringType(), StringType())),
+        StructField("values", ArrayType(StringType())),
+    ]
 )
+_RESULT_SCHEMA = ArrayType(_SERIES_SCHEMA)
 QUERY_RANGE_SCHEMA = StructType(
     [
         StructField("status", StringType()),
@@ -436,13 +435,56 @@ def _parse_exposition(lines: DataFrame, *, keyed: bool, per_line: bool = False) 
     return parsed.withColumn("ok", ok)
 
 
-def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool = False) -> DataFrame:
-    """HTTP API ``query_range`` JSON (matrix), one document per file.
+# A compact ``query_range`` document (what Prometheus writes) is read as records cut at
+# ``{"metric":`` with a splittable text read, one series per record, so one large document
+# is parsed by many tasks instead of one. The sequence cannot occur inside a JSON string
+# (its ``"`` would be escaped), and a matrix holds it only where a series begins.
+SERIES_DELIMITER = '{"metric":'
+# What a file must start with to be read by series: the header of a successful matrix
+# (or only its ``data`` object) and its first series, within the first 4 KiB.
+_SPLIT_HEAD = re.compile(
+    r'\ufeff?\s*\{\s*(?:"status"\s*:\s*"success"\s*,\s*"data"\s*:\s*\{\s*)?'
+    r'"resultType"\s*:\s*"matrix"\s*,\s*"result"\s*:\s*\[\s*\{"metric":'
+)
+# ... and end with: the last series' ``}``, the result's ``]``, the data's ``}`` (and the
+# document's). Anything after the data object (``"warnings"``) takes the whole-document path.
+_SPLIT_TAIL = re.compile(r'\}\s*\]\s*\}\s*(?:\}\s*)?$')
+_HEAD_BYTES = 4096
 
-    A document that does not parse, is not ``status: success`` or is not a matrix is one
-    rejected row standing for all its lines; a sample whose value is not a number is one
-    rejected row.
-    """
+
+def splittable(head: bytes, tail: bytes) -> bool:
+    """Whether a ``query_range`` file whose first bytes are ``head`` (at most 4 KiB) and
+    last bytes ``tail`` can be read series by series: a successful matrix with its first
+    series in ``head``, written compactly enough that every series starts with
+    ``{"metric":`` (Prometheus' own form), and a complete end. Every other file (pretty
+    printed, truncated, with warnings, an error document) is parsed as one document."""
+    text = head.decode("utf-8", errors="replace")
+    end = tail.decode("utf-8", errors="replace")
+    return _SPLIT_HEAD.match(text) is not None and _SPLIT_TAIL.search(end) is not None
+
+
+def _head_and_tail(spark: SparkSession, path: str) -> tuple[bytes, bytes]:
+    jvm, conf = _hadoop(spark)
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hpath.getFileSystem(conf)
+    size = int(fs.getFileStatus(hpath).getLen())
+    stream = fs.open(hpath)
+    try:
+        head = bytes(stream.readNBytes(_HEAD_BYTES))
+        if size <= _HEAD_BYTES:
+            return head, head
+        stream.seek(max(size - 256, 0))
+        tail = bytes(stream.readNBytes(256))
+    finally:
+        stream.close()
+    return head, tail
+
+
+def _documents_as_series(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """Whole documents -> one row per series: ``source_file, doc_ok, weight, metric``
+    (the label map) and ``vals`` (each sample pair's JSON text). A document that does not parse, is not ``status:
+    success`` or is not a matrix continues as one marker series with one null sample
+    (``doc_ok`` false, ``weight`` its lines)."""
     docs = spark.read.text(list(paths), wholetext=True).select(
         F.col("value").alias("text"), F.col("_metadata.file_path").alias("source_file")
     )
@@ -467,17 +509,80 @@ def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool =
     # with a single null sample, which becomes its one rejected row. Its lines are
     # counted here, before the text is dropped (a good document may be gigabytes; it is
     # never scanned for newlines).
-    n_lines = F.length("text") - F.length(F.replace("text", F.lit("\n"), F.lit(""))) + 1
-    marker = F.array(F.lit(None).cast(_RESULT_SCHEMA.elementType))
+    marker = F.array(F.lit(None).cast(_SERIES_SCHEMA))
     docs = docs.select(
         "source_file",
         doc_ok.alias("doc_ok"),
-        F.when(doc_ok, F.lit(1)).otherwise(n_lines).alias("weight"),
+        F.when(doc_ok, F.lit(1)).otherwise(_lines("text")).alias("weight"),
         F.when(doc_ok, F.col("result")).otherwise(marker).alias("result"),
     )
     # Project the series' fields before exploding its values: exploding ``s.values`` while
     # keeping ``s`` would copy the whole series into every sample row.
-    labels = F.col("s.metric")
+    series = docs.select("source_file", "doc_ok", "weight", F.explode("result").alias("s"))
+    return series.select(
+        "source_file",
+        "doc_ok",
+        "weight",
+        F.col("s.metric").alias("metric"),
+        F.when(F.col("doc_ok"), F.col("s.values")).otherwise(_no_sample()).alias("vals"),
+    )
+
+
+def _no_sample() -> Column:
+    """The values of a rejected document or series: one null pair, its one rejected row."""
+    return F.array(F.lit(None).cast(StringType()))
+
+
+
+def _lines(text: Column | str) -> Column:
+    return F.length(text) - F.length(F.replace(text, F.lit("\n"), F.lit(""))) + 1
+
+
+def _records_as_series(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """Files that passed :func:`splittable` -> one row per series, as
+    :func:`_documents_as_series`: a text read with ``{"metric":`` as the record delimiter
+    (splittable, so one large document is many tasks, and no task holds a whole document),
+    each record parsed on its own. The first record of a file is its header (checked on
+    the driver); every other is a series without its leading ``{"metric":``, followed by
+    ``,`` or by the document's closing brackets, which the JSON reader leaves unread after
+    the series' own ``}``. A record that does not parse as a series is one rejected row
+    (its lines)."""
+    records = spark.read.option("lineSep", SERIES_DELIMITER).text(list(paths)).select(
+        F.col("value").alias("rec"), F.col("_metadata.file_path").alias("source_file")
+    )
+    # The header is short and ends with the result's ``[`` (and blanks); a series never does.
+    header = F.when(F.octet_length("rec") < _HEAD_BYTES, F.col("rec").rlike(r"\[\s*$")).otherwise(F.lit(False))
+    records = records.where(~header)
+    s = F.from_json(F.concat(F.lit(SERIES_DELIMITER), F.col("rec")), _SERIES_SCHEMA)
+    parsed = records.select("source_file", "rec", s["metric"].alias("metric"), s["values"].alias("vals"))
+    ok = F.col("metric").isNotNull() & F.col("vals").isNotNull()
+    return parsed.select(
+        "source_file",
+        ok.alias("doc_ok"),
+        F.when(ok, F.lit(1)).otherwise(_lines("rec")).alias("weight"),
+        "metric",
+        F.when(ok, F.col("vals")).otherwise(_no_sample()).alias("vals"),
+    )
+
+
+def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool = False) -> DataFrame:
+    """HTTP API ``query_range`` JSON (matrix), one document per file.
+
+    A compact document (:func:`splittable`, what Prometheus and ``sla export`` write) is
+    read series by series, in parallel; any other is parsed whole. A document that does
+    not parse, is not ``status: success`` or is not a matrix is one rejected row standing
+    for all its lines (a series of a compact document that does not parse: its lines); a
+    sample whose value is not a number is one rejected row.
+    """
+    compact = {p: splittable(*_head_and_tail(spark, p)) for p in paths}
+    by_series = [p for p in paths if compact[p]]
+    whole = [p for p in paths if not compact[p]]
+    parts = ([_documents_as_series(spark, whole)] if whole else []) + (
+        [_records_as_series(spark, by_series)] if by_series else [])
+    if not parts:
+        raise InputError("no query_range files")
+    found = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    labels = F.col("metric")
     if keyed:
         group = labels["group"]
         label_cols = [
@@ -489,15 +594,8 @@ def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool =
     else:
         label_cols = [F.map_filter(labels, lambda k, _v: k != "__name__").alias("labels")]
     label_names = list(KEY_LABELS) if keyed else ["labels"]
-    series = docs.select("source_file", "doc_ok", "weight", F.explode("result").alias("s")).select(
-        "source_file",
-        "doc_ok",
-        "weight",
-        labels["__name__"].alias("metric"),
-        *label_cols,
-        F.when(F.col("doc_ok"), F.col("s.values"))
-        .otherwise(F.array(F.lit(None).cast(StringType())))
-        .alias("vals"),
+    series = found.select(
+        "source_file", "doc_ok", "weight", labels["__name__"].alias("metric"), *label_cols, "vals",
     )
     samples = series.select(
         "source_file", "doc_ok", "weight", "metric", *label_names, F.explode("vals").alias("pair")
@@ -577,6 +675,36 @@ def read_parsed(spark: SparkSession, files: Sequence[InputFile], *, keyed: bool 
         paths = [f.path for f in files if f.form is form]
         if paths:
             frames.append(reader(spark, paths, keyed=keyed))
+    if not frames:
+        raise InputError("no input files")
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
+
+
+def read_labelled(spark: SparkSession, files: Sequence[InputFile], metrics: Sequence[str]) -> DataFrame:
+    """The accepted samples of ``metrics`` only, with all their labels
+    (``SAMPLES_SCHEMA``): the topic pass (:mod:`understudy_spark.topics`), run only when
+    the job's one pass saw such samples. Text lines that do not name one of ``metrics``
+    are dropped before anything is parsed, and ``query_range`` series before their values
+    are exploded, so this costs about one read of the input. Rejected rows were counted by
+    the job's pass already and are left out here."""
+    frames = []
+    for form in ExportFormat:
+        paths = [f.path for f in files if f.form is form]
+        if not paths:
+            continue
+        if form is ExportFormat.QUERY_RANGE:
+            frame = read_query_range(spark, paths)
+        else:
+            lines = _text_lines(spark, paths)
+            named = F.lit(False)
+            for metric in metrics:
+                named = named | (F.instr("raw", metric) > 0)
+            parse = _parse_dump if form is ExportFormat.DUMP else _parse_exposition
+            frame = _finish(parse(lines.where(named), keyed=False), keyed=False)
+        frames.append(samples_of(frame.where(F.col("metric").isin(*metrics))))
     if not frames:
         raise InputError("no input files")
     out = frames[0]

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -88,7 +88,22 @@ LABELS: dict[str, str] = {
     "start": "From",
     "end": "To",
     "budget": "Error budget used",
+    "topic": "Topic",
+    "write_availability": "Write availability (of known time)",
+    "write_unavailable_s": "Not writable (s)",
+    "read_partial_s": "Partly readable (s)",
+    "read_none_s": "Not readable (s)",
+    "write_available_s": "Writable (s)",
+    "read_full_s": "Fully readable (s)",
+    "consumer_group": "Consumer group",
+    "buckets": "Steps with a lag sample",
+    "lag_p50": "Lag p50 (messages)",
+    "lag_p95": "Lag p95 (messages)",
+    "lag_p99": "Lag p99 (messages)",
+    "lag_max": "Lag max (messages)",
 }
+# The topic table's full-read availability reads differently from a group's.
+TOPIC_LABELS = {**LABELS, "read_availability": "Full-read availability (of known time)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +214,7 @@ def _cell(column: str, value: object) -> str:
         return _seconds_cell(value)
     if isinstance(value, pd.Timestamp) or column.endswith("_at") or column in ("start", "end"):
         return f"<td>{_e(iso(value))}</td>"
-    if column in ("read_availability", "target"):
+    if column in ("read_availability", "write_availability", "target"):
         return f'<td class="num">{_e(fmt_fraction(value))}</td>'
     if isinstance(value, (bool, np.bool_)):
         return f"<td>{'yes' if bool(value) else 'no'}</td>"
@@ -214,15 +229,16 @@ def _cell(column: str, value: object) -> str:
 
 
 NUM = ' class="num"'
-NUMERIC = {"incidents", "incidents_over_limit", "failovers_counted", "read_availability", "target"}
+NUMERIC = {"incidents", "incidents_over_limit", "failovers_counted", "read_availability", "target",
+           "write_availability", "buckets", "lag_p50", "lag_p95", "lag_p99", "lag_max"}
 
 
-def _header(columns: Sequence[str]) -> str:
+def _header(columns: Sequence[str], labels: Mapping[str, str] = LABELS) -> str:
     """Header cells in words; the CSV/Parquet column name is the tooltip."""
     cells = []
     for c in columns:
         cls = NUM if c.endswith("_s") or c in NUMERIC else ""
-        cells.append(f'<th scope="col"{cls} title="{_e(c)}">{_e(LABELS.get(c, c))}</th>')
+        cells.append(f'<th scope="col"{cls} title="{_e(c)}">{_e(labels.get(c, c))}</th>')
     return "".join(cells)
 
 
@@ -231,7 +247,7 @@ def _scroll(table: str, *, label: str) -> str:
     return f'<div class="scroll" role="region" tabindex="0" aria-label="{_e(label)}">{table}</div>'
 
 
-def _table(frame: pd.DataFrame, *, label: str, limit: int | None = None) -> str:
+def _table(frame: pd.DataFrame, *, label: str, limit: int | None = None, labels: Mapping[str, str] = LABELS) -> str:
     shown = frame if limit is None else frame.head(limit)
     columns = [str(c) for c in shown.columns]
     body = []
@@ -241,7 +257,7 @@ def _table(frame: pd.DataFrame, *, label: str, limit: int | None = None) -> str:
         "" if limit is None or len(frame) <= limit
         else f"<p>{len(frame) - limit} more row(s) in the CSV/Parquet tables.</p>"
     )
-    table = f"<table><thead><tr>{_header(columns)}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    table = f"<table><thead><tr>{_header(columns, labels)}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     return _scroll(table, label=label) + more
 
 
@@ -589,6 +605,100 @@ def pick_groups(incidents: pd.DataFrame, daily: pd.DataFrame) -> list[str]:
     return sorted(chosen)
 
 
+# --- topics ---------------------------------------------------------------------------------
+
+TOPIC_COLORS = {"ok": COLORS[STATE_NORMAL], "partial": COLORS[STATE_SLAVE_READ], "down": COLORS[STATE_UNREADABLE],
+                "unknown": COLORS[STATE_UNKNOWN]}
+MAX_TOPIC_ROWS = 40
+MAX_TOPIC_SEGMENTS = 20_000  # not fully available stretches handed to the chart
+
+
+def _topic_lanes(seg: Any) -> tuple[str | None, str | None]:
+    """What one topic segment draws: (write lane, read lane) colour keys; None = normal."""
+    if bool(seg.unknown):
+        return "unknown", "unknown"
+    write = None if bool(seg.write_ok) else "down"
+    read = None if bool(seg.read_full) else ("partial" if bool(seg.read_partial) else "down")
+    return write, read
+
+
+def topic_svg(segments: pd.DataFrame, topics: Sequence[str], *, start: pd.Timestamp, end: pd.Timestamp) -> str:
+    """One row per topic, two lanes: writes (red: no queue writable) and reads (yellow: some
+    queues not readable, red: none readable); grey where unknown. ``segments``: the
+    topic's segments that are not fully available (``t0, t1`` in ms)."""
+    width, label_w, lane_h = 960, 110, 7
+    row_h = 2 * lane_h + 6
+    span_ms = max((end - start).total_seconds() * 1000.0, 1.0)
+    start_ms = start.value / 1e6
+    plot_w = width - label_w - 10
+
+    def x(t_ms: float) -> float:
+        return float(label_w + plot_w * min(max(t_ms - start_ms, 0.0), span_ms) / span_ms)
+
+    height = row_h * len(topics) + 30
+    parts = [_svg_open(width, height, "topic availability timeline")]
+    by_topic = {t: f for t, f in segments.groupby("topic")} if len(segments) else {}
+    for row, topic in enumerate(topics):
+        y = row * row_h + 4
+        parts.append(f'<text x="0" y="{y + 11}" font-size="11" font-family="monospace">{_e(topic)}</text>')
+        for lane in range(2):
+            parts.append(f'<rect x="{label_w}" y="{y + lane * lane_h}" width="{plot_w}" height="{lane_h - 1}" '
+                         f'fill="{TOPIC_COLORS["ok"]}"/>')
+        seg = by_topic.get(topic)
+        for item in seg.itertuples(index=False) if seg is not None else ():
+            x0, x1 = x(float(item.t0)), x(float(item.t1))
+            when = f"{iso(pd.Timestamp(int(item.t0), unit='ms'))} .. {iso(pd.Timestamp(int(item.t1), unit='ms'))}"
+            secs = fmt_duration((int(item.t1) - int(item.t0)) / 1000.0)
+            for lane, (key, what) in enumerate(zip(_topic_lanes(item), ("writes", "reads"), strict=True)):
+                if key is None:
+                    continue
+                text = {"unknown": "unknown", "down": f"no {what}", "partial": "some queues not readable"}[key]
+                parts.append(
+                    f'<rect x="{x0:.1f}" y="{y + lane * lane_h}" width="{max(x1 - x0, 1.0):.1f}" height="{lane_h - 1}" '
+                    f'fill="{TOPIC_COLORS[key]}"><title>{_e(topic)} {_e(text)} {_e(when)} ({_e(secs)})</title></rect>'
+                )
+    y = row_h * len(topics) + 20
+    parts.append(f'<text x="{label_w}" y="{y}" font-size="11">{_e(iso(start))}</text>')
+    parts.append(f'<text x="{width - 10}" y="{y}" font-size="11" text-anchor="end">{_e(iso(end))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def topic_section(topics: pd.DataFrame | None, segments: pd.DataFrame | None, lag: pd.DataFrame | None,
+                  meta: ReportMeta) -> str:
+    """The topic section (docs/sla.md "Topic SLA"): verdicts, the timeline chart (worst
+    topics first), the monthly table, consumer lag. Without topic series, one sentence."""
+    if topics is None or topics.empty:
+        return ("<section><h2>Topics</h2><p class=\"note\">No topic placement series "
+                "(understudy_topic_queue_info) in the input: no per-topic SLA.</p></section>")
+    segments = segments if segments is not None else pd.DataFrame(columns=["topic", "t0", "t1"])
+    score = topics.groupby("topic")[["write_unavailable_s", "read_none_s", "read_partial_s", "unknown_s"]].sum()
+    ranked = score.sort_values(["write_unavailable_s", "read_none_s", "read_partial_s", "unknown_s"],
+                               ascending=False).index.tolist()
+    shown = ranked[:MAX_TOPIC_ROWS]
+    missed = topics[~topics["target_met"].astype(bool)]
+    verdict = (f'<p class="good">Every topic met its target in every month ({len(topics)} topic-month(s)).</p>'
+               if missed.empty else f'<p class="bad">{len(missed)} topic-month(s) missed the target: '
+               + _e(", ".join(f"{r.topic} {r.month}" for r in missed.head(20).itertuples(index=False))) + ".</p>")
+    legend = "".join(f'<span style="background:{TOPIC_COLORS[k]}">{_e(t)}</span>' for k, t in
+                     (("ok", "available"), ("partial", "some queues not readable"), ("down", "not writable / not readable"),
+                      ("unknown", "unknown")))
+    lag_part = "" if lag is None or lag.empty else (
+        "<h3>Consumer lag (messages, summed over the topic's queues per step)</h3>"
+        + _table(lag, label="consumer lag", limit=MAX_INCIDENT_ROWS, labels=TOPIC_LABELS))
+    targets = meta.targets
+    named = ", ".join(f"{t} {fmt_fraction(v)}" for t, v in targets.topic_targets)
+    return f"""<section><h2>Topics</h2>
+<p>Per topic: writes are available while some queue is on a group with a broker holding WRITE;
+reads are full while every queue is on a readable group. Target: both &ge; {_e(fmt_fraction(targets.topic_availability))}{_e(f" ({named})" if named else "")}.
+Writes are judged at scrape resolution; reads to the millisecond for groups with event times.</p>
+{verdict}
+<p class="legend">{legend} Upper lane writes, lower lane reads. Showing {len(shown)} of {len(ranked)} topic(s), worst first.</p>
+{topic_svg(segments, shown, start=meta.start, end=meta.end)}
+{_table(topics, label="topics per month", limit=MAX_INCIDENT_ROWS, labels=TOPIC_LABELS)}
+{lag_part}</section>"""
+
+
 STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 section{min-width:0}
 .scroll{overflow-x:auto;max-width:100%;margin:8px 0}
@@ -614,9 +724,14 @@ def render_html(
     timeline: pd.DataFrame,
     outside: pd.DataFrame | None,
     meta: ReportMeta,
+    topics: pd.DataFrame | None = None,
+    topic_segments: pd.DataFrame | None = None,
+    consumer_lag: pd.DataFrame | None = None,
 ) -> str:
     """The whole report as one self-contained HTML document. ``outside`` is
-    ``transforms.outside_incidents`` (``None``: there is none)."""
+    ``transforms.outside_incidents`` (``None``: there is none); ``topics`` the monthly topic
+    table (``None``: no topic series), ``topic_segments`` its not fully available stretches,
+    ``consumer_lag`` the lag table (``understudy_spark.topics``)."""
     outside = _empty_outside() if outside is None else outside
     overall = monthly[monthly["group"] == OVERALL]
     per_group = monthly[monthly["group"] != OVERALL]
@@ -681,13 +796,15 @@ monthly read availability &ge; {_e(fmt_fraction(meta.targets.monthly_read_availa
 <section><h2>Incidents</h2>{_table(incidents[inc_cols], label="incidents", limit=MAX_INCIDENT_ROWS)}</section>
 {outside_section}
 <section><h2>Monthly per group</h2>{_monthly_table(per_group, meta, label="monthly per group", limit=MAX_INCIDENT_ROWS)}</section>
+{topic_section(topics, topic_segments, consumer_lag, meta)}
 <p>Inputs: {_e(", ".join(meta.inputs))}</p>
 </body></html>
 """
 
 
 def render_summary(
-    *, incidents: pd.DataFrame, monthly: pd.DataFrame, meta: ReportMeta, outside: pd.DataFrame | None = None
+    *, incidents: pd.DataFrame, monthly: pd.DataFrame, meta: ReportMeta, outside: pd.DataFrame | None = None,
+    topics: pd.DataFrame | None = None,
 ) -> str:
     """A short Markdown summary."""
     lines = [
@@ -726,6 +843,14 @@ def render_summary(
     counted = [budget(r, meta).judged or int(r.incidents_over_limit) > 0 for r in missed.itertuples(index=False)]
     missed = missed.loc[np.array(counted, dtype=bool)]
     lines += ["", f"Groups missing the target: {len(missed)}."]
+    if topics is not None and len(topics):
+        lines += ["", "| topic | month | write availability | full-read availability | partly readable (s) | target met |",
+                  "|---|---|---|---|---|---|"]
+        for r in topics.itertuples(index=False):
+            w = "n/a" if pd.isna(r.write_availability) else fmt_fraction(r.write_availability)
+            rd = "n/a" if pd.isna(r.read_availability) else fmt_fraction(r.read_availability)
+            lines.append(f"| {r.topic} | {r.month} | {w} | {rd} | {fmt_seconds(r.read_partial_s)} | "
+                         f"{'yes' if r.target_met else 'no'} |")
     if len(incidents):
         worst = incidents.sort_values("read_unavailable_s", ascending=False).head(5)
         lines += ["", "Worst incidents:", ""]

@@ -64,6 +64,8 @@ class SynthSpec:
     violation_fraction: float = 0.2
     start: str = "2026-11-01T00:00:00Z"
     event_times: bool = False
+    topics: int = 0  # topic_plans: even ones on two groups, odd ones on one
+    queues_per_group: int = 2
 
     def __post_init__(self) -> None:
         if self.groups < 1 or self.days < 1:
@@ -180,18 +182,28 @@ def _segments(gen: IntArray, keep: npt.NDArray[np.bool_]) -> Iterator[tuple[int,
             yield int(g), idx
 
 
-def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
-    """The series of one group over the whole period, from the plan."""
+@dataclass(slots=True)
+class GroupArrays:
+    """One group's state per bucket, from the plan."""
+
+    mode: IntArray
+    master_perm: FloatArray  # NaN: the master is dead (no permission series)
+    master_alive: npt.NDArray[np.bool_]
+    slave_perm: FloatArray
+    master_gen: IntArray
+    inc: IntArray
+    scraped: npt.NDArray[np.bool_]
+
+
+def group_arrays(p: Plan, group: int) -> GroupArrays:
+    """The per-bucket mode, permissions, liveness and scrapes of ``group`` (pure)."""
     spec = p.spec
     total = spec.days * spec.buckets_per_day
-    step_ms = spec.step_s * 1000
-    name = group_name(group)
     mode = np.zeros(total, dtype=np.int64)
     master_perm = np.full(total, 3.0)
     master_alive = np.ones(total, dtype=bool)
     slave_perm = np.zeros(total)
     master_gen = np.zeros(total, dtype=np.int64)
-    ctl_gen = np.zeros(total, dtype=np.int64)
     inc = np.zeros(total, dtype=np.int64)
     scraped = np.ones(total, dtype=bool)
     for i in (x for x in p.incidents if x.group == group):
@@ -207,6 +219,19 @@ def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
         inc[i.b1] += 1
     for gap in (x for x in p.gaps if x.group == group):
         scraped[gap.start : gap.end] = False
+    return GroupArrays(mode, master_perm, master_alive, slave_perm, master_gen, inc, scraped)
+
+
+def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
+    """The series of one group over the whole period, from the plan."""
+    spec = p.spec
+    total = spec.days * spec.buckets_per_day
+    step_ms = spec.step_s * 1000
+    name = group_name(group)
+    a = group_arrays(p, group)
+    mode, master_perm, master_alive, slave_perm = a.mode, a.master_perm, a.master_alive, a.slave_perm
+    master_gen, inc, scraped = a.master_gen, a.inc, a.scraped
+    ctl_gen = np.zeros(total, dtype=np.int64)
     counter = np.cumsum(inc).astype(np.float64)
     for g, at in p.resets:
         if g == group:
@@ -256,8 +281,116 @@ def render_group(p: Plan, group: int, rng: np.random.Generator) -> list[Series]:
     return out
 
 
+# ------------------------------------------------------------------------------ topics
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    """Topic ``name``: its queues (``queues[q]`` is the group of queue ``q``), from bucket
+    ``first`` on, read by one consumer group ``cg-<name>``."""
+
+    name: str
+    queues: tuple[int, ...]
+    first: int
+
+    @property
+    def consumer_group(self) -> str:
+        return f"cg-{self.name}"
+
+
+def topic_plans(spec: SynthSpec) -> list[TopicPlan]:
+    """An even topic ``k`` spreads ``queues_per_group`` queues over groups ``k`` and ``k + 1``
+    (mod the groups: its writes survive one group's failover), an odd one lives on group
+    ``k`` alone; with two topics or more, the last one is created a quarter into the period."""
+    total = spec.days * spec.buckets_per_day
+    out = []
+    for k in range(spec.topics):
+        groups = list(dict.fromkeys([k % spec.groups, (k + 1) % spec.groups] if k % 2 == 0 else [k % spec.groups]))
+        queues = tuple(g for g in groups for _ in range(spec.queues_per_group))
+        first = total // 4 if spec.topics >= 2 and k == spec.topics - 1 else 0
+        out.append(TopicPlan(f"t{k:02d}", queues, first))
+    return out
+
+
+def _writable(a: GroupArrays) -> npt.NDArray[np.bool_]:
+    perm = np.nan_to_num(a.master_perm, nan=0.0).astype(np.int64)
+    out: npt.NDArray[np.bool_] = a.scraped & ((perm & 2) == 2)
+    return out
+
+
+def _readable(a: GroupArrays) -> npt.NDArray[np.bool_]:
+    perm = np.nan_to_num(a.master_perm, nan=0.0).astype(np.int64)
+    out: npt.NDArray[np.bool_] = a.scraped & (((perm & 1) == 1) | ((a.slave_perm.astype(np.int64) & 1) == 1))
+    return out
+
+
+def _lag(total: int, queue: int) -> FloatArray:
+    return np.asarray((np.arange(total, dtype=np.int64) * 7 + queue * 3) % 50, dtype=np.float64)
+
+
+def render_topics(p: Plan, arrays: dict[int, GroupArrays], rng: np.random.Generator) -> list[Series]:
+    """The topic series: ``understudy_topic_queue_info`` from one cluster controller (every
+    bucket from the topic's creation on), and the consumer lag of each queue from the broker
+    holding READ for its group (only while one does, and the group is scraped)."""
+    total = p.spec.days * p.spec.buckets_per_day
+    step_ms = p.spec.step_s * 1000
+    out: list[Series] = []
+    off = int(rng.integers(0, int(step_ms * 0.7)))
+    for t in topic_plans(p.spec):
+        for q, g in enumerate(t.queues):
+            idx = np.arange(t.first, total, dtype=np.int64)
+            labels = {"__name__": names.TOPIC_QUEUE_INFO, "group": group_name(g), "instance": "ctl-topics:9300",
+                      "job": "understudy-controller", "queue": str(q), "topic": t.name}
+            out.append(Series(labels, idx, np.ones(idx.size), np.zeros(0, dtype=np.int64), off))
+            read = idx[_readable(arrays[g])[idx]]
+            lag_labels = {"__name__": names.CONSUMER_LAG_MESSAGES, "consumer_group": t.consumer_group,
+                          "group": group_name(g), "instance": f"lag-{g}:9400", "job": "understudy-broker",
+                          "queue": str(q), "topic": t.name}
+            out.append(Series(lag_labels, read, _lag(total, q)[read], np.zeros(0, dtype=np.int64), off))
+    return out
+
+
+def topic_truth(p: Plan, arrays: dict[int, GroupArrays]) -> list[dict[str, Any]]:
+    """Per topic and UTC day, in seconds: ``known_s, unknown_s, write_available_s,
+    read_full_s, read_partial_s, read_none_s`` (a bucket counts whole: the samples' view),
+    and the consumer lag of its consumer group summed over the queues per bucket (buckets
+    with any lag sample) as ``lag_p50, lag_p99, lag_max`` per day."""
+    spec = p.spec
+    total = spec.days * spec.buckets_per_day
+    bpd = spec.buckets_per_day
+    out: list[dict[str, Any]] = []
+    for t in topic_plans(spec):
+        groups = [arrays[g] for g in t.queues]
+        alive = np.arange(total) >= t.first
+        known = alive & np.logical_and.reduce([a.scraped for a in groups])
+        writable = known & np.logical_or.reduce([_writable(a) for a in groups])
+        readable = np.sum([_readable(a) for a in groups], axis=0)
+        lag = np.sum([np.where(_readable(a), _lag(total, q), 0.0) for q, a in enumerate(groups)], axis=0)
+        has_lag = np.logical_or.reduce([_readable(a) for a in groups]) & alive
+        for day in range(spec.days):
+            sl = slice(day * bpd, (day + 1) * bpd)
+            k = known[sl]
+            day_lag = lag[sl][has_lag[sl]]
+            out.append({
+                "topic": t.name,
+                "day": _iso(spec, day * bpd)[:10],
+                "known_s": int(k.sum()) * spec.step_s,
+                "unknown_s": int((alive[sl] & ~k).sum()) * spec.step_s,
+                "write_available_s": int(writable[sl].sum()) * spec.step_s,
+                "read_full_s": int((k & (readable[sl] == len(groups))).sum()) * spec.step_s,
+                "read_partial_s": int((k & (readable[sl] > 0) & (readable[sl] < len(groups))).sum()) * spec.step_s,
+                "read_none_s": int((k & (readable[sl] == 0)).sum()) * spec.step_s,
+                "consumer_group": t.consumer_group,
+                "lag_buckets": int(day_lag.size),
+                "lag_p50": float(np.percentile(day_lag, 50)) if day_lag.size else None,
+                "lag_p99": float(np.percentile(day_lag, 99)) if day_lag.size else None,
+                "lag_max": float(day_lag.max()) if day_lag.size else None,
+            })
+    return out
+
+
 # ------------------------------------------------------------------------- event times
 
+TOPIC_METRICS = (names.TOPIC_QUEUE_INFO, names.CONSUMER_LAG_MESSAGES)
 EVENT_METRICS = (names.GROUP_MODE_ENTERED, names.BROKER_EXITED, names.BROKER_STARTED,
                  names.BROKER_READ_GAINED, names.BROKER_READ_LOST)
 MODE_NAMES = ("NORMAL", "FENCING", "SLAVE_CONSUME", "RECOVERING")
@@ -504,7 +637,8 @@ def write_text(path: pathlib.Path, spec: SynthSpec, series: list[Series], lo: in
             for name, kind in ((names.GROUP_MODE, "gauge"),
                                (names.counter_base(names.FAILOVER_TOTAL), "counter"),
                                (names.BROKER_PERMISSION, "gauge"), (names.UP, "gauge"),
-                               *((m, "gauge") for m in (EVENT_METRICS if spec.event_times else ()))):
+                               *((m, "gauge") for m in (EVENT_METRICS if spec.event_times else ())),
+                               *((m, "gauge") for m in (TOPIC_METRICS if spec.topics else ()))):
                 fh.write(f"# TYPE {name} {kind}\n")
         fh.write("\n".join(lines.tolist()))
         fh.write("\n")
@@ -548,6 +682,8 @@ def ground_truth(p: Plan) -> dict[str, Any]:
     spec_doc = asdict(spec)
     if not spec.event_times:  # the output of a spec without the flag stays as it was
         del spec_doc["event_times"]
+    if not spec.topics:  # likewise without topics
+        del spec_doc["topics"], spec_doc["queues_per_group"]
     return {
         "spec": spec_doc,
         "start": _iso(spec, 0),
@@ -596,6 +732,9 @@ def synthesize(
     p = plan(spec)
     rng = np.random.default_rng(spec.seed + 1)
     series = [s for g in range(spec.groups) for s in render_group(p, g, rng)]
+    arrays = {g: group_arrays(p, g) for g in range(spec.groups)} if spec.topics else {}
+    if spec.topics:
+        series += render_topics(p, arrays, rng)
     result = SynthResult(samples=dict.fromkeys(formats, 0), samples_per_day={f: [] for f in formats})
     ext = {"query_range": "json", "dump": "txt", "openmetrics": "om"}
     for form in formats:
@@ -618,6 +757,8 @@ def synthesize(
         if on_day is not None:
             on_day(day)
     truth = ground_truth(p)
+    if spec.topics:
+        truth["topics"] = topic_truth(p, arrays)
     truth["samples"] = result.samples
     truth["duplicates"] = result.duplicates
     truth["staleness_markers"] = result.staleness_markers

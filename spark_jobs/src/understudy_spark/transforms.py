@@ -68,6 +68,7 @@ KEYED_SCHEMA = StructType(
 MODE_NORMAL = 0
 MODE_RECOVERING = 3
 READ_BIT = 1
+WRITE_BIT = 2
 
 # Timeline states, in the order the report draws their legend.
 STATE_NORMAL = "normal"
@@ -97,10 +98,19 @@ INCIDENT_COLUMNS = [
 class Targets:
     """SLA targets. ``incident_read_unavailable_s``: the most read-unavailable time one
     incident may have. ``monthly_read_availability``: the fraction of known time a group
-    must be readable, per month (also applied per day in the daily table)."""
+    must be readable, per month (also applied per day in the daily table).
+    ``topic_availability`` (and per topic ``topic_targets``): what a topic's write and
+    full-read availability must each reach."""
 
     incident_read_unavailable_s: float = 60.0
     monthly_read_availability: float = 0.999
+    # Topics (docs/sla.md "Topic SLA"): write and full-read availability must both reach the
+    # topic's target, per day and per month; ``topic_targets`` overrides it per topic.
+    topic_availability: float = 0.999
+    topic_targets: tuple[tuple[str, float], ...] = ()
+
+    def topic_target_map(self) -> dict[str, float]:
+        return dict(self.topic_targets)
 
 
 def _by_group(*extra: str) -> WindowSpec:
@@ -195,8 +205,9 @@ def clean_keyed(keyed: DataFrame, *, step_s: float) -> DataFrame:
 def group_states(clean: DataFrame) -> DataFrame:
     """One row per (group, bucket) that has any sample.
 
-    Output: ``group, bucket, mode, master_read, readers, perm_series, brokers_down,
-    failovers, known, readable, violation, unresolved``. ``known`` follows DESIGN: the
+    Output: ``group, bucket, mode, master_read, readers, writers, perm_series,
+    brokers_down, failovers, known, readable, violation, unresolved`` (``writers``: the
+    brokers with WRITE in their effective permission, for the topic SLA). ``known`` follows DESIGN: the
     mode series has a sample, or every broker's permission series has one (the broker
     count is the most permission series the group ever showed at once).
 
@@ -210,6 +221,7 @@ def group_states(clean: DataFrame) -> DataFrame:
     metric, value = F.col("metric"), F.col("value")
     is_perm = metric == PERMISSION
     read = (value.cast("int").bitwiseAND(READ_BIT) == READ_BIT).cast("int")
+    write = (value.cast("int").bitwiseAND(WRITE_BIT) == WRITE_BIT).cast("int")
     per_bucket = (
         clean.select("group", "broker", "role", "metric", "bucket", "value")
         .groupBy("group", "bucket")
@@ -217,6 +229,7 @@ def group_states(clean: DataFrame) -> DataFrame:
             F.max(F.when(metric == MODE, value)).cast("int").alias("mode"),
             F.max(F.when(is_perm & (F.col("role") == "master"), read)).alias("master_read"),
             F.coalesce(F.sum(F.when(is_perm, read)), F.lit(0)).cast("int").alias("readers"),
+            F.coalesce(F.sum(F.when(is_perm, write)), F.lit(0)).cast("int").alias("writers"),
             F.count(F.when(is_perm, 1)).cast("int").alias("perm_series"),
             F.count(F.when((metric == UP) & (value == 0), 1)).cast("int").alias("brokers_down"),
             F.max(F.when(metric == FAILOVERS, value)).alias("failovers"),
@@ -237,6 +250,7 @@ def group_states(clean: DataFrame) -> DataFrame:
         "mode",
         "master_read",
         "readers",
+        "writers",
         "perm_series",
         "brokers_down",
         "failovers",
@@ -313,11 +327,15 @@ def incident_buckets(states: DataFrame) -> DataFrame:
     # row starts an incident, with no bucket missing in between (row numbers and bucket
     # numbers advance together).
     candidate = F.col("own").isNull() & F.col("unavailable")
-    after = _by_group().rowsBetween(Window.currentRow, Window.unboundedFollowing)
-    nxt = F.first(
+    # The first following non-candidate row: the latest one of a running frame in
+    # descending bucket order. (A ``currentRow .. unboundedFollowing`` frame would be
+    # recomputed for every row by Spark: quadratic in a group's buckets, hours for a month.)
+    from_end = Window.partitionBy("group").orderBy(F.desc("bucket")).rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)
+    nxt = F.last(
         F.when(~candidate, F.struct(bucket.alias("b"), F.col("rn").alias("rn"), F.col("is_start").alias("start"))),
         ignorenulls=True,
-    ).over(after)
+    ).over(from_end)
     s = s.withColumn("nxt", nxt)
     lead_in = candidate & F.coalesce(
         F.col("nxt.start") & (F.col("nxt.b") - bucket == F.col("nxt.rn") - F.col("rn")), F.lit(False)
@@ -986,17 +1004,64 @@ def exact_days(pieces: DataFrame, *, step_s: float) -> DataFrame:
     )
 
 
+TIMELINE_COLUMNS = ["group", "state", "start", "end", "seconds"]
+
+
+def exact_timeline(segments: DataFrame, bucket_timeline: DataFrame) -> DataFrame:
+    """The state timeline (``TIMELINE_COLUMNS``, :func:`timeline`) of the groups of
+    ``segments`` (:func:`exact_segments`) at event resolution: every transition at its
+    instant (a 62 ms failover between two scrapes is a 62 ms ``unreadable`` run). The
+    states are the timeline's: nobody reading ``unreadable``, two brokers ``two_readers``
+    (the events decide: nothing is unresolved), the master reading ``normal``, else
+    ``slave_read``. Time the buckets do not know (``unknown`` runs of ``bucket_timeline``,
+    holes included) stays unknown, as in every total."""
+    groups = segments.select("group").distinct()
+    runs = bucket_timeline.join(F.broadcast(groups), on="group", how="left_semi").select(
+        "group", "state", F.unix_millis("start").alias("r0"), F.unix_millis("end").alias("r1"))
+    unknown = runs.where(F.col("state") == STATE_UNKNOWN).select(
+        "group", "state", F.col("r0").alias("p0"), F.col("r1").alias("p1"))
+    known = runs.where(F.col("state") != STATE_UNKNOWN).select("group", "r0", "r1")
+    state = (
+        F.when(F.col("readers") == 0, STATE_UNREADABLE)
+        .when(F.col("readers") >= 2, STATE_TWO_READERS)
+        .when(F.col("masters") >= 1, STATE_NORMAL)
+        .otherwise(STATE_SLAVE_READ)
+    )
+    seg = segments.select("group", "t0", "t1", state.alias("state"))
+    cut = seg.join(known, on="group", how="inner").where((F.col("t0") < F.col("r1")) & (F.col("t1") > F.col("r0")))
+    pieces = cut.select("group", "state", F.greatest("t0", "r0").alias("p0"), F.least("t1", "r1").alias("p1"))
+    both = pieces.unionByName(unknown)
+    w = Window.partitionBy("group").orderBy("p0", "p1")
+    new_run = F.coalesce((F.lag("state").over(w) != F.col("state")) | (F.lag("p1").over(w) != F.col("p0")), F.lit(True))
+    both = both.withColumn("run", F.sum(new_run.cast("int")).over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+    merged = both.groupBy("group", "run").agg(F.first("state").alias("state"), F.min("p0").alias("p0"),
+                                               F.max("p1").alias("p1"))
+    return merged.select(
+        "group", "state", F.timestamp_millis("p0").alias("start"), F.timestamp_millis("p1").alias("end"),
+        ((F.col("p1") - F.col("p0")) / F.lit(1000.0)).alias("seconds"),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ExactTables:
     """What the event times give the exact groups (:func:`exact_tables`): ``groups``
-    (``group, exact = true``), their ``incidents`` and ``outside`` stretches, and ``days``
-    for :func:`daily_sla`."""
+    (``group, exact = true``), their ``incidents`` and ``outside`` stretches, ``days`` for
+    :func:`daily_sla`, the ``pieces`` that count and the ``segments`` of constant state
+    (for the timeline)."""
 
     groups: DataFrame
     incidents: DataFrame
     outside: DataFrame
     days: DataFrame
     pieces: DataFrame
+    segments: DataFrame
+
+    def merge_timeline(self, bucket_timeline: DataFrame) -> DataFrame:
+        """The timeline of every group: the exact groups' at event resolution
+        (:func:`exact_timeline`), the others' from the buckets."""
+        others = bucket_timeline.join(F.broadcast(self.groups), on="group", how="left_anti")
+        exact = exact_timeline(self.segments, bucket_timeline)
+        return others.select(*TIMELINE_COLUMNS).unionByName(exact.select(*TIMELINE_COLUMNS))
 
     def merge_incidents(self, bucket_incidents: DataFrame) -> DataFrame:
         """The incidents of every group: the exact groups' from their events, the others'
@@ -1023,4 +1088,5 @@ def exact_tables(events: DataFrame, resolution: DataFrame, bounds: DataFrame, st
         outside=exact_outside(pieces),
         days=exact_days(pieces, step_s=step_s),
         pieces=pieces,
+        segments=segments,
     )

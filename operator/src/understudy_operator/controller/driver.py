@@ -31,7 +31,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -98,6 +98,9 @@ class ControllerMetrics:
                                     "group has a live broker holding WRITE", ["topic"], registry=r)
         self.topic_readable = Gauge(names.TOPIC_READABLE_QUEUES, "Queues of the topic whose "
                                     "group has a live broker holding READ", ["topic"], registry=r)
+        self.topic_queue = Gauge(names.TOPIC_QUEUE_INFO, "1 for each live queue of the topic, "
+                                 "labelled with the group it lives on", ["topic", "queue", "group"], registry=r)
+        self._placed: dict[str, set[tuple[str, str]]] = {}  # topic -> (queue, group) exported
         # Event times (docs/sla.md "Event times"), seconds since the epoch.
         self.mode_entered = Gauge(names.GROUP_MODE_ENTERED, "When the group last entered each "
                                   "mode (seconds since the epoch)", ["group", "mode"], registry=r)
@@ -145,15 +148,29 @@ class ControllerMetrics:
             with contextlib.suppress(KeyError):
                 self.exited.remove(group, broker, role)
 
-    def set_topic(self, topic: str, counts: TopicCounts) -> None:
+    def set_topic(self, topic: str, counts: TopicCounts, placement: Mapping[int, str] | None = None) -> None:
+        """Export ``topic``'s counts and, with ``placement`` (queue -> group, live queues),
+        one ``understudy_topic_queue_info`` series per queue (a removed queue's goes)."""
         self.topic_queues.labels(topic).set(counts.queues)
         self.topic_writable.labels(topic).set(counts.writable)
         self.topic_readable.labels(topic).set(counts.readable)
+        if placement is None:
+            return
+        placed = {(str(q), g) for q, g in placement.items()}
+        for queue, group in self._placed.get(topic, set()) - placed:
+            with contextlib.suppress(KeyError):
+                self.topic_queue.remove(topic, queue, group)
+        for queue, group in placed:
+            self.topic_queue.labels(topic, queue, group).set(1)
+        self._placed[topic] = placed
 
     def forget_topic(self, topic: str) -> None:
         for metric in (self.topic_queues, self.topic_writable, self.topic_readable):
             with contextlib.suppress(KeyError):
                 metric.remove(topic)
+        for queue, group in self._placed.pop(topic, set()):
+            with contextlib.suppress(KeyError):
+                self.topic_queue.remove(topic, queue, group)
 
 
 TransitionLog = Callable[[str, GroupState, GroupState], None]
@@ -431,6 +448,7 @@ class TopicExporter:
     def __init__(self, controller: Controller) -> None:
         self.c = controller
         self.exported: set[str] = set()
+        self.placement: dict[str, dict[int, str]] = {}  # of the last read: topic -> queue -> group
 
     async def run(self) -> None:
         try:
@@ -452,10 +470,12 @@ class TopicExporter:
         """The counts to export: empty unless this controller is the cluster's exporter."""
         zk = self.c.zk
         led = [d.group for d in self.c.drivers if d.is_leader]
+        self.placement = {}
         if not led or not zk.connected or not exports_topics(led, await zk.first_elected_group()):
             return {}
         docs = [doc for t in await zk.topics()
                 if (doc := (await zk.read_topic(t, warn=_debug))[0]) is not None]
+        self.placement = {d.name: {q: g for q, g in enumerate(d.queues) if g is not None} for d in docs}
         held = {g: await self._permission(g) for g in sorted({g for d in docs for g in d.groups()})}
         return topic_counts(docs, held)
 
@@ -468,7 +488,7 @@ class TopicExporter:
 
     def publish(self, counts: dict[str, TopicCounts]) -> None:
         for topic, c in counts.items():
-            self.c.metrics.set_topic(topic, c)
+            self.c.metrics.set_topic(topic, c, self.placement.get(topic, {}))
         for topic in self.exported - counts.keys():
             self.c.metrics.forget_topic(topic)
         self.exported = set(counts)
