@@ -115,6 +115,11 @@ class DrillOptions:
     #: Scrape the cluster with a private Prometheus at this interval and export its
     #: data for the SLA job (:mod:`.promrun`); ``None``: no Prometheus.
     prometheus_interval_s: float | None = None
+    #: With ``prometheus_interval_s``: called (in a thread) with the private Prometheus'
+    #: URL once the run is exported and before the server stops, to read it through its
+    #: HTTP API as ``understudy sla report --prometheus`` does; what it raises is an error
+    #: of the run.
+    while_prometheus_runs: Callable[[str], None] | None = None
     #: ``failover``: a topic per group, keyed sends, faults of ``fault`` kind. ``cluster``:
     #: one topic over every group (at least 2), unkeyed sends that route around a dead
     #: master, ``members`` members per consumer group; cycles alternate kill and hang over
@@ -693,6 +698,11 @@ async def run_drill(opts: DrillOptions, *, status: Status | None = None,
                 exported = {"url": prom.url, "scrape_interval_s": prom.interval_s, **export.to_json()}
             except promrun.PrometheusError as exc:
                 errors.append(f"Prometheus export failed: {exc}")
+            if opts.while_prometheus_runs is not None:
+                try:
+                    await asyncio.to_thread(opts.while_prometheus_runs, prom.url)
+                except Exception as exc:  # reported with the run's other errors
+                    errors.append(f"reading Prometheus failed: {exc!r}")
     finally:
         status.phase = "stopping the cluster"
         try:
