@@ -675,12 +675,7 @@ def read_parsed(spark: SparkSession, files: Sequence[InputFile], *, keyed: bool 
         paths = [f.path for f in files if f.form is form]
         if paths:
             frames.append(reader(spark, paths, keyed=keyed))
-    if not frames:
-        raise InputError("no input files")
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame)
-    return out
+    return _union(frames)
 
 
 def read_labelled(spark: SparkSession, files: Sequence[InputFile], metrics: Sequence[str]) -> DataFrame:
@@ -705,6 +700,11 @@ def read_labelled(spark: SparkSession, files: Sequence[InputFile], metrics: Sequ
             parse = _parse_dump if form is ExportFormat.DUMP else _parse_exposition
             frame = _finish(parse(lines.where(named), keyed=False), keyed=False)
         frames.append(samples_of(frame.where(F.col("metric").isin(*metrics))))
+    return _union(frames)
+
+
+def _union(frames: Sequence[DataFrame]) -> DataFrame:
+    """The frames of each input form as one table (by column name)."""
     if not frames:
         raise InputError("no input files")
     out = frames[0]
