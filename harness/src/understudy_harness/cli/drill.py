@@ -137,7 +137,7 @@ def drill(
             raise click.BadParameter(str(exc), param_hint="--faults/--kinds") from None
     status = Status()
     result = _run_with_status(opts, status)
-    _print(result)
+    print_result(result)
     if json_file is not None:
         json_file.write_text(json.dumps(result.to_json(), indent=2) + "\n")
         _out.print(f"results written to {json_file}")
@@ -171,7 +171,8 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def _print(result: DrillResult) -> None:
+def print_result(result: DrillResult) -> None:
+    """The drill's tables (``understudy drill``); the container suite prints the same."""
     r = result.report
     summary = Table("check", "result", title=f"drill: {result.cycles_completed} cycle(s)")
     summary.add_row("acknowledged messages", str(r.acked))
