@@ -22,7 +22,7 @@ from understudy_broker.client import (
     Router,
     create_topic,
 )
-from understudy_broker.config import BrokerConfig
+from understudy_broker.config import BrokerConfig, advertised_host
 from understudy_broker.ha.authority import StaticAuthority
 from understudy_broker.model import Permission, Role
 from understudy_broker.server.broker import Broker
@@ -260,3 +260,38 @@ async def test_a_consumer_waits_out_a_broker_that_does_not_know_the_topic_yet(
         assert got == [b"after"]
     finally:
         await consumer.close()
+
+
+async def test_the_route_names_the_advertised_host(tmp_path: Path) -> None:
+    """A broker tells clients ``--advertised-host`` rather than its listen address (a
+    container listens on 0.0.0.0, which no client can dial), and clients follow it."""
+    cfg = BrokerConfig(data_dir=tmp_path / "d", port=0, replication_port=0, sync=False,
+                       advertised_host="localhost")
+    broker = Broker(cfg)
+    where = await broker.start()
+    try:
+        conn = await Connection.open(f"127.0.0.1:{where.port}")
+        try:
+            route = p.RouteResponse.decode(await conn.request(p.Op.GET_ROUTE, p.GetRouteRequest().encode()))
+        finally:
+            await conn.close()
+        assert [b.address for g in route.groups for b in g.brokers] == [f"localhost:{where.port}"]
+        await create_topic([f"127.0.0.1:{where.port}"], topic="adv", queues=1)
+        async with Producer([f"127.0.0.1:{where.port}"]) as prod:  # sends where the route says
+            assert (await (await prod.send("adv", b"x", queue=0)))[1] == 0
+    finally:
+        await broker.stop()
+
+
+def test_a_wildcard_listen_address_is_never_advertised() -> None:
+    looked_up: list[bool] = []
+
+    def own() -> str:
+        looked_up.append(True)
+        return "10.1.2.3"
+
+    assert advertised_host("127.0.0.1", None, own) == "127.0.0.1"
+    assert not looked_up  # the machine's name is resolved only when needed
+    assert advertised_host("0.0.0.0", "broker-0.svc", own) == "broker-0.svc"
+    for wildcard in ("0.0.0.0", "::", ""):
+        assert advertised_host(wildcard, None, own) == "10.1.2.3"

@@ -9,6 +9,7 @@ to second-guess its inputs.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,11 +101,27 @@ CLIENT_AUTH_MODES = ("none", "optional", "required")
 AUDIT_MODES = ("off", "denied", "all")
 
 
+#: Listen addresses that mean "every interface": never an address to give a client.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def advertised_host(host: str, advertised: str | None, own_address: Callable[[], str]) -> str:
+    """The host clients are told for this broker (its route): ``--advertised-host`` when
+    given, else the listen address, unless that is a wildcard (``0.0.0.0`` in a container
+    image): then ``own_address()`` (the machine's own name resolved, e.g. a container's or
+    a pod's IP), which is looked up only then."""
+    if advertised:
+        return advertised
+    return own_address() if host in WILDCARD_HOSTS else host
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     data_dir: Path
     port: int
     host: str = "127.0.0.1"
+    #: What clients are told (the route); ``None``: :func:`advertised_host` decides.
+    advertised_host: str | None = None
     http_port: int | None = None
     replication_port: int | None = None
     role: Role = Role.MASTER

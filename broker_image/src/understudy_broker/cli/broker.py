@@ -52,6 +52,7 @@ def _config_from_flags(
     port: int,
     host: str,
     http_port: int | None,
+    advertised_host: str | None = None,
     replication_port: int | None,
     role: str,
     master: str | None,
@@ -107,6 +108,7 @@ def _config_from_flags(
         data_dir=Path(data_dir),
         port=port,
         host=host,
+        advertised_host=advertised_host,
         http_port=http_port,
         replication_port=replication_port,
         role=the_role,
@@ -190,6 +192,9 @@ def _secret_bytes(file: str | None, flag: str) -> bytes | None:
 @click.option("--data-dir", required=True, type=click.Path(file_okay=False), help="Log, indexes, offsets and topics live here.")
 @click.option("--port", required=True, type=int, help="Client port (0 = pick a free one; not with --zk).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--advertised-host", default=None,
+              help="Address clients are told for this broker (default: --host; for 0.0.0.0 or "
+                   "::, this machine's own name resolved, e.g. a container's IP).")
 @click.option("--http-port", type=int, default=None, help="Side port for /metrics, /healthz, /readyz.")
 @click.option("--replication-port", type=int, default=None, help="Master: port slaves replicate from.")
 @click.option("--role", type=click.Choice(["master", "slave"]), default="master", show_default=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 
 from understudy_broker import protocol as p
 from understudy_broker.chains import committed_groups, consumed_upto
-from understudy_broker.config import BrokerConfig, ConfigError, spec_mismatch
+from understudy_broker.config import BrokerConfig, ConfigError, advertised_host, spec_mismatch
 from understudy_broker.ha.authority import (
     Authority,
     BrokerHooks,
@@ -69,6 +70,16 @@ HOUSEKEEPING_EVERY_S = 0.25
 #: How long a coordinated broker waits at start for the group config (to check its ports).
 CONFIG_WAIT_S = 3.0
 SCHEDULE_FILE = "schedule.db"
+
+
+def _own_address() -> str:
+    """This machine's own name resolved (a container's or a pod's IP): what a broker
+    listening on a wildcard tells clients; its name when it does not resolve."""
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +124,10 @@ class Broker:
                                        interval_s=cfg.security.tls_reload_interval_s)
                           if cfg.security.tls_cert is not None and cfg.security.tls_key
                           is not None else None)
+        self.advertised_host = advertised_host(cfg.host, cfg.advertised_host, _own_address)
         self.authority: Authority = authority or authority_for(
-            cfg, address=lambda: f"{cfg.host}:{self.listening.port}", peer_probe=peer_probe,
+            cfg, address=lambda: f"{self.advertised_host}:{self.listening.port}",
+            peer_probe=peer_probe,
             security=self._peer_security)
         self.metrics = BrokerMetrics(group=cfg.group, broker=cfg.name, role=cfg.role.value)
         self._signal = AppendSignal()
@@ -404,7 +417,7 @@ class Broker:
         return any(b.holds(Permission.WRITE) for b in view.group_route(group).brokers)
 
     def _bootstrap(self) -> list[str]:
-        own = f"{self.cfg.host}:{self.listening.port}"
+        own = f"{self.advertised_host}:{self.listening.port}"
         peers = [f"{pe.host}:{pe.port}" for pe in self.cfg.peers]
         return [own, *peers]
 
