@@ -14,8 +14,9 @@ lint: setup
 	$(VENV)/bin/mypy --strict fuzz e2e_containers
 	$(VENV)/bin/lint-imports
 
+# The Spark tests run beside the rest (scripts/test.sh); PYTEST_ARGS selects, in one run.
 test: setup lint
-	$(PYTEST) -m "not e2e" --durations=30 $(PYTEST_ARGS)
+	@bash scripts/test.sh $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PYTEST) -m "not e2e and not slow and not spark" $(PYTEST_ARGS)

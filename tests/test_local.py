@@ -21,7 +21,7 @@ from understudy_broker.zklayout import ReplicationPolicy
 from understudy_harness import testing
 from understudy_operator.cli.local import local
 from understudy_operator.local import cluster as lc
-from understudy_operator.local import procs
+from understudy_operator.local import ports, procs
 from understudy_operator.local.plan import ClusterPlan, PlanError, plan_cluster
 
 
@@ -326,3 +326,15 @@ def test_failover_and_failback_show_in_status(cluster_dir: Path) -> None:
     assert g1.epoch is not None
     assert g1.epoch > 3  # NORMAL -> FENCING -> SLAVE_CONSUME -> RECOVERING -> NORMAL
     assert all(b.alive for b in g1.brokers)
+
+
+def test_ports_come_from_the_configured_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two test runs side by side (scripts/test.sh) draw ports from disjoint ranges."""
+    assert ports.port_range(None, 32768) == (10000, 32768)
+    assert ports.port_range("21000-32000", 32768) == (21000, 32000)
+    for bad in ("21000", "x-y", "32000-21000", "80-1000", "1024-70000"):
+        with pytest.raises(ValueError, match=ports.PORT_RANGE_ENV):
+            ports.port_range(bad, 32768)
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, "23000-23100")
+    chosen = {ports.free_port() for _ in range(20)}
+    assert all(23000 <= port < 23100 for port in chosen), chosen

@@ -8,9 +8,25 @@ all of them, hands out each port once per process and avoids the kernel's epheme
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
+
+#: ``LO-HI``: choose only ports in ``[LO, HI)``. Two test runs side by side on one machine
+#: (``scripts/test.sh``) take disjoint ranges, so neither promises a port the other holds.
+PORT_RANGE_ENV = "UNDERSTUDY_PORT_RANGE"
+
+
+def port_range(text: str | None, ephemeral_low: int) -> tuple[int, int]:
+    """The ``[lo, hi)`` ports :func:`free_port` draws from: ``text`` (``LO-HI``, from
+    ``PORT_RANGE_ENV``) when given, else 10000 up to the kernel's ephemeral range."""
+    if not text:
+        return 10000, max(10001, ephemeral_low)
+    lo_text, sep, hi_text = text.partition("-")
+    if not sep or not lo_text.isdigit() or not hi_text.isdigit() or not 1024 <= int(lo_text) < int(hi_text) <= 65536:
+        raise ValueError(f"{PORT_RANGE_ENV}={text!r}: expected LO-HI with 1024 <= LO < HI <= 65536")
+    return int(lo_text), int(hi_text)
 
 
 def _ephemeral_low() -> int:
@@ -32,10 +48,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     A port is never handed out twice by one process: a broker's three ports are chosen
     before it binds any of them, so a free-but-already-promised port must not come back.
     """
-    low = _ephemeral_low()
+    lo, hi = port_range(os.environ.get(PORT_RANGE_ENV), _ephemeral_low())
     rng = random.SystemRandom()
     for _ in range(50):
-        candidate = rng.randrange(10000, max(10001, low))
+        candidate = rng.randrange(lo, hi)
         if candidate in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `make test`'s pytest run: the Spark tests (spark_jobs/tests: JVM-bound) in a second
+# pytest process beside the rest (mostly waiting on real servers: failovers, sessions,
+# timeouts), so the two overlap on two cores instead of queueing. Each process has its
+# own temporary directory and its own port range (UNDERSTUDY_PORT_RANGE, read by
+# understudy_operator.local.ports), so neither promises a port the other holds. The Spark
+# run's output follows the main one's; the exit status is the first failure's.
+#
+#   scripts/test.sh              both halves side by side
+#   scripts/test.sh ARGS...      one pytest process with ARGS (a selection: -k, a path, ...)
+#   TEST_SERIAL=1 scripts/test.sh   both halves one after the other
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PYTEST=(.venv/bin/python -m pytest -m "not e2e" --durations=20)
+if (($#)); then
+  exec "${PYTEST[@]}" "$@"
+fi
+
+base="$(mktemp -d /tmp/understudy-test.XXXXXX)"
+spark_log="$base/spark.log"
+spark_pid=""
+# Interrupted: the Spark run stops too (pytest stops its servers on SIGINT/SIGTERM).
+trap '[ -n "$spark_pid" ] && kill -INT "$spark_pid" 2>/dev/null; wait; exit 130' INT TERM
+started=$(date +%s)
+
+run_spark() {
+  UNDERSTUDY_PORT_RANGE=21000-32000 "${PYTEST[@]}" spark_jobs/tests --basetemp "$base/spark" \
+    -p no:cacheprovider >"$spark_log" 2>&1
+}
+
+if [ "${TEST_SERIAL:-}" = 1 ]; then
+  UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore=spark_jobs/tests --basetemp "$base/main"
+  main_rc=$?
+  run_spark
+  spark_rc=$?
+else
+  run_spark &
+  spark_pid=$!
+  UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore=spark_jobs/tests --basetemp "$base/main"
+  main_rc=$?
+  echo "test: waiting for the Spark tests (pid $spark_pid)..."
+  wait "$spark_pid"
+  spark_rc=$?
+fi
+echo
+echo "=============================== spark_jobs/tests ==============================="
+cat "$spark_log"
+echo "test: main run exit $main_rc, Spark run exit $spark_rc, $(( $(date +%s) - started )) s in all"
+if ((main_rc == 0 && spark_rc == 0)); then
+  rm -rf "$base"
+else
+  echo "test: the runs' temporary directories are kept in $base"
+fi
+if ((main_rc != 0)); then exit "$main_rc"; fi
+exit "$spark_rc"
