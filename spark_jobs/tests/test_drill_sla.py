@@ -11,9 +11,11 @@ of the drill's own: the brokers' gauges carry the very instants of their permiss
 the controller's those of its journal. The one instant no process records is the kill
 itself: the job ends the master's READ when the controller's liveness source saw its
 process exit (its pidfd event), which comes after the kill by the process's teardown and
-a wakeup: 4.7-10 ms measured on the shared 2-core machine at load 2.5-6. So master lost
-may be later, and the read-unavailable time shorter, by up to ``EXIT_SEEN_S`` more (one
-way only: the job never dates the death before the kill).
+the controller's wakeup: 4.7-10 ms measured on the shared 2-core machine at load 2.5-6,
+35.6 ms once with three test processes side by side. That is the controller's scheduling
+on a loaded machine, not the job's precision (the job reproduces the gauge's instant), so
+master lost may be later, and the read-unavailable time shorter, by up to ``EXIT_SEEN_S``
+more (one way only: the job never dates the death before the kill).
 
 Without them (the dump again, its event-time series removed: ``plain-g1``) the job keeps
 the bucket definitions. Every time it reports is then the start of a bucket of one
@@ -69,7 +71,7 @@ pytestmark = [
 SCRAPE_S = 1.0
 PHASE_S = 0.5
 EXACT_S = 0.010
-EXIT_SEEN_S = 0.020  # kill -> the controller's exit event, beyond EXACT_S (see the docstring)
+EXIT_SEEN_S = 0.100  # kill -> the controller's exit event, beyond EXACT_S (see the docstring)
 CYCLES = 2
 TIMES = ("master_lost_at", "reads_restored_at", "master_back_at", "normal_at")
 # How the event-time series' lines of a tsdb dump begin.
