@@ -20,24 +20,26 @@ R, W, FULL, NONE = Permission.READ, Permission.WRITE, Permission.FULL, Permissio
 def test_counts_queues_writers_and_readers_per_topic() -> None:
     orders = TopicDoc("orders", ("g1", "g2", "g1", "g2"))
     audit = TopicDoc("audit", ("g2",))
+    where = {"orders": ((0, "g1"), (1, "g2"), (2, "g1"), (3, "g2")), "audit": ((0, "g2"),)}
     assert topic_counts([orders, audit], {"g1": FULL, "g2": FULL}) == {
-        "orders": TopicCounts(queues=4, writable=4, readable=4),
-        "audit": TopicCounts(queues=1, writable=1, readable=1),
+        "orders": TopicCounts(queues=4, writable=4, readable=4, placement=where["orders"]),
+        "audit": TopicCounts(queues=1, writable=1, readable=1, placement=where["audit"]),
     }
     # g1's master is dead and its acting slave reads: its queues keep readers, lose writers.
     assert topic_counts([orders, audit], {"g1": R, "g2": FULL}) == {
-        "orders": TopicCounts(queues=4, writable=2, readable=4),
-        "audit": TopicCounts(queues=1, writable=1, readable=1),
+        "orders": TopicCounts(queues=4, writable=2, readable=4, placement=where["orders"]),
+        "audit": TopicCounts(queues=1, writable=1, readable=1, placement=where["audit"]),
     }
     # Fencing: nobody reads g2 for a moment; a WRITE-only group writes but is not read.
     assert topic_counts([orders], {"g1": W, "g2": NONE}) == {
-        "orders": TopicCounts(queues=4, writable=2, readable=0)}
+        "orders": TopicCounts(queues=4, writable=2, readable=0, placement=where["orders"])}
 
 
 def test_removed_queues_and_unknown_groups() -> None:
     shrunk = TopicDoc("shrunk", ("g1", None, "g1", None, "g3"))
     assert topic_counts([shrunk], {"g1": FULL}) == {
-        "shrunk": TopicCounts(queues=3, writable=2, readable=2)}  # g3 unknown: holds nothing
+        "shrunk": TopicCounts(queues=3, writable=2, readable=2,  # g3 unknown: holds nothing
+                              placement=((0, "g1"), (2, "g1"), (4, "g3")))}  # removed queues: none
     assert topic_counts([TopicDoc("empty", (None, None))], {}) == {
         "empty": TopicCounts(queues=0, writable=0, readable=0)}
     assert topic_counts([], {"g1": FULL}) == {}

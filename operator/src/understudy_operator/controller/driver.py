@@ -31,7 +31,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -148,15 +148,13 @@ class ControllerMetrics:
             with contextlib.suppress(KeyError):
                 self.exited.remove(group, broker, role)
 
-    def set_topic(self, topic: str, counts: TopicCounts, placement: Mapping[int, str] | None = None) -> None:
-        """Export ``topic``'s counts and, with ``placement`` (queue -> group, live queues),
-        one ``understudy_topic_queue_info`` series per queue (a removed queue's goes)."""
+    def set_topic(self, topic: str, counts: TopicCounts) -> None:
+        """Export ``topic``'s counts and one ``understudy_topic_queue_info`` series per live
+        queue (a removed queue's goes)."""
         self.topic_queues.labels(topic).set(counts.queues)
         self.topic_writable.labels(topic).set(counts.writable)
         self.topic_readable.labels(topic).set(counts.readable)
-        if placement is None:
-            return
-        placed = {(str(q), g) for q, g in placement.items()}
+        placed = {(str(q), g) for q, g in counts.placement}
         for queue, group in self._placed.get(topic, set()) - placed:
             with contextlib.suppress(KeyError):
                 self.topic_queue.remove(topic, queue, group)
@@ -448,7 +446,6 @@ class TopicExporter:
     def __init__(self, controller: Controller) -> None:
         self.c = controller
         self.exported: set[str] = set()
-        self.placement: dict[str, dict[int, str]] = {}  # of the last read: topic -> queue -> group
 
     async def run(self) -> None:
         try:
@@ -470,12 +467,10 @@ class TopicExporter:
         """The counts to export: empty unless this controller is the cluster's exporter."""
         zk = self.c.zk
         led = [d.group for d in self.c.drivers if d.is_leader]
-        self.placement = {}
         if not led or not zk.connected or not exports_topics(led, await zk.first_elected_group()):
             return {}
         docs = [doc for t in await zk.topics()
                 if (doc := (await zk.read_topic(t, warn=_debug))[0]) is not None]
-        self.placement = {d.name: {q: g for q, g in enumerate(d.queues) if g is not None} for d in docs}
         held = {g: await self._permission(g) for g in sorted({g for d in docs for g in d.groups()})}
         return topic_counts(docs, held)
 
@@ -488,7 +483,7 @@ class TopicExporter:
 
     def publish(self, counts: dict[str, TopicCounts]) -> None:
         for topic, c in counts.items():
-            self.c.metrics.set_topic(topic, c, self.placement.get(topic, {}))
+            self.c.metrics.set_topic(topic, c)
         for topic in self.exported - counts.keys():
             self.c.metrics.forget_topic(topic)
         self.exported = set(counts)

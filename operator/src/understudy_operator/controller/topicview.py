@@ -26,11 +26,13 @@ from understudy_operator.controller.observe import Observation
 
 @dataclass(frozen=True, slots=True)
 class TopicCounts:
-    """One topic's queues (removed ones excluded), and how many have a writer or a reader."""
+    """One topic's queues (removed ones excluded), and how many have a writer or a reader;
+    ``placement``: each live queue and its group (``understudy_topic_queue_info``)."""
 
     queues: int
     writable: int
     readable: int
+    placement: tuple[tuple[int, str], ...] = ()
 
 
 def group_permission(obs: Observation) -> Permission:
@@ -45,15 +47,17 @@ def group_permission(obs: Observation) -> Permission:
 
 def topic_counts(topics: Iterable[TopicDoc], groups: Mapping[str, Permission]
                  ) -> dict[str, TopicCounts]:
-    """Per topic: its live queues, and those whose group holds WRITE, or READ, in
-    ``groups`` (a group missing from ``groups`` holds nothing)."""
+    """Per topic: its live queues (and their groups), and those whose group holds WRITE,
+    or READ, in ``groups`` (a group missing from ``groups`` holds nothing)."""
     counts: dict[str, TopicCounts] = {}
     for doc in topics:
-        placed = [groups.get(g, Permission.NONE) for g in doc.queues if g is not None]
+        live = tuple((q, g) for q, g in enumerate(doc.queues) if g is not None)
+        placed = [groups.get(g, Permission.NONE) for _q, g in live]
         counts[doc.name] = TopicCounts(
             queues=len(placed),
             writable=sum(1 for p in placed if p & Permission.WRITE),
             readable=sum(1 for p in placed if p & Permission.READ),
+            placement=live,
         )
     return counts
 
