@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import threading
 import time
 import traceback
@@ -618,14 +619,6 @@ async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff
     await ready_group(env, "roll", slaves=2)
     sts = env.w.get("apps/v1/statefulsets", "roll")
     old_rev = revision_of(sts)
-    seen: list[tuple[str, int, str]] = []
-
-    def watch(data: bytes | None, _stat: Any, *_: Any) -> None:
-        if data:
-            st = decode_state(data)
-            seen.append((st.mode.name, st.epoch, st.reason))
-
-    env.admin.DataWatch(state_path("roll"), watch)
     env.k.deleted_pods.clear()
     await env.patch_spec("roll", {"image": "understudy/broker:2"})
 
@@ -638,11 +631,26 @@ async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff
             p["metadata"]["labels"]["controller-revision-hash"] == rev for p in pods))
 
     await eventually(rolled, within=60, what="every pod at the new revision")
-    await eventually(lambda: (s := env.state("roll")) and s.mode is Mode.NORMAL, within=30,
-                     what="NORMAL after the rollout")
+    final = await eventually(lambda: (s := env.state("roll")) and s.mode is Mode.NORMAL and s,
+                             within=30, what="NORMAL after the rollout")
     assert env.k.deleted_pods == ["roll-2", "roll-1", "roll-0"]
-    await eventually(lambda: seen and seen[-1][0] == "NORMAL", what="the watch saw NORMAL")
-    modes = [(m, r) for m, _, r in seen]
+
+    # The mode history from the ModeChanged Events the operator posts for every state it
+    # writes (the handoff's and the controller's alike), in epoch order. Not a ZooKeeper
+    # watch: a watch re-armed after FENCING can miss it when SLAVE_CONSUME follows within
+    # milliseconds. Events are posted from kopf's own queue, so wait for the last one.
+    def history() -> dict[int, tuple[str, str]]:
+        out: dict[int, tuple[str, str]] = {}
+        for e in env.events("roll"):
+            m = re.match(r"\w+/\d+ -> (\w+)/(\d+)(?:, acting \S+)?: (.*)$", e["message"]) \
+                if e["reason"] == "ModeChanged" else None
+            if m:
+                out[int(m.group(2))] = (m.group(1), m.group(3))
+        return out
+
+    seen = await eventually(lambda: (h := history()) and final.epoch in h and h,
+                            what="a ModeChanged Event for the final NORMAL")
+    modes = [seen[e] for e in sorted(seen)]
     # The master was fenced by the planned handoff; reads then went to a slave (written by the
     # handoff, or by the controller if it saw the master's container exit first); the
     # master's return was an ordinary back-sync.
@@ -651,9 +659,9 @@ async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff
                   if m == "FENCING" and r.startswith("planned handoff")), None)
     assert fence is not None, modes
     assert kinds[fence:] == ["FENCING", "SLAVE_CONSUME", "RECOVERING", "NORMAL"], modes
-    consume = seen[len(seen) - 3]
-    assert consume[0] == "SLAVE_CONSUME"
-    assert "roll-1" in consume[2] or "roll-2" in consume[2]
+    assert sorted(seen)[fence:] == list(range(final.epoch - 3, final.epoch + 1)), seen
+    consume = modes[fence + 1]
+    assert "roll-1" in consume[1] or "roll-2" in consume[1], consume
     steps = [e["message"] for e in env.events("roll") if e["reason"] == "RollingUpdate"]
     assert [s.split(" ")[0] for s in steps[:2]] == ["restarting", "restarting"]
     assert steps[-1].startswith("planned handoff")
