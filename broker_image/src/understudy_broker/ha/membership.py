@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from understudy_broker import assignment as asg
 from understudy_broker import protocol as p
@@ -82,6 +83,9 @@ class _Group:
     members: frozenset[str] = frozenset()
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    arming: asyncio.Task[None] | None = None  # setting the watches (Membership._group)
+    watching_assignment: bool = False
+    watching_members: bool = False
 
 
 class Membership:
@@ -106,7 +110,6 @@ class Membership:
         self._rebalancing: dict[str, asyncio.Task[None]] = {}
         self._rebalance_again: set[str] = set()
         self._last_written: dict[str, int] = {}
-        self._arming = asyncio.Lock()
         self._known: dict[tuple[str, str], tuple[tuple[str, ...], int]] = {}
         self._ghosts: dict[str, dict[str, tuple[float, tuple[str, ...]]]] = {}
 
@@ -118,7 +121,8 @@ class Membership:
         self._tasks.append(self._loop.create_task(self._expiry_loop(), name="member-expiry"))
 
     async def stop(self) -> None:
-        await stop_tasks([*self._tasks, *self._rebalancing.values()])
+        armings = [g.arming for g in self._groups.values() if g.arming is not None]
+        await stop_tasks([*self._tasks, *self._rebalancing.values(), *armings])
         self._tasks.clear()
 
     def _zk(self, async_result: Any) -> asyncio.Future[Any]:
@@ -128,31 +132,56 @@ class Membership:
 
     async def _group(self, cgroup: str, *, create: bool = False) -> _Group | None:
         """The group's cached state, watched from its first use here; ``None`` when the
-        consumer group does not exist (and ``create`` is false: nothing is written)."""
+        consumer group does not exist (and ``create`` is false: nothing is written).
+
+        Each group is armed by one task of its own that concurrent first requests share:
+        one cache and one set of watches per group, and a slow arming of one group never
+        delays another. An arming that failed (a ZooKeeper error) is started again by the
+        next request, for the watches it has not set yet; one that is only slow goes on
+        after a request gave up waiting, so the next request finds it further along."""
         g = self._groups.get(cgroup)
         if g is None:
-            # One arming per group: concurrent first pulls must share one cache (and one
-            # set of watches), not each build their own.
-            async with self._arming:
-                g = self._groups.get(cgroup)
-                if g is None:
-                    if not create and await self._zk(
-                            self._client.exists_async(self._space.group(cgroup))) is None:
-                        return None
-                    g = self._groups[cgroup] = _Group()
-                    await asyncio.to_thread(self._client.ensure_path, self._space.members(cgroup),
-                                            self._acl)
-                    await asyncio.to_thread(self._client.DataWatch, self._space.assignment(cgroup),
-                                            self._kz(self._apply_assignment, cgroup))
-                    await asyncio.to_thread(self._client.ChildrenWatch, self._space.members(cgroup),
-                                            self._kz(self._apply_members, cgroup))
+            if not create and await self._zk(
+                    self._client.exists_async(self._space.group(cgroup))) is None:
+                return None
+            g = self._groups.setdefault(cgroup, _Group())
+        if g.ready.is_set():
+            return g
+        if g.arming is None or (g.arming.done() and (g.arming.cancelled()
+                                                     or g.arming.exception() is not None)):
+            g.arming = self._loop.create_task(self._arm(cgroup, g), name=f"arm-{cgroup}")
+            g.arming.add_done_callback(functools.partial(self._armed, cgroup))
         try:
             async with asyncio.timeout(GROUP_READY_TIMEOUT_S):
+                await asyncio.shield(g.arming)
                 await g.ready.wait()
         except TimeoutError:
             raise MembershipError(p.Status.TIMEOUT,
-                                  f"{self._space.kind} {cgroup}: ZooKeeper did not answer") from None
+                                  f"{self._space.kind} {cgroup}: ZooKeeper did not answer "
+                                  f"within {GROUP_READY_TIMEOUT_S:g}s") from None
+        except (KazooException, KazooTimeoutError) as exc:
+            raise MembershipError(p.Status.TIMEOUT,
+                                  f"{self._space.kind} {cgroup}: could not watch its nodes in "
+                                  f"ZooKeeper ({exc!r}); the next request tries again") from None
         return g
+
+    async def _arm(self, cgroup: str, g: _Group) -> None:
+        """Set the group's watches, each once (a retry skips what an earlier try set)."""
+        if not g.watching_assignment:
+            await asyncio.to_thread(self._client.ensure_path, self._space.members(cgroup),
+                                    self._acl)
+            await asyncio.to_thread(self._client.DataWatch, self._space.assignment(cgroup),
+                                    self._kz(self._apply_assignment, cgroup))
+            g.watching_assignment = True
+        if not g.watching_members:
+            await asyncio.to_thread(self._client.ChildrenWatch, self._space.members(cgroup),
+                                    self._kz(self._apply_members, cgroup))
+            g.watching_members = True
+
+    def _armed(self, cgroup: str, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("%s %s: watching its nodes failed (%r); the next request tries again",
+                        self._space.kind, cgroup, exc)
 
     def _kz(self, apply: Callable[..., None], cgroup: str) -> Callable[..., None]:
         def fired(*args: Any) -> None:

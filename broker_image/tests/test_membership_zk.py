@@ -1,0 +1,104 @@
+"""A broker's consumer-group cache against a real ZooKeeper: how it arms each group's
+watches when a ZooKeeper call fails or hangs.
+
+Why this exists: an acting slave once answered every request for one consumer group with
+``TIMEOUT: ZooKeeper did not answer`` while ZooKeeper was answering. The cache registered a
+group before setting its watches, and one lock armed every group: an arming that failed
+left the group waiting forever (every later request timed out after 5 s), and an arming
+that hung held up every other group. The client below is a real kazoo client on the test's
+chroot whose watch calls fail or hang on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
+
+from understudy_broker import protocol as p
+from understudy_broker.ha.clusterview import ClusterView
+from understudy_broker.ha.membership import Membership, MembershipError
+from understudy_broker.zklayout import CONSUMER_GROUPS
+
+pytestmark = pytest.mark.integration
+
+
+class FaultyClient(KazooClient):  # type: ignore[misc]
+    """``fail_data_watches`` DataWatch calls raise ConnectionLoss; a DataWatch on a path
+    under a group named in ``hold`` waits until its Event is set."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.fail_data_watches = 0
+        self.hold: dict[str, threading.Event] = {}
+        real: Any = self.__dict__["DataWatch"]  # kazoo sets its recipes on the instance
+
+        def data_watch(path: str, *args: Any, **kw: Any) -> Any:
+            if self.fail_data_watches > 0:
+                self.fail_data_watches -= 1
+                raise ConnectionLoss("injected: the connection dropped")
+            for group, release in self.hold.items():
+                if path.startswith(CONSUMER_GROUPS.group(group) + "/"):
+                    release.wait(30)
+            return real(path, *args, **kw)
+
+        self.DataWatch = data_watch
+
+
+@pytest.fixture
+def client(zk: str, admin: KazooClient) -> Iterator[FaultyClient]:
+    for group in ("cg", "slow", "fast"):
+        admin.ensure_path(CONSUMER_GROUPS.group(group))
+    c = FaultyClient(hosts=zk, timeout=2.0)
+    c.start(timeout=10)
+    try:
+        yield c
+    finally:
+        for release in c.hold.values():
+            release.set()
+        c.stop()
+        c.close()
+
+
+async def membership(client: FaultyClient) -> Membership:
+    loop = asyncio.get_running_loop()
+    return Membership(client, loop, broker="b1", view=ClusterView(client, loop))
+
+
+async def test_a_group_whose_watches_failed_is_armed_again_by_the_next_request(
+        client: FaultyClient) -> None:
+    m = await membership(client)
+    client.fail_data_watches = 1
+    with pytest.raises(MembershipError) as refused:
+        await m.describe("cg")
+    assert refused.value.status is p.Status.TIMEOUT  # retriable: clients try again
+    assert "could not watch" in refused.value.message
+    assert "tries again" in refused.value.message
+    # The next request arms the group and is answered (before: it waited for a watch that
+    # was never set, and timed out, as every request after it did).
+    async with asyncio.timeout(4):
+        described = await m.describe("cg")
+    assert described.cgroup == "cg"
+    assert described.members == []
+    await m.stop()
+
+
+async def test_a_hung_arming_of_one_group_does_not_hold_up_another(
+        client: FaultyClient) -> None:
+    m = await membership(client)
+    client.hold["slow"] = threading.Event()
+    slow = asyncio.create_task(m.describe("slow"))
+    await asyncio.sleep(0.2)  # its arming has started and hangs in ZooKeeper's call
+    assert not slow.done()
+    # Before, one lock armed every group: this request waited for "slow" forever.
+    async with asyncio.timeout(4):
+        fast = await m.describe("fast")
+    assert fast.cgroup == "fast"
+    client.hold["slow"].set()
+    async with asyncio.timeout(4):
+        assert (await slow).cgroup == "slow"
+    await m.stop()
