@@ -230,6 +230,22 @@ def test_a_send_that_began_before_the_route_changed_does_not_isolate_the_new_wri
     assert t.available("g1", 44.0)
 
 
+def test_a_refusal_from_a_broker_that_answered_skips_its_group_only_briefly() -> None:
+    t = FaultTable(steps=parse_steps("550:30000,15000:600000"))
+    t.observe("g1", 0, now=10.0, failed=True, started=9.5)  # the hedge: the master hung
+    t.route_changed("g1", 13.0)  # it is back with WRITE at a new epoch
+    # Its slave is not in sync again yet: the first sends are refused (NOT_ENOUGH_REPLICAS).
+    t.observe("g1", 4, now=13.01, refused=True, started=13.006)
+    assert not t.available("g1", 13.5)
+    # Tried again a second later (counted as a failure, it stayed out for ten minutes,
+    # and the next hang of another group left the producer only the hung one).
+    assert t.available("g1", 14.01)
+    assert t.isolated(13.5) == {"g1": pytest.approx(0.51)}
+    # A slow refusal is skipped for as long as its latency says, if that is longer.
+    t.observe("g2", 700, now=20.0, refused=True)
+    assert not t.available("g2", 49.9)
+
+
 def test_when_all_groups_are_isolated_the_least_bad_is_tried() -> None:
     t = FaultTable(steps=parse_steps("550:2000,15000:60000"))
     t.observe("g1", 0, now=0.0, failed=True)

@@ -1408,8 +1408,13 @@ class Producer:
                     # out of rotation for minutes.
                     if group is not None and not (isinstance(error, BrokerError) and (
                             error.status in p.ROUTING or error.status == p.Status.UNKNOWN_TOPIC)):
+                        # A broker that answered "not now" (NOT_ENOUGH_REPLICAS, a full disk)
+                        # is skipped briefly; no answer or a broker timeout is a failure.
+                        refused = isinstance(error, BrokerError) and \
+                            error.status is not p.Status.TIMEOUT
                         self.faults.observe(group, (time.monotonic() - started) * 1000,
-                                            time.monotonic(), failed=True, started=started)
+                                            time.monotonic(), failed=not refused,
+                                            refused=refused, started=started)
                     await self.router.failed(Permission.WRITE, conn, group, error)
                     items = self._retry_elsewhere(topic, group, items, error)
                     if not items:

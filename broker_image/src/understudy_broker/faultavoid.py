@@ -16,6 +16,15 @@ late answer, a failure) is not held against the new one. Without that rule, the 
 a master sends as it wakes from SIGSTOP, arriving just after the route showed it back,
 isolated its group for minutes, and the next fault in another group left the producer
 nowhere to send but the faulty group (found by ``bench/cluster.py``: 500 ms write stalls).
+A *refusal* is not a failure: a broker that answered "not now" (NOT_ENOUGH_REPLICAS while
+its slave rejoins, a full disk, BUSY) is alive and quick, and the condition is usually
+short. It isolates the group for ``refusal_ms`` (1 s), not the top step. Counted as a
+failure, the refusals a master returns in the first milliseconds after it takes WRITE back
+(its slave not yet in sync again) isolated its group for ten minutes; no route change
+followed to lift it, so at the next hang of the other group the producer again had
+nowhere to send but the hung group, and writes stalled until the hedge (500 ms stalls in
+``bench/cluster.py``, one hang cycle in four).
+
 Clock values are seconds from an injected monotonic clock, so every rule is tested
 without sleeping.
 """
@@ -31,6 +40,10 @@ DEFAULT_STEPS: Final[tuple[tuple[float, float], ...]] = (
     (50, 0), (100, 0), (550, 30_000), (1_000, 60_000), (2_000, 120_000), (3_000, 180_000),
     (15_000, 600_000),
 )
+
+
+#: How long a refusal from a broker that answered isolates its group (module docstring).
+REFUSAL_ISOLATION_MS: Final = 1_000.0
 
 
 def parse_steps(text: str) -> tuple[tuple[float, float], ...]:
@@ -73,20 +86,27 @@ class FaultTable:
 
     steps: Sequence[tuple[float, float]] = DEFAULT_STEPS
     enabled: bool = True
+    refusal_ms: float = REFUSAL_ISOLATION_MS
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _changed: dict[str, float] = field(default_factory=dict)  # group -> last route change
 
     def observe(self, group: str, latency_ms: float, now: float, *, failed: bool = False,
-                started: float | None = None) -> None:
-        """A send to ``group`` that began at ``started`` finished after ``latency_ms`` (or
-        failed). Ignored when the group's route changed after the send began."""
+                refused: bool = False, started: float | None = None) -> None:
+        """A send to ``group`` that began at ``started`` finished after ``latency_ms``, or
+        failed (no answer, a lost connection, a broker timeout), or was refused by a broker
+        that answered (``refused``: isolated for ``refusal_ms`` only). Ignored when the
+        group's route changed after the send began."""
         if not self.enabled:
             return
         if started is not None and started < self._changed.get(group, float("-inf")):
             return
+        prev = self._entries.get(group)
+        if refused:
+            until = now + max(self.refusal_ms, isolation_ms(latency_ms, self.steps)) / 1000
+            self._entries[group] = _Entry(latency_ms, until, prev.failures + 1 if prev else 1)
+            return
         top = self.steps[-1][0] if self.steps else 0.0
         lat = max(latency_ms, top) if failed else latency_ms
-        prev = self._entries.get(group)
         failures = (prev.failures + 1 if prev else 1) if failed else 0
         until = now + isolation_ms(lat, self.steps) / 1000
         self._entries[group] = _Entry(lat, until, failures)
