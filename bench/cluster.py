@@ -45,7 +45,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchlib import end_on_sigterm, send_at_rate, write_results
+from benchlib import GeneratorPauses, end_on_sigterm, send_at_rate, write_results
 from prometheus_client.parser import text_string_to_metric_families
 
 from understudy_broker import metric_names as names
@@ -77,6 +77,7 @@ class Traffic:
     deliveries: list[tuple[float, int, str, int]] = field(default_factory=list)
     members: list[Consumer] = field(default_factory=list)
     stopping: bool = False
+    pauses: GeneratorPauses = field(default_factory=GeneratorPauses)
 
     async def produce(self) -> None:
         """Unkeyed sends at the rate (:func:`benchlib.send_at_rate`), each send's and
@@ -107,15 +108,17 @@ class Traffic:
         return Consumer(self.boot, group="bench", topic=TOPIC, session_timeout_ms=3000,
                         max_wait_ms=100)
 
-    def write_stall_ms(self, start: float, end: float) -> tuple[float, float]:
-        """Longest time in [start, end] with sends pending and no acknowledgement, and when
-        it began (ms after ``start``). The producer sends steadily, so sends are always
-        pending: the longest gap between consecutive acknowledgements (from ``start``)."""
+    def write_stall_ms(self, start: float, end: float) -> tuple[float, float, float]:
+        """Longest time in [start, end] with sends pending and no acknowledgement, when
+        it began (ms after ``start``), and the longest pause of this process's own event
+        loop within it (:class:`benchlib.GeneratorPauses`). The producer sends steadily, so
+        sends are always pending: the longest gap between consecutive acknowledgements
+        (from ``start``)."""
         acks = sorted(t for t in self.acks.values() if start <= t <= end)
         points = [start, *acks]
         gap, at = max(((b - a, a) for a, b in itertools.pairwise(points)),
                       default=(end - start, start))
-        return gap * 1000, (at - start) * 1000
+        return gap * 1000, (at - start) * 1000, self.pauses.longest_ms(at, at + gap)
 
     def e2e_ms(self, fault_at: float) -> float | None:
         later = {i for i, t in self.sends.items() if t >= fault_at}
@@ -167,7 +170,8 @@ async def wait_normal(plan: ClusterPlan, group: str) -> None:
 
 
 async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.Path, kind: str,
-                       cycles: int, hang_s: float) -> list[tuple[float, float | None, float, int]]:
+                       cycles: int, hang_s: float
+                       ) -> list[tuple[float, float | None, float, int, float]]:
     out = []
     for n in range(cycles):
         broker = ("g1-0", "g2-0")[n % 2]
@@ -181,18 +185,18 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
         await asyncio.sleep(1.0)
         end = time.monotonic()
         slow = slow_between(flushes, await asyncio.to_thread(slow_flushes, plan))
-        stall, stall_at = traffic.write_stall_ms(at, end)
+        stall, stall_at, paused = traffic.write_stall_ms(at, end)
         e2e = traffic.e2e_ms(at)
-        out.append((stall, e2e, end - at, slow))
+        out.append((stall, e2e, end - at, slow, paused))
         print(f"  {kind} {n + 1}/{cycles} {broker}: write stall {stall:.1f} ms (from "
-              f"{stall_at:.0f} ms after the fault), end-to-end "
-              f"{'-' if e2e is None else f'{e2e:.1f}'} ms, flushes over "
+              f"{stall_at:.0f} ms after the fault; the generator paused {paused:.0f} ms in "
+              f"it), end-to-end {'-' if e2e is None else f'{e2e:.1f}'} ms, flushes over "
               f"{SLOW_FLUSH_S * 1000:g} ms: {slow}", flush=True)
     return out
 
 
 async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
-                          length_s: float) -> list[tuple[float, int]]:
+                          length_s: float) -> list[tuple[float, int, float]]:
     """The same measurement with no fault: the write stall of windows as long as the
     fault cycles', on the same cluster and traffic. What the machine does to the
     acknowledgement stream on its own (scheduling on shared cores, disk flushes) is in
@@ -205,11 +209,11 @@ async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
         await asyncio.sleep(length_s)
         end = time.monotonic()
         slow = slow_between(flushes, await asyncio.to_thread(slow_flushes, plan))
-        stall, stall_at = traffic.write_stall_ms(at, end)
-        out.append((stall, slow))
+        stall, stall_at, paused = traffic.write_stall_ms(at, end)
+        out.append((stall, slow, paused))
         print(f"  no fault {n + 1}/{cycles}: write stall {stall:.1f} ms (from "
-              f"{stall_at:.0f} ms into the window), flushes over {SLOW_FLUSH_S * 1000:g} ms: "
-              f"{slow}", flush=True)
+              f"{stall_at:.0f} ms into the window; the generator paused {paused:.0f} ms in "
+              f"it), flushes over {SLOW_FLUSH_S * 1000:g} ms: {slow}", flush=True)
     return out
 
 
@@ -267,6 +271,7 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
         traffic.members = [traffic.member(), traffic.member()]
         for c in traffic.members:
             await c.start()
+        watching = asyncio.create_task(traffic.pauses.run())
         tasks = [asyncio.create_task(traffic.produce()),
                  *(asyncio.create_task(traffic.consume(c)) for c in traffic.members)]
         await asyncio.sleep(2)
@@ -275,7 +280,7 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
             print(f"{kind}: {args.cycles} cycles", flush=True)
             results[kind] = await fault_cycles(traffic, plan, directory, kind, args.cycles,
                                                args.hang_s)
-        length = statistics.median(w for _s, _e, w, _f in results["kill"])
+        length = statistics.median(w for _s, _e, w, _f, _p in results["kill"])
         print(f"no fault: {args.cycles} windows of {length:.1f} s (the kill cycles' median)",
               flush=True)
         control = await control_windows(traffic, plan, args.cycles, length)
@@ -284,14 +289,15 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
         reb = await rebalances(traffic, args.cycles)
         traffic.stopping = True
         await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks([watching])
         for c in traffic.members:
             await c.close()
         counts = Counter((i for _t, i, _m, _q in traffic.deliveries))
         doc: dict[str, Any] = {}
         for kind in ("kill", "hang"):
-            stalls = [s for s, _e, _w, _f in results[kind]]
-            e2e = [e for _s, e, _w, _f in results[kind] if e is not None]
-            slow = [f for _s, _e, _w, f in results[kind]]
+            stalls = [s for s, _e, _w, _f, _p in results[kind]]
+            e2e = [e for _s, e, _w, _f, _p in results[kind] if e is not None]
+            slow = [f for _s, _e, _w, f, _p in results[kind]]
             doc[kind] = {
                 "write_stall_ms_p50": _r(percentile(stalls, 50)),
                 "write_stall_ms_p99": _r(percentile(stalls, 99)),
@@ -300,16 +306,18 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
                 "cycles": len(stalls),
                 "samples_write_stall_ms": [_r(s) for s in stalls],
                 "samples_slow_flushes": slow,
+                "samples_generator_pause_ms": [_r(x) for _s, _e, _w, _f, x in results[kind]],
                 **_without_slow_flushes(stalls, slow),
             }
         doc["no_fault"] = {
-            "write_stall_ms_p50": _r(percentile([s for s, _f in control], 50)),
-            "write_stall_ms_p99": _r(percentile([s for s, _f in control], 99)),
+            "write_stall_ms_p50": _r(percentile([s for s, _f, _p in control], 50)),
+            "write_stall_ms_p99": _r(percentile([s for s, _f, _p in control], 99)),
             "window_s": round(length, 2),
             "cycles": len(control),
-            "samples_write_stall_ms": [_r(s) for s, _f in control],
-            "samples_slow_flushes": [f for _s, f in control],
-            **_without_slow_flushes([s for s, _f in control], [f for _s, f in control]),
+            "samples_write_stall_ms": [_r(s) for s, _f, _p in control],
+            "samples_slow_flushes": [f for _s, f, _p in control],
+            "samples_generator_pause_ms": [_r(x) for _s, _f, x in control],
+            **_without_slow_flushes([s for s, _f, _p in control], [f for _s, f, _p in control]),
         }
         # 8 queues: 2 members hold 4 + 4; a third takes floor(8/3) = 2 from them.
         doc["rebalance"] = {
@@ -392,7 +400,8 @@ def main(argv: list[str]) -> int:
               f"   p99 <= {TARGETS[kind]:g} ms ({k['cycles']} cycles)")
         print(f"  cycles with a flush over {SLOW_FLUSH_S * 1000:g} ms: "
               f"{k['cycles_with_slow_flush']}; p99 of the others: "
-              f"{k['write_stall_ms_p99_without_slow_flush']}")
+              f"{k['write_stall_ms_p99_without_slow_flush']}; the load generator's own "
+              f"longest pause inside a stall: {max(k['samples_generator_pause_ms'], default=0)} ms")
         print(f"end-to-end recovery, {kind:<7}{k['e2e_recovery_ms_p50']!s:>10}{k['e2e_recovery_ms_p99']!s:>10}"
               f"   p99 <= {TARGETS['e2e']:g} ms")
     nf = doc["no_fault"]
