@@ -110,7 +110,7 @@ def test_kill_cycles_keep_every_invariant_with_tls_scram_and_acls(drill_dir: Pat
     on a plain cluster are harness/tests/test_failover_cycles.py's."""
     result = asyncio.run(run_drill(DrillOptions(cycles=2, fault="kill", directory=drill_dir,
                                                 dwell_s=0.5, secure=True)))
-    assert result.cycles_completed == 2
+    assert result.cycles_completed == 2, result.errors
     assert result.report.acked > 0
     assert result.sampling["source"] == "broker permission-change logs"
     for c in result.report.cycles:
@@ -129,7 +129,7 @@ def test_kill_cycles_keep_every_invariant_with_tls_scram_and_acls(drill_dir: Pat
 @pytest.mark.slow
 def test_hang_cycle_comes_back_fenced(drill_dir: Path) -> None:
     result = asyncio.run(run_drill(DrillOptions(cycles=1, fault="hang", directory=drill_dir, dwell_s=0.2)))
-    assert result.cycles_completed == 1
+    assert result.cycles_completed == 1, result.errors
     (c,) = result.report.cycles
     assert c.kind == "hang"
     assert c.reads_restored_ms is not None
@@ -218,7 +218,7 @@ def test_cluster_cycles_keep_every_invariant_through_kills_hangs_and_member_chur
     the other group: far less than the fault lasted)."""
     result = asyncio.run(run_drill(DrillOptions(cycles=3, scenario="cluster", members=2,
                                                 directory=drill_dir, dwell_s=0.5)))
-    assert result.cycles_completed == 3
+    assert result.cycles_completed == 3, result.errors
     report = result.report
     assert [c.kind for c in report.cycles] == ["kill", "hang", "kill"]
     assert report.two_member_violations == 0, report.shared_queues
@@ -246,7 +246,7 @@ def test_ordered_cycles_keep_order_and_move_the_chains_by_the_rules(drill_dir: P
     watched, moved only by the rules: the head went to the other group each time."""
     result = asyncio.run(run_drill(DrillOptions(cycles=3, scenario="ordered", members=2,
                                                 directory=drill_dir, dwell_s=0.5)))
-    assert result.cycles_completed == 3
+    assert result.cycles_completed == 3, result.errors
     report = result.report
     assert [(c.kind, c.group) for c in report.cycles] == [
         ("kill", "g1"), ("hang", "g2"), ("kill", "g1")]
@@ -285,7 +285,7 @@ def test_delayed_cycles_deliver_every_scheduled_message_once_and_never_early(
     are the brokers' own, in the windows docs/delayed.md lists)."""
     result = asyncio.run(run_drill(DrillOptions(cycles=2, scenario="delayed", members=2,
                                                 directory=drill_dir, dwell_s=6.0)))
-    assert result.cycles_completed == 2
+    assert result.cycles_completed == 2, result.errors
     report = result.report
     assert [(c.kind, c.group) for c in report.cycles] == [("kill", "g1"), ("hang", "g2")]
     assert_invariants(result)

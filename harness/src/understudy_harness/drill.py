@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kazoo.exceptions import KazooException
+
 from understudy_broker.admin import describe_consumer_group, describe_topic
 from understudy_broker.chains import history_violations
 from understudy_broker.ha.permlog import FILE_NAME, read_changes
-from understudy_broker.model import Mode
+from understudy_broker.model import GroupState, Mode
 from understudy_broker.zklayout import (
     ChainDoc,
     GroupConfig,
@@ -70,6 +72,7 @@ from understudy_harness.workload import (
     create_cluster_topic,
 )
 from understudy_operator.controller.journal import read_transitions
+from understudy_operator.controller.machine import eligible_slaves
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan, on_loopback, plan_cluster, transitions_log
@@ -225,7 +228,7 @@ class ModeWatch:
 
     def __init__(self, zk: ZkGateway) -> None:
         self._zk = zk
-        self._latest: dict[str, tuple[Mode, int]] = {}
+        self._latest: dict[str, GroupState] = {}
         self.chains: list[ChainDoc] = []  # of the watched ordered topic, as seen
 
     async def watch_chains(self, topic: str) -> None:
@@ -264,23 +267,69 @@ class ModeWatch:
             except LayoutError as exc:
                 log.warning("group %s: unreadable state: %s", group, exc)
                 return
-            self._latest[group] = (st.mode, st.epoch)
+            self._latest[group] = st
 
         return on_change
 
     def mode(self, group: str) -> Mode | None:
         got = self._latest.get(group)
-        return None if got is None else got[0]
+        return None if got is None else got.mode
+
+    def last_seen(self, group: str) -> str:
+        """The group's latest state as seen, with the controller's reason for it."""
+        st = self._latest.get(group)
+        if st is None:
+            return "no state"
+        return f"{st.mode.name} at epoch {st.epoch}" + (f": {st.reason}" if st.reason else "")
 
     async def wait(self, group: str, mode: Mode, *, within_s: float) -> None:
         deadline = time.monotonic() + within_s
         while self.mode(group) is not mode:
             if time.monotonic() > deadline:
-                seen = self._latest.get(group)
-                last = f"{seen[0].name} at epoch {seen[1]}" if seen else "no state"
                 raise DrillError(f"group {group} did not reach {mode.name} within "
-                                 f"{within_s:.0f}s (last seen: {last})")
+                                 f"{within_s:.0f}s (last seen: {self.last_seen(group)})")
             await asyncio.sleep(0.01)
+
+    async def failover_facts(self, config: GroupConfig) -> tuple[list[str], str]:
+        """The slaves of ``config`` the controller could hand reads to the moment its
+        master is gone (:func:`machine.eligible_slaves`, the controller's own rule:
+        ZooKeeper-live, a published status, READ configured, in the in-sync record), and
+        the facts behind that, in words (for an error message)."""
+        obs = await self._zk.observe_group(config.group, [b.name for b in config.brokers])
+        eligible = [s.name for s in eligible_slaves(config, obs, need_link_down=False)]
+        live = sorted(b.name for b in config.brokers if obs.view(b.name).zk_live)
+        isr = "none" if obs.in_sync is None else f"[{', '.join(sorted(obs.in_sync))}]"
+        return eligible, (f"in-sync record {isr}, ZooKeeper-live [{', '.join(live)}], "
+                          f"eligible to act for reads [{', '.join(eligible)}]")
+
+    async def wait_failover_possible(self, config: GroupConfig, *, within_s: float) -> None:
+        """Wait until ``config``'s group is NORMAL and some slave could act for reads at
+        once if its master went (:meth:`failover_facts`).
+
+        Why: a slave leaves the in-sync record when it has not acknowledged a waiting write
+        within the 1 s lag bound (docs/replication.md), as a slave starved of CPU or disk
+        on a loaded machine does now and then, and it rejoins once it has caught up. A
+        master faulted in that window leaves its group NORMAL with nobody to hand reads to
+        (by design: the slave may lack an acknowledged write) until the master is back,
+        and a cycle that waits for SLAVE_CONSUME before bringing it back fails after its
+        timeout. That is not the failover the cycle is there to exercise."""
+        deadline = time.monotonic() + within_s
+        while True:
+            facts = "group state not NORMAL"
+            if self.mode(config.group) is Mode.NORMAL:
+                try:
+                    async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                        eligible, facts = await self.failover_facts(config)
+                except (KazooException, TimeoutError) as exc:
+                    facts = f"ZooKeeper did not answer: {exc!r}"
+                else:
+                    if eligible:
+                        return
+            if time.monotonic() > deadline:
+                raise DrillError(f"group {config.group} was not ready for a failover within "
+                                 f"{within_s:.0f}s (last seen: {self.last_seen(config.group)}; "
+                                 f"{facts})")
+            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         await self._zk.stop()
@@ -367,6 +416,8 @@ async def _cycle(
     timeout = opts.cycle_timeout_s
     status.phase = f"cycle {n}: steady"
     await asyncio.sleep(opts.warmup_s)
+    status.phase = f"cycle {n}: waiting until {group.group} can fail over"
+    await watch.wait_failover_possible(group, within_s=timeout)
     pid = procs.read_pid(plan.pid_dir, master)
     info = procs.inspect(pid, marker=proc.marker)
     if info is None or not info.alive:
@@ -376,7 +427,14 @@ async def _cycle(
     frozen_at = time.monotonic()
     procs.send(info.pid, procs.SIGNALS["STOP" if kind == "hang" else "KILL"])
     status.phase = f"cycle {n}: waiting for slave-consume"
-    await watch.wait(group.group, Mode.SLAVE_CONSUME, within_s=timeout)
+    try:
+        await watch.wait(group.group, Mode.SLAVE_CONSUME, within_s=timeout)
+    except DrillError as exc:  # say why nobody took reads, as the controller sees it
+        facts = "its failover facts could not be read"
+        with contextlib.suppress(KazooException, TimeoutError):
+            async with asyncio.timeout(5.0):
+                facts = (await watch.failover_facts(group))[1]
+        raise DrillError(f"{exc}; after the {kind} of {master}: {facts}") from None
     status.phase = f"cycle {n}: slave-consume"
     if during is not None:
         await during()
