@@ -18,7 +18,8 @@ Event types (fields besides ``type`` and ``t``):
 ==============  ============================================================
 produce_ack     id, topic, queue, offset — the broker acknowledged the produce
 deliver         cgroup, topic, queue, offset, id [, member] — a consumer group
-                received it (``member``: the consumer-group member that pulled it)
+                received it (``member``: the consumer-group member that pulled it),
+                dated when the client handed it out, not when it was written down
 own             cgroup, topic, queue, member, held — a member began (``held`` true)
                 or stopped (false) owning and pulling a queue
 commit          cgroup, topic, queue, offset — committed offset (the NEXT offset
@@ -362,8 +363,9 @@ class HistoryWriter:
         self.record(Nack(self.now(), cgroup, id))
 
     def deliver(self, *, cgroup: str, topic: str, queue: int, offset: int, id: str,
-                member: str | None = None) -> None:
-        self.record(Deliver(self.now(), cgroup, topic, queue, offset, id, member))
+                member: str | None = None, t: int | None = None) -> None:
+        self.record(Deliver(self.now() if t is None else t, cgroup, topic, queue, offset, id,
+                            member))
 
     def own(self, *, cgroup: str, topic: str, queue: int, member: str, held: bool,
             t: int | None = None) -> None:

@@ -253,9 +253,10 @@ class Traffic:
                 last_commit = time.monotonic()
                 while not member.stop.is_set() and not self.stop.is_set():
                     batch = await consumer.getmany(timeout_s=0.2)
+                    handed = self.writer.now()  # see _delivered
                     seen = self._record_ownership(consumer, member, seen, recorded)
                     for r in batch:
-                        self._delivered(member.target, cgroup, r, member=mid)
+                        self._delivered(member.target, cgroup, r, member=mid, t=handed)
                         if self._nack_this(member.target, r):
                             await self._nack(consumer, member.target, cgroup, r)
                     if time.monotonic() - last_commit > 0.1:
@@ -313,12 +314,21 @@ class Traffic:
         self.writer.nack(cgroup=cgroup, id=mid)
         self.nacked[(target.label, cgroup)].add(mid)
 
-    def _delivered(self, target: Target, cgroup: str, r: Any, *, member: str | None = None
-                   ) -> None:
+    def _delivered(self, target: Target, cgroup: str, r: Any, *, t: int,
+                   member: str | None = None) -> None:
+        """Record one delivery, dated ``t``: when ``getmany`` handed its batch out (read
+        right after it returned), not when this line is written. A member hands a batch
+        out only inside its lease (docs/cluster.md); writing a big batch (thousands of
+        records, after a backlog) takes the event loop tens of milliseconds, and nacks in
+        the loop await. A lease that ended meanwhile dates the member's release at its
+        end (``ownership_log``), so deliveries dated as written read as pulls of a queue
+        the member no longer owned: the checker counted thousands of two-member
+        violations that no member ever made. The CLI's ``consume --record`` dates its
+        batches the same way."""
         mid = r.body.decode("utf-8", "replace")
         # r.topic: a redelivered (nacked) message comes from the group's retry topic.
         self.writer.deliver(cgroup=cgroup, topic=r.topic, queue=r.queue, offset=r.offset,
-                            id=mid, member=member)
+                            id=mid, member=member, t=t)
         self.received[(target.label, cgroup)].add(mid)
         if r.reconsume_times:
             self.redelivered[(target.label, cgroup)].add(mid)
@@ -426,8 +436,10 @@ class Traffic:
                 self._observe_offsets(cgroup, topic, consumer.positions, recorded)
                 last_commit = time.monotonic()
                 while not self.stop.is_set() and generation == self.generation:
-                    for r in await consumer.getmany(timeout_s=0.2):
-                        self._delivered(target, cgroup, r)
+                    batch = await consumer.getmany(timeout_s=0.2)
+                    handed = self.writer.now()  # see _delivered
+                    for r in batch:
+                        self._delivered(target, cgroup, r, t=handed)
                     if time.monotonic() - last_commit > 0.1:
                         await self._commit(consumer, cgroup, topic, recorded)
                         last_commit = time.monotonic()
