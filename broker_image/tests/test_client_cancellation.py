@@ -18,6 +18,7 @@ import pytest
 from understudy_broker import protocol as p
 from understudy_broker.client import Consumer, Record
 from understudy_broker.model import Permission
+from understudy_broker.tasks import stop_tasks
 
 
 async def test_getmany_cancelled_as_a_batch_arrives_raises_and_keeps_the_batch() -> None:
@@ -62,6 +63,59 @@ async def test_a_queue_lost_past_the_lease_is_logged_released_when_the_lease_end
     c._lease_until = time.monotonic() + 5.0
     await c._stop_queue(1)
     assert abs(c.ownership_log[-1][0] - time.time()) < 0.5
+
+
+async def test_a_lapsed_release_stays_dated_at_the_lease_end_when_a_renewal_lands_meanwhile(
+        ) -> None:
+    """Found by the partition suite (a member cut from every broker, then healed): two
+    heartbeats were answered at the heal, the heartbeat loop's and a settle's. The first
+    began stopping the queue (the lease had lapsed); while its pull loop was being
+    cancelled, the second answer renewed the lease, and the release was then judged
+    within the lease and logged at that moment: 0.2 s after the other member had taken
+    the queue. Hand-outs ended with the lease, so that is the release."""
+    c = Consumer(["127.0.0.1:1"], group="g", topic="t", membership=True)
+    c._started = True
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            c._lease_until = time.monotonic() + 1.6  # the other answer renews the lease
+            await asyncio.sleep(0.05)
+            raise
+
+    c._loops[0] = (1, asyncio.create_task(slow_to_stop()))
+    await asyncio.sleep(0)
+    c._holding.add(0)
+    c._lease_until = time.monotonic() - 1.0  # the lease ended a second ago
+    await c._stop_queue(0)
+    (at, what, queue), = c.ownership_log
+    assert (what, queue) == ("release", 0)
+    assert time.time() - 1.5 < at < time.time() - 0.5  # when the lease ended, not now
+
+
+async def test_a_member_stops_its_queues_when_its_lease_ends_with_no_heartbeat_answered(
+        ) -> None:
+    """Found by the partition suite: a member cut from every broker had its heartbeat loop
+    stuck connecting to a cut-off broker past its lease. It neither pulled nor handed out
+    (both check the lease), but it released its queue only when a heartbeat was answered
+    again; the test stopped it before that, and the harness dated the release at the stop,
+    after the other member had taken the queue. The queues now stop at the lease's end."""
+    c = Consumer(["127.0.0.1:1"], group="g", topic="t", membership=True)
+    c._started = True
+    c._loops[0] = (1, asyncio.create_task(asyncio.sleep(3600)))
+    c._holding.add(0)
+    c._lease_until = time.monotonic() + 0.1  # no heartbeat will be answered
+    ends = time.time() + 0.1
+    watch = asyncio.create_task(c._lease_watch())
+    try:
+        await asyncio.sleep(0.4)
+        (at, what, queue), = c.ownership_log
+        assert (what, queue) == ("release", 0)
+        assert abs(at - ends) < 0.05
+        assert c._loops == {}
+    finally:
+        await stop_tasks([watch])
 
 
 async def test_a_heartbeat_answered_after_the_lease_ended_drops_the_queues_first() -> None:

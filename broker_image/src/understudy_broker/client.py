@@ -1828,10 +1828,26 @@ class Consumer(_GroupMember):
                 self.router.on_route(self._route_changed)
                 self._reapply = asyncio.create_task(self._follow_chain(), name="consume-chain")
             await self._join()
-            self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="member-heartbeat")
+            self._heartbeat = asyncio.create_task(self._member_tasks(), name="member-heartbeat")
             return
         for q in self.router.live_queues(self.topic):
             await self._acquire(q)
+
+    async def _member_tasks(self) -> None:
+        await asyncio.gather(self._heartbeat_loop(), self._lease_watch())
+
+    async def _lease_watch(self) -> None:
+        """Stop every queue the moment the lease ends, whatever the heartbeat loop waits on
+        (a connect to a cut-off broker can outlast the lease). Pulls and hand-outs already
+        stop there (both check the lease); this makes the release happen, and be logged,
+        then: a member cut from every broker logged it only when a heartbeat was answered
+        again, and one stopped before that (killed, or its process ended) seemed to hold
+        the queue after the brokers had handed it on."""
+        while True:
+            left = self._lease_until - time.monotonic()
+            if left <= 0 and self._loops:
+                await self._drop_all("its lease ended (no heartbeat answered in time)")
+            await asyncio.sleep(max(left, 0.05))
 
     # ---- queues ---------------------------------------------------------------------
 
@@ -1875,12 +1891,17 @@ class Consumer(_GroupMember):
         entry = self._loops.pop(queue, None)
         if entry is None:
             return
+        # Hand-outs of this queue end here (the token no longer matches), or ended with
+        # the lease: decided now, before the wait below. Meanwhile a concurrent heartbeat's
+        # answer may renew the lease (the heartbeat loop's and a settle's are both in
+        # flight at a heal), and judged after it, a release the lapse had ended was
+        # logged when the wait ended: after the next owner had taken the queue.
+        now = time.monotonic()
+        lapsed = self.membership and now >= self._lease_until
+        at = time.time() - (now - self._lease_until) if lapsed else time.time()
         await stop_tasks([entry[1]])
         if queue in self._holding:  # it may have stopped before it fetched its offset
             self._holding.discard(queue)
-            now = time.monotonic()
-            lapsed = self.membership and now >= self._lease_until
-            at = time.time() - (now - self._lease_until) if lapsed else time.time()
             self.ownership_log.append((at, "release", queue))
 
     async def _drop_all(self, why: str) -> None:
