@@ -100,16 +100,14 @@ class FaultTable:
             return
         if started is not None and started < self._changed.get(group, float("-inf")):
             return
-        prev = self._entries.get(group)
-        if refused:
-            until = now + max(self.refusal_ms, isolation_ms(latency_ms, self.steps)) / 1000
-            self._entries[group] = _Entry(latency_ms, until, prev.failures + 1 if prev else 1)
-            return
         top = self.steps[-1][0] if self.steps else 0.0
-        lat = max(latency_ms, top) if failed else latency_ms
-        failures = (prev.failures + 1 if prev else 1) if failed else 0
-        until = now + isolation_ms(lat, self.steps) / 1000
-        self._entries[group] = _Entry(lat, until, failures)
+        lat = max(latency_ms, top) if failed and not refused else latency_ms
+        iso = isolation_ms(lat, self.steps)
+        if refused:
+            iso = max(iso, self.refusal_ms)
+        prev = self._entries.get(group)
+        failures = (prev.failures + 1 if prev else 1) if failed or refused else 0
+        self._entries[group] = _Entry(lat, now + iso / 1000, failures)
 
     def route_changed(self, group: str, now: float) -> None:
         """The group's writer changed (a new epoch, WRITE back): try it again now, and
