@@ -1,9 +1,11 @@
 """Broker benchmark: Understudy (master + slave, synchronous replication) against NATS
-JetStream (3-node cluster, file storage, replicas 3 and 2), on loopback, 1 KiB messages,
-the same Python asyncio client style and a 256-message in-flight window on both sides.
+JetStream (3-node cluster, file storage, replicas 3 and 2) and RabbitMQ (3-node cluster,
+a quorum queue with publisher confirms), on loopback, 1 KiB messages, the same Python
+asyncio client style and a 256-message in-flight window on every side.
 
 Prints figures and ratios, writes ``bench-results/broker.json``. No assertions: this is a
-measurement, not a test. Every server it starts is stopped by PID before it exits.
+measurement, not a test. Every server it starts is stopped by PID (process group) before
+it exits, also on an error, Ctrl-C or SIGTERM.
 
 Durability classes, stated so the ratios are read correctly:
 
@@ -13,13 +15,55 @@ Durability classes, stated so the ratios are read correctly:
   fsyncs on an interval too (``sync_interval``, default 2 min), so this is like for like.
 * ``understudy_fsync``: ``--sync --flush batch`` — also fsynced on master (group commit)
   and slave before the acknowledgement. Stronger than JetStream's default.
+* ``rabbitmq``: Debian's RabbitMQ (3.10 on bookworm, installed with apt-get when missing,
+  like bench/peers.py), 3 nodes, one quorum queue with 3 members (its leader on the node
+  the client connects to), publisher confirms. A publish is confirmed once its Raft entry
+  is committed: a majority of the members (2 of 3, the leader counting) appended it to
+  their write-ahead log and fdatasynced that log (ra's ``wal_sync_method``, default
+  ``datasync``; the WAL syncs a batch of writes at once). So like ``understudy_fsync``
+  (two copies on disk before the acknowledgement), not like the page-cache classes.
+  Consumed with ``no_ack`` (auto-acknowledge), as JetStream's consumer uses
+  ``AckPolicy.NONE``; aio_pika awaits each publish's confirm, so the client runs a task
+  per publish, at most 256 at once. A fresh cluster per run (bench/peers.py's ``Rabbit``,
+  about 20 s to form), default runtime flags: the Erlang schedulers busy-wait a little
+  before they sleep, which counts in RabbitMQ's CPU per message. On this machine the
+  Python client itself spends about 250-330 us of CPU per confirmed publish (aio_pika; the
+  lower-level aiormq was not meaningfully cheaper), so RabbitMQ's msg/s here is bound by
+  its client, not its servers: the ratios against RabbitMQ flatter Understudy, and its
+  server CPU per message is the fairer figure.
 
 The Understudy producer sends batches of ``--batch-size`` (default 128) inside the same
 256-message window, so two batches overlap in the client -> master -> slave pipeline
 (with batches of 256 one batch made the whole round trip alone). Smaller batches
 overlap more but cost more CPU per message; on a CPU-starved machine larger ones win. Each system also
-reports CPU microseconds per message (servers and client): on a shared machine the
-msg/s figures move with other people's load, CPU per message much less.
+reports CPU microseconds per message (servers and client; RabbitMQ's servers: its 3
+``beam.smp``): on a shared machine the msg/s figures move with other people's load, CPU
+per message much less.
+
+Ratios (Understudy / peer; a p99 ratio below 1 means Understudy answers faster):
+``ratio_<what>_vs_<peer>`` for the flush-interval pair and ``ratio_fsync_<what>_vs_<peer>``
+for the flush-batch pair, ``<what>`` in produce, p99, consume and ``<peer>`` in r2, r3,
+rabbitmq. Issue 16's targets, printed met/missed in the ratio table and kept under
+``targets`` (with ``targets_met`` once every one was measured): produce >= 4x JetStream R2
+with flush interval and >= 3x with flush batch, ack p99 no worse than R2's (both), consume
+>= 6x R2, server CPU (master + slave, flush interval) <= 5 us/msg. Also the issue's keys
+``ratio_produce_fsync_vs_r2`` (the value of ``ratio_fsync_produce_vs_r2``),
+``ratio_consume_vs_r2`` and ``server_cpu_us_per_msg`` (``understudy_server_cpu_us_per_msg``).
+``ratio_target_met`` / ``ratio_fsync_target_met`` keep their earlier meaning (produce >=
+2x R2 with p99 no worse) for the scripts that read them.
+
+Message sizes (``--sizes``, default 100, 1024 and 65536 bytes): Understudy with flush
+interval and with flush batch, JetStream R2 and RabbitMQ once per size (``--sizes-repeat``),
+MB/s (10^6 bytes of body per second) next to msg/s, so the machine's byte limit shows;
+under ``sizes`` in the JSON, keyed by the size in bytes. The 1024 entry is the 1 KiB runs
+above (their median run), not a run of its own. A size other than 1 KiB sends ``--count``
+messages, but no more than ``--size-budget-mb`` (256) MiB of bodies and no fewer than 2000
+(64 KiB: 4096 messages); the count used is printed and stored. Limits: the broker's frame
+limit is 16 MiB (``--max-frame-bytes``), but the producer closes a batch at its
+``max_batch_bytes`` (1 MiB by default), so with 64 KiB messages Understudy sends batches
+of 16, not 128 (said in the output; with the producer's 4 batches in flight per group, 64
+messages are then on the wire). JetStream's ``max_payload`` (1 MB) and RabbitMQ's
+``max_message_size`` (128 MiB; AMQP frames of 128 KiB) take 64 KiB as it is.
 
 TLS + SCRAM on vs off (issue 15; bench/secure.py): in the same run, a plain and a secure
 ZooKeeper-coordinated local cluster of the same shape (one group, master + slave, sync,
@@ -29,7 +73,8 @@ msg/s / plain msg/s; target >= 0.75), ``jetstream_tls_vs_plain_produce_ratio`` a
 figures to ``broker.json`` (every other key is as before).
 
 Usage: ``python bench/broker.py [--count N] [--batch-size B] [--repeat R] [--skip-jetstream]
-[--skip-secure] [--secure-repeat S]``.
+[--skip-rabbitmq] [--skip-secure] [--secure-repeat S] [--skip-sizes] [--sizes 100,1024,65536]
+[--sizes-repeat R] [--size-budget-mb M]``.
 """
 
 from __future__ import annotations
@@ -38,6 +83,8 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib
+import inspect
 import json
 import os
 import shutil
@@ -50,21 +97,36 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchlib import end_on_sigterm, signals_deferred
 from rich.console import Console
 from rich.table import Table
 
 from understudy_broker.client import Consumer, Producer, create_topic
+from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
 from understudy_broker.security import ClientSecurity
 from understudy_operator.local.ports import free_port
 
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+
 BODY = b"x" * 1024
 WINDOW = 256
+#: The producer closes a batch at this many bytes (its default; under the broker's frame
+#: limit, DEFAULT_MAX_FRAME_BYTES): the batch size of large messages (sizes sweep).
+PRODUCER_MAX_BATCH_BYTES: int = inspect.signature(Producer).parameters["max_batch_bytes"].default
 console = Console(stderr=True)
+
+
+def size_label(size: int) -> str:
+    """``100 B``, ``1 KiB``, ``64 KiB``, ``1.5 MiB``."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} B"
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
@@ -181,9 +243,10 @@ def understudy_pair(root: Path, procs: Processes, *, flush: str) -> Iterator[str
 
 async def understudy_produce(
     address: str, topic: str, n: int, *, batch_size: int = WINDOW,
-    security: ClientSecurity | None = None,
+    security: ClientSecurity | None = None, body: bytes = BODY,
 ) -> tuple[float, list[float]]:
-    """``security``: TLS and the SCRAM user of every connection (bench/secure.py)."""
+    """``security``: TLS and the SCRAM user of every connection (bench/secure.py); ``body``:
+    every message's (1 KiB unless the sizes sweep says otherwise)."""
     # The slave must be connected before a synchronous produce can be acknowledged.
     await create_topic([address], topic=topic, queues=4, security=security)
     lat: list[float] = []
@@ -197,7 +260,7 @@ async def understudy_produce(
         for _ in range(n):
             await window.acquire()
             sent = time.perf_counter()
-            fut = await prod.send(topic, BODY)
+            fut = await prod.send(topic, body)
 
             def done(f: asyncio.Future[tuple[int, int]], sent: float = sent) -> None:
                 window.release()
@@ -242,16 +305,18 @@ async def wait_slave(address: str, security: ClientSecurity | None = None) -> No
 
 
 def run_understudy(
-    root: Path, procs: Processes, n: int, *, flush: str, name: str, batch_size: int
+    root: Path, procs: Processes, n: int, *, flush: str, name: str, batch_size: int,
+    body: bytes = BODY,
 ) -> dict[str, float]:
     with understudy_pair(root, procs, flush=flush) as address:
         asyncio.run(wait_slave(address))
         console.print(
             f"[bold]understudy[/] sync replication, flush={flush}, batches of {batch_size}: "
-            f"producing {n:,} x 1 KiB ..."
+            f"producing {n:,} x {size_label(len(body))} ..."
         )
         meter = CpuMeter([proc.pid for proc in procs.procs])
-        seconds, lat = asyncio.run(understudy_produce(address, "bench", n, batch_size=batch_size))
+        seconds, lat = asyncio.run(understudy_produce(address, "bench", n, batch_size=batch_size,
+                                                      body=body))
         out = summarize(name, n, seconds, lat)
         out.update(meter.per_message(name, n))
         console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms; consuming ...")
@@ -326,10 +391,10 @@ def start_jetstream(root: Path, procs: Processes, tls: NatsTls | None = None) ->
 
 async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int], *,
                         tls: ssl.SSLContext | None = None, name: str | None = None,
-                        consume: bool = True) -> dict[str, float]:
-    """Produce ``n`` messages (then consume them unless not ``consume``); figures under
-    ``name`` (default ``jetstream_r<replicas>``). ``tls``: the client's context (the
-    servers require TLS, bench/secure.py)."""
+                        consume: bool = True, body: bytes = BODY) -> dict[str, float]:
+    """Produce ``n`` messages of ``body`` (then consume them unless not ``consume``);
+    figures under ``name`` (default ``jetstream_r<replicas>``). ``tls``: the client's
+    context (the servers require TLS, bench/secure.py)."""
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
@@ -355,7 +420,7 @@ async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int],
         started = time.perf_counter()
         for _ in range(n):
             sent = time.perf_counter()
-            fut = await js.publish_async(subject, BODY)
+            fut = await js.publish_async(subject, body)
 
             def done(f: asyncio.Future[Any], sent: float = sent) -> None:
                 if not f.cancelled() and f.exception() is None:
@@ -382,18 +447,125 @@ async def jetstream_run(urls: list[str], replicas: int, n: int, pids: list[int],
         await nc.close()
 
 
-def run_jetstream(root: Path, procs: Processes, n: int, replicas: int) -> dict[str, float]:
+def run_jetstream(root: Path, procs: Processes, n: int, replicas: int, *,
+                  body: bytes = BODY) -> dict[str, float]:
     js_root = root / f"js-r{replicas}"
     js_root.mkdir(parents=True)
     try:
         urls = start_jetstream(js_root, procs)
-        console.print(f"[bold]jetstream[/] 3 nodes, file storage, replicas {replicas}: producing {n:,} x 1 KiB ...")
-        out = asyncio.run(jetstream_run(urls, replicas, n, [proc.pid for proc in procs.procs]))
+        console.print(f"[bold]jetstream[/] 3 nodes, file storage, replicas {replicas}: "
+                      f"producing {n:,} x {size_label(len(body))} ...")
+        out = asyncio.run(jetstream_run(urls, replicas, n, [proc.pid for proc in procs.procs],
+                                        body=body))
         name = f"jetstream_r{replicas}"
         console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms")
         return out
     finally:
         procs.stop_all()
+
+
+# --------------------------------------------------------------------------- rabbitmq
+
+
+RABBIT_QUEUE = "bench"
+
+
+async def rabbitmq_run(url: str, n: int, pids: list[int], *,
+                       body: bytes = BODY) -> dict[str, float]:
+    """Publish ``n`` messages of ``body`` to a new 3-member quorum queue with publisher
+    confirms, at most WINDOW unconfirmed, then consume them (auto-acknowledged); figures
+    under ``rabbitmq``. ``pids``: the nodes' Erlang VMs (beam.smp), for CPU per message."""
+    import aio_pika
+
+    name = "rabbitmq"
+    conn = await aio_pika.connect(url)
+    try:
+        channel = await conn.channel(publisher_confirms=True)
+        await channel.declare_queue(RABBIT_QUEUE, durable=True, arguments={
+            "x-queue-type": "quorum", "x-quorum-initial-group-size": 3})
+        exchange = channel.default_exchange
+
+        async def publish(data: bytes) -> None:  # returns once confirmed (raises on a nack)
+            await exchange.publish(
+                aio_pika.Message(data, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=RABBIT_QUEUE, mandatory=False)
+
+        await publish(b"warm-up")
+        lat: list[float] = []
+        window = asyncio.Semaphore(WINDOW)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(sent: float) -> None:
+            try:
+                await publish(body)
+                lat.append(time.perf_counter() - sent)
+            finally:
+                window.release()
+
+        meter = CpuMeter(pids)
+        started = time.perf_counter()
+        for _ in range(n):
+            await window.acquire()
+            task = asyncio.create_task(one(time.perf_counter()))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks)
+        seconds = time.perf_counter() - started
+        if len(lat) != n:
+            raise RuntimeError(f"rabbitmq confirmed {len(lat)} of {n}")
+        out = summarize(name, n, seconds, lat)
+        out.update(meter.per_message(name, n))
+        out[f"{name}_consume_msgs_per_s"] = round(await rabbitmq_consume(conn, n + 1), 1)
+        return out
+    finally:
+        await conn.close()
+
+
+async def rabbitmq_consume(conn: AbstractConnection, n: int) -> float:
+    """Consume ``n`` messages of the queue with ``no_ack``; messages per second."""
+    queue = await (await conn.channel()).get_queue(RABBIT_QUEUE)
+    got = 0
+    done = asyncio.Event()
+
+    async def on_message(_message: Any) -> None:
+        nonlocal got
+        got += 1
+        if got >= n:
+            done.set()
+
+    started = time.perf_counter()
+    tag = await queue.consume(on_message, no_ack=True)
+    seen = -1
+    while not done.is_set():
+        if got == seen:
+            raise RuntimeError(f"consumer stalled at {got}")
+        seen = got
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await done.wait()
+    rate = got / (time.perf_counter() - started)
+    await queue.cancel(tag)
+    return rate
+
+
+def run_rabbitmq(root: Path, procs: Processes, n: int, *, body: bytes = BODY) -> dict[str, float]:
+    """A fresh 3-node cluster (bench/peers.py's ``Rabbit``) under ``root``, one run, every
+    node stopped (by its process group) before this returns or raises."""
+    root.mkdir(parents=True)
+    try:
+        rabbit = bench_module("peers").Rabbit(root, procs)
+        pids = [int(Path(node.env["RABBITMQ_PID_FILE"]).read_text().strip())
+                for node in rabbit.nodes]
+        console.print(f"[bold]rabbitmq[/] 3 nodes, quorum queue, publisher confirms: "
+                      f"producing {n:,} x {size_label(len(body))} ...")
+        out = asyncio.run(rabbitmq_run(f"amqp://guest:guest@127.0.0.1:{rabbit.nodes[0].amqp}/",
+                                       n, pids, body=body))
+        console.print(f"  {out['rabbitmq_produce_msgs_per_s']:,.0f} msg/s, "
+                      f"p99 {out['rabbitmq_produce_ack_p99_ms']} ms")
+        return out
+    finally:
+        with signals_deferred():
+            procs.stop_all()
 
 
 # --------------------------------------------------------------------------- main
@@ -408,7 +580,32 @@ SYSTEMS = (
      "acked once 2 of 2 replicas stored it; fsync on sync_interval"),
     ("jetstream_r3", "jetstream R3",
      "acked once 2 of 3 replicas stored it; fsync on sync_interval"),
+    ("rabbitmq", "rabbitmq quorum, 3 nodes",
+     "confirmed once 2 of 3 members wrote it to their Raft log and fdatasynced it"),
 )
+#: What Understudy is compared with: (key in the ratios' names, figures' name, label).
+PEERS = (("r2", "jetstream_r2", "JetStream R2"), ("r3", "jetstream_r3", "JetStream R3"),
+         ("rabbitmq", "rabbitmq", "RabbitMQ quorum"))
+#: Issue 16's targets: (name under ``targets``, text ({value}: the figure), figure's key,
+#: at least (else at most), bound, the ratio table's row that shows it).
+TARGETS = (
+    ("produce_vs_r2", "produce >= 4x", "ratio_produce_vs_r2", True, 4.0, ("ratio", "r2")),
+    ("p99_vs_r2", "ack p99 <= 1x", "ratio_p99_vs_r2", False, 1.0, ("ratio", "r2")),
+    ("consume_vs_r2", "consume >= 6x", "ratio_consume_vs_r2", True, 6.0, ("ratio", "r2")),
+    ("server_cpu_us_per_msg", "server CPU {value:g} us/msg <= 5", "server_cpu_us_per_msg",
+     False, 5.0, ("ratio", "r2")),
+    ("produce_fsync_vs_r2", "produce >= 3x", "ratio_fsync_produce_vs_r2", True, 3.0,
+     ("ratio_fsync", "r2")),
+    ("p99_fsync_vs_r2", "ack p99 <= 1x", "ratio_fsync_p99_vs_r2", False, 1.0,
+     ("ratio_fsync", "r2")),
+)
+#: The message-size sweep: its systems, the figures kept per size, its fewest messages.
+SIZE_SYSTEMS = ("understudy", "understudy_fsync", "jetstream_r2", "rabbitmq")
+FIGURES = ("produce_msgs_per_s", "produce_ack_p50_ms", "produce_ack_p99_ms",
+           "consume_msgs_per_s", "server_cpu_us_per_msg", "client_cpu_us_per_msg")
+MIN_SIZE_COUNT = 2000
+#: One run of a system: (directory, messages, body, Understudy batch size) -> figures.
+Runner = Callable[[Path, int, bytes, int], dict[str, Any]]
 
 
 def median_run(runs: list[dict[str, float]], name: str) -> dict[str, Any]:
@@ -421,24 +618,139 @@ def median_run(runs: list[dict[str, float]], name: str) -> dict[str, Any]:
 
 
 def add_ratios(results: dict[str, Any]) -> None:
-    """Understudy / JetStream ratios; p99 ratios below 1 mean Understudy answers faster."""
+    """Understudy / peer ratios; p99 ratios below 1 mean Understudy answers faster."""
     for us in ("understudy", "understudy_fsync"):
         if f"{us}_produce_msgs_per_s" not in results:
             continue
         prefix = "ratio" if us == "understudy" else "ratio_fsync"
-        for key in ("r2", "r3"):
-            js = f"jetstream_{key}"
-            if f"{js}_produce_msgs_per_s" not in results:
+        for key, peer, _ in PEERS:
+            if f"{peer}_produce_msgs_per_s" not in results:
                 continue
             results[f"{prefix}_produce_vs_{key}"] = round(
-                results[f"{us}_produce_msgs_per_s"] / results[f"{js}_produce_msgs_per_s"], 2)
+                results[f"{us}_produce_msgs_per_s"] / results[f"{peer}_produce_msgs_per_s"], 2)
             results[f"{prefix}_p99_vs_{key}"] = round(
-                results[f"{us}_produce_ack_p99_ms"] / results[f"{js}_produce_ack_p99_ms"], 2)
+                results[f"{us}_produce_ack_p99_ms"] / results[f"{peer}_produce_ack_p99_ms"], 2)
             results[f"{prefix}_consume_vs_{key}"] = round(
-                results[f"{us}_consume_msgs_per_s"] / results[f"{js}_consume_msgs_per_s"], 2)
-        if f"{prefix}_produce_vs_r2" in results:
+                results[f"{us}_consume_msgs_per_s"] / results[f"{peer}_consume_msgs_per_s"], 2)
+        if f"{prefix}_produce_vs_r2" in results:  # the earlier target, kept for scripts
             results[f"{prefix}_target_met"] = bool(
                 results[f"{prefix}_produce_vs_r2"] >= 2.0 and results[f"{prefix}_p99_vs_r2"] <= 1.0)
+
+
+def add_targets(results: dict[str, Any]) -> None:
+    """Issue 16's names for figures above, and its targets: ``targets`` (per target: value,
+    bound, met) and ``targets_met`` once every target was measured."""
+    if "ratio_fsync_produce_vs_r2" in results:
+        results["ratio_produce_fsync_vs_r2"] = results["ratio_fsync_produce_vs_r2"]
+    if "understudy_server_cpu_us_per_msg" in results:
+        results["server_cpu_us_per_msg"] = results["understudy_server_cpu_us_per_msg"]
+    targets: dict[str, dict[str, Any]] = {}
+    for name, _, key, at_least, bound, _ in TARGETS:
+        if key in results:
+            value = results[key]
+            targets[name] = {"value": value, "target": f"{'>=' if at_least else '<='} {bound:g}",
+                             "met": bool(value >= bound if at_least else value <= bound)}
+    if targets:
+        results["targets"] = targets
+    if len(targets) == len(TARGETS):
+        results["targets_met"] = all(t["met"] for t in targets.values())
+
+
+def target_lines(results: dict[str, Any], row: tuple[str, str] | None) -> list[str]:
+    """The targets shown on the ratio table's ``row`` ('produce >= 4x: met'); None: those
+    whose row is not in the table (e.g. without JetStream)."""
+    measured = results.get("targets", {})
+    lines = []
+    for name, text, _, _, _, where in TARGETS:
+        shown = f"{where[0]}_produce_vs_{where[1]}" in results
+        if name in measured and (where == row if row else not shown):
+            verdict = "met" if measured[name]["met"] else "missed"
+            lines.append(f"{text.format(value=measured[name]['value'])}: {verdict}")
+    return lines
+
+
+# --------------------------------------------------------------------------- message sizes
+
+
+def size_count(size: int, n: int, budget_bytes: int) -> int:
+    """Messages of a ``size``-byte run: ``n``, at most ``budget_bytes`` of bodies, at least
+    MIN_SIZE_COUNT (or ``n`` when fewer)."""
+    return min(n, max(MIN_SIZE_COUNT, budget_bytes // size))
+
+
+def size_batch(size: int, batch_size: int) -> int:
+    """Understudy's batch size for ``size``-byte messages: ``batch_size``, unless the
+    producer closes a batch earlier, at PRODUCER_MAX_BATCH_BYTES (64 KiB: 16)."""
+    return max(1, min(batch_size, PRODUCER_MAX_BATCH_BYTES // size))
+
+
+def size_entry(run: dict[str, Any], names: tuple[str, ...], size: int) -> dict[str, Any]:
+    """FIGURES of ``names`` found in ``run``, with produce and consume MB/s (10^6 bytes of
+    body per second)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        if f"{name}_produce_msgs_per_s" not in run:
+            continue
+        out.update({f"{name}_{figure}": run[f"{name}_{figure}"] for figure in FIGURES})
+        for what in ("produce", "consume"):
+            out[f"{name}_{what}_mb_per_s"] = round(run[f"{name}_{what}_msgs_per_s"] * size / 1e6, 2)
+    return out
+
+
+def size_runners(procs: Processes, *, jetstream: bool, rabbitmq: bool) -> dict[str, Runner]:
+    """One run of each system of the sweep (those not skipped), by name."""
+    out: dict[str, Runner] = {
+        "understudy": lambda root, n, body, batch: run_understudy(
+            root, procs, n, flush="interval", name="understudy", batch_size=batch, body=body),
+        "understudy_fsync": lambda root, n, body, batch: run_understudy(
+            root, procs, n, flush="batch", name="understudy_fsync", batch_size=batch, body=body),
+    }
+    if jetstream:
+        out["jetstream_r2"] = lambda root, n, body, _: run_jetstream(root, procs, n, 2, body=body)
+    if rabbitmq:
+        out["rabbitmq"] = lambda root, n, body, _: run_rabbitmq(root, procs, n, body=body)
+    return out
+
+
+def run_sizes(root: Path, runners: dict[str, Runner], sizes: list[int], *, n: int,
+              batch_size: int, budget_bytes: int, repeat: int,
+              main_results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per size (its decimal string): ``count``, ``understudy_batch_size`` and each
+    system's figures (the median of ``repeat`` runs). 1 KiB: the main runs' figures."""
+    out: dict[str, dict[str, Any]] = {}
+    for size in sizes:
+        if size == len(BODY):
+            out[str(size)] = {"count": n, "understudy_batch_size": batch_size,
+                              **size_entry(main_results, SIZE_SYSTEMS, size)}
+            continue
+        count, batch = size_count(size, n, budget_bytes), size_batch(size, batch_size)
+        console.print(
+            f"[bold]sizes[/] {size_label(size)}: {count:,} messages "
+            f"({size_label(count * size)} of bodies) per run"
+            + (f"; understudy batches of {batch}, not {batch_size}: the producer closes a "
+               f"batch at {size_label(PRODUCER_MAX_BATCH_BYTES)} (max_batch_bytes)"
+               if batch < batch_size else ""))
+        entry: dict[str, Any] = {"count": count, "understudy_batch_size": batch}
+        body = b"x" * size
+        for name, run in runners.items():
+            runs = [run(root / f"size{size}-{name}-{i}", count, body, batch)
+                    for i in range(repeat)]
+            entry.update(size_entry(median_run(runs, name), (name,), size))
+        out[str(size)] = entry
+    return out
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of byte counts: {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError("message sizes must be positive byte counts")
+    return sizes
+
+
+# --------------------------------------------------------------------------- report
 
 
 def print_report(results: dict[str, Any], out: Path) -> None:
@@ -461,21 +773,25 @@ def print_report(results: dict[str, Any], out: Path) -> None:
     for name, label, meaning in SYSTEMS:
         if f"{name}_produce_msgs_per_s" in results:
             console_out.print(f"  {label}: {meaning}")
-    ratios = Table(title="Understudy / JetStream (target: produce >= 2x R2 with p99 no worse)")
+    ratios = Table(title=("Understudy / peers; issue 16 targets, vs JetStream R2: produce >= 4x "
+                          "(flush interval), >= 3x (flush batch), ack p99 no worse, consume >= 6x; "
+                          "server CPU <= 5 us/msg"))
     for col in ("understudy durability", "vs", "produce x", "p99 x (<1 better)", "consume x", "target"):
         ratios.add_column(col, justify="right")
     for prefix, label in (("ratio", "flush interval"), ("ratio_fsync", "flush batch (fsync)")):
-        for key in ("r2", "r3"):
+        for key, _, peer in PEERS:
             if f"{prefix}_produce_vs_{key}" not in results:
                 continue
-            met = results.get(f"{prefix}_target_met") if key == "r2" else None
-            ratios.add_row(label, f"JetStream {key.upper()}",
+            ratios.add_row(label, peer,
                            f"{results[f'{prefix}_produce_vs_{key}']:.2f}",
                            f"{results[f'{prefix}_p99_vs_{key}']:.2f}",
                            f"{results[f'{prefix}_consume_vs_{key}']:.2f}",
-                           "" if met is None else ("met" if met else "missed"))
+                           "\n".join(target_lines(results, (prefix, key))))
     if ratios.row_count:
         console_out.print(ratios)
+    for line in target_lines(results, None):
+        console_out.print(f"  target (issue 16): {line}")
+    print_sizes_report(results, console_out)
     secure_module().print_secure_report(results, console_out)
     console_out.print(
         f"load average {results['loadavg_start']:.1f} -> {results['loadavg_end']:.1f} on "
@@ -483,13 +799,48 @@ def print_report(results: dict[str, Any], out: Path) -> None:
         f"wrote {out}")
 
 
-def secure_module() -> types.ModuleType:
-    """bench/secure.py (TLS + SCRAM on vs off). It imports this module by name, so when
-    this file runs as a script it is registered as ``broker`` first: one copy of it."""
-    sys.modules.setdefault("broker", sys.modules[__name__])
-    import secure
+def print_sizes_report(results: dict[str, Any], out: Console) -> None:
+    sizes = results.get("sizes")
+    if not sizes:
+        return
+    table = Table(title=f"message sizes: window {WINDOW}, loopback; MB/s = 10^6 bytes of body per s")
+    for col in ("size", "messages", "system", "produce\nmsg/s", "produce\nMB/s", "ack p99\nms",
+                "consume\nmsg/s", "consume\nMB/s", "server CPU\nus/msg"):
+        table.add_column(col, justify="right")
+    for size in sorted(sizes, key=int):
+        entry = sizes[size]
+        for name, label, _ in SYSTEMS:
+            if f"{name}_produce_msgs_per_s" in entry:
+                table.add_row(size_label(int(size)), f"{entry['count']:,}", label,
+                              f"{entry[f'{name}_produce_msgs_per_s']:,.0f}",
+                              f"{entry[f'{name}_produce_mb_per_s']:,.1f}",
+                              f"{entry[f'{name}_produce_ack_p99_ms']:.1f}",
+                              f"{entry[f'{name}_consume_msgs_per_s']:,.0f}",
+                              f"{entry[f'{name}_consume_mb_per_s']:,.1f}",
+                              f"{entry[f'{name}_server_cpu_us_per_msg']:.0f}")
+        table.add_section()
+    out.print(table)
+    if str(len(BODY)) in sizes:
+        out.print(f"  {size_label(len(BODY))}: the runs of the first table (their median run)")
+    for size in sorted(sizes, key=int):
+        batch = sizes[size]["understudy_batch_size"]
+        if batch < results["understudy_batch_size"]:
+            out.print(f"  {size_label(int(size))}: understudy batches of {batch}, not "
+                      f"{results['understudy_batch_size']}: the producer closes a batch at "
+                      f"{size_label(PRODUCER_MAX_BATCH_BYTES)} (max_batch_bytes; frame limit "
+                      f"{size_label(DEFAULT_MAX_FRAME_BYTES)})")
 
-    return secure
+
+def bench_module(name: str) -> types.ModuleType:
+    """A module of bench/ that imports this one by name (secure, peers). When this file
+    runs as a script it is registered as ``broker`` first: one copy of it."""
+    sys.modules.setdefault("broker", sys.modules[__name__])
+    return importlib.import_module(name)
+
+
+def secure_module() -> types.ModuleType:
+    """bench/secure.py (TLS + SCRAM on vs off)."""
+    return bench_module("secure")
 
 
 def main(argv: list[str]) -> int:
@@ -500,18 +851,37 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per system; the median run (by produce rate) is reported (default 3)")
     ap.add_argument("--skip-jetstream", action="store_true")
+    ap.add_argument("--skip-rabbitmq", action="store_true",
+                    help="skip RabbitMQ (else installed with apt-get when missing)")
     ap.add_argument("--skip-secure", action="store_true",
                     help="skip TLS + SCRAM on vs off (bench/secure.py)")
     ap.add_argument("--secure-repeat", type=int, default=5,
                     help="plain and secure Understudy cluster runs, alternating, for TLS + SCRAM "
                          "on vs off; each side's median run is reported (default 5: a run "
                          "lasts 2 s, so one burst of other load moves it a lot)")
+    ap.add_argument("--skip-sizes", action="store_true", help="skip the message-size sweep")
+    ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes("100,1024,65536"),
+                    help="message sizes of the sweep, bytes, comma-separated (default "
+                         "100,1024,65536; 1024 reports the 1 KiB runs)")
+    ap.add_argument("--sizes-repeat", type=int, default=1,
+                    help="runs per system and size in the sweep; the median is reported (default 1)")
+    ap.add_argument("--size-budget-mb", type=float, default=256.0,
+                    help=f"at most this many MiB of bodies per sweep run (but at least "
+                         f"{MIN_SIZE_COUNT} messages); default 256")
     ap.add_argument("--out", default="bench-results/broker.json")
     args = ap.parse_args(argv)
-    if args.count < 1 or args.batch_size < 1 or args.repeat < 1 or args.secure_repeat < 1:
-        ap.error("--count, --batch-size, --repeat and --secure-repeat must be positive")
+    if (args.count < 1 or args.batch_size < 1 or args.repeat < 1 or args.secure_repeat < 1
+            or args.sizes_repeat < 1 or args.size_budget_mb <= 0):
+        ap.error("--count, --batch-size, --repeat, --secure-repeat, --sizes-repeat and "
+                 "--size-budget-mb must be positive")
     end_on_sigterm()  # SIGTERM too goes through the finally below: every server stopped
     secure = secure_module()
+    if not args.skip_rabbitmq:
+        try:
+            bench_module("peers").install_rabbitmq()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            ap.error(f"RabbitMQ is missing and could not be installed ({exc}); "
+                     "--skip-rabbitmq runs without it")
     results: dict[str, Any] = {"count": args.count, "body_bytes": len(BODY), "window": WINDOW,
                                "understudy_batch_size": args.batch_size, "repeat": args.repeat,
                                "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()[0],
@@ -540,13 +910,29 @@ def main(argv: list[str]) -> int:
                 else:
                     runs = [plain(i) for i in range(args.repeat)]
                 results.update(median_run(runs, f"jetstream_r{replicas}"))
+        if not args.skip_rabbitmq:
+            runs = [run_rabbitmq(root / f"rmq-{i}", procs, args.count) for i in range(args.repeat)]
+            results.update(median_run(runs, "rabbitmq"))
+        if not args.skip_sizes:
+            results["sizes"] = run_sizes(
+                root, size_runners(procs, jetstream=not args.skip_jetstream,
+                                   rabbitmq=not args.skip_rabbitmq),
+                args.sizes, n=args.count, batch_size=args.batch_size,
+                budget_bytes=int(args.size_budget_mb * (1 << 20)), repeat=args.sizes_repeat,
+                main_results=results)
     finally:
         with signals_deferred():
             procs.stop_all()
         shutil.rmtree(root, ignore_errors=True)
+    # Hook for bench/scale.py (issue 16, scaling; another change): its ``run_scale`` goes
+    # here as one line, ``results["scale"] = bench_module("scale").run_scale(...)``: after
+    # every server above is stopped (it starts and stops its own, by PID, also on SIGTERM),
+    # inside the load-average window, before the ratios, the JSON and the report. Until
+    # then broker.json has no "scale" key.
     results["loadavg_end"] = os.getloadavg()[0]
     add_ratios(results)
     secure.add_secure_ratios(results)
+    add_targets(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
