@@ -74,7 +74,11 @@ figures to ``broker.json`` (every other key is as before).
 
 Usage: ``python bench/broker.py [--count N] [--batch-size B] [--repeat R] [--skip-jetstream]
 [--skip-rabbitmq] [--skip-secure] [--secure-repeat S] [--skip-sizes] [--sizes 100,1024,65536]
-[--sizes-repeat R] [--size-budget-mb M]``.
+[--sizes-repeat R] [--size-budget-mb M] [--skip-scale] [--scale-groups 1,10,20,50]
+[--scale-rounds R]``. The scale part (``bench/scale.py``, failover with the masters of many
+groups killed at once) runs last, after every other server is stopped, and its document
+goes under ``scale`` (with ``failover_1_group_reads_restored_ms_p99`` ...
+``failover_50_groups_reads_restored_ms_p99``).
 """
 
 from __future__ import annotations
@@ -792,6 +796,8 @@ def print_report(results: dict[str, Any], out: Path) -> None:
     for line in target_lines(results, None):
         console_out.print(f"  target (issue 16): {line}")
     print_sizes_report(results, console_out)
+    if "scale" in results:
+        bench_module("scale").print_report(results["scale"])
     secure_module().print_secure_report(results, console_out)
     console_out.print(
         f"load average {results['loadavg_start']:.1f} -> {results['loadavg_end']:.1f} on "
@@ -868,12 +874,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--size-budget-mb", type=float, default=256.0,
                     help=f"at most this many MiB of bodies per sweep run (but at least "
                          f"{MIN_SIZE_COUNT} messages); default 256")
+    ap.add_argument("--skip-scale", action="store_true",
+                    help="skip failover at scale (bench/scale.py: the masters of 1, 10, 20 "
+                         "and 50 groups killed at once; its figures go under 'scale')")
+    ap.add_argument("--scale-groups", default="1,10,20,50",
+                    type=lambda text: bench_module("scale").parse_groups(text),
+                    help="group counts of the scale part (default 1,10,20,50)")
+    ap.add_argument("--scale-rounds", type=int, default=3,
+                    help="rounds per group count in the scale part (default 3)")
     ap.add_argument("--out", default="bench-results/broker.json")
     args = ap.parse_args(argv)
     if (args.count < 1 or args.batch_size < 1 or args.repeat < 1 or args.secure_repeat < 1
-            or args.sizes_repeat < 1 or args.size_budget_mb <= 0):
-        ap.error("--count, --batch-size, --repeat, --secure-repeat, --sizes-repeat and "
-                 "--size-budget-mb must be positive")
+            or args.sizes_repeat < 1 or args.size_budget_mb <= 0 or args.scale_rounds < 1):
+        ap.error("--count, --batch-size, --repeat, --secure-repeat, --sizes-repeat, "
+                 "--size-budget-mb and --scale-rounds must be positive")
     end_on_sigterm()  # SIGTERM too goes through the finally below: every server stopped
     secure = secure_module()
     if not args.skip_rabbitmq:
@@ -924,11 +938,9 @@ def main(argv: list[str]) -> int:
         with signals_deferred():
             procs.stop_all()
         shutil.rmtree(root, ignore_errors=True)
-    # Hook for bench/scale.py (issue 16, scaling; another change): its ``run_scale`` goes
-    # here as one line, ``results["scale"] = bench_module("scale").run_scale(...)``: after
-    # every server above is stopped (it starts and stops its own, by PID, also on SIGTERM),
-    # inside the load-average window, before the ratios, the JSON and the report. Until
-    # then broker.json has no "scale" key.
+    if not args.skip_scale:  # failover at scale (bench/scale.py); it stops its own servers
+        results["scale"] = bench_module("scale").run_scale(args.scale_groups,
+                                                           rounds=args.scale_rounds)
     results["loadavg_end"] = os.getloadavg()[0]
     add_ratios(results)
     secure.add_secure_ratios(results)
