@@ -11,9 +11,11 @@ from understudy_broker.ha.authority import Authority, BrokerHooks, ReplicationFa
 from understudy_broker.ha.zkauthority import ZkAuthority
 from understudy_broker.model import GroupState, Health, Mode, Permission, Role
 from understudy_broker.zklayout import (
+    BrokerRouteDoc,
     BrokerStatus,
     config_path,
     encode_state,
+    route_path,
     state_path,
     status_path,
 )
@@ -72,9 +74,12 @@ async def test_unknown_state_is_none_then_follows_zookeeper(
     # The master is ready for back-sync: isolated at this epoch with the acting slave linked.
     await eventually(lambda: BrokerStatus.from_json(admin.get(status_path(GROUP, "m"))[0]).ready,
                    "master status ready")
-    st = BrokerStatus.from_json(admin.get(status_path(GROUP, "s"))[0])
-    assert (st.effective, st.epoch_applied, st.master_link, st.max_offset) == (
-        Permission.READ, 2, True, 17)
+    # s's status follows its permission by one write (its route document goes first).
+    def s_status() -> tuple[Permission, int, bool, int]:
+        st = BrokerStatus.from_json(admin.get(status_path(GROUP, "s"))[0])
+        return st.effective, st.epoch_applied, st.master_link, st.max_offset
+
+    await eventually(lambda: s_status() == (Permission.READ, 2, True, 17), "s's status READ/2")
     admin.set(state_path(GROUP), encode_state(GroupState(Mode.RECOVERING, 3, acting="s")))
     await eventually(lambda: s.effective() is Permission.NONE, "slave drops READ in RECOVERING")
 
@@ -86,8 +91,8 @@ async def test_route_lists_the_group_from_zookeeper(
     await eventually(lambda: m.effective() is Permission.FULL, "master FULL")
     await eventually(lambda: BrokerStatus.from_json(
         admin.get(status_path(GROUP, "m"))[0]).effective is Permission.FULL, "m's status")
-    # s learns m's published permission from its cluster view's watch on m's status: it
-    # follows the write by one notification, not at once.
+    # s learns m's published permission from its cluster view's watch on m's route
+    # document: it follows the write by one notification, not at once.
 
     async def m_full_in_route() -> bool:
         brokers = (await s.route())[0].brokers
@@ -100,6 +105,32 @@ async def test_route_lists_the_group_from_zookeeper(
     assert by_name["s"].address == "127.0.0.1:4"
     assert by_name["m"].permission == int(Permission.FULL)
     assert by_name["m"].reachable
+
+
+async def test_the_route_document_is_written_when_it_changes_not_with_each_status(
+        pair: tuple[ZkAuthority, ZkAuthority], admin: KazooClient) -> None:
+    """Every broker's cluster view watches every broker's route document, so a broker
+    writes it on a change of permission or epoch only; its status goes on being
+    republished every interval (offsets, timestamps) for the controller."""
+    m, s = pair
+    admin.create(state_path(GROUP), encode_state(GroupState(Mode.NORMAL, 1)), makepath=True)
+
+    def route(name: str) -> tuple[BrokerRouteDoc, int]:
+        data, stat = admin.get(route_path(GROUP, name))
+        return BrokerRouteDoc.from_json(data), stat.version
+
+    await eventually(lambda: admin.exists(route_path(GROUP, "m")) is not None
+                     and route("m")[0] == BrokerRouteDoc(Permission.FULL, 1), "m's route FULL/1")
+    doc, version = route("m")
+    status_version = admin.exists(status_path(GROUP, "m")).version
+    # Five publish intervals (0.2 s): the status is rewritten, the route document is not.
+    await eventually(lambda: admin.exists(status_path(GROUP, "m")).version >= status_version + 4,
+                     "m's status republished")
+    assert route("m") == (doc, version)
+    admin.set(state_path(GROUP), encode_state(GroupState(Mode.SLAVE_CONSUME, 2, acting="s")))
+    await eventually(lambda: route("s")[0] == BrokerRouteDoc(Permission.READ, 2), "s's route READ/2")
+    await eventually(lambda: route("m")[0] == BrokerRouteDoc(Permission.NONE, 2), "m's route NONE/2")
+    assert route("m")[1] > version
 
 
 async def test_health_from_replication_notifies(pair: tuple[ZkAuthority, ZkAuthority],

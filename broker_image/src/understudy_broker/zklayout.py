@@ -13,6 +13,7 @@ connect string (``host:port/understudy``)::
     /groups/<group>/state             GroupState           (controller, versioned writes only)
     /groups/<group>/live/<broker>     ephemeral, one per running broker (data: pid, address)
     /groups/<group>/status/<broker>   BrokerStatus         (each broker, ~1 s)
+    /groups/<group>/route/<broker>    BrokerRouteDoc       (each broker, only when it changes)
     /controllers/<group>              controller election
     /topics/<topic>                   TopicDoc             (operator / `understudy topic`, versioned)
     /consumers/<cg>/members/<member>  MemberDoc, ephemeral (the broker hosting the member)
@@ -105,6 +106,14 @@ def status_dir(group: str) -> str:
 
 def status_path(group: str, broker: str) -> str:
     return f"{status_dir(group)}/{check_name('broker', broker)}"
+
+
+def route_dir(group: str) -> str:
+    return f"{group_path(group)}/route"
+
+
+def route_path(group: str, broker: str) -> str:
+    return f"{route_dir(group)}/{check_name('broker', broker)}"
 
 
 CONTROLLERS_DIR = "/controllers"
@@ -524,6 +533,42 @@ class BrokerStatus:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LayoutError(f"status: malformed document: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRouteDoc:
+    """``/groups/<group>/route/<broker>``: what a route shows of a broker, its effective
+    permission and the epoch it applied (the rest of a route comes from the config and the
+    ``live`` nodes).
+
+    Why apart from :class:`BrokerStatus`: the status is republished about once a second
+    (offsets, timestamps), and every broker watches every group's routes (the cluster
+    view answers any topic's route). Watched there, each republish cost every broker of
+    the cluster a notification, a read and a decode: B brokers made B x B a second, which
+    at 20 groups took most of a core of the whole machine at rest and at 50 groups left
+    brokers unable to keep their ZooKeeper sessions. A broker writes this document only
+    when one of its two fields changes (and once at start), so the views are notified of
+    route changes only. A broker without one (an older version) is still read from its
+    status.
+    """
+
+    effective: Permission
+    epoch_applied: int
+
+    @classmethod
+    def of(cls, status: BrokerStatus) -> BrokerRouteDoc:
+        return cls(status.effective, status.epoch_applied)
+
+    def to_json(self) -> bytes:
+        return _dump({"effective": self.effective.label, "epochApplied": self.epoch_applied})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> BrokerRouteDoc:
+        doc = _load("route", data)
+        try:
+            return cls(Permission.parse(str(doc["effective"])), int(doc["epochApplied"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LayoutError(f"route: {exc!r}") from exc
 
 
 def _dump(doc: dict[str, Any]) -> bytes:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
@@ -65,6 +65,8 @@ from understudy_broker.zklayout import (
     live_dir,
     member_path,
     members_dir,
+    route_dir,
+    route_path,
     state_path,
     status_dir,
     status_path,
@@ -282,12 +284,23 @@ class ZkGateway:
         """What the controller decides on: for each of ``brokers``, whether its ``live``
         node exists, its last ``status`` (and the znode version, which grows with every
         publish) and what ``process`` says of its process; and the in-sync record."""
-        live = set(await self.children(live_dir(group)))
+        # Every read is sent at once, in this order, on the one session (gather starts its
+        # tasks in argument order; ZooKeeper answers a session's requests in the order
+        # sent): the in-sync record is still read after the statuses (``machine.py``
+        # FENCING relies on it: the set is read after the proof, so it can no longer
+        # shrink), and the observation costs one round trip instead of one per node (on a
+        # loaded machine each round trip also waits for a CPU, for this thread and kazoo's).
+        found_all: list[Any] = await asyncio.gather(
+            self.children(live_dir(group)),
+            *(self.get(status_path(group, name)) for name in brokers),
+            self.read_isr(group, warn=warn))
+        live = set(cast(list[str], found_all[0]))
+        statuses = cast(list[tuple[bytes, int] | None], found_all[1:-1])
+        in_sync = cast(frozenset[str] | None, found_all[-1])
         views: dict[str, BrokerView] = {}
-        for name in brokers:
+        for name, found in zip(brokers, statuses, strict=True):
             status: BrokerStatus | None = None
             version = -1
-            found = await self.get(status_path(group, name))
             if found is not None:
                 version = found[1]
                 try:
@@ -296,18 +309,19 @@ class ZkGateway:
                     warn(f"group {group}: ignoring malformed status of {name}: {exc}")
             views[name] = BrokerView(name=name, zk_live=name in live, process=process(name),
                                      status=status, status_version=version)
-        in_sync = await self.read_isr(group, warn=warn)
         return Observation(now=time.monotonic(), wall=time.time(), brokers=views, in_sync=in_sync)
 
     async def prune_statuses(self, group: str, keep: set[str]) -> list[str]:
-        """Delete the ``status`` documents of brokers no longer in the group (scaled away)
-        that have no live node; returns their names. A broker still running keeps its
+        """Delete the ``status`` and ``route`` documents of brokers no longer in the group
+        (scaled away) that have no live node; returns their names. A broker still running keeps its
         document."""
         names = set(await self.children(status_dir(group)))
+        routes = set(await self.children(route_dir(group)))
         live = set(await self.children(live_dir(group)))
         pruned = []
-        for name in sorted(names - keep - live):
-            if await self.delete(status_path(group, name)):
+        for name in sorted((names | routes) - keep - live):
+            deleted = [await self.delete(path(group, name)) for path in (route_path, status_path)]
+            if any(deleted):
                 pruned.append(name)
         return pruned
 

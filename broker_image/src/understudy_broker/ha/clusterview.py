@@ -3,14 +3,21 @@
 Why this module exists: any broker answers the route of any topic (DESIGN "Topics across
 groups"): per queue its group, that group's brokers and their effective permissions. The
 view is kept by ZooKeeper watches, not polls: ``/topics/*`` documents, and per group its
-``config``, ``live`` children and ``status`` documents (a broker publishes its status the
-moment its effective permission changes, so a failover reaches every view within a
-notification). Each change to what a route shows bumps :attr:`ClusterView.version`;
-GET_ROUTE long-polls wait on it, so clients learn a new route as soon as the brokers do.
-A status republished with only its offsets or timestamp changed (every broker does that
-about once a second) shows nothing new: it bumps nothing. When it did, four brokers woke
-every client's route watch and re-ran every hosted consumer group's rebalance check four
-times a second, a CPU burst on every process at once.
+``config``, ``live`` children and each broker's ``route`` document (effective permission
+and epoch; a broker writes it the moment either changes, so a failover reaches every view
+within a notification). Each change to what a route shows bumps
+:attr:`ClusterView.version`; GET_ROUTE long-polls wait on it, so clients learn a new route
+as soon as the brokers do.
+
+Routes, not statuses, are watched because a broker republishes its ``status`` about once
+a second (offsets, timestamps) and every broker watches every group: B brokers watching B
+statuses cost B x B notifications, reads and decodes a second (``bench/scale.py``
+measured 1.8 cores of the machine at rest with 40 brokers; with 100, brokers lost their
+ZooKeeper sessions). A broker with no ``route`` document (an older version, during a
+rolling upgrade) is still followed through its ``status``, and only for what a route
+shows: a status republished with only its offsets or timestamp changed bumps nothing
+(when it did, every client's route watch and every hosted consumer group's rebalance
+check woke with every republish).
 
 Threading: kazoo calls the watch functions on its threads; they only hand the data to
 the loop (``call_soon_threadsafe``). All state is read and written on the loop. A watch
@@ -32,6 +39,7 @@ from understudy_broker.protocol import BrokerRoute, GroupRoute
 from understudy_broker.zklayout import (
     GROUPS_DIR,
     TOPICS_DIR,
+    BrokerRouteDoc,
     BrokerStatus,
     ChainDoc,
     GroupConfig,
@@ -40,6 +48,7 @@ from understudy_broker.zklayout import (
     chains_path,
     config_path,
     live_dir,
+    route_dir,
     status_dir,
     topic_path,
 )
@@ -51,9 +60,18 @@ log = logging.getLogger(__name__)
 class _Group:
     config: GroupConfig | None = None
     live: frozenset[str] = frozenset()
-    statuses: dict[str, BrokerStatus] = field(default_factory=dict)
+    routes: dict[str, tuple[int, int]] = field(default_factory=dict)  # from route documents
+    statuses: dict[str, BrokerStatus] = field(default_factory=dict)  # brokers without one
+    route_names: frozenset[str] = frozenset()  # the ``route`` children
+    status_names: frozenset[str] = frozenset()  # the ``status`` children
+    watched_route: set[str] = field(default_factory=set)
     watched_status: set[str] = field(default_factory=set)
     gone: bool = False
+
+    def fields(self, broker: str) -> tuple[int, int] | None:
+        """``(effective, epoch)`` of ``broker``: its route document, else its status."""
+        route = self.routes.get(broker)
+        return route if route is not None else _route_fields(self.statuses.get(broker))
 
 
 def _route_fields(status: BrokerStatus | None) -> tuple[int, int] | None:
@@ -203,10 +221,11 @@ class ClusterView:
         """(kazoo thread) A children watch on a missing node stops for good: make sure the
         group's ``live`` and ``status`` nodes exist first."""
         if self._client.exists(config_path(name)) is not None:  # not a group being deleted
-            for path in (live_dir(name), status_dir(name)):
+            for path in (live_dir(name), status_dir(name), route_dir(name)):
                 self._client.ensure_path(path, self._acl)
         self._client.DataWatch(config_path(name), self._group_watch(name, g, "config"))
         self._client.ChildrenWatch(live_dir(name), self._group_watch(name, g, "live"))
+        self._client.ChildrenWatch(route_dir(name), self._group_watch(name, g, "route"))
         self._client.ChildrenWatch(status_dir(name), self._group_watch(name, g, "status"))
 
     def _group_watch(self, name: str, g: _Group, kind: str) -> Callable[..., Any]:
@@ -232,38 +251,79 @@ class ClusterView:
                     return
         elif kind == "live":
             g.live = frozenset(value or ())
+        elif kind == "route":
+            g.route_names = frozenset(value or ())
+            self._follow(name, g)
+            return
         elif kind == "status":
-            for broker in value or ():
-                if broker not in g.watched_status:
-                    g.watched_status.add(broker)
-                    self._arm(self._client.DataWatch, f"{status_dir(name)}/{broker}",
-                              self._status_watch(name, g, broker))
+            g.status_names = frozenset(value or ())
+            self._follow(name, g)
             return
         self._bump()
 
-    def _status_watch(self, name: str, g: _Group, broker: str) -> Callable[..., Any]:
+    def _follow(self, name: str, g: _Group) -> None:
+        """Watch each broker's route document, and the status of a broker without one."""
+        for broker in g.route_names - g.watched_route:
+            g.watched_route.add(broker)
+            self._arm(self._client.DataWatch, f"{route_dir(name)}/{broker}",
+                      self._route_watch(name, g, broker))
+        for broker in g.status_names - g.route_names - g.watched_status:
+            g.watched_status.add(broker)
+            self._arm(self._client.DataWatch, f"{status_dir(name)}/{broker}",
+                      self._status_watch(g, broker))
+
+    def _route_watch(self, name: str, g: _Group, broker: str) -> Callable[..., Any]:
+        def fired(data: bytes | None, *_: Any) -> bool:
+            if g.gone:
+                return False
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._apply_route, name, g, broker, data)
+            return data is not None  # a deleted document ends its watch
+        return fired
+
+    def _apply_route(self, name: str, g: _Group, broker: str, data: bytes | None) -> None:
+        before = g.fields(broker)
+        if data is None:
+            g.routes.pop(broker, None)
+            g.watched_route.discard(broker)
+            g.route_names = g.route_names - {broker}
+            self._follow(name, g)  # followed through its status again, if it has one
+        else:
+            try:
+                route = BrokerRouteDoc.from_json(data)
+            except LayoutError as exc:
+                log.debug("ignoring malformed route of %s: %s", broker, exc)
+                return
+            g.routes[broker] = (int(route.effective), route.epoch_applied)
+            g.statuses.pop(broker, None)  # its status watch ends at its next notification
+        if g.fields(broker) != before:
+            self._bump()
+
+    def _status_watch(self, g: _Group, broker: str) -> Callable[..., Any]:
         def fired(data: bytes | None, *_: Any) -> bool:
             if g.gone:
                 return False
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._apply_status, g, broker, data)
-            if data is None:
-                g.watched_status.discard(broker)
-                return False
-            return True
+            return data is not None and broker not in g.route_names
         return fired
 
     def _apply_status(self, g: _Group, broker: str, data: bytes | None) -> None:
-        before = _route_fields(g.statuses.get(broker))
+        if broker in g.route_names:  # followed through its route document now
+            g.statuses.pop(broker, None)
+            g.watched_status.discard(broker)
+            return
+        before = g.fields(broker)
         if data is None:
             g.statuses.pop(broker, None)
+            g.watched_status.discard(broker)
         else:
             try:
                 g.statuses[broker] = BrokerStatus.from_json(data)
             except LayoutError as exc:
                 log.debug("ignoring malformed status of %s: %s", broker, exc)
                 return
-        if _route_fields(g.statuses.get(broker)) != before:
+        if g.fields(broker) != before:
             self._bump()
 
     @property
@@ -317,16 +377,17 @@ class ClusterView:
 
     def group_route(self, group: str) -> GroupRoute:
         """The group's brokers as a client should see them: a broker's permission is the
-        effective one it last published, and 0 (unreachable) when its session is gone."""
+        effective one it last published (its route document, else its status), and 0
+        (unreachable) when its session is gone."""
         g = self._groups.get(group)
         if g is None or g.config is None:
             return GroupRoute(group, [])
         out = []
         for spec in g.config.brokers:
-            st = g.statuses.get(spec.name)
+            fields = g.fields(spec.name)
             live = spec.name in g.live
-            perm = int(st.effective) if st is not None and live else 0
-            epoch = st.epoch_applied if st is not None else 0
+            perm = fields[0] if fields is not None and live else 0
+            epoch = fields[1] if fields is not None else 0
             out.append(BrokerRoute(spec.name, spec.address, spec.role.value, perm, epoch,
                                    reachable=live))
         return GroupRoute(group, out)

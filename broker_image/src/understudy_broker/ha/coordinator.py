@@ -40,6 +40,7 @@ from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zkclient import Digest, digest_acl, kazoo_future, make_client
 from understudy_broker.zklayout import (
+    BrokerRouteDoc,
     BrokerStatus,
     GroupConfig,
     LayoutError,
@@ -48,6 +49,7 @@ from understudy_broker.zklayout import (
     isr_path,
     live_dir,
     live_path,
+    route_path,
     state_path,
     status_path,
 )
@@ -340,8 +342,14 @@ class BrokerCoordinator:
     async def publish_status(self, status: BrokerStatus) -> None:
         """Write ``status/<broker>``. Raises :class:`CoordinationError` when ZooKeeper is
         not reachable (the caller logs it and tries again next second)."""
-        path = status_path(self.group, self.name)
-        data = status.to_json()
+        await self._put(status_path(self.group, self.name), status.to_json(), "status")
+
+    async def publish_route(self, route: BrokerRouteDoc) -> None:
+        """Write ``route/<broker>`` (only when it changed: every broker watches it).
+        Raises :class:`CoordinationError` when ZooKeeper is not reachable."""
+        await self._put(route_path(self.group, self.name), route.to_json(), "route")
+
+    async def _put(self, path: str, data: bytes, what: str) -> None:
         try:
             try:
                 await self._wrap(self._client.set_async(path, data))
@@ -351,7 +359,7 @@ class BrokerCoordinator:
         except NodeExistsError:
             await self._wrap(self._client.set_async(path, data))
         except KazooException as exc:
-            raise CoordinationError(f"publishing status of {self.name}: {exc!r}") from exc
+            raise CoordinationError(f"publishing {what} of {self.name}: {exc!r}") from exc
 
     # ------------------------------------------------------------------ in-sync set
 

@@ -13,8 +13,10 @@ This class plugs that into the broker server behind the same interface as
 - listeners are told whenever permission or epoch change (state applied, session lost,
   lease lapsed, slave link changes), and the broker's ``status`` is published at once on
   such a change (the controller compares offsets only from statuses published after a
-  fence) and otherwise every ``publish_interval_s``;
-- the route comes from the ZooKeeper config plus the brokers' published statuses.
+  fence) and otherwise every ``publish_interval_s``; its ``route`` document (effective
+  permission and epoch, which every broker's cluster view watches) only when it changes;
+- the route comes from the ZooKeeper config plus the brokers' published route documents
+  (the status, for a broker of an older version that publishes none).
 
 The broker lends its replication facts (master link, connected slaves, max offset,
 persisted back-sync epoch) and its consumer-offset snapshot through :meth:`ZkAuthority.attach`;
@@ -62,6 +64,7 @@ from understudy_broker.tasks import stop_tasks
 from understudy_broker.zkclient import Digest, digest_acl
 from understudy_broker.zklayout import (
     PRODUCER_GROUPS,
+    BrokerRouteDoc,
     BrokerStatus,
     GroupConfig,
     LayoutError,
@@ -153,6 +156,7 @@ class ZkAuthority(BrokerIdentity):
         self._digest_auth = digest_auth
         self._security = security  # what this broker presents to its peers' client ports
         self._publish_interval_s = publish_interval_s
+        self._published_route: BrokerRouteDoc | None = None  # the route/<me> last written
         self._health = Health()
         self._facts: Callable[[], ReplicationFacts] = ReplicationFacts
         self._master_back: Callable[[], None] = lambda: None
@@ -523,9 +527,19 @@ class ZkAuthority(BrokerIdentity):
             # flight must trigger another write, not wait for the next interval.
             self._publish_now.clear()
             if coord is not None and coord.zk_live:
+                status = self.status()
+                route = BrokerRouteDoc.of(status)
                 try:
-                    await coord.publish_status(self.status())
+                    if route != self._published_route:  # every broker watches it: on change only
+                        # Both at once (one session: ZooKeeper applies them in this order),
+                        # so neither the views nor the controller wait for the other write.
+                        await asyncio.gather(coord.publish_route(route),
+                                             coord.publish_status(status))
+                        self._published_route = route
+                    else:
+                        await coord.publish_status(status)
                 except CoordinationError as exc:
+                    self._published_route = None  # written again with the next status
                     log.debug("%s: status not published: %s", self._name, exc)
             # asyncio.timeout, not wait_for: on 3.11 wait_for loses a cancel that lands as
             # the event is set (stop() sets it), and this loop would then never end.

@@ -379,8 +379,12 @@ class GroupDriver:
     async def check_once(self) -> float:
         """Observe, decide, write. Returns seconds until the next periodic check (0: now)."""
         zk = self.c.zk
-        config = await zk.read_config(
-            self.group, warn=lambda msg: log.error("%s; not deciding", msg))
+        # Both sent at once (one round trip; the session keeps their order), the state
+        # before the observation below, as before.
+        config, (state, version) = await asyncio.gather(
+            zk.read_config(self.group, warn=lambda msg: log.error("%s; not deciding", msg)),
+            zk.read_state(self.group, warn=lambda msg: log.error(
+                "%s; not deciding (override with 'understudy group force-mode')", msg)))
         if config is None:
             return 1.0
         interval = config.failover.check_interval_ms / 1000.0
@@ -390,9 +394,6 @@ class GroupDriver:
             self.brokers = names
             self.c.liveness.track(names)
             await self._arm_status_watches(names)
-        state, version = await zk.read_state(
-            self.group, warn=lambda msg: log.error(
-                "%s; not deciding (override with 'understudy group force-mode')", msg))
         if version < 0:
             await self._create_initial()
             return 0
