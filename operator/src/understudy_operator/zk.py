@@ -26,7 +26,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Any, Final, TypeVar, cast
 
 from kazoo.client import KazooClient, KazooState
@@ -210,6 +210,19 @@ class ZkGateway:
 
         await asyncio.to_thread(self.client.DataWatch, path, fired)
 
+    async def watch_node(self, path: str, on_change: Callable[[bytes | None, int], None],
+                         loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """As :meth:`data_watch`, with the node's version: ``on_change(data, version)``
+        (``(None, -1)`` when the node does not exist)."""
+        target = loop or asyncio.get_running_loop()
+
+        def fired(data: bytes | None, stat: Any, *_: Any) -> None:
+            version = -1 if stat is None else int(stat.version)
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                target.call_soon_threadsafe(on_change, None if stat is None else data, version)
+
+        await asyncio.to_thread(self.client.DataWatch, path, fired)
+
     async def children_watch(self, path: str, on_change: Callable[[list[str]], None],
                              loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Call ``on_change(children)`` on ``loop`` now and whenever they change."""
@@ -294,22 +307,10 @@ class ZkGateway:
             self.children(live_dir(group)),
             *(self.get(status_path(group, name)) for name in brokers),
             self.read_isr(group, warn=warn))
-        live = set(cast(list[str], found_all[0]))
-        statuses = cast(list[tuple[bytes, int] | None], found_all[1:-1])
-        in_sync = cast(frozenset[str] | None, found_all[-1])
-        views: dict[str, BrokerView] = {}
-        for name, found in zip(brokers, statuses, strict=True):
-            status: BrokerStatus | None = None
-            version = -1
-            if found is not None:
-                version = found[1]
-                try:
-                    status = BrokerStatus.from_json(found[0])
-                except LayoutError as exc:
-                    warn(f"group {group}: ignoring malformed status of {name}: {exc}")
-            views[name] = BrokerView(name=name, zk_live=name in live, process=process(name),
-                                     status=status, status_version=version)
-        return Observation(now=time.monotonic(), wall=time.time(), brokers=views, in_sync=in_sync)
+        return observation_of(
+            group, brokers, live=set(cast(list[str], found_all[0])),
+            statuses=cast(list[tuple[bytes, int] | None], found_all[1:-1]),
+            in_sync=cast(frozenset[str] | None, found_all[-1]), process=process, warn=warn)
 
     async def prune_statuses(self, group: str, keep: set[str]) -> list[str]:
         """Delete the ``status`` and ``route`` documents of brokers no longer in the group
@@ -462,6 +463,30 @@ class ZkGateway:
         """Remove ``/groups/<group>`` and ``/controllers/<group>`` recursively."""
         await self.delete(group_path(group), recursive=True)
         await self.delete(controller_path(group), recursive=True)
+
+
+def observation_of(group: str, brokers: Sequence[str], *, live: Collection[str],
+                   statuses: Sequence[tuple[bytes, int] | None],
+                   in_sync: frozenset[str] | None,
+                   process: Callable[[str], ProcessState] = lambda _name: ProcessState.UNKNOWN,
+                   warn: Warn = _log_warning) -> Observation:
+    """The controller's :class:`Observation` from what ZooKeeper held: the ``live``
+    children, each of ``brokers``' status ``(data, znode version)`` (None: absent) in
+    order, and the in-sync record; read fresh (:meth:`ZkGateway.observe_group`) or kept
+    by watches (the controller's periodic checks)."""
+    views: dict[str, BrokerView] = {}
+    for name, found in zip(brokers, statuses, strict=True):
+        status: BrokerStatus | None = None
+        version = -1
+        if found is not None:
+            version = found[1]
+            try:
+                status = BrokerStatus.from_json(found[0])
+            except LayoutError as exc:
+                warn(f"group {group}: ignoring malformed status of {name}: {exc}")
+        views[name] = BrokerView(name=name, zk_live=name in live, process=process(name),
+                                 status=status, status_version=version)
+    return Observation(now=time.monotonic(), wall=time.time(), brokers=views, in_sync=in_sync)
 
 
 async def secure_chroot(connect: str, chroot: str, *, digest: Digest,

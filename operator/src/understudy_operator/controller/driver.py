@@ -41,8 +41,12 @@ from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zklayout import (
+    GroupConfig,
+    LayoutError,
     config_path,
     controller_path,
+    decode_state,
+    encode_state,
     live_dir,
     state_path,
     status_path,
@@ -51,6 +55,7 @@ from understudy_operator import zk as zkio
 from understudy_operator.controller.chainmover import ChainMover
 from understudy_operator.controller.liveness import LivenessSource
 from understudy_operator.controller.machine import PHASES, Decision, Memory, decide, initial_state
+from understudy_operator.controller.observe import Observation
 from understudy_operator.controller.topicview import (
     TopicCounts,
     exports_topics,
@@ -271,6 +276,12 @@ class GroupDriver:
         self._event = asyncio.Event()
         self._watched_status: set[str] = set()
         self._watches_armed = False
+        # What the watches keep (kazoo re-reads a node on each notification): path ->
+        # (data, znode version), None data when absent; the live children; the config
+        # last parsed. Periodic checks decide on these (see check_once).
+        self._kept: dict[str, tuple[bytes | None, int]] = {}
+        self._kept_live: frozenset[str] | None = None
+        self._kept_config: tuple[bytes, GroupConfig | None] | None = None
         self._node: str | None = None
         self._node_gen = -1
         self._degraded = False
@@ -353,16 +364,30 @@ class GroupDriver:
             return
         self._watches_armed = True
         zk = self.c.zk
-        await zk.data_watch(config_path(self.group), self.wake)
-        await zk.data_watch(state_path(self.group), self.wake)
+        await zk.watch_node(config_path(self.group), self._keep(config_path(self.group)))
+        await zk.watch_node(state_path(self.group), self._keep(state_path(self.group)))
         with contextlib.suppress(zkio.ZkError):
             await zk.ensure_path(live_dir(self.group))
-        await zk.children_watch(live_dir(self.group), self.wake)
+        await zk.children_watch(live_dir(self.group), self._keep_live)
 
     async def _arm_status_watches(self, names: set[str]) -> None:
         for name in names - self._watched_status:
             self._watched_status.add(name)
-            await self.c.zk.data_watch(status_path(self.group, name), self.wake)
+            path = status_path(self.group, name)
+            await self.c.zk.watch_node(path, self._keep(path))
+
+    def _keep(self, path: str) -> Callable[[bytes | None, int], None]:
+        def changed(data: bytes | None, version: int) -> None:
+            old = self._kept.get(path)
+            if data is not None and old is not None and version < old[1]:
+                return  # a read from before this controller's own write, delivered late
+            self._kept[path] = (data, version)
+            self.wake()
+        return changed
+
+    def _keep_live(self, children: list[str]) -> None:
+        self._kept_live = frozenset(children)
+        self.wake()
 
     async def _lead(self, gen: int) -> None:
         await self._arm_watches()
@@ -377,7 +402,80 @@ class GroupDriver:
             await self._sleep(recheck)
 
     async def check_once(self) -> float:
-        """Observe, decide, write. Returns seconds until the next periodic check (0: now)."""
+        """Observe, decide, write. Returns seconds until the next periodic check (0: now).
+
+        A check first decides on what the watches keep (config, state, ``live`` children,
+        statuses; the in-sync record is read, it is not watched). A decision to stay is
+        taken as it is: the periodic checks of a quiet group cost one ZooKeeper read, not
+        six. A decision to move is never written on kept data: everything is read again,
+        decided again, and that decision is written with the state version just read."""
+        kept = await self._kept_inputs()
+        if kept is not None:
+            config, state, obs = kept
+            decision = decide(config, state, obs, self.memory)
+            if decision.target is None:
+                self.c.metrics.set_state(self.group, state)
+                return self._stay(decision, config.failover.check_interval_ms / 1000.0)
+        return await self._check_fresh()
+
+    async def _kept_inputs(self) -> tuple[GroupConfig, GroupState, Observation] | None:
+        """The config, state and observation from what the watches keep (with a fresh
+        read of the in-sync record), or None when something is not kept (yet), is
+        malformed or names brokers not watched yet: then the fresh check handles it."""
+        config = self._config_kept()
+        raw_state = self._kept.get(state_path(self.group))
+        if (config is None or raw_state is None or raw_state[0] is None
+                or self._kept_live is None or {b.name for b in config.brokers} != self.brokers):
+            return None
+        try:
+            state = decode_state(raw_state[0])
+        except LayoutError:
+            return None
+        names = [b.name for b in config.brokers]
+        statuses = []
+        for name in names:
+            found = self._kept.get(status_path(self.group, name))
+            if found is None:
+                return None
+            statuses.append(None if found[0] is None else (found[0], found[1]))
+        in_sync = await self.c.zk.read_isr(self.group)
+        return config, state, zkio.observation_of(
+            self.group, names, live=self._kept_live, statuses=statuses, in_sync=in_sync,
+            process=self.c.liveness.process_state)
+
+    def _config_kept(self) -> GroupConfig | None:
+        found = self._kept.get(config_path(self.group))
+        if found is None or found[0] is None:
+            return None
+        raw = found[0]
+        if self._kept_config is None or self._kept_config[0] != raw:
+            try:
+                parsed: GroupConfig | None = GroupConfig.from_json(raw)
+            except LayoutError:
+                parsed = None  # the fresh check reports it
+            self._kept_config = (raw, parsed)
+        return self._kept_config[1]
+
+    def _record(self, decision: Decision) -> None:
+        self.last_decision = decision
+        self.c.metrics.degraded.labels(self.group).set(1 if decision.degraded else 0)
+        for phase, seconds in decision.phases:
+            self.c.metrics.phase.labels(self.group, phase).observe(max(0.0, seconds))
+
+    def _stay(self, decision: Decision, interval: float) -> float:
+        """Take a decision that writes nothing; seconds until the next check."""
+        self._record(decision)
+        if decision.degraded != self._degraded:
+            if decision.degraded:
+                log.error("group %s: DEGRADED: %s", self.group, decision.reason)
+            else:
+                log.warning("group %s: no longer degraded", self.group)
+        self._degraded = decision.degraded
+        self.memory = decision.memory
+        return min(interval, decision.recheck_in) if decision.recheck_in is not None else interval
+
+    async def _check_fresh(self) -> float:
+        """The check on a fresh read of every input; the only one that writes."""
         zk = self.c.zk
         # Both sent at once (one round trip; the session keeps their order), the state
         # before the observation below, as before.
@@ -403,24 +501,17 @@ class GroupDriver:
         obs = await zk.observe_group(self.group, [b.name for b in config.brokers],
                                      process=self.c.liveness.process_state)
         decision = decide(config, state, obs, self.memory)
-        self.last_decision = decision
-        self.c.metrics.degraded.labels(self.group).set(1 if decision.degraded else 0)
-        for phase, seconds in decision.phases:
-            self.c.metrics.phase.labels(self.group, phase).observe(max(0.0, seconds))
         if decision.target is None:
-            if decision.degraded != self._degraded:
-                if decision.degraded:
-                    log.error("group %s: DEGRADED: %s", self.group, decision.reason)
-                else:
-                    log.warning("group %s: no longer degraded", self.group)
-            self._degraded = decision.degraded
-            self.memory = decision.memory
-            return min(interval, decision.recheck_in) if decision.recheck_in is not None else interval
+            return self._stay(decision, interval)
+        self._record(decision)
         if not await zk.write_state(self.group, decision.target, version=version):
             log.info("group %s: state moved under us (version %d); re-reading", self.group,
                      version)
             return 0
         written_at = time.time()  # the transition's event time (as the journal's t_ns)
+        # What the watch will deliver in a moment, kept now: the next check must not
+        # decide on the state this write replaced.
+        self._kept[state_path(self.group)] = (encode_state(decision.target), version + 1)
         self.memory = decision.memory
         self.c.metrics.set_state(
             self.group, decision.target,
