@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-ORDER = ["broker", "failover", "sla", "cluster", "ordered", "delayed"]
+ORDER = ["broker", "growth", "failover", "sla", "cluster", "ordered", "delayed", "memory"]
 
 
 def main(argv: list[str]) -> int:
