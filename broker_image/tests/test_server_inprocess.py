@@ -295,3 +295,43 @@ def test_a_wildcard_listen_address_is_never_advertised() -> None:
     assert advertised_host("0.0.0.0", "broker-0.svc", own) == "broker-0.svc"
     for wildcard in ("0.0.0.0", "::", ""):
         assert advertised_host(wildcard, None, own) == "10.1.2.3"
+
+
+async def test_messages_sent_while_no_send_slot_is_free_go_out_together(served: Any) -> None:
+    """A batch whose linger ends while its group has no free send slot keeps taking
+    messages until a send ends, instead of going out as a request of its own. Before,
+    every linger closed a batch per topic and the closed batches queued for the slot
+    without merging: with several topics sharing the window, requests fell to 1-2
+    messages and the brokers' CPU per message rose 25-fold (bench/growth.py)."""
+    broker, _auth, addr = served
+    topics = [f"bt{i}" for i in range(4)]
+    for t in topics:
+        await create_topic([addr], topic=t, queues=1)
+    labels = {"group": "g", "broker": "m"}
+
+    def requests() -> float:
+        return broker.metrics.registry.get_sample_value(
+            "understudy_produce_latency_seconds_count", labels) or 0
+
+    async with Producer([addr], batch_size=128, linger_ms=1, max_in_flight=1,
+                        max_in_flight_per_group=1, idempotent=False) as prod:
+        for t in topics:
+            await (await prod.send(t, b"warm-up"))
+        before = requests()
+        # The producer's only send slot is busy, as during a slow send (held directly:
+        # a slow broker would make the number of lingers that pass a matter of timing).
+        await prod._inflight.acquire()
+        futures = []
+        for i in range(5):  # five lingers' worth of messages to every topic
+            for t in topics:
+                futures.append(await prod.send(t, b"m%d" % i))
+            await asyncio.sleep(0.005)
+        assert not any(f.done() for f in futures)
+        prod._inflight.release()
+        prod._kick()  # what the end of the slow send does
+        acked = await asyncio.gather(*futures)
+    assert requests() - before == len(topics)  # one request per topic, not one per linger
+    sent = [t for _i in range(5) for t in topics]  # the order of the futures
+    for t in topics:  # each topic's messages in order, at consecutive offsets from 1
+        assert [o for (_q, o), topic in zip(acked, sent, strict=True) if topic == t] == \
+            [1, 2, 3, 4, 5]
