@@ -9,12 +9,19 @@ import functools
 import gc
 import json
 import pathlib
+import shutil
 import signal
+import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 from understudy_broker.client import BrokerError, Producer
+from understudy_operator.local import cluster as lc
+from understudy_operator.local import procs
+from understudy_operator.local.plan import STATE_FILE
+
+T = TypeVar("T")
 
 
 class GeneratorPauses:
@@ -116,3 +123,34 @@ async def send_at_rate(prod: Producer, topic: str, rate: float, *,
             outstanding.add(fut)
             fut.add_done_callback(functools.partial(done, n))
     await asyncio.gather(*outstanding, return_exceptions=True)
+
+
+def run_on_uvloop(main: Coroutine[Any, Any, T]) -> T:
+    """Run a load generator on uvloop, as the brokers run: on two shared cores the
+    generator's own CPU (a third of a core on asyncio's default loop) is taken from the
+    brokers it measures."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a declared dependency
+        return asyncio.run(main)
+    result: T = uvloop.run(main)
+    return result
+
+
+@contextlib.contextmanager
+def cluster_directory(name: str, *, keep: bool = False) -> Iterator[pathlib.Path]:
+    """A directory for one local cluster, ``$TMPDIR/understudy-bench-<name>-*/c``. When
+    the block ends, also by SIGTERM, the cluster started there is stopped by its recorded
+    PIDs (and any process whose command line names the directory), and the directory is
+    removed unless ``keep``."""
+    directory = pathlib.Path(tempfile.mkdtemp(prefix=f"understudy-bench-{name}-")) / "c"
+    end_on_sigterm()  # SIGTERM ends the run through the finally below
+    try:
+        yield directory
+    finally:
+        with signals_deferred():
+            if (directory / STATE_FILE).exists():
+                lc.down(directory)
+            procs.kill_leftovers(directory)
+            if not keep:
+                shutil.rmtree(directory.parent, ignore_errors=True)

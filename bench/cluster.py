@@ -36,16 +36,20 @@ import itertools
 import logging
 import os
 import pathlib
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchlib import GeneratorPauses, end_on_sigterm, send_at_rate, write_results
+from benchlib import (
+    GeneratorPauses,
+    cluster_directory,
+    run_on_uvloop,
+    send_at_rate,
+    write_results,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from understudy_broker import metric_names as names
@@ -362,15 +366,6 @@ def peers(cycles: int, rate: int) -> dict[str, Any]:
     return out
 
 
-def _run_loop(main: Any) -> Any:
-    """Run the load generator on uvloop, as the brokers run: on two shared cores the
-    generator's own CPU (a third of a core on asyncio's default loop) is taken from the
-    brokers it measures."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a declared dependency
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def main(argv: list[str]) -> int:
@@ -385,15 +380,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     load_before = os.getloadavg()
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="understudy-bench-cluster-")) / "c"
-    end_on_sigterm()
-    try:
-        doc = _run_loop(run(args, directory))
-    finally:
-        if (directory / "cluster.json").exists():
-            lc.down(directory)
-    if not args.keep:
-        shutil.rmtree(directory.parent, ignore_errors=True)
+    with cluster_directory("cluster", keep=args.keep) as directory:
+        doc = run_on_uvloop(run(args, directory))
     doc.update({} if args.no_peers else peers(args.cycles, int(args.rate)))
     doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
                       "after": [round(x, 2) for x in os.getloadavg()]}

@@ -91,15 +91,13 @@ import functools
 import logging
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from benchlib import end_on_sigterm, signals_deferred, write_results
+from benchlib import cluster_directory, run_on_uvloop, write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -517,13 +515,6 @@ def report(doc: dict[str, Any]) -> None:
                f"{doc['cpus']} CPUs")
 
 
-def _run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """uvloop, as the brokers run (the client's CPU is taken from the brokers' cores)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a declared dependency
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 def _counts(text: str) -> list[int]:
@@ -546,17 +537,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     load_before = os.getloadavg()
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="understudy-bench-memory-")) / "c"
-    end_on_sigterm()
-    try:
-        doc = _run_loop(run(args, directory))
-    finally:
-        with signals_deferred():
-            if (directory / "cluster.json").exists():
-                lc.down(directory)
-            lprocs.kill_leftovers(directory)
-            if not args.keep:
-                shutil.rmtree(directory.parent, ignore_errors=True)
+    with cluster_directory("memory", keep=args.keep) as directory:
+        doc = run_on_uvloop(run(args, directory))
     doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
                       "after": [round(x, 2) for x in os.getloadavg()]}
     doc["cpus"] = os.cpu_count()

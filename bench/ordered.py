@@ -38,14 +38,12 @@ import itertools
 import logging
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchlib import end_on_sigterm, send_at_rate, write_results
+from benchlib import cluster_directory, send_at_rate, write_results
 
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
@@ -346,15 +344,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     load_before = os.getloadavg()
-    directory = pathlib.Path(tempfile.mkdtemp(prefix="understudy-bench-ordered-")) / "c"
-    end_on_sigterm()
-    try:
+    with cluster_directory("ordered", keep=args.keep) as directory:
         doc = asyncio.run(run(args, directory))
-    finally:
-        if (directory / "cluster.json").exists():
-            lc.down(directory)
-    if not args.keep:
-        shutil.rmtree(directory.parent, ignore_errors=True)
     doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
                       "after": [round(x, 2) for x in os.getloadavg()]}
     doc["cpus"] = os.cpu_count()

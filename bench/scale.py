@@ -103,11 +103,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from benchlib import GeneratorPauses, end_on_sigterm, signals_deferred, write_results
+from benchlib import (
+    GeneratorPauses,
+    end_on_sigterm,
+    run_on_uvloop,
+    signals_deferred,
+    write_results,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
@@ -948,15 +954,6 @@ def summarise(n: int, results: list[RoundResult], idle_cores: float | None) -> d
     }
 
 
-def _run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """uvloop, as the brokers run (the consumers' CPU is taken from the cores the brokers
-    and the controller need)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a declared dependency
-        return asyncio.run(main)
-    result: T = uvloop.run(main)
-    return result
 
 
 def stagger_for(n: int) -> float:
@@ -1000,7 +997,7 @@ def run_one(n: int, rounds: int, *, keep: bool = False,
                      progress=lambda msg: progress(f"{n} groups: {msg}"),
                      placement=staggered(stagger, 1))
         progress(f"{n} groups: cluster up in {time.monotonic() - t0:.0f} s")
-        doc = _run_loop(measure(plan, rounds))
+        doc = run_on_uvloop(measure(plan, rounds))
     except Exception as exc:  # one size failing must not lose the others' figures
         progress(f"{n} groups: failed: {exc!r}")
         doc = {"groups": n, "errors": [repr(exc)]}

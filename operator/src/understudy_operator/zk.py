@@ -197,23 +197,12 @@ class ZkGateway:
     async def ensure_path(self, path: str) -> None:
         await asyncio.to_thread(self.client.ensure_path, path, acl=self.acl)
 
-    async def data_watch(self, path: str, on_change: Callable[[bytes | None], None],
-                         loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Call ``on_change(data)`` on ``loop`` (the running one by default) now and whenever
-        the node changes; kazoo's DataWatch re-arms itself. Arming reads the node once, in a
-        worker thread, so the loop never blocks on ZooKeeper."""
-        target = loop or asyncio.get_running_loop()
-
-        def fired(data: bytes | None, *_: Any) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                target.call_soon_threadsafe(on_change, data)
-
-        await asyncio.to_thread(self.client.DataWatch, path, fired)
-
     async def watch_node(self, path: str, on_change: Callable[[bytes | None, int], None],
                          loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """As :meth:`data_watch`, with the node's version: ``on_change(data, version)``
-        (``(None, -1)`` when the node does not exist)."""
+        """Call ``on_change(data, version)`` on ``loop`` (the running one by default) now
+        and whenever the node changes (``(None, -1)`` while it does not exist); kazoo's
+        DataWatch re-arms itself. Arming reads the node once, in a worker thread, so the
+        loop never blocks on ZooKeeper."""
         target = loop or asyncio.get_running_loop()
 
         def fired(data: bytes | None, stat: Any, *_: Any) -> None:
@@ -222,6 +211,11 @@ class ZkGateway:
                 target.call_soon_threadsafe(on_change, None if stat is None else data, version)
 
         await asyncio.to_thread(self.client.DataWatch, path, fired)
+
+    async def data_watch(self, path: str, on_change: Callable[[bytes | None], None],
+                         loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """As :meth:`watch_node`, without the version: ``on_change(data)``."""
+        await self.watch_node(path, lambda data, _version: on_change(data), loop)
 
     async def children_watch(self, path: str, on_change: Callable[[list[str]], None],
                              loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -314,8 +308,8 @@ class ZkGateway:
 
     async def prune_statuses(self, group: str, keep: set[str]) -> list[str]:
         """Delete the ``status`` and ``route`` documents of brokers no longer in the group
-        (scaled away) that have no live node; returns their names. A broker still running keeps its
-        document."""
+        (scaled away) that have no live node; returns their names. A broker still running
+        keeps its documents."""
         names = set(await self.children(status_dir(group)))
         routes = set(await self.children(route_dir(group)))
         live = set(await self.children(live_dir(group)))
