@@ -341,6 +341,57 @@ async def test_backsync_timeout_returns_to_slave_consume(
         cluster.stop_all()
 
 
+async def test_a_stop_during_a_transition_write_still_records_it(
+        admin: KazooClient, cluster: Cluster, zk: str) -> None:
+    """ZooKeeper applies a write whose answer the controller has not processed yet; a
+    stop (SIGTERM) landing in that moment must not leave a state in ZooKeeper that the
+    journal never saw. The answer is held back here to make the moment wide."""
+    loop = asyncio.get_running_loop()
+    written: list[GroupState] = []
+    ctl = Controller(zk, groups=[GROUP], liveness=ProcessTableLiveness(cluster.pid_dir, loop),
+                     loop=loop, session_timeout_s=2.0,
+                     on_transition=lambda g, old, new: written.append(new))
+    applied = asyncio.Event()
+    answer = asyncio.Event()
+    write_state = ctl.zk.write_state
+
+    async def answered_late(group: str, new: GroupState, *, version: int) -> bool:
+        ok = await write_state(group, new, version=version)
+        applied.set()
+        await answer.wait()
+        return ok
+
+    ctl.zk.write_state = answered_late  # type: ignore[method-assign]
+    stopping: asyncio.Task[None] | None = None
+    try:
+        admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
+        await ctl.start()
+        for name in ("b0", "b1"):
+            cluster.start(name)
+        await eventually(lambda: len(live(admin)) == 2, "2 live")
+        await eventually(mode_is(admin, Mode.NORMAL), "NORMAL")
+        cluster.kill("b0")
+        async with asyncio.timeout(20):
+            await applied.wait()
+        in_zk = read_state(admin)
+        assert in_zk is not None
+        assert in_zk.mode is Mode.FENCING
+        assert written == []  # the answer is not back yet
+        stopping = loop.create_task(ctl.stop())
+        await asyncio.sleep(0.3)
+        assert not stopping.done()  # the stop waits for the write in flight
+        answer.set()
+        async with asyncio.timeout(10):
+            await stopping
+        assert written == [in_zk]
+        assert read_state(admin) == in_zk  # and nothing was started after the stop
+    finally:
+        answer.set()
+        if stopping is None:
+            await ctl.stop()
+        cluster.stop_all()
+
+
 async def test_racing_drivers_write_each_epoch_once(
         admin: KazooClient, cluster: Cluster, zk: str) -> None:
     """Two controllers that both believe they lead (election bypassed on purpose) decide

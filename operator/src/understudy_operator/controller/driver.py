@@ -204,6 +204,7 @@ class Controller:
         self.liveness = liveness
         self.metrics = metrics or ControllerMetrics()
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
+        self.session_timeout_s = session_timeout_s
         self.on_transition = on_transition
         self.zk = zkio.gateway(connect, timeout_s=session_timeout_s, digest=digest_auth)
         self.generation = 0  # bumped on every session loss: leadership is per session
@@ -211,7 +212,10 @@ class Controller:
         self.topics = TopicExporter(self)
         self.chains = ChainMover(self)
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False
+        self.resigning = False
+        # Transitions whose versioned write is on its way: a stop lets them finish, so
+        # every state this controller wrote reaches its journal (see GroupDriver._commit).
+        self.commits: set[asyncio.Task[float]] = set()
 
     async def start(self, *, connect_timeout_s: float = 10.0) -> None:
         self.zk.add_listener(self._listener)
@@ -227,10 +231,20 @@ class Controller:
         self._tasks.append(self.loop.create_task(self.chains.run(), name="controller-chains"))
 
     async def stop(self) -> None:
-        """Resign: stop deciding, then close the session so followers take over at once."""
-        self._stopping = True
+        """Resign: stop deciding, then close the session so followers take over at once.
+
+        A transition already sent to ZooKeeper is waited for (bounded by the session
+        timeout), never cut off: ZooKeeper may apply a write whose sender was cancelled, and
+        the journal and metrics must still record it."""
+        self.resigning = True
         await stop_tasks(self._tasks)
         self._tasks.clear()
+        if self.commits:
+            done, _ = await asyncio.wait(set(self.commits), timeout=self.session_timeout_s)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    log.warning("controller %s: a transition write failed while resigning: %r",
+                                self.identity, t.exception())
         for d in self.drivers:
             self.metrics.forget(d.group)
         self.liveness.close()
@@ -503,7 +517,22 @@ class GroupDriver:
         decision = decide(config, state, obs, self.memory)
         if decision.target is None:
             return self._stay(decision, interval)
+        if self.c.resigning:
+            return interval  # resigning: the next leader decides; nothing new is started
+        # The write and its bookkeeping run as their own task, shielded: a stop that
+        # cancels this driver mid-write would otherwise leave a state in ZooKeeper that
+        # the journal, the metrics and the log never saw.
+        commit = self.c.loop.create_task(self._commit(state, version, decision),
+                                         name=f"controller-{self.group}-commit")
+        self.c.commits.add(commit)
+        commit.add_done_callback(self.c.commits.discard)
+        return await asyncio.shield(commit)
+
+    async def _commit(self, state: GroupState, version: int, decision: Decision) -> float:
+        """Write ``decision.target`` over ``state`` (at ``version``) and record it."""
+        assert decision.target is not None
         self._record(decision)
+        zk = self.c.zk
         if not await zk.write_state(self.group, decision.target, version=version):
             log.info("group %s: state moved under us (version %d); re-reading", self.group,
                      version)
