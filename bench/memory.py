@@ -51,14 +51,13 @@ What is bounded and what is not (from the code; the run prints this table too):
   used for two internal queues only (``server/scheduler.py`` for the schedule topic,
   ``server/producers.py`` for the producer records); client queues keep every retained
   entry in memory;
-- file descriptors: **one per queue that holds a record, kept open for the broker's
-  life** (``storage/index.py:QueueIndex.__init__`` opens it; closed only by
-  ``QueueIndex.close`` at shutdown; no LRU of index descriptors), plus one per segment
-  (``storage/commitlog.py:CommitLog._read_fd``, dropped by retention). The file limit a
-  broker asks for is ``server/limits.py:nofile_wanted`` = ``max_connections`` +
-  ``FD_RESERVE`` (1024), and ``max_connections_for`` leaves those 1024 to storage: with
-  more than ~1,000 written queues storage needs more than the reserve, so a broker near
-  its connection limit can meet EMFILE. Nothing bounds the number of queues;
+- file descriptors: **at most ``--index-open-files`` (512) index files open**, shared by
+  every queue (``storage/index.py:OpenFiles``, least recently used closed first), plus
+  one per segment (``storage/commitlog.py:CommitLog._read_fd``, dropped by retention).
+  The file limit a broker asks for is ``server/limits.py:nofile_wanted`` =
+  ``max_connections`` + ``fd_reserve`` (the index files + 512), and
+  ``max_connections_for`` leaves that reserve to storage. Nothing bounds the number of
+  queues; beyond 512 written queues a write to a queue whose file is closed reopens it;
 - consumer groups: nothing is evicted. ``storage/offsets.py:OffsetStore`` keeps every
   (group, topic, queue) offset ever committed (only an admin reset changes one; no
   expiry of a group's offsets), and the whole file is rewritten on each persist
@@ -120,10 +119,10 @@ BOUNDS: list[dict[str, str]] = [
      "evidence": "storage/index.py:QueueIndex (phys + sizes arrays); "
                  "storage/commitlog.py:release_index_memory is called only by "
                  "server/scheduler.py and server/producers.py (internal queues)"},
-    {"what": "index file descriptors (one per queue with a record)", "bounded": "no",
-     "evidence": "storage/index.py:QueueIndex.__init__ opens, only close() at shutdown; "
-                 "storage/commitlog.py:CommitLog._index keeps every index; "
-                 "server/limits.py:FD_RESERVE=1024 is all nofile_wanted leaves storage"},
+    {"what": "index file descriptors", "bounded": "yes: --index-open-files (512)",
+     "evidence": "storage/index.py:OpenFiles (least recently used closed first), shared by "
+                 "every QueueIndex of the log; server/limits.py:fd_reserve keeps them from "
+                 "the client connections"},
     {"what": "segment read descriptors", "bounded": "by retention",
      "evidence": "storage/commitlog.py:CommitLog._read_fd, popped when a segment is deleted"},
     {"what": "committed offsets per (group, topic, queue)", "bounded": "no (no expiry)",

@@ -26,6 +26,8 @@ UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
         (["--port", "9000", "--replication-port", "9001", "--master", "h:1"], "--role slave"),
         (["--port", "9000", "--replication-port", "9001", "--peer", "oops"], "NAME=HOST:PORT"),
         (["--port", "9000", "--replication-port", "9001", "--segment-bytes", "10"], "--segment-bytes"),
+        (["--port", "9000", "--replication-port", "9001", "--index-open-files", "0"],
+         "--index-open-files must be at least 1"),
         (["--port", "9000", "--replication-port", "9001", "--max-frame-bytes", "10"], "--max-frame-bytes"),
         (["--port", "9000", "--replication-port", "9001", "--permission", "ALL"], "--permission"),
         (["--port", "nine", "--replication-port", "9001"], "--port"),

@@ -19,6 +19,7 @@ import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -269,6 +270,65 @@ async def test_over_the_connection_limit_clients_get_busy_and_storage_keeps_its_
     assert len(refusal_lines) == 1, refusal_lines  # one line, not one per connection
     assert fds1 <= fds0 + limit + 2, "refused connections must not keep descriptors"
     assert rss1 - rss0 < 16
+
+
+# ----------------------------------------------------------------------- index files
+
+
+def index_fds(pid: int, data_dir: Path) -> int:
+    """The broker's descriptors open on queue index files."""
+    root = str(data_dir / "index")
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(root):
+                count += 1
+    return count
+
+
+async def pull_each_queue(conn: Connection, topic: str, queues: int) -> list[list[bytes]]:
+    answers = await asyncio.gather(*(
+        conn.request(p.Op.PULL, p.PullRequest(topic, q, 0, 1 << 16, 0).encode())
+        for q in range(queues)))
+    return [[r.body for r in p.PullResponse.decode(a).records] for a in answers]
+
+
+async def test_more_queues_written_than_the_open_file_limit_all_work(brokers: Brokers) -> None:
+    """Each written queue has an index file. Under an open-file limit of 1400, a broker
+    writes 1,500 queues (one descriptor each, as before indexes shared a bounded set of
+    open files, failed with EMFILE) and keeps at most --index-open-files of them open;
+    every queue reads back, before and after a restart."""
+    template = brokers.master("wide", extra=["--async", "--index-open-files", "64",
+                                             "--max-connections", "100"], start=False)
+    b = brokers.add(_NofileBroker(
+        **{f.name: getattr(template, f.name) for f in dataclasses.fields(template)},
+        nofile=1400))
+    b.start()
+    queues = 1500
+    await create_topic([b.address], topic="wide", queues=queues)
+    conn = await Connection.open(b.address)
+    try:
+        for rnd in range(2):
+            for first in range(0, queues, 250):
+                answer = p.ProduceResponse.decode(await conn.request(p.Op.PRODUCE, p.encode_produce(
+                    "wide", [(q, None, b"%d-%d" % (q, rnd)) for q in range(first, first + 250)])))
+                assert len(answer.offsets) == 250
+            assert index_fds(b.pid, b.data_dir) <= 64
+        got = await pull_each_queue(conn, "wide", queues)
+        assert got == [[b"%d-0" % q, b"%d-1" % q] for q in range(queues)]
+        assert index_fds(b.pid, b.data_dir) <= 64
+        show("wide", f"{queues} queues written", b, f"{index_fds(b.pid, b.data_dir)} index fds")
+    finally:
+        await conn.close()
+    assert b.stop() == 0  # a clean stop syncs and closes every index
+    before = len(b.log())
+    b.start()
+    assert "rebuilt" not in b.log()[before:]  # every index was whole
+    conn = await Connection.open(b.address)
+    try:
+        assert await pull_each_queue(conn, "wide", queues) == got
+    finally:
+        await conn.close()
 
 
 # ----------------------------------------------------------------------- slow frames

@@ -16,6 +16,7 @@ from pathlib import Path
 from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
+from understudy_broker.storage.index import DEFAULT_INDEX_OPEN_FILES
 from understudy_broker.zklayout import GroupConfig, LayoutError
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -132,6 +133,9 @@ class BrokerConfig:
     peers: tuple[Peer, ...] = field(default_factory=tuple)
     sync: bool = True
     segment_bytes: int = 64 * 1024 * 1024
+    #: Queue index files held open at once (storage/index.py: OpenFiles); descriptors
+    #: for them are kept from the client connections (server/limits.py).
+    index_open_files: int = DEFAULT_INDEX_OPEN_FILES
     flush: str = "batch"  # "batch" | "interval"
     flush_interval_ms: int = 100
     retention_bytes: int | None = None
@@ -211,6 +215,8 @@ def validate(cfg: BrokerConfig) -> None:
             raise ConfigError("a slave never writes: use --permission READ or NONE")
     if cfg.segment_bytes < 4096:
         raise ConfigError("--segment-bytes must be at least 4096")
+    if cfg.index_open_files < 1:
+        raise ConfigError("--index-open-files must be at least 1")
     if cfg.max_frame_bytes < HEADER_SIZE + 64:
         raise ConfigError(f"--max-frame-bytes must be at least {HEADER_SIZE + 64}")
     if cfg.max_frame_bytes + 1024 > cfg.segment_bytes:

@@ -35,7 +35,8 @@ from understudy_broker.model import Permission, Role
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 from understudy_broker.security import SecurityConfigError, read_secret
-from understudy_broker.server.limits import nofile_wanted
+from understudy_broker.server.limits import fd_reserve, nofile_wanted
+from understudy_broker.storage.index import DEFAULT_INDEX_OPEN_FILES
 from understudy_broker.zkclient import parse_digest
 
 #: Slave master-link timeout. With coordination it bounds how soon a hung master is
@@ -63,6 +64,7 @@ def _config_from_flags(
     sync: bool,
     segment_bytes: int,
     flush: str,
+    index_open_files: int = DEFAULT_INDEX_OPEN_FILES,
     flush_interval_ms: int,
     retention_bytes: int | None,
     retention_hours: float | None,
@@ -119,6 +121,7 @@ def _config_from_flags(
         peers=tuple(parse_peer(x) for x in peer),
         sync=sync,
         segment_bytes=segment_bytes,
+        index_open_files=index_open_files,
         flush=flush,
         flush_interval_ms=flush_interval_ms,
         retention_bytes=retention_bytes,
@@ -207,6 +210,10 @@ def _secret_bytes(file: str | None, flag: str) -> bytes | None:
 @click.option("--sync/--async", "sync", default=True, show_default=True,
               help="Synchronous replication acknowledges a produce only after a slave persisted it.")
 @click.option("--segment-bytes", type=int, default=64 * 1024 * 1024, show_default=True)
+@click.option("--index-open-files", type=int, default=DEFAULT_INDEX_OPEN_FILES, show_default=True,
+              help="Queue index files held open at once (least recently used closed first; "
+                   "each queue written has one). Descriptors for them are kept from "
+                   "--max-connections.")
 @click.option("--flush", type=click.Choice(["batch", "interval"]), default="batch", show_default=True,
               help="batch: fsync (group commit) before every acknowledgement; interval: every --flush-interval-ms.")
 @click.option("--flush-interval-ms", type=int, default=100, show_default=True)
@@ -334,7 +341,7 @@ def _fit_open_files(cfg: BrokerConfig) -> None:
     """Raise the soft open-file limit (up to the hard one) so --max-connections fits next
     to the descriptors storage needs; the client port serves fewer (and says so) if not."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = nofile_wanted(cfg.limits.max_connections)
+    want = nofile_wanted(cfg.limits.max_connections, fd_reserve(cfg.index_open_files))
     if soft != resource.RLIM_INFINITY and soft < want:
         new = want if hard == resource.RLIM_INFINITY else min(want, hard)
         with contextlib.suppress(ValueError, OSError):

@@ -44,6 +44,7 @@ from understudy_broker.ha.permlog import PermissionLog
 from understudy_broker.model import Permission, Role
 from understudy_broker.replication.master import ReplicationServer
 from understudy_broker.security import BrokerTls, CertReloader
+from understudy_broker.server import limits as lim
 from understudy_broker.server.auth import Session
 from understudy_broker.server.connections import ClientPort
 from understudy_broker.server.http import BrokerHttpPort
@@ -135,7 +136,8 @@ class Broker:
                                       broker=cfg.name)
         self._port = ClientPort(handle=self._handle, epoch=self.authority.epoch,
                                 max_frame_bytes=cfg.max_frame_bytes, limits=cfg.limits,
-                                tls=self.tls.client_port)
+                                tls=self.tls.client_port,
+                                fd_reserve=lim.fd_reserve(cfg.index_open_files))
         self._http: BrokerHttpPort | None = None  # only with --http-port
         self._parts: _Parts | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -188,6 +190,7 @@ class Broker:
             flush_before_ack=cfg.flush == "batch",
             on_log_flush=self.metrics.log_flushed,
             on_damaged_record=lambda _err: self.metrics.corrupt_record(),
+            index_open_files=cfg.index_open_files,
         )
         self._backsync_persisted = store.offsets.backsync_epoch
         replica: Replica | None = None

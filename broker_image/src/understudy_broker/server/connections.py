@@ -116,8 +116,10 @@ class ClientPort:
         max_frame_bytes: int,
         limits: ClientLimits | None = None,
         tls: ssl.SSLContext | None = None,
+        fd_reserve: int = lim.FD_RESERVE,
     ) -> None:
         self._handle = handle
+        self._fd_reserve = fd_reserve
         self._tls = tls
         self._epoch = epoch
         self._max_frame_bytes = max_frame_bytes
@@ -140,13 +142,14 @@ class ClientPort:
 
     async def start(self, host: str, port: int) -> None:
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        self._max_connections = lim.max_connections_for(self._limits.max_connections, soft)
+        self._max_connections = lim.max_connections_for(self._limits.max_connections, soft,
+                                                        self._fd_reserve)
         if self._max_connections < self._limits.max_connections:
             log.warning(
                 "serving at most %d client connections, not %d (--max-connections): the "
                 "open-file limit is %d and %d descriptors are kept for storage and "
                 "replication; raise it (ulimit -n) to serve more",
-                self._max_connections, self._limits.max_connections, soft, lim.FD_RESERVE)
+                self._max_connections, self._limits.max_connections, soft, self._fd_reserve)
         self._server = await asyncio.start_server(
             self._serve, host, port, limit=READ_CHUNK, backlog=512, ssl=self._tls,
             ssl_handshake_timeout=self._limits.frame_timeout_s if self._tls else None,

@@ -24,10 +24,21 @@ from dataclasses import dataclass
 
 from understudy_broker import protocol as p
 from understudy_broker.config import ClientLimits
+from understudy_broker.storage.index import DEFAULT_INDEX_OPEN_FILES
 
-#: File descriptors kept for storage (segments, one index per queue, offsets, schedule),
-#: replication, ZooKeeper and the HTTP port: the client connections never take them.
-FD_RESERVE = 1024
+#: File descriptors kept, beside the queue index files, for storage (segments, offsets,
+#: schedule), replication, ZooKeeper and the HTTP port.
+OTHER_FD_RESERVE = 512
+
+
+def fd_reserve(index_open_files: int = DEFAULT_INDEX_OPEN_FILES) -> int:
+    """Descriptors the client connections never take: the index files a broker holds
+    open at most (``--index-open-files``) and :data:`OTHER_FD_RESERVE`."""
+    return index_open_files + OTHER_FD_RESERVE
+
+
+#: The reserve with the default ``--index-open-files``.
+FD_RESERVE = fd_reserve()
 #: Requests other than PRODUCE up to this size (pulls, heartbeats, routes, commits) are
 #: counted in the request memory but never wait for it: a flood of large produces must
 #: not starve the consumers and the control plane. Per connection they are bounded by
@@ -39,17 +50,18 @@ SWEEP_EVERY_S = 1.0
 LOG_EVERY_S = 10.0
 
 
-def max_connections_for(configured: int, fd_soft_limit: int) -> int:
+def max_connections_for(configured: int, fd_soft_limit: int, reserve: int = FD_RESERVE) -> int:
     """The connections a broker accepts: ``configured``, but never so many that storage
-    and replication would be left without file descriptors (:data:`FD_RESERVE`)."""
+    and replication would be left without file descriptors (``reserve``:
+    :func:`fd_reserve`)."""
     if fd_soft_limit < 0:  # RLIM_INFINITY
         return configured
-    return max(1, min(configured, fd_soft_limit - FD_RESERVE))
+    return max(1, min(configured, fd_soft_limit - reserve))
 
 
-def nofile_wanted(max_connections: int) -> int:
+def nofile_wanted(max_connections: int, reserve: int = FD_RESERVE) -> int:
     """The RLIMIT_NOFILE soft limit a broker with ``max_connections`` asks for."""
-    return max_connections + FD_RESERVE
+    return max_connections + reserve
 
 
 def waits_for_memory(op: int, size: int) -> bool:

@@ -52,7 +52,12 @@ from pathlib import Path
 from typing import Literal
 
 from understudy_broker.storage.durability import durable_replace, fsync_dir, write_all
-from understudy_broker.storage.index import IndexFileError, QueueIndex
+from understudy_broker.storage.index import (
+    DEFAULT_INDEX_OPEN_FILES,
+    IndexFileError,
+    OpenFiles,
+    QueueIndex,
+)
 from understudy_broker.storage.records import (
     CRC_FROM,
     EOF_MAGIC,
@@ -277,6 +282,7 @@ class CommitLog:
         flush: FlushPolicy,
         retention: Retention,
         on_damaged: Callable[[DamagedRecordError], None] | None = None,
+        index_open_files: int = DEFAULT_INDEX_OPEN_FILES,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
@@ -291,6 +297,8 @@ class CommitLog:
         self._min_phys = 0
         self._next_seq = 0
         self._indexes: dict[tuple[str, int], QueueIndex] = {}
+        # Every index shares these: at most ``index_open_files`` descriptors (index.py).
+        self.index_files = OpenFiles(index_open_files)
         self._topic_raw: dict[str, bytes] = {}  # validated names, encoded
         self._topic_names: dict[bytes, str] = {}  # validated names, decoded (walk cache)
         self._lock = threading.Lock()
@@ -312,13 +320,15 @@ class CommitLog:
         flush: FlushPolicy = FlushPolicy(),
         retention: Retention = Retention(),
         on_damaged: Callable[[DamagedRecordError], None] | None = None,
+        index_open_files: int = DEFAULT_INDEX_OPEN_FILES,
     ) -> CommitLog:
         """``on_damaged`` is called once for each damaged record a read comes across
-        (:meth:`read` raises :class:`DamagedRecordError` every time)."""
+        (:meth:`read` raises :class:`DamagedRecordError` every time). At most
+        ``index_open_files`` queue indexes hold an open descriptor at once."""
         if segment_bytes < 4096 or segment_bytes > 1 << 31:
             raise ValueError("segment_bytes must be between 4 KiB and 2 GiB")
         log = cls(directory, segment_bytes=segment_bytes, flush=flush, retention=retention,
-                  on_damaged=on_damaged)
+                  on_damaged=on_damaged, index_open_files=index_open_files)
         try:
             log._recover()
         except BaseException:
@@ -499,7 +509,7 @@ class CommitLog:
                 found_any = True
                 key = (tdir.name, int(qfile.name))
                 try:
-                    index, torn = QueueIndex.load(qfile)
+                    index, torn = QueueIndex.load(qfile, files=self.index_files)
                 except IndexFileError as exc:
                     problems[qfile] = str(exc).removeprefix(f"{qfile}: ")
                     needs_full = True
@@ -528,7 +538,7 @@ class CommitLog:
             if items[0].queue_offset != 0:
                 needs_full = True
                 continue
-            index = QueueIndex.create(path)
+            index = QueueIndex.create(path, files=self.index_files)
             self._indexes[key] = index
             index.append([(s.phys, s.size, s.key_hash) for s in items])
             repaired += 1
@@ -609,7 +619,7 @@ class CommitLog:
             items = found.get(key, [])
             base = items[0].queue_offset if items else old[key][1]
             path = _index_path(self.directory, *key)
-            index = QueueIndex.create(path, base=base)
+            index = QueueIndex.create(path, base=base, files=self.index_files)
             index.append([(s.phys, s.size, s.key_hash) for s in items])
             index.fsync()
             self._indexes[key] = index
@@ -744,7 +754,8 @@ class CommitLog:
     def _index(self, topic: str, queue: int, *, create: bool) -> QueueIndex | None:
         ix = self._indexes.get((topic, queue))
         if ix is None and create:
-            ix = QueueIndex.create(_index_path(self.directory, topic, queue))
+            ix = QueueIndex.create(_index_path(self.directory, topic, queue),
+                                   files=self.index_files)
             self._indexes[(topic, queue)] = ix
         return ix
 

@@ -14,6 +14,13 @@ File layout (``index/<topic>/<queue>``), big-endian::
 
 A trailing partial entry (torn write) is dropped on open. Retention rewrites the file
 atomically (tmp + rename) with a higher base offset.
+
+Open files: a broker writes to as many queues as its topics have, so indexes do not each
+hold a descriptor for the broker's life (10k written queues took 10k descriptors, past a
+default ``ulimit -n``). They share an :class:`OpenFiles`: at most its ``limit`` are open,
+the least recently used is closed first and reopened when next touched. Closing loses
+nothing: an index is fsynced (reopened if need be) at :meth:`QueueIndex.fsync`, and
+fsync covers every write to the file whichever descriptor made it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import bisect
 import os
 import struct
 from array import array
+from collections import OrderedDict
 from pathlib import Path
 
 from understudy_broker.storage.durability import durable_replace, write_all
@@ -45,8 +53,51 @@ INDEX_HEADER_SIZE = INDEX_HEADER.size
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
 
 
+#: Index files a broker keeps open at once by default (``understudy broker
+#: --index-open-files``): half of the descriptors kept from client connections
+#: (``server/limits.py``).
+DEFAULT_INDEX_OPEN_FILES = 512
+
+
 class IndexFileError(Exception):
     """An index file is unreadable (bad magic/version); the caller rebuilds it from the log."""
+
+
+class OpenFiles:
+    """The index files held open: at most ``limit``, least recently used closed first.
+    Event-loop thread only, as every index operation is."""
+
+    def __init__(self, limit: int = DEFAULT_INDEX_OPEN_FILES) -> None:
+        if limit < 1:
+            raise ValueError(f"at least one index file must be open, not {limit}")
+        self.limit = limit
+        self._open: OrderedDict[QueueIndex, int] = OrderedDict()
+        #: Times a file was opened: with more queues written than ``limit``, the price.
+        self.opened = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def fd(self, index: QueueIndex) -> int:
+        """The descriptor of ``index``'s file, opened (closing the least recently used)
+        when it is not open."""
+        fd = self._open.get(index)
+        if fd is not None:
+            self._open.move_to_end(index)
+            return fd
+        fd = os.open(index.path, os.O_RDWR)
+        self.opened += 1
+        self._open[index] = fd
+        if len(self._open) > self.limit:
+            _, oldest = self._open.popitem(last=False)
+            os.close(oldest)
+        return fd
+
+    def close(self, index: QueueIndex) -> None:
+        """Close ``index``'s file if it is open (it is reopened when touched again)."""
+        fd = self._open.pop(index, None)
+        if fd is not None:
+            os.close(fd)
 
 
 class QueueIndex:
@@ -55,25 +106,31 @@ class QueueIndex:
     when asked for, and the rare whole-index operations (repair, truncation, retention)
     load them back first."""
 
-    def __init__(self, path: Path, *, base: int, phys: array[int], sizes: array[int]) -> None:
+    def __init__(self, path: Path, *, base: int, phys: array[int], sizes: array[int],
+                 files: OpenFiles | None = None) -> None:
         self.path = path
         self._base = base
         self._phys = phys
         self._sizes = sizes
         self._released = 0  # entries [base, base + released) are on file only
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._files = files if files is not None else OpenFiles(1)
         self._dirty = False
+
+    @property
+    def _fd(self) -> int:
+        return self._files.fd(self)
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def create(cls, path: Path, *, base: int = 0) -> QueueIndex:
-        """Create (or overwrite atomically) an empty index starting at ``base``."""
+    def create(cls, path: Path, *, base: int = 0, files: OpenFiles | None = None) -> QueueIndex:
+        """Create (or overwrite atomically) an empty index starting at ``base``. ``files``:
+        the open files it shares (its own, of one file, when not given)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         durable_replace(path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, base))
-        return cls(path, base=base, phys=array("q"), sizes=array("l"))
+        return cls(path, base=base, phys=array("q"), sizes=array("l"), files=files)
 
     @classmethod
-    def load(cls, path: Path) -> tuple[QueueIndex, int]:
+    def load(cls, path: Path, *, files: OpenFiles | None = None) -> tuple[QueueIndex, int]:
         """Open an existing index; returns it and the number of torn bytes dropped.
 
         Raises :class:`IndexFileError` when the header is unusable.
@@ -91,7 +148,7 @@ class QueueIndex:
         for p, s, _h in INDEX_ENTRY.iter_unpack(body[:whole]):
             phys.append(p)
             sizes.append(s)
-        index = cls(path, base=base, phys=phys, sizes=sizes)
+        index = cls(path, base=base, phys=phys, sizes=sizes, files=files)
         torn = len(body) - whole
         if torn:
             os.ftruncate(index._fd, INDEX_HEADER_SIZE + whole)
@@ -213,8 +270,7 @@ class QueueIndex:
         )
         new_base = self._base + cut
         durable_replace(self.path, INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, new_base) + raw)
-        os.close(self._fd)
-        self._fd = os.open(self.path, os.O_RDWR)
+        self._files.close(self)  # the old file's descriptor: the next use opens the new one
         del self._phys[:cut]
         del self._sizes[:cut]
         self._base = new_base
@@ -226,8 +282,6 @@ class QueueIndex:
             self._dirty = False
 
     def close(self) -> None:
-        if self._fd >= 0:
-            self.fsync()
-            os.close(self._fd)
-            self._fd = -1
+        self.fsync()
+        self._files.close(self)
 

@@ -31,6 +31,7 @@ from understudy_broker.storage.commitlog import (
     Retention,
 )
 from understudy_broker.storage.durability import GroupCommit, set_aside
+from understudy_broker.storage.index import DEFAULT_INDEX_OPEN_FILES
 from understudy_broker.storage.offsets import (
     COMMITS_TOPIC,
     RESERVED_PREFIX,
@@ -88,6 +89,7 @@ class Store:
         flush_before_ack: bool,
         on_log_flush: Callable[[float], None] = lambda _s: None,
         on_damaged_record: Callable[[DamagedRecordError], None] = lambda _e: None,
+        index_open_files: int = DEFAULT_INDEX_OPEN_FILES,
     ) -> Store:
         """Open (and recover) the log, then the offsets and topics. Topics seen in the log
         but missing from the registry (a crash between the two) are re-registered so their
@@ -104,7 +106,8 @@ class Store:
             on_damaged_record(err)
 
         log_ = CommitLog.open(directory, segment_bytes=segment_bytes, flush=flush,
-                              retention=retention, on_damaged=damaged)
+                              retention=retention, on_damaged=damaged,
+                              index_open_files=index_open_files)
         try:
             rec = log_.recovery
             if rec.truncated_bytes or rec.indexes_rebuilt:

@@ -1,0 +1,87 @@
+"""Queue indexes share a bounded set of open files (storage/index.py: OpenFiles)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from understudy_broker.storage.commitlog import CommitLog, FlushPolicy, Retention
+from understudy_broker.storage.index import OpenFiles, QueueIndex
+
+
+def open_under(root: Path) -> int:
+    """This process's descriptors open on files under ``root``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(str(root)):
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def test_at_most_limit_files_are_open_and_every_index_keeps_working(tmp_path: Path) -> None:
+    files = OpenFiles(2)
+    indexes = [QueueIndex.create(tmp_path / f"q{i}", files=files) for i in range(5)]
+    for rnd in range(3):
+        for i, ix in enumerate(indexes):
+            ix.append([(1000 * i + rnd, 10 + rnd, 0)])
+            assert len(files) <= 2
+            assert open_under(tmp_path) <= 2
+    assert files.opened > 2  # files were closed and opened again
+    for i, ix in enumerate(indexes):
+        assert ix.entries() == [(1000 * i + r, 10 + r) for r in range(3)]
+    # Entries released from memory are read from the file, reopened when needed.
+    first = indexes[0]
+    assert first.release_before(2) == 2
+    for ix in indexes[1:]:
+        ix.entry(ix.base)  # touch the others: the first index's file is closed
+    assert first.entry(0) == (0, 10)
+    assert first.entry(1) == (1, 11)
+    # Retention rewrites a file whose old descriptor may be open: the next use opens the new.
+    indexes[4].entry(0)
+    assert indexes[4].drop_before_phys(4002) == 2
+    assert indexes[4].entries() == [(4002, 12)]
+    indexes[4].append([(4003, 13, 0)])
+    for ix in indexes:
+        ix.close()
+        ix.close()  # twice is harmless
+    assert len(files) == 0
+    assert open_under(tmp_path) == 0
+    for i in range(4):
+        reloaded, torn = QueueIndex.load(tmp_path / f"q{i}")
+        assert torn == 0
+        assert reloaded.entries() == [(1000 * i + r, 10 + r) for r in range(3)]
+        reloaded.close()
+    last, _ = QueueIndex.load(tmp_path / "q4")
+    assert (last.base, last.entries()) == (2, [(4002, 12), (4003, 13)])
+    last.close()
+
+
+def test_no_open_file_is_a_configuration_error() -> None:
+    with pytest.raises(ValueError, match="at least one index file"):
+        OpenFiles(0)
+
+
+def test_a_log_with_more_queues_than_open_files_recovers_every_index(tmp_path: Path) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=1 << 20, flush=FlushPolicy(),
+                         retention=Retention(), index_open_files=3)
+    for rnd in range(2):
+        log.append([("t", q, None, b"%d-%d" % (q, rnd), 0) for q in range(20)])
+    assert open_under(tmp_path / "index") <= 3
+    bodies = [[r.body for r in log.read("t", q, 0, max_bytes=1 << 16, max_records=10)] for q in range(20)]
+    assert bodies == [[b"%d-0" % q, b"%d-1" % q] for q in range(20)]
+    log.flush()
+    log.close()
+    assert open_under(tmp_path) == 0
+    again = CommitLog.open(tmp_path, segment_bytes=1 << 20, flush=FlushPolicy(),
+                           retention=Retention(), index_open_files=3)
+    try:
+        assert again.recovery.indexes_rebuilt == 0
+        assert [[r.body for r in again.read("t", q, 0, max_bytes=1 << 16, max_records=10)] for q in range(20)] == bodies
+        assert open_under(tmp_path / "index") <= 3
+    finally:
+        again.close()
