@@ -392,6 +392,47 @@ async def test_a_stop_during_a_transition_write_still_records_it(
         cluster.stop_all()
 
 
+async def test_a_quiet_groups_checks_send_no_request_to_zookeeper(
+        admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
+    """Watches keep the config, the state, the live set, the statuses and the in-sync
+    record; a group at rest is checked every 100 ms without reading any of them again.
+    A change still moves it at once: the move is decided again on fresh reads."""
+    ctl, written = controller
+    admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
+    for name in ("b0", "b1"):
+        cluster.start(name)
+    await eventually(lambda: len(live(admin)) == 2, "2 live brokers")
+    await eventually(mode_is(admin, Mode.NORMAL), "NORMAL")
+    await eventually(lambda: slaves_linked(admin, "b1"), "b1's status")
+    # The fakes keep no in-sync record; a real master does (watched as the rest).
+    admin.create(f"/groups/{GROUP}/isr", json.dumps({"inSync": ["b1"]}).encode())
+    driver = ctl.drivers[0]
+    reads: list[str] = []
+    stays: list[float] = []
+    zk = ctl.zk
+    for method in ("observe_group", "read_isr", "read_state", "read_config"):
+        real = getattr(zk, method)
+
+        def spy(*args: object, _real: Callable[..., object] = real, _m: str = method,
+                **kwargs: object) -> object:
+            reads.append(_m)
+            return _real(*args, **kwargs)
+        setattr(zk, method, spy)
+    stay = driver._stay
+
+    def counted(*args: object) -> float:
+        stays.append(time.monotonic())
+        return stay(*args)  # type: ignore[arg-type]
+    driver._stay = counted  # type: ignore[method-assign]
+    await asyncio.sleep(1.0)
+    assert len(stays) >= 5, stays  # checked every 100 ms (some time lost to a busy machine)
+    assert reads == []
+    cluster.kill("b0")
+    await eventually(lambda: len(written) == 2, "slave-consume")
+    assert [s.mode for s in written] == [Mode.FENCING, Mode.SLAVE_CONSUME]
+    assert "observe_group" in reads  # each move was decided on fresh reads
+
+
 async def test_racing_drivers_write_each_epoch_once(
         admin: KazooClient, cluster: Cluster, zk: str) -> None:
     """Two controllers that both believe they lead (election bypassed on purpose) decide

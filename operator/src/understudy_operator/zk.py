@@ -272,13 +272,7 @@ class ZkGateway:
         """The recorded in-sync set, ``None`` when there is no record. A malformed record
         counts as an empty set: no slave is trusted to hold every acknowledged commit."""
         found = await self.get(isr_path(group))
-        if found is None:
-            return None
-        try:
-            return decode_isr(found[0])
-        except LayoutError as exc:
-            warn(f"group {group}: {exc}; trusting no slave")
-            return frozenset()
+        return isr_of(group, None if found is None else found[0], warn=warn)
 
     async def observe_group(
         self,
@@ -459,15 +453,30 @@ class ZkGateway:
         await self.delete(controller_path(group), recursive=True)
 
 
+def isr_of(group: str, data: bytes | None, *, warn: Warn = _log_warning) -> frozenset[str] | None:
+    """The in-sync set an ISR record's ``data`` holds, ``None`` when there is no record. A
+    malformed record counts as an empty set: no slave is trusted to hold every
+    acknowledged commit."""
+    if data is None:
+        return None
+    try:
+        return decode_isr(data)
+    except LayoutError as exc:
+        warn(f"group {group}: {exc}; trusting no slave")
+        return frozenset()
+
+
 def observation_of(group: str, brokers: Sequence[str], *, live: Collection[str],
                    statuses: Sequence[tuple[bytes, int] | None],
                    in_sync: frozenset[str] | None,
                    process: Callable[[str], ProcessState] = lambda _name: ProcessState.UNKNOWN,
-                   warn: Warn = _log_warning) -> Observation:
+                   warn: Warn = _log_warning,
+                   parse: Callable[[bytes], BrokerStatus] = BrokerStatus.from_json) -> Observation:
     """The controller's :class:`Observation` from what ZooKeeper held: the ``live``
     children, each of ``brokers``' status ``(data, znode version)`` (None: absent) in
     order, and the in-sync record; read fresh (:meth:`ZkGateway.observe_group`) or kept
-    by watches (the controller's periodic checks)."""
+    by watches (the controller's periodic checks, which pass a ``parse`` that remembers
+    the statuses it decoded: a quiet group's are the same bytes check after check)."""
     views: dict[str, BrokerView] = {}
     for name, found in zip(brokers, statuses, strict=True):
         status: BrokerStatus | None = None
@@ -475,7 +484,7 @@ def observation_of(group: str, brokers: Sequence[str], *, live: Collection[str],
         if found is not None:
             version = found[1]
             try:
-                status = BrokerStatus.from_json(found[0])
+                status = parse(found[0])
             except LayoutError as exc:
                 warn(f"group {group}: ignoring malformed status of {name}: {exc}")
         views[name] = BrokerView(name=name, zk_live=name in live, process=process(name),

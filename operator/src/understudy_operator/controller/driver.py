@@ -41,12 +41,14 @@ from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
 from understudy_broker.zklayout import (
+    BrokerStatus,
     GroupConfig,
     LayoutError,
     config_path,
     controller_path,
     decode_state,
     encode_state,
+    isr_path,
     live_dir,
     state_path,
     status_path,
@@ -296,6 +298,7 @@ class GroupDriver:
         self._kept: dict[str, tuple[bytes | None, int]] = {}
         self._kept_live: frozenset[str] | None = None
         self._kept_config: tuple[bytes, GroupConfig | None] | None = None
+        self._statuses: dict[bytes, BrokerStatus] = {}  # see _parse_status
         self._node: str | None = None
         self._node_gen = -1
         self._degraded = False
@@ -380,6 +383,7 @@ class GroupDriver:
         zk = self.c.zk
         await zk.watch_node(config_path(self.group), self._keep(config_path(self.group)))
         await zk.watch_node(state_path(self.group), self._keep(state_path(self.group)))
+        await zk.watch_node(isr_path(self.group), self._keep(isr_path(self.group)))
         with contextlib.suppress(zkio.ZkError):
             await zk.ensure_path(live_dir(self.group))
         await zk.children_watch(live_dir(self.group), self._keep_live)
@@ -419,9 +423,9 @@ class GroupDriver:
         """Observe, decide, write. Returns seconds until the next periodic check (0: now).
 
         A check first decides on what the watches keep (config, state, ``live`` children,
-        statuses; the in-sync record is read, it is not watched). A decision to stay is
-        taken as it is: the periodic checks of a quiet group cost one ZooKeeper read, not
-        six. A decision to move is never written on kept data: everything is read again,
+        statuses, the in-sync record). A decision to stay is taken as it is: the periodic
+        checks of a quiet group cost no ZooKeeper request (six reads before watches kept
+        them, one while the in-sync record was still read). A decision to move is never written on kept data: everything is read again,
         decided again, and that decision is written with the state version just read."""
         kept = await self._kept_inputs()
         if kept is not None:
@@ -452,10 +456,24 @@ class GroupDriver:
             if found is None:
                 return None
             statuses.append(None if found[0] is None else (found[0], found[1]))
-        in_sync = await self.c.zk.read_isr(self.group)
+        isr = self._kept.get(isr_path(self.group))
+        if isr is None:
+            return None
         return config, state, zkio.observation_of(
-            self.group, names, live=self._kept_live, statuses=statuses, in_sync=in_sync,
-            process=self.c.liveness.process_state)
+            self.group, names, live=self._kept_live, statuses=statuses,
+            in_sync=zkio.isr_of(self.group, isr[0]), process=self.c.liveness.process_state,
+            parse=self._parse_status)
+
+    def _parse_status(self, raw: bytes) -> BrokerStatus:
+        """A status decoded, remembered by its bytes (a quiet group's statuses repeat
+        check after check; a republish with a new timestamp is new bytes)."""
+        status = self._statuses.get(raw)
+        if status is None:
+            status = BrokerStatus.from_json(raw)  # LayoutError: not remembered
+            if len(self._statuses) >= 4 * max(1, len(self.brokers)):
+                self._statuses.clear()
+            self._statuses[raw] = status
+        return status
 
     def _config_kept(self) -> GroupConfig | None:
         found = self._kept.get(config_path(self.group))
