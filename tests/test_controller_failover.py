@@ -209,6 +209,15 @@ def mode_is(admin: KazooClient, mode: Mode, acting: str | None = None) -> Callab
     return check
 
 
+async def master_and_slave_normal(admin: KazooClient, cluster: Cluster) -> None:
+    """A group of b0 and b1, both live, NORMAL."""
+    admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
+    for name in ("b0", "b1"):
+        cluster.start(name)
+    await eventually(lambda: len(live(admin)) == 2, "2 live brokers")
+    await eventually(mode_is(admin, Mode.NORMAL), "NORMAL")
+
+
 async def test_kill_master_fails_over_and_back(
         admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
     ctl, written = controller
@@ -245,11 +254,7 @@ async def test_kill_master_fails_over_and_back(
 async def test_stopped_master_is_fenced_after_session_expiry(
         admin: KazooClient, cluster: Cluster, controller: tuple[Controller, list[GroupState]]) -> None:
     _, written = controller
-    admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
-    for name in ("b0", "b1"):
-        cluster.start(name)
-    await eventually(lambda: len(live(admin)) == 2, "2 live brokers")
-    await eventually(mode_is(admin, Mode.NORMAL), "NORMAL")
+    await master_and_slave_normal(admin, cluster)
     cluster.signal("b0", signal.SIGSTOP)
     try:
         await eventually(mode_is(admin, Mode.FENCING), "fencing a stopped master")
@@ -398,11 +403,7 @@ async def test_a_quiet_groups_checks_send_no_request_to_zookeeper(
     record; a group at rest is checked every 100 ms without reading any of them again.
     A change still moves it at once: the move is decided again on fresh reads."""
     ctl, written = controller
-    admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
-    for name in ("b0", "b1"):
-        cluster.start(name)
-    await eventually(lambda: len(live(admin)) == 2, "2 live brokers")
-    await eventually(mode_is(admin, Mode.NORMAL), "NORMAL")
+    await master_and_slave_normal(admin, cluster)
     await eventually(lambda: slaves_linked(admin, "b1"), "b1's status")
     # The fakes keep no in-sync record; a real master does (watched as the rest).
     admin.create(f"/groups/{GROUP}/isr", json.dumps({"inSync": ["b1"]}).encode())
