@@ -301,7 +301,7 @@ class Broker:
         if cfg.master is None:
             raise ConfigError("a slave needs a master address")
         return SlaveReplica(store, name=cfg.name, master=cfg.master,
-                            link_timeout_s=cfg.link_timeout_s, on_data=self._signal.fire,
+                            link_timeout_s=cfg.link_timeout_s, on_data=self._on_replicated,
                             epoch=self.authority.epoch, on_probe=self.authority.answer_probe,
                             link=LinkSecurity(self.tls.peer, cfg.group,
                                               cfg.security.group_secret))
@@ -356,6 +356,19 @@ class Broker:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _on_replicated(self) -> None:
+        """A slave's log grew: long-polls (an acting slave's consumers) and the scheduler
+        (schedule records to index) look at it now."""
+        self._signal.fire()
+        self._wake_scheduler()
+
+    def _wake_scheduler(self) -> None:
+        """The scheduler sleeps until its next due entry or a wake (scheduler.IDLE_POLL_S):
+        woken by schedule records produced here (requests.py), bytes replicated here and
+        permission changes (what it may do changed)."""
+        if self._parts is not None:
+            self._parts.scheduler.wake()
+
     # ---- permission changes ---------------------------------------------------------
 
     def _on_authority_change(self) -> None:
@@ -375,6 +388,7 @@ class Broker:
         if change is not None:  # the event-time gauges carry the log line's instant
             self.metrics.permission_logged(change.effective, change.t_ns)
         self._signal.fire()  # long-polls re-check their permission
+        self._wake_scheduler()
         if lost_read:
             self._spawn(self._port.close_consumer_sessions(
                 still_lost=lambda: not self.authority.effective() & Permission.READ),

@@ -46,9 +46,11 @@ Mode = Literal["deliver", "escape"]
 BATCH = 512
 #: Schedule records applied to the index per read.
 CATCH_UP_RECORDS = 4096
-#: Longest sleep between passes: a new entry is indexed within it (a produce also wakes
-#: the scheduler at once), so a delay shorter than this can be up to this late, never early.
-POLL_S = 0.1
+#: Longest sleep between passes when nothing is due. The broker wakes the scheduler on
+#: every append (a produce, bytes replicated to a slave) and every permission change, and
+#: a pass sleeps exactly until the next due entry, so this is a safety net, not a
+#: latency: at 0.1 s it was ten wake-ups a second on every idle broker.
+IDLE_POLL_S = 1.0
 #: Release the schedule queue's in-memory index entries in steps of this many.
 RELEASE_EVERY = 16_384
 #: A topic that could not be escaped (no writable queue elsewhere) is not tried again
@@ -225,9 +227,9 @@ class Scheduler:
 
     async def _sleep(self, *, active: bool) -> None:
         """Until the next entry is due (when this broker delivers or escapes), a wake, or
-        :data:`POLL_S`. Never returns without yielding: a due entry this broker may not
+        :data:`IDLE_POLL_S`. Never returns without yielding: a due entry this broker may not
         deliver (a slave, a master without WRITE) must not spin the loop."""
-        wait = POLL_S
+        wait = IDLE_POLL_S
         nxt = self._index.next_due() if active else None
         if nxt is not None:
             wait = min(wait, max(0.001, nxt / 1000 - time.time()))
