@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,8 +22,15 @@ from kazoo.exceptions import ConnectionLoss
 
 from understudy_broker import protocol as p
 from understudy_broker.ha.clusterview import ClusterView
-from understudy_broker.ha.membership import Membership, MembershipError
-from understudy_broker.zklayout import CONSUMER_GROUPS
+from understudy_broker.ha.membership import (
+    EXPIRY_CHECK_S,
+    Membership,
+    MembershipError,
+    _Hosted,
+    expiry_wait,
+)
+from understudy_broker.zklayout import CONSUMER_GROUPS, MemberDoc, TopicDoc, topic_path
+from understudy_harness.testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -102,3 +110,39 @@ async def test_a_hung_arming_of_one_group_does_not_hold_up_another(
     async with asyncio.timeout(4):
         assert (await slow).cgroup == "slow"
     await m.stop()
+
+
+def test_the_expiry_wait_is_the_earliest_session_end() -> None:
+    def hosted(last_seen: float, timeout_ms: int) -> _Hosted:
+        return _Hosted(MemberDoc("m", "b1", (), timeout_ms), last_seen, last_seen)
+
+    assert expiry_wait([], 100.0) is None  # nothing hosted: sleep until a join
+    assert expiry_wait([hosted(100.0, 6000), hosted(101.0, 2000)], 101.5) == pytest.approx(1.505)
+    # Already due (an expiry being retried): checked again soon, not in a busy loop.
+    assert expiry_wait([hosted(90.0, 1000)], 100.0) == EXPIRY_CHECK_S
+
+
+async def test_a_member_that_stops_heartbeating_expires_after_its_session(
+        client: FaultyClient, admin: KazooClient) -> None:
+    """The expiry loop sleeps while no member is hosted; a join wakes it, and the member
+    is gone about one session timeout after its last heartbeat."""
+    admin.create(topic_path("t"), TopicDoc("t", ("g1",)).to_json(), makepath=True)
+    loop = asyncio.get_running_loop()
+    view = ClusterView(client, loop)
+    await view.start()
+    m = Membership(client, loop, broker="b1", view=view)
+    await m.start()
+    try:
+        await asyncio.sleep(0.3)  # the loop is asleep with nothing hosted
+        joined = time.monotonic()
+        await m.heartbeat(p.MemberHeartbeatRequest("cg", "m1", ("t",), session_timeout_ms=1000,
+                                                   join=True))
+        assert [x["member"] for x in (await m.describe("cg")).members] == ["m1"]
+        async def gone() -> bool:
+            return not (await m.describe("cg")).members
+        await eventually(gone, "the member expired", 10)
+        gone_after = time.monotonic() - joined
+        print(f"expired {gone_after:.2f} s after its only heartbeat (session 1 s)")
+        assert gone_after >= 1.0  # never before its session ended
+    finally:
+        await m.stop()  # the view holds watches only; the client fixture closes them

@@ -27,7 +27,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,9 @@ from understudy_broker.zklayout import (
 
 log = logging.getLogger(__name__)
 
+#: Expiry checks happen when the earliest hosted session can end, never more often than
+#: this; with no member hosted the loop sleeps until one joins (it polled every 0.1 s:
+#: ten wake-ups a second on every broker, for each of its two memberships).
 EXPIRY_CHECK_S = 0.1
 GROUP_READY_TIMEOUT_S = 5.0
 #: Grace for a vanished member whose session timeout this broker never read.
@@ -72,6 +75,16 @@ class _Hosted:
     doc: MemberDoc
     last_seen: float
     joined_at: float
+
+
+def expiry_wait(hosted: Iterable[_Hosted], now: float) -> float | None:
+    """Seconds until the earliest of ``hosted``'s sessions can end (at least
+    :data:`EXPIRY_CHECK_S`), ``None`` with none hosted. A heartbeat only moves an expiry
+    later, so waking at the old one costs a check, never a late expiry."""
+    ends = [h.last_seen + h.doc.session_timeout_ms / 1000 for h in hosted]
+    if not ends:
+        return None
+    return max(EXPIRY_CHECK_S, min(ends) - now + 0.005)
 
 
 @dataclass(slots=True)
@@ -106,6 +119,7 @@ class Membership:
         self._clock = clock
         self._groups: dict[str, _Group] = {}
         self._hosted: dict[tuple[str, str], _Hosted] = {}
+        self._hosted_joined = asyncio.Event()  # wakes the expiry loop (expiry_wait)
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalancing: dict[str, asyncio.Task[None]] = {}
         self._rebalance_again: set[str] = set()
@@ -247,6 +261,7 @@ class Membership:
             await self._register(cgroup, doc)
             now = self._clock()
             hosted = self._hosted[key] = _Hosted(doc, now, now)
+            self._hosted_joined.set()
             # Answer with the assignment that includes the newcomer (free queues are its
             # at once; the rest follow as their holders release them).
             await self._rebalance_now(cgroup)
@@ -491,7 +506,11 @@ class Membership:
 
     async def _expiry_loop(self) -> None:
         while True:
-            await asyncio.sleep(EXPIRY_CHECK_S)
+            wait = expiry_wait(self._hosted.values(), self._clock())
+            self._hosted_joined.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._hosted_joined.wait()
             now = self._clock()
             for key, h in list(self._hosted.items()):
                 if now - h.last_seen > h.doc.session_timeout_ms / 1000:
