@@ -318,3 +318,16 @@ def test_every_operation_has_body_types_or_is_reserved() -> None:
     reserved = {p.Op.BACKSYNC_OFFSETS, p.Op.GET_STATUS}
     for op in p.Op:
         assert (op in p.REQUEST_TYPES and op in p.RESPONSE_TYPES) or op in reserved
+
+
+def test_produce_multi_bodies_round_trip_and_reject_what_they_cannot_hold() -> None:
+    parts = [p.encode_produce("a", [(0, None, b"x")]), p.encode_produce("b", [(1, b"k", b"y")])]
+    assert p.ProduceMultiRequest.decode(p.ProduceMultiRequest(parts).encode()).parts == parts
+    results = [(p.Status.OK, p.ProduceResponse([(0, 7)]).encode()), (p.Status.UNKNOWN_TOPIC, b"no b")]
+    assert p.ProduceMultiResponse.decode(p.ProduceMultiResponse(results).encode()).results == results
+    with pytest.raises(ValueError, match="1 to 4096 parts"):
+        p.ProduceMultiRequest([]).encode()
+    with pytest.raises(p.FrameError, match="unknown status 999"):
+        p.ProduceMultiResponse.decode(b"\x00\x01\x03\xe7\x00\x00\x00\x00")
+    with pytest.raises(p.FrameError, match="exceeds the body size"):
+        p.ProduceMultiRequest.decode(b"\x0f\xff\x00")

@@ -29,7 +29,7 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -1190,6 +1190,12 @@ class Producer:
         # (bench/growth.py: 25x the server CPU per message at 10 topics).
         self._waiting: set[tuple[str, str | None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # A batch sent to a group takes that group's other batches along in one
+        # PRODUCE_MULTI (one per topic; Kafka's produce request carries every partition
+        # of a node the same way): with many topics a request carried a message or two,
+        # and each paid a request's fsync and replication round. Off for good once a
+        # broker answers UNKNOWN_OPERATION (an older broker: one topic per request).
+        self._multi = True
         self._rr: dict[str, itertools.count[int]] = {}
         self._closed = False
         self._watching = False
@@ -1365,13 +1371,41 @@ class Producer:
             self._dispatch(bkey)
 
     def _dispatch(self, bkey: tuple[str, str | None]) -> None:
+        batch = self._take(bkey)
+        if batch is None:
+            return
+        topic, group = bkey
+        together = [(topic, batch.items)]
+        if group is not None and self._joins_multi(bkey):
+            room = self.max_batch_bytes - batch.nbytes
+            for other in [k for k in self._batches if k[1] == group and k != bkey]:
+                extra = self._batches[other]
+                if extra.items and extra.nbytes <= room and self._joins_multi(other):
+                    room -= extra.nbytes
+                    together.append((other[0], self._take(other).items))  # type: ignore[union-attr]
+        if len(together) > 1:
+            self._start(self._send_batches(group or "", together))
+        else:
+            self._start(self._send_batch(topic, group, batch.items))
+
+    def _take(self, bkey: tuple[str, str | None]) -> _Batch | None:
+        """Remove the batch of ``bkey`` from the buffers, to be sent (None if empty)."""
         self._waiting.discard(bkey)
         batch = self._batches.pop(bkey, None)
         if batch is None or not batch.items:
-            return
+            return None
         if batch.timer is not None:
             batch.timer.cancel()
-        task = asyncio.create_task(self._send_batch(bkey[0], bkey[1], batch.items))
+        return batch
+
+    def _joins_multi(self, bkey: tuple[str, str | None]) -> bool:
+        """A batch that may travel in a PRODUCE_MULTI: acknowledged sends to an unordered
+        topic with no retry of its own in progress (those keep their one-batch path)."""
+        return (self._multi and self.acks != 0 and not self.router.send_head(bkey[0])[0]
+                and not self._retrying.get(bkey))
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -1381,14 +1415,78 @@ class Producer:
             sem = self._group_inflight[group or ""] = asyncio.Semaphore(self._per_group_limit)
         return sem
 
-    async def _send_batch(self, topic: str, group: str | None, items: list[_Pending]) -> None:
+    async def _send_batch(self, topic: str, group: str | None, items: list[_Pending],
+                          *, retry: bool = False) -> None:
         try:
-            await self._send_batch_once(topic, group, items)
+            await self._send_batch_once(topic, group, items, retry)
         finally:
             self._kick()  # its slots are free again
 
+    async def _send_batches(self, group: str, batches: list[tuple[str, list[_Pending]]]) -> None:
+        """Several topics' batches to ``group`` in one PRODUCE_MULTI. A batch it could not
+        store goes on as a retry of its own (:meth:`_send_batch_once`), counted as one so
+        that later batches of its topic wait behind it, as after any failed attempt."""
+        again: list[tuple[str, list[_Pending]]] = []
+        try:
+            again = await self._send_batches_once(group, batches)
+        finally:
+            for topic, items in again:
+                items = [i for i in items if not i.future.done() and not i.hedged]
+                if items:
+                    self._retrying[(topic, group)] = self._retrying.get((topic, group), 0) + 1
+                    self._start(self._send_batch(topic, group, items, retry=True))
+            self._kick()
+
+    async def _send_batches_once(self, group: str, batches: list[tuple[str, list[_Pending]]]
+                                 ) -> list[tuple[str, list[_Pending]]]:
+        """One attempt; returns the batches to send again on their own."""
+        body = p.ProduceMultiRequest([self._encode(t, items) for t, items in batches]).encode()
+        async with self._window(group), self._inflight:
+            started = time.monotonic()
+            conn: Connection | None = None
+            try:
+                conn = await self.router.connection(Permission.WRITE, group)
+                pending = asyncio.ensure_future(conn.request(
+                    p.Op.PRODUCE_MULTI, body, epoch=self.router.epoch_of(group),
+                    timeout_s=self.router.request_timeout_s))
+                if self.hedge_after_s is not None:
+                    done, _ = await asyncio.wait({pending}, timeout=self.hedge_after_s)
+                    if not done:
+                        for topic, items in batches:
+                            self._hedge(topic, group, items, started)
+                answer = p.ProduceMultiResponse.decode(await pending)
+            except BrokerError as exc:
+                # Refused whole, before any part was looked at (an older broker, not the
+                # writer, a stale epoch): each batch's own path meets and handles it.
+                if exc.status == p.Status.UNKNOWN_OPERATION:
+                    log.info("%s takes one topic per produce (no PRODUCE_MULTI)",
+                             conn.address if conn is not None else group)
+                    self._multi = False
+                return batches
+            except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
+                log.info("produce to %d topics on %s failed: %s", len(batches), group, exc)
+                self.faults.observe(group, (time.monotonic() - started) * 1000,
+                                    time.monotonic(), failed=True, started=started)
+                await self.router.failed(Permission.WRITE, conn, group, exc)
+                return batches
+            self.faults.observe(group, (time.monotonic() - started) * 1000, time.monotonic(),
+                                started=started)
+        again: list[tuple[str, list[_Pending]]] = []
+        for (topic, items), (status, raw) in zip(batches, answer.results, strict=False):
+            if status == p.Status.OK:
+                _resolve(items, p.ProduceResponse.decode(raw))
+                continue
+            error = BrokerError(p.Status(status), raw.decode("utf-8", "replace"))
+            if _worth_retrying(error):
+                again.append((topic, items))
+            else:
+                _fail(items, error)
+        if len(answer.results) < len(batches):  # a broker answering fewer parts: a bug there
+            again += batches[len(answer.results):]
+        return again
+
     async def _send_batch_once(self, topic: str, group: str | None,
-                               items: list[_Pending]) -> None:
+                               items: list[_Pending], retry: bool = False) -> None:
         if self.router.send_head(topic)[0]:
             # An ordered topic: batches go one at a time, in the order they were made, and
             # a failed one is re-sent whole to the send head before any later batch.
@@ -1396,10 +1494,11 @@ class Producer:
             async with turn, self._inflight:
                 await self._send_ordered(topic, group, items)
             return
-        await self._behind_retries(topic, group)
+        if not retry:  # a retry was counted by its caller (_send_batches)
+            await self._behind_retries(topic, group)
         body = self._encode(topic, items)
         backoff = Backoff(self.retry_backoff_s, 2.0)
-        retrying = False
+        retrying = retry
         async with self._window(group), self._inflight:
             try:
                 while True:

@@ -33,7 +33,7 @@ import enum
 import json
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Self
 
@@ -80,6 +80,7 @@ class Op(enum.IntEnum):
     NACK = 16  # a member hands a message back: redelivered after a delay, or dead-lettered
     AUTHENTICATE = 17  # one SCRAM step (docs/security.md); the connection's user once done
     SECURITY_ADMIN = 18  # users and ACLs: create, delete, list; add, remove, list; whoami
+    PRODUCE_MULTI = 19  # several PRODUCE bodies (one per topic) in one request, one answer each
 
 
 class Status(enum.IntEnum):
@@ -693,6 +694,88 @@ class ProduceResponse:
         if count * _OFFSET_ENTRY.size != len(body) - _OFFSETS_HEAD.size:
             raise _bad("offset count does not match the body size")
         return cls(list(_OFFSET_ENTRY.iter_unpack(memoryview(body)[_OFFSETS_HEAD.size:])))
+
+
+_MULTI_HEAD = struct.Struct(">H")  # parts
+_MULTI_PART = struct.Struct(">I")  # part length
+_MULTI_RESULT = struct.Struct(">HI")  # status, answer length
+#: Most parts one PRODUCE_MULTI carries (a producer sends one per topic it has a batch of).
+MAX_MULTI_PARTS: Final = 4096
+
+
+def _counted_parts(count: int, parts: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """``count u16`` then each part's head and bytes (PRODUCE_MULTI's bodies)."""
+    out = [_MULTI_HEAD.pack(count)]
+    for head, data in parts:
+        out.append(head)
+        out.append(data)
+    return b"".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceMultiRequest:
+    """PRODUCE_MULTI: several PRODUCE bodies (:func:`encode_produce`, trailers included),
+    each for its own topic, in one request to one broker. The broker handles each as a
+    PRODUCE of its own and answers each; their appends share the group commit's fsync and
+    the replication round, so a producer writing many topics pays one request's fixed
+    costs for all of them (docs/broker.md, "PRODUCE_MULTI").
+
+    Body: ``parts u16`` then per part ``length u32 | PRODUCE body``."""
+
+    parts: Sequence[bytes]
+
+    def encode(self) -> bytes:
+        if not 1 <= len(self.parts) <= MAX_MULTI_PARTS:
+            raise ValueError(f"a PRODUCE_MULTI carries 1 to {MAX_MULTI_PARTS} parts")
+        return _counted_parts(len(self.parts),
+                              ((_MULTI_PART.pack(len(part)), part) for part in self.parts))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        r = _Reader(body)
+        (count,) = r.unpack(_MULTI_HEAD)
+        if not 1 <= count <= MAX_MULTI_PARTS:
+            raise _bad(f"a PRODUCE_MULTI carries 1 to {MAX_MULTI_PARTS} parts, not {count}")
+        if count * _MULTI_PART.size > len(body):
+            raise _bad(f"part count {count} exceeds the body size")
+        parts = []
+        for _ in range(count):
+            (n,) = r.unpack(_MULTI_PART)
+            parts.append(r.take(n))
+        r.end()
+        return cls(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceMultiResponse:
+    """One answer per part, in request order: ``(status, body)``, the body a
+    :class:`ProduceResponse` when the status is OK and the error's message otherwise.
+
+    Body: ``parts u16`` then per part ``status u16 | length u32 | body``."""
+
+    results: Sequence[tuple[int, bytes]]
+
+    def encode(self) -> bytes:
+        return _counted_parts(len(self.results), (
+            (_MULTI_RESULT.pack(int(status), len(answer)), answer)
+            for status, answer in self.results))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        r = _Reader(body)
+        (count,) = r.unpack(_MULTI_HEAD)
+        if count * _MULTI_RESULT.size > len(body):
+            raise _bad(f"part count {count} exceeds the body size")
+        results: list[tuple[int, bytes]] = []
+        for _ in range(count):
+            status, n = r.unpack(_MULTI_RESULT)
+            try:
+                Status(status)
+            except ValueError:
+                raise _bad(f"unknown status {status}") from None
+            results.append((Status(status), r.take(n)))
+        r.end()
+        return cls(results)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1624,6 +1707,7 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.NACK: NackRequest,
     Op.AUTHENTICATE: AuthenticateRequest,
     Op.SECURITY_ADMIN: SecurityAdminRequest,
+    Op.PRODUCE_MULTI: ProduceMultiRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -1643,6 +1727,7 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.NACK: NackResponse,
     Op.AUTHENTICATE: AuthenticateResponse,
     Op.SECURITY_ADMIN: SecurityAdminResponse,
+    Op.PRODUCE_MULTI: ProduceMultiResponse,
 }
 
 

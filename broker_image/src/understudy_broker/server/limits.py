@@ -64,10 +64,13 @@ def nofile_wanted(max_connections: int, reserve: int = FD_RESERVE) -> int:
     return max_connections + reserve
 
 
+_PRODUCES = frozenset({p.Op.PRODUCE, p.Op.PRODUCE_MULTI})
+
+
 def waits_for_memory(op: int, size: int) -> bool:
     """Whether a request of ``size`` bytes waits for the request memory (PRODUCE and any
     large request do; small requests only count, see :data:`SMALL_REQUEST_BYTES`)."""
-    return op == p.Op.PRODUCE or size > SMALL_REQUEST_BYTES
+    return op in _PRODUCES or size > SMALL_REQUEST_BYTES
 
 
 def request_cost(op: int, size: int) -> int:
@@ -75,7 +78,7 @@ def request_cost(op: int, size: int) -> int:
     twice, because its messages are decoded into copies that live, with the frame, until
     it is acknowledged (measured: the broker's RSS grew by 2.2-2.4 times the produce
     bytes waiting for a stopped slave)."""
-    return 2 * size if op == p.Op.PRODUCE else size
+    return 2 * size if op in _PRODUCES else size
 
 
 class Closure(enum.Enum):

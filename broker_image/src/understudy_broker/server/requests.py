@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import time
@@ -75,6 +76,13 @@ class AppendSignal:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):
                 await event.wait()
+
+
+def _answered(body: bytes) -> Callable[[], Awaitable[bytes]]:
+    """An answer that waits for nothing."""
+    async def answer() -> bytes:
+        return body
+    return answer
 
 
 async def acknowledged(waits: Sequence[Awaitable[None]]) -> None:
@@ -178,6 +186,7 @@ class Requests:
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
             p.Op.PRODUCE: self._produce,
+            p.Op.PRODUCE_MULTI: self._produce_multi,
             p.Op.PULL: self._pull,
             p.Op.COMMIT_OFFSET: self._commit_offset,
             p.Op.FETCH_OFFSET: self._fetch_offset,
@@ -386,6 +395,12 @@ class Requests:
                                      created).encode()
 
     async def _produce(self, frame: p.Frame, who: Session) -> bytes:
+        return await (await self._store_produce(frame, who))()
+
+    async def _store_produce(self, frame: p.Frame, who: Session) -> Callable[[], Awaitable[bytes]]:
+        """A PRODUCE's checks and append; returns what waits for its acknowledgement and
+        builds the answer. Apart, so PRODUCE_MULTI appends its parts in order before any
+        of them waits."""
         started = time.perf_counter()
         self._require_write(frame)
         req = p.decode_produce_full(frame.body)
@@ -393,7 +408,7 @@ class Requests:
         await self._guard.require(who, Resource.TOPIC, topic, "produce")
         queues = self._queues(topic)
         if not raw:
-            return p.ProduceResponse([]).encode()
+            return _answered(p.ProduceResponse([]).encode())
         now_ms = int(time.time() * 1000)
         bad = [q for q, _k, _b in raw if q >= queues]
         if bad:
@@ -456,22 +471,54 @@ class Requests:
             start, end = result.start_phys, result.end_phys
         else:  # every message a repeat: its first copy is acknowledged as it would be
             start = end = lg.max_phys
-        await acknowledged([self._store.log_durable(end), self._replica.replicated(end, start)])
-        if head_epoch is not None:
-            self._check_still_head(topic, head_epoch)
-        offsets = [(q, p.SCHEDULED_OFFSET if t == sch.SCHEDULE_TOPIC else o)
-                   for t, q, o in (result.queue_offsets if messages else ())]
-        if plan is not None:
-            self._metrics.produce_repeats(len(plan.repeats))
-            offsets = _merge_repeats(raw, plan, offsets)
-        self._metrics.messages_in(len(messages) - (1 if plan is not None and messages else 0))
-        self._metrics.produce_latency(time.perf_counter() - started)
-        if scheduled is not None:
-            self._scheduler.wake()
-            # A delayed message's answer names the queue it was sent to.
-            offsets = [(raw[i][0], o) if o == p.SCHEDULED_OFFSET else (q, o)
-                       for i, (q, o) in enumerate(offsets)]
-        return p.ProduceResponse(offsets).encode()
+        async def answer() -> bytes:
+            await acknowledged([self._store.log_durable(end), self._replica.replicated(end, start)])
+            if head_epoch is not None:
+                self._check_still_head(topic, head_epoch)
+            offsets = [(q, p.SCHEDULED_OFFSET if t == sch.SCHEDULE_TOPIC else o)
+                       for t, q, o in (result.queue_offsets if messages else ())]
+            if plan is not None:
+                self._metrics.produce_repeats(len(plan.repeats))
+                offsets = _merge_repeats(raw, plan, offsets)
+            self._metrics.messages_in(len(messages) - (1 if plan is not None and messages else 0))
+            self._metrics.produce_latency(time.perf_counter() - started)
+            if scheduled is not None:
+                self._scheduler.wake()
+                # A delayed message's answer names the queue it was sent to.
+                offsets = [(raw[i][0], o) if o == p.SCHEDULED_OFFSET else (q, o)
+                           for i, (q, o) in enumerate(offsets)]
+            return p.ProduceResponse(offsets).encode()
+
+        return answer
+
+    async def _produce_multi(self, frame: p.Frame, who: Session) -> bytes:
+        """Each part as a PRODUCE of its own, answered on its own: one part's refusal (an
+        unknown topic, a denied ACL) leaves the others stored. The parts are appended in
+        order, then acknowledged together: they share the group commit's fsync and the
+        replication round."""
+        self._require_write(frame)
+        parts = p.ProduceMultiRequest.decode(frame.body).parts
+        answers: list[Callable[[], Awaitable[bytes]] | tuple[int, bytes]] = []
+        for part in parts:  # in order, each appended before the next is looked at
+            try:
+                answers.append(await self._store_produce(
+                    dataclasses.replace(frame, op=p.Op.PRODUCE, body=part), who))
+            except RequestError as exc:
+                answers.append((exc.status, exc.message.encode()))
+            except p.FrameError as exc:
+                answers.append((exc.code, exc.message.encode()))
+
+        async def one(answer: Callable[[], Awaitable[bytes]] | tuple[int, bytes]
+                      ) -> tuple[int, bytes]:
+            if isinstance(answer, tuple):
+                return answer
+            try:
+                return p.Status.OK, await answer()
+            except RequestError as exc:
+                return exc.status, exc.message.encode()
+
+        results = await asyncio.gather(*(one(a) for a in answers))
+        return p.ProduceMultiResponse(results).encode()
 
     def _scheduled(self, topic: str, raw: Sequence[tuple[int, bytes | None, bytes]],
                    deliver_at: Sequence[int] | None, now_ms: int, ordered: bool

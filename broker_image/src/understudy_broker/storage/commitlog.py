@@ -755,7 +755,7 @@ class CommitLog:
         ix = self._indexes.get((topic, queue))
         if ix is None and create:
             ix = QueueIndex.create(_index_path(self.directory, topic, queue),
-                                   files=self.index_files)
+                                   files=self.index_files, durable=False)
             self._indexes[(topic, queue)] = ix
         return ix
 
