@@ -1429,6 +1429,10 @@ class Producer:
         again: list[tuple[str, list[_Pending]]] = []
         try:
             again = await self._send_batches_once(group, batches)
+        except Exception as exc:  # a bug must not leave sends waiting forever
+            for _topic, items in batches:
+                _fail(items, exc)
+            raise
         finally:
             for topic, items in again:
                 items = [i for i in items if not i.future.done() and not i.hedged]
