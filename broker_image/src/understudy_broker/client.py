@@ -1495,8 +1495,12 @@ class Producer:
             # An ordered topic: batches go one at a time, in the order they were made, and
             # a failed one is re-sent whole to the send head before any later batch.
             turn = self._ordered_turn.setdefault(topic, asyncio.Lock())
-            async with turn, self._inflight:
-                await self._send_ordered(topic, group, items)
+            try:
+                async with turn, self._inflight:
+                    await self._send_ordered(topic, group, items)
+            finally:
+                if retry:  # the topic became ordered since: its count ends here too
+                    self._retry_done(topic, group)
             return
         if not retry:  # a retry was counted by its caller (_send_batches)
             await self._behind_retries(topic, group)
