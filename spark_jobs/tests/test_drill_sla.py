@@ -153,7 +153,12 @@ def test_the_job_finds_the_drills_failovers_in_real_prometheus_exports(
 
     def read_prometheus(url: str) -> None:
         """``sla export`` and ``sla report --prometheus`` against the drill's Prometheus while
-        it still runs, over one fixed window that ended 2 s ago: both read the same samples."""
+        it still runs, over one fixed window that ended 2 s ago: both read the same samples.
+        The drill calls this right after its own export, which can be within a second of
+        the last NORMAL: the window must end after that state's first scrape and its
+        bucket, so it ends two intervals after this call, not two before it (CI once cut
+        the last incident open this way)."""
+        time.sleep(2 * SCRAPE_S)
         span = ["--start", promapi.iso(started - 2), "--end", promapi.iso(time.time() - 2),
                 "--step", f"{SCRAPE_S:g}s"]
         runner = CliRunner()
