@@ -8,6 +8,7 @@ import contextlib
 import functools
 import gc
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -123,6 +124,14 @@ async def send_at_rate(prod: Producer, topic: str, rate: float, *,
             outstanding.add(fut)
             fut.add_done_callback(functools.partial(done, n))
     await asyncio.gather(*outstanding, return_exceptions=True)
+
+
+def machine_figures(load_before: tuple[float, float, float]) -> dict[str, Any]:
+    """The machine a run shared: load averages before (``os.getloadavg()`` at its start)
+    and now, and the CPU count (the ``loadavg`` and ``cpus`` keys of the results)."""
+    return {"loadavg": {"before": [round(x, 2) for x in load_before],
+                        "after": [round(x, 2) for x in os.getloadavg()]},
+            "cpus": os.cpu_count()}
 
 
 def run_on_uvloop(main: Coroutine[Any, Any, T]) -> T:

@@ -46,6 +46,7 @@ from typing import Any
 from benchlib import (
     GeneratorPauses,
     cluster_directory,
+    machine_figures,
     run_on_uvloop,
     send_at_rate,
     write_results,
@@ -383,9 +384,7 @@ def main(argv: list[str]) -> int:
     with cluster_directory("cluster", keep=args.keep) as directory:
         doc = run_on_uvloop(run(args, directory))
     doc.update({} if args.no_peers else peers(args.cycles, int(args.rate)))
-    doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
-                      "after": [round(x, 2) for x in os.getloadavg()]}
-    doc["cpus"] = os.cpu_count()
+    doc.update(machine_figures(load_before))
     print()
     print(f"{'':28}{'p50':>10}{'p99':>10}   target")
     for kind in ("kill", "hang"):

@@ -96,7 +96,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from benchlib import cluster_directory, run_on_uvloop, write_results
+from benchlib import cluster_directory, machine_figures, run_on_uvloop, write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -538,9 +538,7 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()
     with cluster_directory("memory", keep=args.keep) as directory:
         doc = run_on_uvloop(run(args, directory))
-    doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
-                      "after": [round(x, 2) for x in os.getloadavg()]}
-    doc["cpus"] = os.cpu_count()
+    doc.update(machine_figures(load_before))
     summarize(doc)
     report(doc)
     write_results(doc, args.out)

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchlib import cluster_directory, send_at_rate, write_results
+from benchlib import cluster_directory, machine_figures, send_at_rate, write_results
 
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
@@ -346,9 +346,7 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()
     with cluster_directory("ordered", keep=args.keep) as directory:
         doc = asyncio.run(run(args, directory))
-    doc["loadavg"] = {"before": [round(x, 2) for x in load_before],
-                      "after": [round(x, 2) for x in os.getloadavg()]}
-    doc["cpus"] = os.cpu_count()
+    doc.update(machine_figures(load_before))
     print()
     t = doc["throughput_msgs_s"]
     print(f"throughput, 1 producer       ordered {t['ordered']} msg/s, unordered "
