@@ -425,8 +425,9 @@ class GroupDriver:
         A check first decides on what the watches keep (config, state, ``live`` children,
         statuses, the in-sync record). A decision to stay is taken as it is: the periodic
         checks of a quiet group cost no ZooKeeper request (six reads before watches kept
-        them, one while the in-sync record was still read). A decision to move is never written on kept data: everything is read again,
-        decided again, and that decision is written with the state version just read."""
+        them, one while the in-sync record was still read). A decision to move is never
+        written on kept data: everything is read again, decided again, and that decision
+        is written with the state version just read."""
         kept = await self._kept_inputs()
         if kept is not None:
             config, state, obs = kept
@@ -437,9 +438,9 @@ class GroupDriver:
         return await self._check_fresh()
 
     async def _kept_inputs(self) -> tuple[GroupConfig, GroupState, Observation] | None:
-        """The config, state and observation from what the watches keep (with a fresh
-        read of the in-sync record), or None when something is not kept (yet), is
-        malformed or names brokers not watched yet: then the fresh check handles it."""
+        """The config, state and observation from what the watches keep, or None when
+        something is not kept (yet), is malformed or names brokers not watched yet: then
+        the fresh check handles it."""
         config = self._config_kept()
         raw_state = self._kept.get(state_path(self.group))
         if (config is None or raw_state is None or raw_state[0] is None
