@@ -28,6 +28,7 @@ from understudy_broker.ha.authority import StaticAuthority
 from understudy_broker.model import Permission, Role
 from understudy_broker.server.broker import Broker
 from understudy_broker.server.errors import RequestError
+from understudy_harness.testing import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +261,29 @@ async def test_a_consumer_waits_out_a_broker_that_does_not_know_the_topic_yet(
             while not got:
                 got = [r.body for r in await consumer.getmany(timeout_s=0.5)]
         assert got == [b"after"]
+    finally:
+        await consumer.close()
+
+
+async def test_one_getmany_hands_out_every_queue_already_buffered(served: Any) -> None:
+    """Batches of several queues waiting in the consumer come out of one getmany. One
+    batch per call let a caller that commits after each call fall a whole buffer behind
+    (end-to-end latency ~200 ms with no fault at all in bench/cluster.py)."""
+    _broker, _auth, addr = served
+    await create_topic([addr], topic="fan", queues=4)
+    consumer = Consumer([addr], group="g", topic="fan", max_wait_ms=50)
+    try:
+        await consumer.start()
+        async with Producer([addr]) as prod:
+            acks = [await prod.send("fan", b"%d-%d" % (q, i), queue=q)
+                    for q in range(4) for i in range(3)]
+            await asyncio.gather(*acks)
+        await eventually(lambda: consumer._buffer.qsize() >= 4,
+                         "every queue's pull loop has buffered its batch")
+        got = await consumer.getmany(timeout_s=1)
+        assert sorted(r.body for r in got) == sorted(b"%d-%d" % (q, i)
+                                                     for q in range(4) for i in range(3))
+        assert await consumer.commit() == {q: 3 for q in range(4)}
     finally:
         await consumer.close()
 

@@ -1903,7 +1903,8 @@ class Consumer(_GroupMember):
         #: time and commits the one before it first (the caller came back: it processed
         #: it), so a queue's next owner starts after the last record processed.
         self.orderly = orderly
-        self._carry: tuple[int, int, list[Record]] | None = None  # the rest of a batch
+        # The rest of an orderly batch, or an error found behind records handed out.
+        self._carry: tuple[int, int, list[Record]] | BaseException | None = None
         self._handed: int | None = None  # orderly: the queue of the record handed out last
         self.group = group
         self.topic = topic
@@ -2211,8 +2212,9 @@ class Consumer(_GroupMember):
             offset = resp.next_offset
 
     async def getmany(self, *, timeout_s: float = 1.0) -> list[Record]:
-        """The next batch of records (possibly empty after ``timeout_s``); with
-        ``orderly``, the next record alone, after committing the one handed out before.
+        """The records buffered so far, from any of this member's queues (waiting up to
+        ``timeout_s`` for the first; empty after that); with ``orderly``, the next record
+        alone, after committing the one handed out before.
         Redelivered (nacked) messages come first when both are waiting."""
         await self.start()
         retry = self._retry_consumer()
@@ -2292,16 +2294,28 @@ class Consumer(_GroupMember):
         return p.NackResponse.decode(body)
 
     async def _getmany(self, timeout_s: float) -> list[Record]:
+        """Everything the pull loops have buffered (several queues' batches at once), or,
+        with an empty buffer, the first batch to arrive within ``timeout_s``. Handing out
+        one batch per call would let the buffer fill with small batches behind a caller
+        that commits after each call: deliveries then queued for its whole depth
+        (``prefetch_batches`` round trips; ~200 ms in ``bench/cluster.py``). An error in
+        the buffer behind records is raised at the next call, after those records."""
         if self.orderly and self._handed is not None:
             queue, self._handed = self._handed, None
             if queue in self._loops or queue in self._revoking:
                 await self._commit_queues([queue])
         await self._settle()
         deadline = time.monotonic() + timeout_s
+        out: list[Record] = []
         while True:
             if self._carry is not None:
                 item: tuple[int, int, list[Record]] | BaseException = self._carry
                 self._carry = None
+            elif out:
+                try:
+                    item = self._buffer.get_nowait()
+                except asyncio.QueueEmpty:
+                    return out
             else:
                 try:
                     async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -2309,6 +2323,9 @@ class Consumer(_GroupMember):
                 except TimeoutError:
                     return []
             if isinstance(item, BaseException):
+                if out:
+                    self._carry = item
+                    return out
                 raise item
             queue, token, records = item
             entry = self._loops.get(queue)
@@ -2321,7 +2338,9 @@ class Consumer(_GroupMember):
                 self._handed = queue
             last = records[-1]
             self._positions[queue] = max(self._positions.get(queue, 0), last.offset + 1)
-            return records
+            if self.orderly:
+                return records
+            out.extend(records)
 
     async def __aiter__(self) -> AsyncIterator[Record]:
         while True:
