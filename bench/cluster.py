@@ -14,7 +14,8 @@ controller) and one cluster topic over both groups (4 queues each), this measure
   of a message produced after the fault;
 - **no fault**: the write stall of as many windows as the kill cycles', as long as their
   median, with no fault: the floor that scheduling on shared cores and the disk's flushes
-  put under every fault cycle's figure;
+  put under every fault cycle's figure; and, in those windows, each message's time from
+  send to delivery: the floor under the end-to-end figure;
 - **rebalance**: with two members consuming, a third joins: from its ``start()`` to its first
   delivery from a queue it was handed; the queues moved per join against the minimum;
   duplicates over the clean joins and leaves (each id delivered more than once to the
@@ -128,6 +129,15 @@ class Traffic:
                       default=(end - start, start))
         return gap * 1000, (at - start) * 1000, self.pauses.longest_ms(at, at + gap)
 
+    def delivery_ms(self, start: float, end: float) -> list[float]:
+        """From send to first delivery, of each message sent in [start, end] (none lost
+        here: the run checks that every acknowledged id was delivered)."""
+        first: dict[int, float] = {}
+        for t, i, _m, _q in self.deliveries:
+            first.setdefault(i, t)
+        return [(first[i] - sent) * 1000 for i, sent in self.sends.items()
+                if start <= sent <= end and i in first]
+
     def e2e_ms(self, fault_at: float) -> float | None:
         later = {i for i, t in self.sends.items() if t >= fault_at}
         first = min((t for t, i, _m, _q in self.deliveries if i in later), default=None)
@@ -204,7 +214,7 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
 
 
 async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
-                          length_s: float) -> list[tuple[float, int, float]]:
+                          length_s: float) -> list[tuple[float, int, float, list[float]]]:
     """The same measurement with no fault: the write stall of windows as long as the
     fault cycles', on the same cluster and traffic. What the machine does to the
     acknowledgement stream on its own (scheduling on shared cores, disk flushes) is in
@@ -218,10 +228,12 @@ async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
         end = time.monotonic()
         slow = slow_between(flushes, await asyncio.to_thread(slow_flushes, plan))
         stall, stall_at, paused = traffic.write_stall_ms(at, end)
-        out.append((stall, slow, paused))
+        delivery = traffic.delivery_ms(at, end)
+        out.append((stall, slow, paused, delivery))
         print(f"  no fault {n + 1}/{cycles}: write stall {stall:.1f} ms (from "
               f"{stall_at:.0f} ms into the window; the generator paused {paused:.0f} ms in "
-              f"it), flushes over {SLOW_FLUSH_S * 1000:g} ms: {slow}", flush=True)
+              f"it), flushes over {SLOW_FLUSH_S * 1000:g} ms: {slow}; send to delivery "
+              f"p50 {percentile(delivery, 50) or 0:.1f} ms", flush=True)
     return out
 
 
@@ -320,15 +332,19 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
                 "samples_generator_pause_ms": [_r(x) for _s, _e, _w, _f, x in results[kind]],
                 **_without_slow_flushes(stalls, slow),
             }
+        delivered = [d for _s, _f, _p, ds in control for d in ds]
         doc["no_fault"] = {
-            "write_stall_ms_p50": _r(percentile([s for s, _f, _p in control], 50)),
-            "write_stall_ms_p99": _r(percentile([s for s, _f, _p in control], 99)),
+            "write_stall_ms_p50": _r(percentile([s for s, _f, _p, _d in control], 50)),
+            "write_stall_ms_p99": _r(percentile([s for s, _f, _p, _d in control], 99)),
+            "delivery_ms_p50": _r(percentile(delivered, 50)),
+            "delivery_ms_p99": _r(percentile(delivered, 99)),
             "window_s": round(length, 2),
             "cycles": len(control),
-            "samples_write_stall_ms": [_r(s) for s, _f, _p in control],
-            "samples_slow_flushes": [f for _s, f, _p in control],
-            "samples_generator_pause_ms": [_r(x) for _s, _f, x in control],
-            **_without_slow_flushes([s for s, _f, _p in control], [f for _s, f, _p in control]),
+            "samples_write_stall_ms": [_r(s) for s, _f, _p, _d in control],
+            "samples_slow_flushes": [f for _s, f, _p, _d in control],
+            "samples_generator_pause_ms": [_r(x) for _s, _f, x, _d in control],
+            **_without_slow_flushes([s for s, _f, _p, _d in control],
+                                    [f for _s, f, _p, _d in control]),
         }
         # 8 queues: 2 members hold 4 + 4; a third takes floor(8/3) = 2 from them.
         doc["rebalance"] = {
@@ -403,6 +419,8 @@ def main(argv: list[str]) -> int:
     print(f"  windows with a flush over {SLOW_FLUSH_S * 1000:g} ms: "
           f"{nf['cycles_with_slow_flush']}; p99 of the others: "
           f"{nf['write_stall_ms_p99_without_slow_flush']}")
+    print(f"send to delivery, no fault  {nf['delivery_ms_p50']!s:>10}{nf['delivery_ms_p99']!s:>10}"
+          f"   the floor under end-to-end recovery")
     rb = doc["rebalance"]
     print(f"join to first delivery      {rb['join_to_delivery_ms_p50']!s:>10}{rb['join_to_delivery_ms_p99']!s:>10}"
           f"   p99 <= {TARGETS['join']:g} ms ({rb['joins']} joins)")
