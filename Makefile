@@ -14,7 +14,7 @@ lint: setup
 	$(VENV)/bin/mypy --strict fuzz e2e_containers
 	$(VENV)/bin/lint-imports
 
-# The Spark tests run beside the rest (scripts/test.sh); PYTEST_ARGS selects, in one run.
+# The Spark and harness tests run beside the rest (scripts/test.sh); PYTEST_ARGS selects, in one run.
 test: setup lint
 	@bash scripts/test.sh $(PYTEST_ARGS)
 

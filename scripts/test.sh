@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# `make test`'s pytest run: the Spark tests (spark_jobs/tests: JVM-bound) in a second
-# pytest process beside the rest (mostly waiting on real servers: failovers, sessions,
-# timeouts), so the two overlap on two cores instead of queueing. Each process has its
-# own temporary directory and its own port range (UNDERSTUDY_PORT_RANGE, read by
-# understudy_operator.local.ports), so neither promises a port the other holds. The Spark
-# run's output follows the main one's; the exit status is the first failure's. (The main
-# run leaves the Spark tests out with --ignore-glob: --ignore is not honoured for a
-# testpaths folder here.)
+# `make test`'s pytest run: the Spark tests (spark_jobs/tests: JVM-bound), then the
+# harness's (drills and chaos cycles, ~3.5 min alone), in a second pytest process beside
+# the rest (mostly waiting on real servers: failovers, sessions, timeouts), so the two
+# overlap on two cores instead of queueing. The Spark tests alone took ~8.5 min beside a
+# ~15.5 min main run; with the harness's moved over, the halves are about even. Each
+# process has its own temporary directory and its own port range (UNDERSTUDY_PORT_RANGE,
+# read by understudy_operator.local.ports), so neither promises a port the other holds.
+# The second run's output follows the main one's; the exit status is the first failure's.
+# (The main run leaves the second's folders out with --ignore-glob: --ignore is not
+# honoured for a testpaths folder here.)
 #
 #   scripts/test.sh              both halves side by side
 #   scripts/test.sh ARGS...      one pytest process with ARGS (a selection: -k, a path, ...)
@@ -27,28 +29,30 @@ trap '[ -n "$spark_pid" ] && kill -INT "$spark_pid" 2>/dev/null; wait; exit 130'
 started=$(date +%s)
 
 run_spark() {
-  UNDERSTUDY_PORT_RANGE=21000-32000 "${PYTEST[@]}" spark_jobs/tests --basetemp "$base/spark" \
+  UNDERSTUDY_PORT_RANGE=21000-32000 "${PYTEST[@]}" spark_jobs/tests harness/tests --basetemp "$base/spark" \
     -p no:cacheprovider >"$spark_log" 2>&1
 }
 
 if [ "${TEST_SERIAL:-}" = 1 ]; then
-  UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore-glob="spark_jobs/tests/*" --basetemp "$base/main"
+  UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore-glob="spark_jobs/tests/*" --ignore-glob="harness/tests/*" \
+    --basetemp "$base/main"
   main_rc=$?
   run_spark
   spark_rc=$?
 else
   run_spark &
   spark_pid=$!
-  UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore-glob="spark_jobs/tests/*" --basetemp "$base/main"
+  UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore-glob="spark_jobs/tests/*" --ignore-glob="harness/tests/*" \
+    --basetemp "$base/main"
   main_rc=$?
-  echo "test: waiting for the Spark tests (pid $spark_pid)..."
+  echo "test: waiting for the Spark and harness tests (pid $spark_pid)..."
   wait "$spark_pid"
   spark_rc=$?
 fi
 echo
-echo "=============================== spark_jobs/tests ==============================="
+echo "===================== spark_jobs/tests and harness/tests ======================"
 cat "$spark_log"
-echo "test: main run exit $main_rc, Spark run exit $spark_rc, $(( $(date +%s) - started )) s in all"
+echo "test: main run exit $main_rc, Spark and harness run exit $spark_rc, $(( $(date +%s) - started )) s in all"
 if ((main_rc == 0 && spark_rc == 0)); then
   rm -rf "$base"
 else
