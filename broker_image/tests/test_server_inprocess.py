@@ -288,6 +288,52 @@ async def test_one_getmany_hands_out_every_queue_already_buffered(served: Any) -
         await consumer.close()
 
 
+class HeldStart(SettableAuthority):
+    """An authority whose start (a coordinated broker's ZooKeeper registration) waits
+    until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registering = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def start(self) -> None:
+        self.registering.set()
+        await self.release.wait()
+        await super().start()
+
+
+async def test_the_client_port_listens_before_the_broker_registers(tmp_path: Path) -> None:
+    """Once a broker is live in ZooKeeper, routes name it and clients connect. Its port
+    listens from before that, and a request that comes in while the broker is still
+    starting is held and answered, not refused: refused connections made producers
+    isolate a restarted master's group as failed (docs/cluster.md, "Runs D and E")."""
+    auth = HeldStart()
+    cfg = BrokerConfig(data_dir=tmp_path / "d", port=0, replication_port=0, sync=False,
+                       name="m", group="g")
+    broker = Broker(cfg, authority=auth)
+    starting = asyncio.create_task(broker.start())
+    try:
+        await asyncio.wait_for(auth.registering.wait(), 10)
+        port = broker._port.port
+        assert port is not None, "the client port does not listen while the broker registers"
+        auth.address = addr = f"127.0.0.1:{port}"
+        asked = asyncio.create_task(request_once(addr, p.Op.GET_ROUTE,
+                                                 p.GetRouteRequest().encode(), timeout_s=20))
+        done, _ = await asyncio.wait({asked}, timeout=0.3)
+        assert not done, "a request was answered before the broker had started"
+        auth.release.set()
+        await asyncio.wait_for(starting, 20)
+        frame = await asyncio.wait_for(asked, 20)
+        assert frame.status == p.Status.OK
+        assert p.RouteResponse.decode(frame.body).brokers_of("g")
+    finally:
+        auth.release.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(starting, 20)
+        await broker.stop()
+
+
 async def test_the_route_names_the_advertised_host(tmp_path: Path) -> None:
     """A broker tells clients ``--advertised-host`` rather than its listen address (a
     container listens on 0.0.0.0, which no client can dial), and clients follow it."""

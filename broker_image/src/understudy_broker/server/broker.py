@@ -140,6 +140,9 @@ class Broker:
                                 fd_reserve=lim.fd_reserve(cfg.index_open_files))
         self._http: BrokerHttpPort | None = None  # only with --http-port
         self._parts: _Parts | None = None
+        # Set once the parts exist: the client port listens from the start, before this
+        # broker registers in ZooKeeper, and holds the requests that come in meanwhile.
+        self._serving = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
         self._had_read = False
         self._epoch_sent = 0  # the epoch our slaves last heard of (a master pushes changes)
@@ -173,6 +176,8 @@ class Broker:
         )
 
     async def _handle(self, frame: p.Frame, room: OutputRoom, session: Session) -> bytes:
+        if not self._serving.is_set():
+            await self._serving.wait()
         return await self.parts.requests.handle(frame, room, session)
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -198,6 +203,12 @@ class Broker:
         try:
             schedule = ScheduleIndex.open(cfg.data_dir / SCHEDULE_FILE)
             self._permlog.open()
+            # Listen before registering: once this broker is live in ZooKeeper, routes can
+            # name it (a restarted master, as the writer) and clients connect at once. A
+            # port opened after that refused them for the rest of the start, and each
+            # producer isolated the group as failed until its next route change
+            # (docs/cluster.md, "Runs D and E"). Requests wait for the parts (below).
+            await self._port.start(cfg.host, cfg.port)
             self.authority.subscribe(self._on_authority_change)
             self.authority.attach(BrokerHooks(
                 facts=self._facts, offsets=store.offsets.snapshot,
@@ -229,7 +240,7 @@ class Broker:
                 view.subscribe(lambda: self._adopt_cluster_topics(store, view))
                 self._adopt_cluster_topics(store, view)
             await replica.start()
-            await self._port.start(cfg.host, cfg.port)
+            self._serving.set()
             if cfg.http_port is not None:
                 self._http = BrokerHttpPort(
                     registry=self.metrics.registry, ready=self._ready, host=cfg.host,
@@ -254,7 +265,7 @@ class Broker:
     async def _abort_start(self, store: Store, replica: Replica | None) -> None:
         """Undo a start that failed part way (a config contradicting the flags, a port in
         use): nothing started is left running, no file is left open."""
-        self._port.close()
+        await self._port.stop(grace_s=0)
         if self._http is not None:
             await self._http.stop()
         if replica is not None:
