@@ -314,7 +314,8 @@ async def test_the_client_port_listens_before_the_broker_registers(tmp_path: Pat
     broker = Broker(cfg, authority=auth)
     starting = asyncio.create_task(broker.start())
     try:
-        await asyncio.wait_for(auth.registering.wait(), 10)
+        async with asyncio.timeout(10):
+            await auth.registering.wait()
         port = broker._port.port
         assert port is not None, "the client port does not listen while the broker registers"
         auth.address = addr = f"127.0.0.1:{port}"
@@ -323,14 +324,16 @@ async def test_the_client_port_listens_before_the_broker_registers(tmp_path: Pat
         done, _ = await asyncio.wait({asked}, timeout=0.3)
         assert not done, "a request was answered before the broker had started"
         auth.release.set()
-        await asyncio.wait_for(starting, 20)
-        frame = await asyncio.wait_for(asked, 20)
+        async with asyncio.timeout(20):
+            await starting
+            frame = await asked
         assert frame.status == p.Status.OK
         assert p.RouteResponse.decode(frame.body).brokers_of("g")
     finally:
         auth.release.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(starting, 20)
+            async with asyncio.timeout(20):
+                await starting
         await broker.stop()
 
 
