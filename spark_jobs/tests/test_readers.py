@@ -209,3 +209,28 @@ def test_a_large_query_range_document_is_read_by_series_in_parallel(spark: Any, 
     config = job.JobConfig(inputs=(truncated,), out=str(tmp_path / "out"))
     with pytest.raises(InputError, match=r"truncated\.json:1: malformed JSON"):
         job.run(spark, config, progress=lambda _m: None)
+
+
+def test_each_query_range_series_is_parsed_once(spark: Any, tmp_path: pathlib.Path) -> None:
+    """Spark infers a ``size(array) > 0`` filter for ``explode`` and pushes it below the
+    projection that parses the JSON, which then runs again in that filter: every series
+    (and every whole document) went through the JSON reader three or more times, half of
+    the read's time (one 40-group day: 5.4 s, 2.4 s without). No filter parses JSON now,
+    and the projection parses the label map and the values (one ``from_json`` each, as
+    Spark's JSON schema pruning splits them)."""
+    result = [{"metric": {"__name__": PERM_NAME, "group": f"g{i}", "broker": f"g{i}-0",
+                          "role": "master"},
+               "values": [[T_MS / 1000 + 15 * k, str(k % 4)] for k in range(10)]}
+              for i in range(3)]
+    doc = {"status": "success", "data": {"resultType": "matrix", "result": result}}
+    (tmp_path / "compact").mkdir()
+    (tmp_path / "pretty").mkdir()
+    compact = _write(tmp_path / "compact", "day.json", json.dumps(doc, separators=(",", ":")))
+    pretty = _write(tmp_path / "pretty", "day.json", json.dumps(doc, indent=1))
+    for path in (compact, pretty):
+        df = readers.read_query_range(spark, [path], keyed=True)
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        assert not [line for line in plan.splitlines()
+                    if "Filter" in line and "from_json(" in line], plan
+        assert plan.count("from_json(") <= 2, plan
+        assert df.where("ok").count() == 3 * 10

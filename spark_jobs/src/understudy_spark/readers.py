@@ -66,8 +66,9 @@ KEYED_COLUMNS = ["timestamp", "metric", *KEY_LABELS, "value", "source_file", "ra
 
 # query_range JSON: {"status": "success", "data": {"resultType": "matrix", "result": [...]}}.
 # Sample pairs are [<unix seconds as a number>, "<value as a string>"]. Each pair is read
-# as one string: Spark's JSON reader renders a nested array as its JSON text
-# (``[1795211698.96,"3"]``) when the schema says string, which is ~3x cheaper than
+# as one string: Spark's JSON reader renders a nested array as JSON text when the schema
+# says string (``[1795211698.96,"3"]`` becomes ``[1.79521169896E9,"3"]``: it re-renders a
+# number with a fraction from its double), which is ~3x cheaper than
 # materialising an array of two strings per sample and exploding it; the text is then cut
 # with string functions (:func:`_pair_parts`).
 _SERIES_SCHEMA = StructType(
@@ -518,7 +519,7 @@ def _documents_as_series(spark: SparkSession, paths: Sequence[str]) -> DataFrame
     )
     # Project the series' fields before exploding its values: exploding ``s.values`` while
     # keeping ``s`` would copy the whole series into every sample row.
-    series = docs.select("source_file", "doc_ok", "weight", F.explode("result").alias("s"))
+    series = _explode(docs, ["source_file", "doc_ok", "weight"], "result", "s")
     return series.select(
         "source_file",
         "doc_ok",
@@ -526,6 +527,17 @@ def _documents_as_series(spark: SparkSession, paths: Sequence[str]) -> DataFrame
         F.col("s.metric").alias("metric"),
         F.when(F.col("doc_ok"), F.col("s.values")).otherwise(_no_sample()).alias("vals"),
     )
+
+
+def _explode(df: DataFrame, keep: Sequence[str], array: str, name: str) -> DataFrame:
+    """``df.select(*keep, F.explode(array).alias(name))``, without the filter Spark infers
+    for ``explode`` (``size(array) > 0``): the optimizer pushes it below the projections
+    that build ``array`` and evaluates them again there, once per pushed copy (every
+    document or series was parsed by the JSON reader three or more times; see the
+    physical plan). ``posexplode_outer`` infers none, and its rows that have a position
+    are exactly ``explode``'s rows."""
+    out = df.select(*keep, F.posexplode_outer(array).alias("_pos", name))
+    return out.where(F.col("_pos").isNotNull()).drop("_pos")
 
 
 def _no_sample() -> Column:
@@ -597,9 +609,7 @@ def read_query_range(spark: SparkSession, paths: Sequence[str], *, keyed: bool =
     series = found.select(
         "source_file", "doc_ok", "weight", labels["__name__"].alias("metric"), *label_cols, "vals",
     )
-    samples = series.select(
-        "source_file", "doc_ok", "weight", "metric", *label_names, F.explode("vals").alias("pair")
-    )
+    samples = _explode(series, ["source_file", "doc_ok", "weight", "metric", *label_names], "vals", "pair")
     ts_text, value_text, pair_ok = _pair_parts(F.col("pair"))
     ts_s = ts_text.try_cast(DoubleType())
     parsed = samples.select(
