@@ -42,7 +42,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchlib import (
     GeneratorPauses,
@@ -87,6 +87,7 @@ class Traffic:
     acks: dict[int, float] = field(default_factory=dict)  # id -> monotonic ack time
     deliveries: list[tuple[float, int, str, int]] = field(default_factory=list)
     first_delivery: dict[str, float] = field(default_factory=dict)  # member -> monotonic
+    first_seen: dict[int, float] = field(default_factory=dict)  # id -> its first delivery
     members: list[Consumer] = field(default_factory=list)
     stopping: bool = False
     pauses: GeneratorPauses = field(default_factory=GeneratorPauses)
@@ -118,6 +119,7 @@ class Traffic:
                 self.first_delivery.setdefault(c.member_id, now)
             for r in recs:
                 self.deliveries.append((now, int(r.body), c.member_id, r.queue))
+                self.first_seen.setdefault(int(r.body), now)
             if now - committed >= COMMIT_INTERVAL_S or (self.stopping and not recs):
                 committed = now
                 await c.commit(timeout_s=0.1)
@@ -143,15 +145,13 @@ class Traffic:
     def delivery_ms(self, start: float, end: float) -> list[float]:
         """From send to first delivery, of each message sent in [start, end] (none lost
         here: the run checks that every acknowledged id was delivered)."""
-        first: dict[int, float] = {}
-        for t, i, _m, _q in self.deliveries:
-            first.setdefault(i, t)
+        first = self.first_seen
         return [(first[i] - sent) * 1000 for i, sent in self.sends.items()
                 if start <= sent <= end and i in first]
 
     def e2e_ms(self, fault_at: float) -> float | None:
-        later = {i for i, t in self.sends.items() if t >= fault_at}
-        first = min((t for t, i, _m, _q in self.deliveries if i in later), default=None)
+        first = min((self.first_seen[i] for i, t in self.sends.items()
+                     if t >= fault_at and i in self.first_seen), default=None)
         return None if first is None else (first - fault_at) * 1000
 
 
@@ -224,8 +224,18 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
     return out
 
 
+class Window(NamedTuple):
+    """One no-fault window: its write stall (ms), flushes over ``SLOW_FLUSH_S``, the load
+    generator's longest pause in the stall (ms), and each message's send-to-delivery (ms)."""
+
+    stall_ms: float
+    slow_flushes: int
+    paused_ms: float
+    delivery_ms: list[float]
+
+
 async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
-                          length_s: float) -> list[tuple[float, int, float, list[float]]]:
+                          length_s: float) -> list[Window]:
     """The same measurement with no fault: the write stall of windows as long as the
     fault cycles', on the same cluster and traffic. What the machine does to the
     acknowledgement stream on its own (scheduling on shared cores, disk flushes) is in
@@ -240,7 +250,7 @@ async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
         slow = slow_between(flushes, await asyncio.to_thread(slow_flushes, plan))
         stall, stall_at, paused = traffic.write_stall_ms(at, end)
         delivery = traffic.delivery_ms(at, end)
-        out.append((stall, slow, paused, delivery))
+        out.append(Window(stall, slow, paused, delivery))
         print(f"  no fault {n + 1}/{cycles}: write stall {stall:.1f} ms (from "
               f"{stall_at:.0f} ms into the window; the generator paused {paused:.0f} ms in "
               f"it), flushes over {SLOW_FLUSH_S * 1000:g} ms: {slow}; send to delivery "
@@ -343,19 +353,20 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
                 "samples_generator_pause_ms": [_r(x) for _s, _e, _w, _f, x in results[kind]],
                 **_without_slow_flushes(stalls, slow),
             }
-        delivered = [d for _s, _f, _p, ds in control for d in ds]
+        stalls = [w.stall_ms for w in control]
+        slow = [w.slow_flushes for w in control]
+        delivered = [d for w in control for d in w.delivery_ms]
         doc["no_fault"] = {
-            "write_stall_ms_p50": _r(percentile([s for s, _f, _p, _d in control], 50)),
-            "write_stall_ms_p99": _r(percentile([s for s, _f, _p, _d in control], 99)),
+            "write_stall_ms_p50": _r(percentile(stalls, 50)),
+            "write_stall_ms_p99": _r(percentile(stalls, 99)),
             "delivery_ms_p50": _r(percentile(delivered, 50)),
             "delivery_ms_p99": _r(percentile(delivered, 99)),
             "window_s": round(length, 2),
             "cycles": len(control),
-            "samples_write_stall_ms": [_r(s) for s, _f, _p, _d in control],
-            "samples_slow_flushes": [f for _s, f, _p, _d in control],
-            "samples_generator_pause_ms": [_r(x) for _s, _f, x, _d in control],
-            **_without_slow_flushes([s for s, _f, _p, _d in control],
-                                    [f for _s, f, _p, _d in control]),
+            "samples_write_stall_ms": [_r(s) for s in stalls],
+            "samples_slow_flushes": slow,
+            "samples_generator_pause_ms": [_r(w.paused_ms) for w in control],
+            **_without_slow_flushes(stalls, slow),
         }
         # 8 queues: 2 members hold 4 + 4; a third takes floor(8/3) = 2 from them.
         doc["rebalance"] = {
