@@ -246,6 +246,27 @@ def test_a_refusal_from_a_broker_that_answered_skips_its_group_only_briefly() ->
     assert not t.available("g2", 49.9)
 
 
+def test_a_claim_made_at_an_older_epoch_than_a_live_peers_is_not_shown() -> None:
+    """A master restarted after kill -9 (or woken from SIGSTOP after its session expired)
+    is live again while its route document still says FULL at the epoch before the
+    failover; its acting slave is at the new one."""
+    from understudy_broker.protocol import BrokerRoute, current_claims
+
+    master = BrokerRoute("g1-0", "a:1", "master", 3, 21)
+    slave = BrokerRoute("g1-1", "a:2", "slave", 1, 23)
+    shown = current_claims([slave, master])
+    assert [(b.name, b.permission, b.epoch) for b in shown] == [
+        ("g1-1", 1, 23), ("g1-0", 0, 21)]
+    # Once it publishes the newest epoch, what it claims is shown.
+    back = BrokerRoute("g1-0", "a:1", "master", 3, 25)
+    assert current_claims([BrokerRoute("g1-1", "a:2", "slave", 0, 25), back])[1] == back
+    # A dead peer's epoch does not take a live broker's permission away, and a broker
+    # alone at its epoch keeps what it claims.
+    dead = BrokerRoute("g1-1", "a:2", "slave", 0, 30, reachable=False)
+    assert current_claims([dead, master])[1] == master
+    assert current_claims([master]) == [master]
+
+
 def test_when_all_groups_are_isolated_the_least_bad_is_tried() -> None:
     t = FaultTable(steps=parse_steps("550:2000,15000:60000"))
     t.observe("g1", 0, now=0.0, failed=True)

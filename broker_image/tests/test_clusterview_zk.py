@@ -114,3 +114,23 @@ async def test_statuses_republished_with_a_route_document_notify_no_view(
     await asyncio.sleep(0.5)
     assert client.calls.get(status_path(GROUP, "m"), 0) - before == 0
     assert admin.get_children(status_dir(GROUP)) == ["m"]
+
+
+async def test_a_restarted_brokers_old_claim_is_not_shown_next_to_a_newer_epoch(
+        client: CountingClient, admin: KazooClient) -> None:
+    """m was killed as master (its route document says FULL at epoch 1, and stays) and s
+    acts at epoch 3. m registers again before it writes a route: the view must not show
+    its old FULL as a writer, or producers send to it and isolate its group."""
+    view = ClusterView(client, asyncio.get_running_loop())
+    await view.start()
+    admin.create(route_path(GROUP, "m"), BrokerRouteDoc(Permission.FULL, 1).to_json(),
+                 makepath=True)
+    admin.create(route_path(GROUP, "s"), BrokerRouteDoc(Permission.READ, 3).to_json(),
+                 makepath=True)
+    admin.create(live_path(GROUP, "s"), b"", ephemeral=True, makepath=True)
+    # m is live (the fixture registered it), its document is two epochs old.
+    await eventually(lambda: _m(view) == (0, 1), "m shown without permission at epoch 1")
+    assert view.group_route(GROUP).brokers[1].permission == int(Permission.READ)
+    # m applies the newest state and publishes it: now its claim is shown.
+    admin.set(route_path(GROUP, "m"), BrokerRouteDoc(Permission.FULL, 4).to_json())
+    await eventually(lambda: _m(view) == (int(Permission.FULL), 4), "m FULL/4")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -529,6 +530,9 @@ class Router:
                     await seen.wait()
 
     def _learned(self, route: p.RouteResponse) -> None:
+        # A broker of an older version may still show a claim made at a stale epoch.
+        route = dataclasses.replace(route, groups=[
+            p.GroupRoute(g.group, p.current_claims(g.brokers)) for g in route.groups])
         old = self.route
         if old is not None:
             # A broker whose view lags may not know a topic yet: keep what we know of it

@@ -23,7 +23,11 @@ failure, the refusals a master returns in the first milliseconds after it takes 
 (its slave not yet in sync again) isolated its group for ten minutes; no route change
 followed to lift it, so at the next hang of the other group the producer again had
 nowhere to send but the hung group, and writes stalled until the hedge (500 ms stalls in
-``bench/cluster.py``, one hang cycle in four).
+``bench/cluster.py``, one hang cycle in four). And a route change is only a return when
+the claim is current: a master that re-registers after a restart or a hang is shown
+without permission until it publishes the group's newest epoch
+(:func:`understudy_broker.protocol.current_claims`); before that, its old FULL lifted the
+isolation, the sends to it failed, and the group was isolated for ten minutes again.
 
 Clock values are seconds from an injected monotonic clock, so every rule is tested
 without sleeping.

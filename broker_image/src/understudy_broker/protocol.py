@@ -1020,6 +1020,26 @@ class GroupRoute:
     brokers: Sequence[BrokerRoute]
 
 
+def current_claims(brokers: Sequence[BrokerRoute]) -> list[BrokerRoute]:
+    """The group's brokers with every permission published at an epoch older than the
+    newest a reachable broker of the group shows taken away (pure).
+
+    Epochs only grow, so a broker behind its peer has not heard of the group's newest
+    state, and what it last claimed may no longer be true. Two such claims were seen: a
+    master restarted after kill -9 registers again before it writes a new route document,
+    so its previous life's FULL at the old epoch is shown, live, next to its acting slave
+    at the new one; and a master woken from SIGSTOP after its session expired does the
+    same with the FULL it held before the hang. Producers that took either for the
+    writer's return sent to it, failed, and isolated its group for ten minutes
+    (``bench/cluster.py``: a 500 ms write stall at the next hang of the other group). A
+    broker shown without permission here is asked again once it publishes the newest
+    epoch, a notification later."""
+    newest = max((b.epoch for b in brokers if b.reachable), default=0)
+    return [b if b.epoch >= newest or not b.permission
+            else BrokerRoute(b.name, b.address, b.role, 0, b.epoch, b.reachable)
+            for b in brokers]
+
+
 @dataclass(frozen=True, slots=True)
 class RouteResponse:
     """``{"groups": [{"group", "brokers": [...]}], "topics": {name: {"queues", "groups",

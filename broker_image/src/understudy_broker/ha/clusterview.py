@@ -35,7 +35,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from understudy_broker.protocol import BrokerRoute, GroupRoute
+from understudy_broker.protocol import BrokerRoute, GroupRoute, current_claims
 from understudy_broker.zklayout import (
     GROUPS_DIR,
     TOPICS_DIR,
@@ -377,8 +377,9 @@ class ClusterView:
 
     def group_route(self, group: str) -> GroupRoute:
         """The group's brokers as a client should see them: a broker's permission is the
-        effective one it last published (its route document, else its status), and 0
-        (unreachable) when its session is gone."""
+        effective one it last published (its route document, else its status), 0
+        (unreachable) when its session is gone, and 0 when it was published at an epoch
+        older than a live peer's (:func:`~understudy_broker.protocol.current_claims`)."""
         g = self._groups.get(group)
         if g is None or g.config is None:
             return GroupRoute(group, [])
@@ -390,7 +391,7 @@ class ClusterView:
             epoch = fields[1] if fields is not None else 0
             out.append(BrokerRoute(spec.name, spec.address, spec.role.value, perm, epoch,
                                    reachable=live))
-        return GroupRoute(group, out)
+        return GroupRoute(group, current_claims(out))
 
 
 def _log_failure(fut: asyncio.Future[Any]) -> None:

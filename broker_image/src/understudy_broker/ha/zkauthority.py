@@ -57,7 +57,7 @@ from understudy_broker.model import (
     effective_permission,
     is_isolated,
 )
-from understudy_broker.protocol import BrokerRoute, GroupRoute
+from understudy_broker.protocol import BrokerRoute, GroupRoute, current_claims
 from understudy_broker.replication.isr import IsrConflictError, IsrStore
 from understudy_broker.security import ClientSecurity
 from understudy_broker.tasks import stop_tasks
@@ -459,7 +459,7 @@ class ZkAuthority(BrokerIdentity):
         view = self._cluster
         peers = [] if view is None else [
             b for b in view.group_route(self._group).brokers if b.name != self._name]
-        return [GroupRoute(self._group, [me, *peers])]
+        return [GroupRoute(self._group, current_claims([me, *peers]))]
 
     # ------------------------------------------------------------------ internals
 
