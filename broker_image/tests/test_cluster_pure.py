@@ -267,6 +267,24 @@ def test_a_claim_made_at_an_older_epoch_than_a_live_peers_is_not_shown() -> None
     assert current_claims([master]) == [master]
 
 
+def test_a_route_from_a_lagging_broker_keeps_what_the_client_knows_of_a_topic() -> None:
+    """A broker whose view has not caught up answers without a topic the client knows:
+    the client keeps the topic, and an ordered topic keeps its heads (without them its
+    sends went round-robin, out of order)."""
+    from understudy_broker import protocol as p
+    from understudy_broker.client import Router
+
+    g = [p.GroupRoute("g1", [p.BrokerRoute("g1-0", "a:1", "master", 3, 1)]),
+         p.GroupRoute("g2", [p.BrokerRoute("g2-0", "a:2", "master", 3, 1)])]
+    router = Router(["a:1"])
+    router._learned(p.RouteResponse(g, {"o": 2}, {"o": ["g1", "g2"]}, {"o": ["g1", "g2"]},
+                                    4, send_heads={"o": "g2"}, consume_heads={"o": "g1"}))
+    router._learned(p.RouteResponse(g, {}, {}, {}, 2))
+    assert router.send_head("o") == (True, "g2")
+    assert router.consume_head("o") == (True, 0)
+    assert router.group_of("o", 1) == "g2"
+
+
 def test_when_all_groups_are_isolated_the_least_bad_is_tried() -> None:
     t = FaultTable(steps=parse_steps("550:2000,15000:60000"))
     t.observe("g1", 0, now=0.0, failed=True)

@@ -541,12 +541,19 @@ class Router:
             if kept:
                 groups = {g.group: g for g in route.groups}
                 groups.update({g.group: g for g in old.groups if g.group not in groups})
-                route = p.RouteResponse(
-                    list(groups.values()),
-                    {**route.topics, **{t: old.topics[t] for t in kept}},
-                    {**route.topic_groups, **{t: old.topic_groups.get(t, []) for t in kept}},
-                    {**route.placement, **{t: old.placement[t] for t in kept}},
-                    route.version)
+                route = dataclasses.replace(
+                    route,
+                    groups=list(groups.values()),
+                    topics={**route.topics, **{t: old.topics[t] for t in kept}},
+                    topic_groups={**route.topic_groups,
+                                  **{t: old.topic_groups.get(t, []) for t in kept}},
+                    placement={**route.placement, **{t: old.placement[t] for t in kept}},
+                    # An ordered topic kept must stay ordered: without its heads it would
+                    # be sent to round-robin, out of order.
+                    send_heads={**route.send_heads,
+                                **{t: old.send_heads[t] for t in kept if t in old.send_heads}},
+                    consume_heads={**route.consume_heads, **{
+                        t: old.consume_heads[t] for t in kept if t in old.consume_heads}})
         self.route = route
         for listener in self._route_listeners:
             listener(route, old)
