@@ -161,6 +161,66 @@ def test_clean_joins_and_leaves_move_queues_without_duplicates(
     assert cg["generation"] >= 3
 
 
+def test_a_member_stuck_in_processing_leaves_and_its_queues_move_long_before_its_session(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """A member whose application stops calling getmany() (stuck processing) keeps
+    heartbeating, so its session never ends: without a poll interval its queues would
+    wait for it. With ``max_poll_interval_ms`` it leaves: the other member takes its
+    queues (the sessions here are 60 s; this happens in seconds) and delivers again
+    what the stuck one was handed and never committed. Its next getmany() joins again,
+    and no two members ever hold one queue."""
+    _d, plan = cluster
+    boot = [addr(plan, "g1-0"), addr(plan, "g2-0")]
+    make_topic(plan, "stuck", per_group=2)
+
+    async def run() -> None:
+        stuck = Consumer(boot, group="cgs", topic="stuck", session_timeout_ms=60_000,
+                         max_wait_ms=100, max_poll_interval_ms=1500)
+        other = Consumer(boot, group="cgs", topic="stuck", session_timeout_ms=60_000,
+                         max_wait_ms=100, max_poll_interval_ms=None)
+        seen_stuck: list[bytes] = []
+        seen_other: list[bytes] = []
+        stop_stuck, stop = asyncio.Event(), asyncio.Event()
+        try:
+            await stuck.start()
+            ts = asyncio.create_task(drain(stuck, seen_stuck, stop_stuck))
+            await other.start()
+            to = asyncio.create_task(drain(other, seen_other, stop))
+            await testing.eventually(
+                lambda: len(stuck.assigned) == 2 and len(other.assigned) == 2, "2 queues each", 20)
+            stop_stuck.set()
+            await ts
+            await produce(boot, "stuck", (b"s-%d" % i for i in range(200)))
+            handed: list[bytes] = []
+            while not handed:  # handed out from its own queues, never committed
+                handed = [r.body for r in await stuck.getmany(timeout_s=1)]
+            # Now it is "processing" and never calls getmany() again for a while.
+            await testing.eventually(lambda: len(other.assigned) == 4,
+                                     "the other member holds all 4 queues", 30)
+            assert stuck.assigned == []
+            await testing.eventually(
+                lambda: {b"s-%d" % i for i in range(200)} <= set(seen_other),
+                "every message consumed by the other member", 30)
+            assert set(handed) <= set(seen_other)  # delivered again (at least once)
+            # The application comes back: its next getmany() joins the group again.
+            stop_stuck.clear()
+            ts = asyncio.create_task(drain(stuck, seen_stuck, stop_stuck))
+            await testing.eventually(
+                lambda: len(stuck.assigned) == 2 and len(other.assigned) == 2,
+                "2 queues each again", 30)
+            stop_stuck.set()
+            stop.set()
+            await asyncio.gather(ts, to)
+        finally:
+            stop_stuck.set()
+            stop.set()
+            await stuck.close()
+            await other.close()
+        assert overlaps([*log_of(stuck), *log_of(other)]) == []
+
+    asyncio.run(run())
+
+
 def test_a_topic_created_through_one_broker_is_known_at_once_to_every_other(
         cluster: tuple[Path, ClusterPlan]) -> None:
     """A broker hears of a new topic from a ZooKeeper watch (and a read it then makes), a

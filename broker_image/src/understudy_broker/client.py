@@ -1861,6 +1861,13 @@ def _record(topic: str, queue: int, r: p.PulledRecord) -> Record:
 
 #: While a consumer also reads its retry topic, its own wait is sliced this fine.
 RETRY_POLL_S = 0.1
+#: Kafka's ``max.poll.interval.ms`` default: a member whose application has not called
+#: :meth:`Consumer.getmany` for this long is taken to be stuck, and leaves its group.
+DEFAULT_MAX_POLL_INTERVAL_MS = 300_000
+
+
+class _PollIntervalExceeded(Exception):
+    """The application stopped calling ``getmany()`` (ends the member's background tasks)."""
 
 
 class Consumer(_GroupMember):
@@ -1873,6 +1880,13 @@ class Consumer(_GroupMember):
     :meth:`getmany` handed out) and released at the next :meth:`getmany`/:meth:`commit`,
     and it stops pulling every queue when its own lease ends (no answered heartbeat for
     ``session_timeout_ms`` minus a margin), before the brokers hand its queues on.
+
+    A member whose application has not called :meth:`getmany` for
+    ``max_poll_interval_ms`` (Kafka's ``max.poll.interval.ms``; None: never) is stuck in
+    processing while its heartbeats go on: it leaves the group, so its queues (and any it
+    was asked to release) move to the other members instead of waiting for it. What it
+    handed out and did not commit is delivered again by the next owner. Its next
+    :meth:`getmany` joins again.
 
     Start position per queue: the group's committed offset, else the oldest retained
     record. ``commit()`` stores, per queue, the offset after the last record handed out
@@ -1897,9 +1911,12 @@ class Consumer(_GroupMember):
         retries: bool = True,
         max_reconsume: int = DEFAULT_MAX_RECONSUME,
         security: ClientSecurity | None = None,
+        max_poll_interval_ms: int | None = DEFAULT_MAX_POLL_INTERVAL_MS,
     ) -> None:
         if session_timeout_ms < 500:
             raise ValueError("session_timeout_ms must be at least 500")
+        if max_poll_interval_ms is not None and max_poll_interval_ms < 1:
+            raise ValueError("max_poll_interval_ms must be positive (or None: never leave)")
         if max_reconsume < 0:
             raise ValueError("max_reconsume must not be negative")
         #: Nacks (docs/delayed.md): a member also reads its group's retry topic once it
@@ -1910,7 +1927,13 @@ class Consumer(_GroupMember):
         # What the retry member shares with this one.
         self._settings: dict[str, Any] = dict(
             max_wait_ms=max_wait_ms, max_bytes=max_bytes, prefetch_batches=prefetch_batches,
-            request_timeout_s=request_timeout_s, session_timeout_ms=session_timeout_ms)
+            request_timeout_s=request_timeout_s, session_timeout_ms=session_timeout_ms,
+            max_poll_interval_ms=max_poll_interval_ms)
+        self.max_poll_interval_s = (None if max_poll_interval_ms is None
+                                    else max_poll_interval_ms / 1000)
+        self._polled_at = time.monotonic()  # the last getmany() call began or ended
+        self._in_getmany = 0
+        self._left_stuck = False  # left the group for max_poll_interval_ms: join at getmany
         #: Orderly consumption (docs/ordered.md): ``getmany`` hands out one record at a
         #: time and commits the one before it first (the caller came back: it processed
         #: it), so a queue's next owner starts after the last record processed.
@@ -1985,13 +2008,54 @@ class Consumer(_GroupMember):
                 self.router.on_route(self._route_changed)
                 self._reapply = asyncio.create_task(self._follow_chain(), name="consume-chain")
             await self._join()
+            self._polled_at = time.monotonic()
             self._heartbeat = asyncio.create_task(self._member_tasks(), name="member-heartbeat")
             return
         for q in self.router.live_queues(self.topic):
             await self._acquire(q)
 
     async def _member_tasks(self) -> None:
-        await asyncio.gather(self._heartbeat_loop(), self._lease_watch())
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._heartbeat_loop())
+                tasks.create_task(self._lease_watch())
+                if self.max_poll_interval_s is not None:
+                    tasks.create_task(self._poll_watch(self.max_poll_interval_s))
+        except* _PollIntervalExceeded:
+            await self._leave_stuck()
+
+    async def _poll_watch(self, interval_s: float) -> None:
+        """End the member's tasks once the application has not been in or called
+        :meth:`getmany` for ``interval_s``."""
+        while True:
+            left = self._polled_at + interval_s - time.monotonic()
+            if left <= 0 and not self._in_getmany:
+                raise _PollIntervalExceeded
+            await asyncio.sleep(max(left, interval_s / 10, 0.01))
+
+    async def _leave_stuck(self) -> None:
+        """Leave the group without committing: the application is stuck in what it was
+        handed, so that is delivered again by the queues' next owners (at least once)."""
+        self._left_stuck = True
+        idle = time.monotonic() - self._polled_at
+        log.warning("consumer %s of %s: getmany() not called for %.1fs (max_poll_interval_ms "
+                    "%d): leaves the group; its queues move to the other members, and what it "
+                    "handed out and did not commit is delivered again", self.member_id,
+                    self.group, idle, int((self.max_poll_interval_s or 0) * 1000))
+        async with self._lock:
+            self._last_resp = None  # an ordered topic's head move must not take queues back
+        await self._drop_all("the application stopped calling getmany()")
+        self._lease_until = 0.0  # it holds nothing now: no pull, no hand-out
+        with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
+            await self._leave(self.group)  # else the brokers expire it after its session
+
+    async def _join_again(self) -> None:
+        """The first getmany() after leaving for the poll interval: join again."""
+        self._left_stuck = False
+        log.info("consumer %s of %s: getmany() called again: joins the group", self.member_id,
+                 self.group)
+        await self._join()
+        self._heartbeat = asyncio.create_task(self._member_tasks(), name="member-heartbeat")
 
     async def _lease_watch(self) -> None:
         """Stop every queue the moment the lease ends, whatever the heartbeat loop waits on
@@ -2229,6 +2293,17 @@ class Consumer(_GroupMember):
         alone, after committing the one handed out before.
         Redelivered (nacked) messages come first when both are waiting."""
         await self.start()
+        self._in_getmany += 1
+        self._polled_at = time.monotonic()
+        try:
+            if self._left_stuck:
+                await self._join_again()
+            return await self._getmany_any(timeout_s)
+        finally:
+            self._in_getmany -= 1
+            self._polled_at = time.monotonic()
+
+    async def _getmany_any(self, timeout_s: float) -> list[Record]:
         retry = self._retry_consumer()
         if retry is None:
             return await self._getmany(timeout_s)
