@@ -146,3 +146,45 @@ async def test_a_member_that_stops_heartbeating_expires_after_its_session(
         assert gone_after >= 1.0  # never before its session ended
     finally:
         await m.stop()  # the view holds watches only; the client fixture closes them
+
+
+async def test_idle_groups_leave_the_cache_and_come_back_whole(
+        client: FaultyClient, admin: KazooClient) -> None:
+    """The cache holds the groups in use here, not every group ever served (it grew by
+    one group's state and two watches per group, for the broker's life). Thirty groups
+    whose only member left are dropped once idle; a group with a member hosted here is
+    kept; and a dropped group used again is watched afresh, with what another broker
+    wrote to ZooKeeper meanwhile."""
+    admin.create(topic_path("t"), TopicDoc("t", ("g1",)).to_json(), makepath=True)
+    loop = asyncio.get_running_loop()
+    view = ClusterView(client, loop)
+    await view.start()
+    now = [0.0]
+    m = Membership(client, loop, broker="b1", view=view, clock=lambda: now[0], idle_s=60)
+    other = Membership(client, loop, broker="b2", view=view)
+    try:
+        for i in range(30):
+            await m.heartbeat(p.MemberHeartbeatRequest(f"cg{i}", "m1", ("t",), 10_000, join=True))
+            await m.leave(p.LeaveGroupRequest(f"cg{i}", "m1"))
+        await m.heartbeat(p.MemberHeartbeatRequest("live", "m1", ("t",), 10_000, join=True))
+        assert m.cached == 31
+        now[0] = 30.0
+        assert m.evict_idle(now[0]) == []  # not idle long enough yet
+        now[0] = 100.0
+        assert sorted(m.evict_idle(now[0])) == sorted(f"cg{i}" for i in range(30))
+        assert m.cached == 1  # "live" hosts a member here
+        # Another broker's member joins cg0 while this broker has forgotten it.
+        await other.heartbeat(p.MemberHeartbeatRequest("cg0", "m2", ("t",), 10_000, join=True))
+        described = await m.describe("cg0")
+        assert [x["member"] for x in described.members] == ["m2"]
+        assert {o["member"] for o in described.owners} == {"m2"}
+        assert m.cached == 2
+        # The new watches follow the group: m2 leaves through the other broker.
+        await other.leave(p.LeaveGroupRequest("cg0", "m2"))
+
+        async def left() -> bool:
+            return not (await m.describe("cg0")).members
+        await eventually(left, "m2's leave seen through the new watch", 10)
+    finally:
+        await m.stop()
+        await other.stop()

@@ -61,6 +61,10 @@ EXPIRY_CHECK_S = 0.1
 GROUP_READY_TIMEOUT_S = 5.0
 #: Grace for a vanished member whose session timeout this broker never read.
 UNKNOWN_SESSION_MS = 30_000
+#: A group this broker neither hosts a member of nor was asked about (a heartbeat, a pull's
+#: ownership check, a describe) for this long is dropped from its cache: the cache stays
+#: the size of the groups in use, not of every group ever served (docs/perf-notes.md).
+GROUP_IDLE_S = 600.0
 
 
 class MembershipError(Exception):
@@ -99,6 +103,7 @@ class _Group:
     arming: asyncio.Task[None] | None = None  # setting the watches (Membership._group)
     watching_assignment: bool = False
     watching_members: bool = False
+    used: float = 0.0  # the clock at its last use here (Membership.evict_idle)
 
 
 class Membership:
@@ -108,8 +113,9 @@ class Membership:
                  view: ClusterView, acl: Any = None,
                  on_rebalance: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 space: GroupSpace = CONSUMER_GROUPS) -> None:
+                 space: GroupSpace = CONSUMER_GROUPS, idle_s: float = GROUP_IDLE_S) -> None:
         self._space = space
+        self._idle_s = idle_s
         self._client = client
         self._loop = loop
         self._broker = broker
@@ -133,6 +139,43 @@ class Membership:
 
     async def start(self) -> None:
         self._tasks.append(self._loop.create_task(self._expiry_loop(), name="member-expiry"))
+        self._tasks.append(self._loop.create_task(self._evict_loop(), name="group-eviction"))
+
+    @property
+    def cached(self) -> int:
+        """How many groups this broker keeps a cache (and watches) for."""
+        return len(self._groups)
+
+    def evict_idle(self, now: float) -> list[str]:
+        """Drop every group unused here for ``idle_s``: no member hosted, no rebalance or
+        arming running, no vanished member still owning queues. Its watches end at their
+        next notification (kazoo cannot remove them earlier); a later request arms the
+        group again from ZooKeeper, which holds all of its state. Returns the groups
+        dropped."""
+        hosting = {cg for cg, _m in self._hosted}
+        dropped = []
+        for cgroup, g in list(self._groups.items()):
+            task = self._rebalancing.get(cgroup)
+            if (now - g.used < self._idle_s or cgroup in hosting or self._ghosts.get(cgroup)
+                    or (task is not None and not task.done())
+                    or (g.arming is not None and not g.arming.done())):
+                continue
+            del self._groups[cgroup]
+            for table in (self._rebalancing, self._last_written, self._ghosts):
+                table.pop(cgroup, None)
+            self._rebalance_again.discard(cgroup)
+            for key in [k for k in self._known if k[0] == cgroup]:
+                del self._known[key]
+            dropped.append(cgroup)
+        if dropped:
+            log.info("%s: %d idle group(s) dropped from the cache (%d kept)", self._space.kind,
+                     len(dropped), len(self._groups))
+        return dropped
+
+    async def _evict_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._idle_s / 2)
+            self.evict_idle(self._clock())
 
     async def stop(self) -> None:
         armings = [g.arming for g in self._groups.values() if g.arming is not None]
@@ -159,6 +202,7 @@ class Membership:
                     self._client.exists_async(self._space.group(cgroup))) is None:
                 return None
             g = self._groups.setdefault(cgroup, _Group())
+        g.used = self._clock()
         if g.ready.is_set():
             return g
         if g.arming is None or (g.arming.done() and (g.arming.cancelled()
@@ -185,11 +229,11 @@ class Membership:
             await asyncio.to_thread(self._client.ensure_path, self._space.members(cgroup),
                                     self._acl)
             await asyncio.to_thread(self._client.DataWatch, self._space.assignment(cgroup),
-                                    self._kz(self._apply_assignment, cgroup))
+                                    self._kz(self._apply_assignment, cgroup, g))
             g.watching_assignment = True
         if not g.watching_members:
             await asyncio.to_thread(self._client.ChildrenWatch, self._space.members(cgroup),
-                                    self._kz(self._apply_members, cgroup))
+                                    self._kz(self._apply_members, cgroup, g))
             g.watching_members = True
 
     def _armed(self, cgroup: str, task: asyncio.Task[None]) -> None:
@@ -197,14 +241,21 @@ class Membership:
             log.warning("%s %s: watching its nodes failed (%r); the next request tries again",
                         self._space.kind, cgroup, exc)
 
-    def _kz(self, apply: Callable[..., None], cgroup: str) -> Callable[..., None]:
-        def fired(*args: Any) -> None:
+    def _kz(self, apply: Callable[..., None], cgroup: str, g: _Group) -> Callable[..., Any]:
+        """A kazoo watch function for ``g``; it ends its watch (returns False) once ``g``
+        was dropped from the cache (a later use watches the group afresh)."""
+        def fired(*args: Any) -> bool:
+            if self._groups.get(cgroup) is not g:
+                return False
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(apply, cgroup, *args)
+                self._loop.call_soon_threadsafe(apply, cgroup, g, *args)
+            return True
         return fired
 
-    def _apply_assignment(self, cgroup: str, data: bytes | None, stat: Any, *_: Any) -> None:
-        g = self._groups[cgroup]
+    def _apply_assignment(self, cgroup: str, g: _Group, data: bytes | None, stat: Any,
+                          *_: Any) -> None:
+        if self._groups.get(cgroup) is not g:
+            return  # dropped from the cache since
         if data is None or stat is None:
             doc, version = AssignmentDoc(0), -1
         else:
@@ -220,8 +271,9 @@ class Membership:
         if not g.ready.is_set():
             g.ready.set()
 
-    def _apply_members(self, cgroup: str, children: list[str]) -> None:
-        g = self._groups[cgroup]
+    def _apply_members(self, cgroup: str, g: _Group, children: list[str]) -> None:
+        if self._groups.get(cgroup) is not g:
+            return
         members = frozenset(children)
         if members != g.members:
             g.members = members
