@@ -188,6 +188,7 @@ def test_a_large_query_range_document_is_read_by_series_in_parallel(spark: Any, 
     compact = _write(tmp_path / "compact", "day.json", json.dumps(doc, separators=(",", ":"), ensure_ascii=False))
     pretty = _write(tmp_path / "pretty", "day.json", json.dumps(doc, indent=1))
     assert readers.splittable(*readers._head_and_tail(spark, compact))
+    assert readers.reads_by_series(spark, compact)
     assert not readers.splittable(*readers._head_and_tail(spark, pretty))
     before = spark.conf.get("spark.sql.files.maxPartitionBytes")
     spark.conf.set("spark.sql.files.maxPartitionBytes", "32768")  # the file is ~100 KB
@@ -234,3 +235,107 @@ def test_each_query_range_series_is_parsed_once(spark: Any, tmp_path: pathlib.Pa
                     if "Filter" in line and "from_json(" in line], plan
         assert plan.count("from_json(") <= 2, plan
         assert df.where("ok").count() == 3 * 10
+
+
+def _series_text(labels: dict[str, str], values: list[list[Any]], *, values_first: bool = False) -> str:
+    metric = '"metric":' + json.dumps(labels, separators=(",", ":"))
+    pairs = '"values":' + json.dumps(values, separators=(",", ":"))
+    return "{" + (f"{pairs},{metric}" if values_first else f"{metric},{pairs}") + "}"
+
+
+def _matrix_text(series: list[str]) -> str:
+    return '{"status":"success","data":{"resultType":"matrix","result":[' + ",".join(series) + "]}}"
+
+
+def _pairs(n: int, offset: int = 0) -> list[list[Any]]:
+    return [[T_MS / 1000 + 15 * k, str((k + offset) % 4)] for k in range(n)]
+
+
+# Valid compact documents that the cut at ``{"metric":`` would misread: a series written
+# values-before-metric (glued to the series before it, which the JSON reader stops after:
+# it vanished without a rejected row), and a label named ``metric`` that comes first (what
+# Prometheus writes for a series without ``__name__``: the cut fell inside the labels).
+SERIES_SPLIT_TRAPS = {
+    "values_first": _matrix_text([
+        _series_text({"__name__": PERM_NAME, "group": f"g{i}", "broker": f"g{i}-0"}, _pairs(6, i),
+                     values_first=i == 2)
+        for i in range(4)
+    ]),
+    "metric_label_first": _matrix_text([
+        _series_text({"metric": "x", "job": "y"}, _pairs(6)),
+        _series_text({"__name__": PERM_NAME, "group": "g1", "broker": "g1-0"}, _pairs(6, 1)),
+        _series_text({"metric": "m", "__name__": PERM_NAME, "group": "g2"}, _pairs(6, 2)),
+    ]),
+}
+
+
+_HIST = '"histograms":[[1793534400,{"count":"2","sum":"3","buckets":[[0,"1","2","2"]]}]]'
+SERIES_SPLIT_CHECKS = {
+    # name: (document, read by series?)
+    "prometheus": (_matrix_text([
+        _series_text({"__name__": "up", "job": "x", "metric": "metric", "note": 'say "metric'}, _pairs(3)),
+        _series_text({"__name__": "up", "note": '{"metric":{', "metric": "y"}, _pairs(3)),
+    ]), True),
+    **{name: (text, False) for name, text in SERIES_SPLIT_TRAPS.items()},
+    "blanks_around_a_later_metric_key": (_matrix_text([
+        _series_text({"__name__": "up"}, _pairs(3)),
+        '{"values":[[1793534400,"1"]], "metric" : {"__name__":"up","job":"y"}}',
+    ]), False),
+    "a_later_series_with_blanks": (_matrix_text([
+        _series_text({"__name__": "up"}, _pairs(3)),
+        '{"metric": {"__name__":"up","job":"y"},"values":[[1793534400,"1"]]}',
+    ]), False),
+    "values_and_histograms": (_matrix_text([
+        _series_text({"__name__": "up"}, _pairs(3))[:-1] + "," + _HIST + "}",
+    ] * 2), True),
+    # Only histograms: nothing on the whole-document path, a rejected record by series.
+    "histograms_only": (_matrix_text([
+        _series_text({"__name__": "up"}, _pairs(3)),
+        '{"metric":{"__name__":"h"},' + _HIST + "}",
+    ]), False),
+    # ... and with a values-first series after it, the counts of ``{"metric":{`` and
+    # ``"values":[`` agree again: the ``metric`` keys must be counted too.
+    "histograms_only_then_values_first": (_matrix_text([
+        _series_text({"__name__": "up"}, _pairs(3)),
+        '{"metric":{"__name__":"h"},' + _HIST + "}",
+        _series_text({"__name__": "up", "job": "y"}, _pairs(3), values_first=True),
+    ]), False),
+}
+
+
+@pytest.mark.parametrize("case", list(SERIES_SPLIT_CHECKS))
+def test_series_split_check_counts_across_chunks(case: str) -> None:
+    text, expected = SERIES_SPLIT_CHECKS[case]
+    assert readers.splittable(text.encode()[:4096], text.encode()[-256:])
+    data = text.encode()
+    for size in (len(data), 64, 7, 1):
+        chunks = [data[i:i + size] for i in range(0, len(data), size)]
+        assert readers.splits_at_series(readers.count_sequences(chunks)) is expected, size
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("case", list(SERIES_SPLIT_TRAPS))
+def test_a_valid_compact_document_the_series_cut_would_misread(spark: Any, tmp_path: pathlib.Path,
+                                                               case: str) -> None:
+    # Such a file passes the head and tail checks but takes the whole-document path: the
+    # same rows as its pretty-printed twin.
+    text = SERIES_SPLIT_TRAPS[case]
+    doc = json.loads(text)
+    got = {}
+    for sub, body in (("compact", text), ("pretty", json.dumps(doc, indent=1))):
+        (tmp_path / sub).mkdir()
+        files = readers.list_inputs(spark, [_write(tmp_path / sub, "day.json", body)])
+        rows = readers.read_parsed(spark, files).collect()
+        got[sub] = sorted(((r.timestamp, r.metric, sorted((r.labels or {}).items()), r.value, r.ok, r.weight)
+                           for r in rows), key=repr)
+    compact = str(tmp_path / "compact" / "day.json")
+    assert readers.splittable(*readers._head_and_tail(spark, compact))
+    assert not readers.reads_by_series(spark, compact)
+    # A file on HDFS or S3 is counted in the JVM: the same counts.
+    assert readers._counts_in_jvm(spark, compact, chunk_bytes=7) == readers.count_sequences([text.encode()])
+    assert got["compact"] == got["pretty"]
+    # Every sample of every series, and only a series without ``__name__`` rejected.
+    result = doc["data"]["result"]
+    assert len(got["compact"]) == sum(len(s["values"]) for s in result)
+    named = sum(len(s["values"]) for s in result if "__name__" in s["metric"])
+    assert sum(1 for row in got["compact"] if row[4]) == named
