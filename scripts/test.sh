@@ -22,41 +22,41 @@ if (($#)); then
 fi
 
 base="$(mktemp -d /tmp/understudy-test.XXXXXX)"
-spark_log="$base/spark.log"
-spark_pid=""
-# Interrupted: the Spark run stops too (pytest stops its servers on SIGINT/SIGTERM).
-trap '[ -n "$spark_pid" ] && kill -INT "$spark_pid" 2>/dev/null; wait; exit 130' INT TERM
+second_log="$base/second.log"
+second_pid=""
+# Interrupted: the second run stops too (pytest stops its servers on SIGINT/SIGTERM).
+trap '[ -n "$second_pid" ] && kill -INT "$second_pid" 2>/dev/null; wait; exit 130' INT TERM
 started=$(date +%s)
 
-run_spark() {
-  UNDERSTUDY_PORT_RANGE=21000-32000 "${PYTEST[@]}" spark_jobs/tests harness/tests --basetemp "$base/spark" \
-    -p no:cacheprovider >"$spark_log" 2>&1
+run_second() {
+  UNDERSTUDY_PORT_RANGE=21000-32000 "${PYTEST[@]}" spark_jobs/tests harness/tests --basetemp "$base/second" \
+    -p no:cacheprovider >"$second_log" 2>&1
 }
 
 if [ "${TEST_SERIAL:-}" = 1 ]; then
   UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore-glob="spark_jobs/tests/*" --ignore-glob="harness/tests/*" \
     --basetemp "$base/main"
   main_rc=$?
-  run_spark
-  spark_rc=$?
+  run_second
+  second_rc=$?
 else
-  run_spark &
-  spark_pid=$!
+  run_second &
+  second_pid=$!
   UNDERSTUDY_PORT_RANGE=10000-21000 "${PYTEST[@]}" --ignore-glob="spark_jobs/tests/*" --ignore-glob="harness/tests/*" \
     --basetemp "$base/main"
   main_rc=$?
-  echo "test: waiting for the Spark and harness tests (pid $spark_pid)..."
-  wait "$spark_pid"
-  spark_rc=$?
+  echo "test: waiting for the Spark and harness tests (pid $second_pid)..."
+  wait "$second_pid"
+  second_rc=$?
 fi
 echo
 echo "===================== spark_jobs/tests and harness/tests ======================"
-cat "$spark_log"
-echo "test: main run exit $main_rc, Spark and harness run exit $spark_rc, $(( $(date +%s) - started )) s in all"
-if ((main_rc == 0 && spark_rc == 0)); then
+cat "$second_log"
+echo "test: main run exit $main_rc, Spark and harness run exit $second_rc, $(( $(date +%s) - started )) s in all"
+if ((main_rc == 0 && second_rc == 0)); then
   rm -rf "$base"
 else
   echo "test: the runs' temporary directories are kept in $base"
 fi
 if ((main_rc != 0)); then exit "$main_rc"; fi
-exit "$spark_rc"
+exit "$second_rc"
