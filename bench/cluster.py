@@ -198,9 +198,24 @@ async def wait_normal(plan: ClusterPlan, group: str) -> None:
     await asyncio.to_thread(lc.wait_mode, plan, group, "NORMAL", deadline=time.monotonic() + 60)
 
 
+class Cycle(NamedTuple):
+    """One fault cycle: its write stall (ms, from the fault to the end of the failback),
+    the end-to-end recovery (ms; None if nothing sent after the fault was delivered), its
+    length (s), flushes over ``SLOW_FLUSH_S``, the load generator's longest pause in the
+    stall (ms), and the write stall split at the restart: from the fault until the
+    master is started again (the failover), and from then to the end (the failback)."""
+
+    stall_ms: float
+    e2e_ms: float | None
+    window_s: float
+    slow_flushes: int
+    paused_ms: float
+    until_restart_ms: float
+    from_restart_ms: float
+
+
 async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.Path, kind: str,
-                       cycles: int, hang_s: float
-                       ) -> list[tuple[float, float | None, float, int, float]]:
+                       cycles: int, hang_s: float) -> list[Cycle]:
     out = []
     for n in range(cycles):
         broker = ("g1-0", "g2-0")[n % 2]
@@ -209,6 +224,7 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
         at = time.monotonic()
         await asyncio.to_thread(lc.kill, directory, broker, sig="KILL" if kind == "kill" else "STOP")
         await asyncio.sleep(hang_s if kind == "hang" else 1.5)
+        restart = time.monotonic()
         await asyncio.to_thread(lc.start, directory, broker)
         await wait_normal(plan, broker.split("-")[0])
         await asyncio.sleep(1.0)
@@ -216,7 +232,9 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
         slow = slow_between(flushes, await asyncio.to_thread(slow_flushes, plan))
         stall, stall_at, paused = traffic.write_stall_ms(at, end)
         e2e = traffic.e2e_ms(at)
-        out.append((stall, e2e, end - at, slow, paused))
+        out.append(Cycle(stall, e2e, end - at, slow, paused,
+                         traffic.write_stall_ms(at, restart)[0],
+                         traffic.write_stall_ms(restart, end)[0]))
         print(f"  {kind} {n + 1}/{cycles} {broker}: write stall {stall:.1f} ms (from "
               f"{stall_at:.0f} ms after the fault; the generator paused {paused:.0f} ms in "
               f"it), end-to-end {'-' if e2e is None else f'{e2e:.1f}'} ms, flushes over "
@@ -324,7 +342,7 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
             print(f"{kind}: {args.cycles} cycles", flush=True)
             results[kind] = await fault_cycles(traffic, plan, directory, kind, args.cycles,
                                                args.hang_s)
-        length = statistics.median(w for _s, _e, w, _f, _p in results["kill"])
+        length = statistics.median(c.window_s for c in results["kill"])
         print(f"no fault: {args.cycles} windows of {length:.1f} s (the kill cycles' median)",
               flush=True)
         control = await control_windows(traffic, plan, args.cycles, length)
@@ -339,9 +357,11 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
         counts = Counter((i for _t, i, _m, _q in traffic.deliveries))
         doc: dict[str, Any] = {}
         for kind in ("kill", "hang"):
-            stalls = [s for s, _e, _w, _f, _p in results[kind]]
-            e2e = [e for _s, e, _w, _f, _p in results[kind] if e is not None]
-            slow = [f for _s, _e, _w, f, _p in results[kind]]
+            stalls = [c.stall_ms for c in results[kind]]
+            e2e = [c.e2e_ms for c in results[kind] if c.e2e_ms is not None]
+            slow = [c.slow_flushes for c in results[kind]]
+            failover = [c.until_restart_ms for c in results[kind]]
+            failback = [c.from_restart_ms for c in results[kind]]
             doc[kind] = {
                 "write_stall_ms_p50": _r(percentile(stalls, 50)),
                 "write_stall_ms_p99": _r(percentile(stalls, 99)),
@@ -350,7 +370,12 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
                 "cycles": len(stalls),
                 "samples_write_stall_ms": [_r(s) for s in stalls],
                 "samples_slow_flushes": slow,
-                "samples_generator_pause_ms": [_r(x) for _s, _e, _w, _f, x in results[kind]],
+                "samples_generator_pause_ms": [_r(c.paused_ms) for c in results[kind]],
+                # The same stall split at the restart (a gap across it counts in both parts).
+                "write_stall_until_restart_ms_p50": _r(percentile(failover, 50)),
+                "write_stall_until_restart_ms_p99": _r(percentile(failover, 99)),
+                "write_stall_from_restart_ms_p50": _r(percentile(failback, 50)),
+                "write_stall_from_restart_ms_p99": _r(percentile(failback, 99)),
                 **_without_slow_flushes(stalls, slow),
             }
         stalls = [w.stall_ms for w in control]
@@ -433,6 +458,10 @@ def main(argv: list[str]) -> int:
               f"{k['cycles_with_slow_flush']}; p99 of the others: "
               f"{k['write_stall_ms_p99_without_slow_flush']}; the load generator's own "
               f"longest pause inside a stall: {max(k['samples_generator_pause_ms'], default=0)} ms")
+        print(f"  split at the restart: until it (the failover) p50 "
+              f"{k['write_stall_until_restart_ms_p50']}, p99 {k['write_stall_until_restart_ms_p99']}; "
+              f"from it (the failback) p50 {k['write_stall_from_restart_ms_p50']}, p99 "
+              f"{k['write_stall_from_restart_ms_p99']}")
         print(f"end-to-end recovery, {kind:<7}{k['e2e_recovery_ms_p50']!s:>10}{k['e2e_recovery_ms_p99']!s:>10}"
               f"   p99 <= {TARGETS['e2e']:g} ms")
     nf = doc["no_fault"]
