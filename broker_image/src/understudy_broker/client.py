@@ -2050,11 +2050,12 @@ class Consumer(_GroupMember):
             await self._leave(self.group)  # else the brokers expire it after its session
 
     async def _join_again(self) -> None:
-        """The first getmany() after leaving for the poll interval: join again."""
-        self._left_stuck = False
+        """The first getmany() after leaving for the poll interval: join again (a join
+        that fails raises to the caller, and the next getmany() tries again)."""
         log.info("consumer %s of %s: getmany() called again: joins the group", self.member_id,
                  self.group)
         await self._join()
+        self._left_stuck = False
         self._heartbeat = asyncio.create_task(self._member_tasks(), name="member-heartbeat")
 
     async def _lease_watch(self) -> None:
