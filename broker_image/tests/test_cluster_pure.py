@@ -311,7 +311,10 @@ def test_produce_refuses_a_bad_fault_table_before_connecting() -> None:
 
 def test_a_status_republished_with_the_same_route_fields_wakes_no_route_watch() -> None:
     """Brokers republish their status about once a second (offsets, timestamps); only a
-    change a route shows (effective permission, epoch) may wake the GET_ROUTE watches."""
+    change a route shows (effective permission, epoch) may wake the GET_ROUTE watches
+    (a new view version), and only a topic change wakes the topic listeners (the hosted
+    consumer groups' rebalances, which read ZooKeeper): before, every permission change
+    in the cluster woke them on every broker."""
     import asyncio
     from dataclasses import replace
 
@@ -323,17 +326,27 @@ def test_a_status_republished_with_the_same_route_fields_wakes_no_route_watch() 
     try:
         view = ClusterView(client=None, loop=loop)  # type: ignore[arg-type]  # no ZooKeeper: statuses applied directly
         woke: list[int] = []
-        view.subscribe(lambda: woke.append(view.version))
+        topics_woke: list[int] = []
+        view.subscribe_topics(lambda: topics_woke.append(view.version))
+
+        def apply(data: bytes | None) -> None:
+            view._apply_status(g, "g1-0", data)
+            woke.append(view.version)
+
         g = _Group()
         st = BrokerStatus("g1-0", Permission.FULL, 7, max_offset=100, updated_ms=1)
-        view._apply_status(g, "g1-0", st.to_json())
-        assert woke == [1]
-        view._apply_status(g, "g1-0", replace(st, max_offset=900, updated_ms=2).to_json())
-        view._apply_status(g, "g1-0", replace(st, ready=True, updated_ms=3).to_json())
-        assert woke == [1]  # nothing a route shows changed
-        view._apply_status(g, "g1-0", replace(st, effective=Permission.NONE).to_json())
-        view._apply_status(g, "g1-0", replace(st, epoch_applied=8).to_json())
-        view._apply_status(g, "g1-0", None)  # the broker's status node is gone
-        assert woke == [1, 2, 3, 4]
+        apply(st.to_json())
+        apply(replace(st, max_offset=900, updated_ms=2).to_json())
+        apply(replace(st, ready=True, updated_ms=3).to_json())
+        assert woke == [1, 1, 1]  # nothing a route shows changed
+        apply(replace(st, effective=Permission.NONE).to_json())
+        apply(replace(st, epoch_applied=8).to_json())
+        apply(None)  # the broker's status node is gone
+        assert woke == [1, 1, 1, 2, 3, 4]
+        assert topics_woke == []  # no topic changed
+        view._apply_topic("t", TopicDoc("t", ("g1",)).to_json())
+        view._apply_topic("t", TopicDoc("t", ("g1",)).to_json())  # the same again
+        view._apply_topic("t", None)
+        assert topics_woke == [5, 6]
     finally:
         loop.close()

@@ -87,7 +87,7 @@ class ClusterView:
         self._client = client
         self._acl = acl
         self._loop = loop
-        self._listeners: list[Callable[[], None]] = []
+        self._topic_listeners: list[Callable[[], None]] = []
         self.topics: dict[str, TopicDoc] = {}
         #: Each ordered topic's chains (docs/ordered.md), by watch; a document whose shape
         #: is impossible is logged and not applied.
@@ -118,16 +118,21 @@ class ClusterView:
         fut = self._loop.run_in_executor(None, fn, *args)
         fut.add_done_callback(_log_failure)
 
-    def _bump(self) -> None:
+    def _bump(self, *, topics: bool = False) -> None:
         self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
-        for listener in self._listeners:
-            listener()
+        if topics:
+            for listener in self._topic_listeners:
+                listener()
 
-    def subscribe(self, listener: Callable[[], None]) -> None:
-        """``listener()`` runs on the loop after every change."""
-        self._listeners.append(listener)
+    def subscribe_topics(self, listener: Callable[[], None]) -> None:
+        """``listener()`` runs on the loop after every change to :attr:`topics` (a topic
+        created, altered or deleted), and not after the permission and epoch changes a
+        route shows. Every broker's listeners (its hosted consumer groups rebalancing,
+        with ZooKeeper reads for each) ran after each of those too: a failover of N groups
+        is about 2N changes on every broker (``bench/scale.py``)."""
+        self._topic_listeners.append(listener)
 
     async def wait_change(self, known_version: int, wait_s: float) -> None:
         """Return when :attr:`version` is past ``known_version`` or ``wait_s`` passed."""
@@ -147,7 +152,7 @@ class ClusterView:
         for t in gone:
             del self.topics[t]
         if gone:
-            self._bump()
+            self._bump(topics=True)
 
     def _topic_watch(self, name: str) -> Callable[..., Any]:
         state = {"alive": True}
@@ -166,7 +171,7 @@ class ClusterView:
         self._pending_topics.discard(name)
         if data is None:
             if self.topics.pop(name, None) is not None:
-                self._bump()
+                self._bump(topics=True)
             return
         try:
             doc = TopicDoc.from_json(data)
@@ -175,7 +180,7 @@ class ClusterView:
             return
         if self.topics.get(name) != doc:
             self.topics[name] = doc
-            self._bump()
+            self._bump(topics=True)
         if doc.ordered and name not in self._chain_watches:
             self._chain_watches.add(name)
             self._arm(self._client.DataWatch, chains_path(name), self._chains_watch(name))

@@ -408,11 +408,11 @@ class ZkAuthority(BrokerIdentity):
         await self._cluster.start()
         self._membership = Membership(self._coord.client, loop, broker=self._name,
                                       view=self._cluster, acl=acl)
-        self._cluster.subscribe(self._membership.topics_changed)
+        self._cluster.subscribe_topics(self._membership.topics_changed)
         await self._membership.start()
         self._producers = Membership(self._coord.client, loop, broker=self._name,
                                      view=self._cluster, acl=acl, space=PRODUCER_GROUPS)
-        self._cluster.subscribe(self._producers.topics_changed)
+        self._cluster.subscribe_topics(self._producers.topics_changed)
         await self._producers.start()
         self._acls = AclView(self._coord.client, loop, acl=acl)
         await self._acls.start()

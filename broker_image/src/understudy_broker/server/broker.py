@@ -237,7 +237,7 @@ class Broker:
                 membership.on_rebalance(self.metrics.rebalanced)
             view = self.authority.cluster
             if view is not None:
-                view.subscribe(lambda: self._adopt_cluster_topics(store, view))
+                view.subscribe_topics(lambda: self._adopt_cluster_topics(store, view))
                 self._adopt_cluster_topics(store, view)
             await replica.start()
             self._serving.set()
