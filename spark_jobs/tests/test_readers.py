@@ -311,6 +311,8 @@ def test_series_split_check_counts_across_chunks(case: str) -> None:
     for size in (len(data), 64, 7, 1):
         chunks = [data[i:i + size] for i in range(0, len(data), size)]
         assert readers.splits_at_series(readers.count_sequences(chunks)) is expected, size
+    # The two-scan count a local file gets (on its memory map) counts the same.
+    assert readers.count_mapped(data) == readers.count_sequences([data])
 
 
 @pytest.mark.spark
