@@ -176,8 +176,9 @@ def test_a_member_stuck_in_processing_leaves_and_its_queues_move_long_before_its
     async def run() -> None:
         stuck = Consumer(boot, group="cgs", topic="stuck", session_timeout_ms=60_000,
                          max_wait_ms=100, max_poll_interval_ms=1500)
+        # The other member has the same interval and keeps calling getmany(): it stays.
         other = Consumer(boot, group="cgs", topic="stuck", session_timeout_ms=60_000,
-                         max_wait_ms=100, max_poll_interval_ms=None)
+                         max_wait_ms=100, max_poll_interval_ms=1500)
         seen_stuck: list[bytes] = []
         seen_other: list[bytes] = []
         stop_stuck, stop = asyncio.Event(), asyncio.Event()

@@ -46,3 +46,29 @@ async def test_requests_pending_when_the_broker_dies_leave_no_unretrieved_future
         server.close()
         await server.wait_closed()
     assert "never retrieved" not in caplog.text, caplog.text
+
+
+def test_a_write_on_a_transport_closed_under_the_connection_is_a_connection_error() -> None:
+    """Under uvloop (what the CLI, the brokers and the benches run), writing to a transport
+    already closed raises RuntimeError. A producer's batch task died of it once in ~60
+    kill cycles of bench/cluster.py, and the sends of that batch never resolved; it must
+    be the ConnectionError every caller retries, and leave no request pending."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def run() -> None:
+        async def silent_broker(_r: asyncio.StreamReader, _w: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)
+
+        server = await asyncio.start_server(silent_broker, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            conn = await Connection.open(f"127.0.0.1:{port}")
+            conn._writer.transport.abort()  # closed under it; its reader has not run yet
+            with pytest.raises(ConnectionError, match="is closed"):
+                conn.send(p.Op.HEARTBEAT, b"{}")
+            assert not conn._pending
+            await conn.close()
+        finally:
+            server.close()
+
+    uvloop.run(run())

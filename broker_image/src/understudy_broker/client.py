@@ -231,10 +231,20 @@ class Connection:
     ) -> tuple[int, asyncio.Future[p.Frame]]:
         if self._closed is not None:
             raise ConnectionError(f"connection to {self.address} is closed: {self._closed}")
+        if self._writer.is_closing():  # reset by the peer; our reader has not seen it yet
+            raise ConnectionError(f"connection to {self.address} is closed")
         rid = next(self._ids) & 0xFFFFFFFF
         fut: asyncio.Future[p.Frame] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        self._writer.write(p.encode_frame(request_id=rid, op=op, epoch=epoch, body=body))
+        try:
+            self._writer.write(p.encode_frame(request_id=rid, op=op, epoch=epoch, body=body))
+        except RuntimeError as exc:
+            # uvloop raises this for a transport closed under us (asyncio's own loop drops
+            # the write): a lost connection, which every caller retries, not a crash. As a
+            # RuntimeError it ended a producer's batch task, whose sends then never
+            # resolved (bench/cluster.py hung at its end, once in ~60 kill cycles).
+            self._pending.pop(rid, None)
+            raise ConnectionError(f"connection to {self.address} is closed: {exc}") from None
         return rid, fut
 
     async def request(
