@@ -34,8 +34,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from scramp import ScramClient, ScramException
-
 from understudy_broker import protocol as p
 from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
 from understudy_broker.model import Permission, Role
@@ -201,6 +199,8 @@ class Connection:
         trusted either."""
         assert security.user is not None
         assert security.password is not None
+        from scramp import ScramClient, ScramException  # only for SCRAM (slow to import)
+
         scram = ScramClient([security.mechanism], security.user, security.password)
 
         async def step(message: str) -> str:

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scramp import ScramException, ScramMechanism
-
 from understudy_broker import protocol as p
 from understudy_broker.acl import MECHANISMS, Resource, authorize, denied_message, topic_resource
 from understudy_broker.config import SecurityConfig
@@ -135,6 +133,10 @@ class Guard:
             raise RequestError(p.Status.AUTHENTICATION_FAILED,
                                f"mechanism {req.mechanism!r} is not offered; "
                                f"use one of {', '.join(MECHANISMS)}")
+        # scramp (and the ASN.1 library under it) is imported on the first SCRAM exchange,
+        # not at start: it is a sixth of a broker's start-up CPU, and most brokers run without.
+        from scramp import ScramException, ScramMechanism
+
         if session.pending is None:
             named = scram_user(req.message)
             acls = self._acls()
