@@ -517,3 +517,149 @@ async def test_a_broker_without_produce_multi_gets_one_topic_per_request(
     assert seen.get(p.Op.PRODUCE_MULTI) == 1  # tried once, then never again
     for t in topics:
         assert await pulled(addr, t) == [b"%s-0" % t.encode(), b"%s-1" % t.encode()]
+
+
+def pull_part(topic: str, queue: int, offset: int = 0, wait_ms: int = 0) -> bytes:
+    return p.PullRequest(topic, queue, offset, 1 << 20, wait_ms).encode()
+
+
+async def test_pull_multi_answers_each_part_on_its_own(served: Any) -> None:
+    """Each part of a PULL_MULTI is a PULL of its own: a part the broker refuses (an
+    unknown topic, a queue out of range, a malformed body) gets its own error; the others
+    get their records."""
+    _broker, _auth, addr = served
+    for t in ("qa", "qb"):
+        await create_topic([addr], topic=t, queues=2)
+    async with Producer([addr]) as prod:
+        await asyncio.gather(*[await prod.send(t, b"%s-%d" % (t.encode(), q), queue=q)
+                               for t in ("qa", "qb") for q in (0, 1)])
+    parts = [pull_part("qa", 1), pull_part("nope", 0), pull_part("qa", 9), b"\x00\x05garbage",
+             pull_part("qb", 0)]
+    frame = await request_once(addr, p.Op.PULL_MULTI, p.PullMultiRequest(parts).encode())
+    results = p.PullMultiResponse.decode(frame.body).results
+    assert [s for s, _b in results] == [p.Status.OK, p.Status.UNKNOWN_TOPIC,
+                                        p.Status.BAD_REQUEST, p.Status.BAD_FRAME, p.Status.OK]
+    assert [r.body for r in p.PullResponse.decode(results[0][1]).records] == [b"qa-1"]
+    assert [r.body for r in p.PullResponse.decode(results[4][1]).records] == [b"qb-0"]
+    assert b"nope" in results[1][1]
+
+
+async def test_a_pull_multi_is_answered_when_any_part_gets_a_record(served: Any) -> None:
+    """The long poll waits for all its queues at once and answers, all parts together,
+    when one of them grows: the record for that part, nothing for the others (their
+    offsets unchanged), long before the wait (60 s) would end."""
+    _broker, _auth, addr = served
+    await create_topic([addr], topic="lp", queues=3)
+    body = p.PullMultiRequest([pull_part("lp", q, wait_ms=60_000) for q in range(3)]).encode()
+    polling = asyncio.create_task(request_once(addr, p.Op.PULL_MULTI, body, timeout_s=70))
+    await asyncio.sleep(0.2)
+    assert not polling.done()  # nothing to read yet: it waits
+    async with Producer([addr]) as prod:
+        await (await prod.send("lp", b"one", queue=2))
+    async with asyncio.timeout(10):
+        frame = await polling
+    answers = [p.PullResponse.decode(b) for _s, b in p.PullMultiResponse.decode(frame.body).results]
+    assert [[r.body for r in a.records] for a in answers] == [[], [], [b"one"]]
+    assert [a.next_offset for a in answers] == [0, 0, 1]
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00\x00", b"\x00\x02\x00\x00\x00\x09abc",
+                                  p.PullMultiRequest([b"x"]).encode() + b"tail"])
+async def test_a_malformed_pull_multi_is_refused_whole(served: Any, body: bytes) -> None:
+    _broker, _auth, addr = served
+    await create_topic([addr], topic="pmm", queues=1)
+    frame = await request_once(addr, p.Op.PULL_MULTI, body)
+    assert frame.status == p.Status.BAD_FRAME, p.error_message(frame)
+
+
+async def test_a_consumer_pulls_its_queues_on_one_broker_in_one_request(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer's pull loops of one broker's queues, woken together (one produce to
+    all four), pull again together in one PULL_MULTI (one request's costs for all of
+    them, as Kafka's fetch); every record arrives once, in order per queue."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="mq", queues=4)
+    seen = count_ops(broker, monkeypatch)
+    consumer = Consumer([addr], group="g", topic="mq", max_wait_ms=2000)
+    got: dict[int, list[bytes]] = {q: [] for q in range(4)}
+    try:
+        await consumer.start()
+        async with Producer([addr]) as prod:
+            for i in range(5):
+                await asyncio.gather(*[await prod.send("mq", b"%d-%d" % (q, i), queue=q)
+                                       for q in range(4)])
+                async with asyncio.timeout(20):
+                    while sum(map(len, got.values())) < 4 * (i + 1):
+                        for r in await consumer.getmany(timeout_s=0.5):
+                            got[r.queue].append(r.body)
+    finally:
+        await consumer.close()
+    assert got == {q: [b"%d-%d" % (q, i) for i in range(5)] for q in range(4)}
+    # Four queues: the loops' pulls travel together, not one request per queue each.
+    assert seen.get(p.Op.PULL_MULTI, 0) > seen.get(p.Op.PULL, 0)
+
+
+async def test_a_broker_without_pull_multi_gets_one_pull_per_queue(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older broker answers PULL_MULTI with UNKNOWN_OPERATION: the consumer pulls each
+    queue on its own from then on and misses nothing."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="oldq", queues=3)
+    seen: dict[int, int] = {}
+    handle = broker.parts.requests.handle
+
+    async def older(frame: p.Frame, *args: Any, **kwargs: Any) -> bytes:
+        seen[frame.op] = seen.get(frame.op, 0) + 1
+        if frame.op == p.Op.PULL_MULTI:
+            raise RequestError(p.Status.UNKNOWN_OPERATION, "operation 20 is not supported")
+        return await handle(frame, *args, **kwargs)
+    monkeypatch.setattr(broker.parts.requests, "handle", older)
+    consumer = Consumer([addr], group="g", topic="oldq", max_wait_ms=200)
+    got: list[bytes] = []
+    try:
+        await consumer.start()
+        async with Producer([addr]) as prod:
+            await asyncio.gather(*[await prod.send("oldq", b"%d" % q, queue=q) for q in range(3)])
+        async with asyncio.timeout(20):
+            while len(got) < 3:
+                got += [r.body for r in await consumer.getmany(timeout_s=0.5)]
+        await asyncio.sleep(0.5)  # more rounds of pulls
+    finally:
+        await consumer.close()
+    assert sorted(got) == [b"0", b"1", b"2"]
+    assert seen.get(p.Op.PULL_MULTI) == 1  # tried once, then never again
+    assert seen.get(p.Op.PULL, 0) > 3
+
+
+async def test_a_queue_with_a_backlog_does_not_starve_the_others_of_a_pull_multi(
+        tmp_path: Path) -> None:
+    """The parts of a PULL_MULTI share one byte budget (half the frame limit), and a read
+    gives at least one record even past it; which part reads first turns from poll to
+    poll, so a queue far behind with records as large as the budget cannot take every
+    answer while another queue's record waits."""
+    auth = SettableAuthority()
+    cfg = BrokerConfig(data_dir=tmp_path / "d", port=0, replication_port=0, sync=False, name="m",
+                       group="g", max_frame_bytes=128 * 1024)  # a budget of 64 KiB a poll
+    broker = Broker(cfg, authority=auth)
+    where = await broker.start()
+    addr = auth.address = f"127.0.0.1:{where.port}"
+    try:
+        await create_topic([addr], topic="bk", queues=2)
+        async with Producer([addr], batch_size=1) as prod:
+            await asyncio.gather(*[await prod.send("bk", b"x" * 70_000, queue=0) for _ in range(6)])
+            await (await prod.send("bk", b"waiting", queue=1))
+        offsets = [0, 0]
+        served_at = None
+        for poll in range(1, 5):
+            body = p.PullMultiRequest([pull_part("bk", q, offsets[q]) for q in (0, 1)]).encode()
+            frame = await request_once(addr, p.Op.PULL_MULTI, body)
+            answers = [p.PullResponse.decode(b)
+                       for _s, b in p.PullMultiResponse.decode(frame.body).results]
+            offsets = [a.next_offset for a in answers]
+            if answers[1].records:
+                served_at = poll
+                break
+        assert served_at is not None and served_at <= 2, served_at
+        assert offsets[0] < 6  # queue 0 was still behind: the budget was what limited it
+    finally:
+        await broker.stop()

@@ -146,6 +146,16 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@dataclass
+class _PullBatch:
+    """Pulls made on one connection in one event-loop turn, at one epoch: they go
+    together in one PULL_MULTI."""
+
+    epoch: int
+    timeout_s: float
+    parts: list[tuple[bytes, asyncio.Future[bytes]]] = field(default_factory=list)
+
+
 class Connection:
     """One connection to one broker; many requests may be in flight at once."""
 
@@ -167,6 +177,9 @@ class Connection:
         self._answered = False  # any frame came back (a TLS port closes a plain client)
         self.client_certificate = False  # set by open(): TLS with a client certificate
         self._tls = writer.get_extra_info("ssl_object") is not None
+        self._pull_batch: _PullBatch | None = None
+        self._pull_tasks: set[asyncio.Task[None]] = set()
+        self._multi_pull = True  # until the broker answers PULL_MULTI with UNKNOWN_OPERATION
         self._task = asyncio.create_task(self._read_loop())
 
     @classmethod
@@ -266,6 +279,79 @@ class Connection:
             raise broker_error(frame.status, p.error_message(frame), address=self.address)
         return frame.body
 
+    def pull(self, body: bytes, *, epoch: int, timeout_s: float) -> asyncio.Future[bytes]:
+        """A PULL's answer body, or its error, as ``request(Op.PULL, body)`` gives them.
+
+        The pulls made on this connection in one event-loop turn travel in one PULL_MULTI
+        (a consumer's queues on one broker, woken together by one produce, pull again
+        together): one request's fixed costs for all of them on both sides, as Kafka's
+        fetch carries every partition a consumer reads from a broker. The broker answers
+        the whole as soon as any part has records. A broker that does not know PULL_MULTI
+        gets one PULL each from then on."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes] = loop.create_future()
+        batch = self._pull_batch
+        if batch is None or batch.epoch != epoch:
+            batch = self._pull_batch = _PullBatch(epoch, timeout_s)
+            loop.call_soon(self._send_pulls, batch)
+        batch.parts.append((body, fut))
+        return fut
+
+    def _send_pulls(self, batch: _PullBatch) -> None:
+        if self._pull_batch is batch:
+            self._pull_batch = None
+        task = asyncio.create_task(self._pulls(batch))
+        self._pull_tasks.add(task)
+        task.add_done_callback(self._pull_tasks.discard)
+
+    async def _pulls(self, batch: _PullBatch) -> None:
+        parts = [(body, fut) for body, fut in batch.parts if not fut.done()]  # not abandoned
+        try:
+            if len(parts) > 1 and self._multi_pull:
+                try:
+                    answer = await self.request(
+                        p.Op.PULL_MULTI, p.PullMultiRequest([b for b, _f in parts]).encode(),
+                        epoch=batch.epoch, timeout_s=batch.timeout_s)
+                except BrokerError as exc:
+                    if exc.status != p.Status.UNKNOWN_OPERATION:
+                        raise
+                    log.info("%s takes one queue per pull (no PULL_MULTI)", self.address)
+                    self._multi_pull = False
+                else:
+                    results = p.PullMultiResponse.decode(answer).results
+                    if len(results) != len(parts):
+                        raise p.FrameError(p.Status.BAD_FRAME, f"{len(results)} answers to "
+                                           f"a PULL_MULTI of {len(parts)} parts")
+                    for (_b, fut), (status, part) in zip(parts, results, strict=True):
+                        if fut.done():
+                            continue
+                        if status == p.Status.OK:
+                            fut.set_result(part)
+                        else:
+                            fut.set_exception(broker_error(
+                                status, part.decode("utf-8", "replace"), address=self.address))
+                    return
+            if len(parts) == 1:
+                await self._pull_one(*parts[0], batch)
+            else:
+                await asyncio.gather(*(self._pull_one(body, fut, batch) for body, fut in parts))
+        except asyncio.CancelledError:
+            _fail_futures(parts, ConnectionError(f"connection to {self.address} closed"))
+            raise
+        except Exception as exc:  # the request failed as a whole: every part with it
+            _fail_futures(parts, exc)
+
+    async def _pull_one(self, body: bytes, fut: asyncio.Future[bytes], batch: _PullBatch) -> None:
+        try:
+            answer = await self.request(p.Op.PULL, body, epoch=batch.epoch,
+                                        timeout_s=batch.timeout_s)
+        except Exception as exc:
+            if not fut.done():
+                fut.set_exception(exc)
+        else:
+            if not fut.done():
+                fut.set_result(answer)
+
     async def exchange(
         self, op: p.Op, body: bytes, *, epoch: int = 0, timeout_s: float = 30.0
     ) -> p.Frame:
@@ -364,6 +450,7 @@ class Connection:
         await stop_tasks([self._task])
         if self._closed is None:  # the read loop was cancelled before it ever ran
             self._fail_all(ConnectionError(f"connection to {self.address} closed"))
+        await stop_tasks(list(self._pull_tasks))
         try:
             async with asyncio.timeout(1.0):
                 await self._writer.wait_closed()
@@ -1834,6 +1921,13 @@ async def _abandon(task: asyncio.Future[T]) -> None:
             await task
 
 
+def _fail_futures(parts: Sequence[tuple[bytes, asyncio.Future[bytes]]],
+                  exc: BaseException) -> None:
+    for _body, fut in parts:
+        if not fut.done():
+            fut.set_exception(exc)
+
+
 def _fail(items: list[_Pending], exc: BaseException) -> None:
     for i in items:
         if not i.future.done():
@@ -2269,9 +2363,8 @@ class Consumer(_GroupMember):
                 conn = await router.connection(Permission.READ, group)
                 sent_ns, used_epoch = time.time_ns(), router.epoch_of(group)
                 resp = p.PullResponse.decode(await router.unless_moved(
-                    group, Permission.READ, conn.address, conn.request(
-                        p.Op.PULL, req.encode(), epoch=used_epoch,
-                        timeout_s=router.request_timeout_s)))
+                    group, Permission.READ, conn.address, conn.pull(
+                        req.encode(), epoch=used_epoch, timeout_s=router.request_timeout_s)))
             except BrokerError as exc:
                 if exc.status == p.Status.NOT_OWNER:
                     log.info("pull %s/%d: %s", self.topic, queue, exc.message)

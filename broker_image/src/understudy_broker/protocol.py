@@ -81,6 +81,7 @@ class Op(enum.IntEnum):
     AUTHENTICATE = 17  # one SCRAM step (docs/security.md); the connection's user once done
     SECURITY_ADMIN = 18  # users and ACLs: create, delete, list; add, remove, list; whoami
     PRODUCE_MULTI = 19  # several PRODUCE bodies (one per topic) in one request, one answer each
+    PULL_MULTI = 20  # several PULLs (one per queue) in one long poll, one answer each
 
 
 class Status(enum.IntEnum):
@@ -699,12 +700,13 @@ class ProduceResponse:
 _MULTI_HEAD = struct.Struct(">H")  # parts
 _MULTI_PART = struct.Struct(">I")  # part length
 _MULTI_RESULT = struct.Struct(">HI")  # status, answer length
-#: Most parts one PRODUCE_MULTI carries (a producer sends one per topic it has a batch of).
+#: Most parts one PRODUCE_MULTI or PULL_MULTI carries (a producer sends one per topic it
+#: has a batch of; a consumer one per queue it reads from the broker).
 MAX_MULTI_PARTS: Final = 4096
 
 
 def _counted_parts(count: int, parts: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """``count u16`` then each part's head and bytes (PRODUCE_MULTI's bodies)."""
+    """``count u16`` then each part's head and bytes (the multi-part bodies)."""
     out = [_MULTI_HEAD.pack(count)]
     for head, data in parts:
         out.append(head)
@@ -713,20 +715,17 @@ def _counted_parts(count: int, parts: Iterable[tuple[bytes, bytes]]) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class ProduceMultiRequest:
-    """PRODUCE_MULTI: several PRODUCE bodies (:func:`encode_produce`, trailers included),
-    each for its own topic, in one request to one broker. The broker handles each as a
-    PRODUCE of its own and answers each; their appends share the group commit's fsync and
-    the replication round, so a producer writing many topics pays one request's fixed
-    costs for all of them (docs/broker.md, "PRODUCE_MULTI").
+class MultiRequest:
+    """Several request bodies of one operation in one request to one broker, answered
+    part by part (:class:`MultiResponse`): PRODUCE_MULTI and PULL_MULTI.
 
-    Body: ``parts u16`` then per part ``length u32 | PRODUCE body``."""
+    Body: ``parts u16`` then per part ``length u32 | body``."""
 
     parts: Sequence[bytes]
 
     def encode(self) -> bytes:
         if not 1 <= len(self.parts) <= MAX_MULTI_PARTS:
-            raise ValueError(f"a PRODUCE_MULTI carries 1 to {MAX_MULTI_PARTS} parts")
+            raise ValueError(f"a multi-part request carries 1 to {MAX_MULTI_PARTS} parts")
         return _counted_parts(len(self.parts),
                               ((_MULTI_PART.pack(len(part)), part) for part in self.parts))
 
@@ -735,7 +734,7 @@ class ProduceMultiRequest:
         r = _Reader(body)
         (count,) = r.unpack(_MULTI_HEAD)
         if not 1 <= count <= MAX_MULTI_PARTS:
-            raise _bad(f"a PRODUCE_MULTI carries 1 to {MAX_MULTI_PARTS} parts, not {count}")
+            raise _bad(f"a multi-part request carries 1 to {MAX_MULTI_PARTS} parts, not {count}")
         if count * _MULTI_PART.size > len(body):
             raise _bad(f"part count {count} exceeds the body size")
         parts = []
@@ -746,10 +745,33 @@ class ProduceMultiRequest:
         return cls(parts)
 
 
+class ProduceMultiRequest(MultiRequest):
+    """PRODUCE_MULTI: several PRODUCE bodies (:func:`encode_produce`, trailers included),
+    each for its own topic, in one request to one broker. The broker handles each as a
+    PRODUCE of its own and answers each; their appends share the group commit's fsync and
+    the replication round, so a producer writing many topics pays one request's fixed
+    costs for all of them (docs/broker.md, "PRODUCE_MULTI")."""
+
+    __slots__ = ()
+
+
+class PullMultiRequest(MultiRequest):
+    """PULL_MULTI: several :class:`PullRequest` bodies, one per queue, to one broker, in
+    one long poll: answered as a whole as soon as any part has records (or a part's
+    ownership check fails), or when the shortest wait of its parts ends. Each part is
+    checked (ACL, queue, ownership) and answered as a PULL of its own; a member reading
+    several queues from one broker pays one request's fixed costs for all of them, as
+    Kafka's fetch carries every partition a consumer reads from that broker
+    (docs/broker.md, "PULL_MULTI")."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
-class ProduceMultiResponse:
-    """One answer per part, in request order: ``(status, body)``, the body a
-    :class:`ProduceResponse` when the status is OK and the error's message otherwise.
+class MultiResponse:
+    """One answer per part, in request order: ``(status, body)``, the body the part's
+    own answer (a :class:`ProduceResponse`, a :class:`PullResponse`) when the status is
+    OK and the error's message otherwise.
 
     Body: ``parts u16`` then per part ``status u16 | length u32 | body``."""
 
@@ -776,6 +798,18 @@ class ProduceMultiResponse:
             results.append((Status(status), r.take(n)))
         r.end()
         return cls(results)
+
+
+class ProduceMultiResponse(MultiResponse):
+    """PRODUCE_MULTI's answer: a :class:`ProduceResponse` or an error per part."""
+
+    __slots__ = ()
+
+
+class PullMultiResponse(MultiResponse):
+    """PULL_MULTI's answer: a :class:`PullResponse` or an error per part."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -1728,6 +1762,7 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.AUTHENTICATE: AuthenticateRequest,
     Op.SECURITY_ADMIN: SecurityAdminRequest,
     Op.PRODUCE_MULTI: ProduceMultiRequest,
+    Op.PULL_MULTI: PullMultiRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -1748,6 +1783,7 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.AUTHENTICATE: AuthenticateResponse,
     Op.SECURITY_ADMIN: SecurityAdminResponse,
     Op.PRODUCE_MULTI: ProduceMultiResponse,
+    Op.PULL_MULTI: PullMultiResponse,
 }
 
 

@@ -43,7 +43,7 @@ from understudy_broker.security import certificate_user
 from understudy_broker.server import limits as lim
 from understudy_broker.server.auth import Session
 from understudy_broker.server.errors import RequestError
-from understudy_broker.server.requests import CONSUMER_OPS, OutputRoom
+from understudy_broker.server.requests import CONSUMER_OPS, LONG_POLLS, OutputRoom
 
 log = logging.getLogger("understudy.broker")
 
@@ -301,7 +301,7 @@ class ClientPort:
         t.add_done_callback(self._inflight.discard)
         if frame.op in CONSUMER_OPS:
             conn.consumer = True
-        if frame.op == p.Op.PULL:
+        if frame.op in LONG_POLLS:
             conn.polls.add(t)
             t.add_done_callback(conn.polls.discard)
 

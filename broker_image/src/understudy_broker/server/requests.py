@@ -50,7 +50,7 @@ from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
 from understudy_broker.storage.commitlog import DamagedRecordError
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
-from understudy_broker.storage.records import CommitLogError
+from understudy_broker.storage.records import CommitLogError, StoredRecord
 from understudy_broker.storage.store import Store
 from understudy_broker.topology import TopicPlanError
 
@@ -58,7 +58,9 @@ log = logging.getLogger("understudy.broker")
 
 PULL_MAX_RECORDS = 4096
 #: Operations that make a connection a consumer session (closed when READ is lost).
-CONSUMER_OPS = frozenset({p.Op.PULL, p.Op.COMMIT_OFFSET, p.Op.FETCH_OFFSET})
+CONSUMER_OPS = frozenset({p.Op.PULL, p.Op.PULL_MULTI, p.Op.COMMIT_OFFSET, p.Op.FETCH_OFFSET})
+#: Long polls: a consumer session's waiting answers (they answer NO_PERMISSION when READ goes).
+LONG_POLLS = frozenset({p.Op.PULL, p.Op.PULL_MULTI})
 
 
 class AppendSignal:
@@ -76,6 +78,12 @@ class AppendSignal:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):
                 await event.wait()
+
+
+def _damaged(exc: DamagedRecordError) -> RequestError:
+    """A read reached a damaged record (the store logged it): CORRUPT_RECORD, naming it."""
+    return RequestError(p.Status.CORRUPT_RECORD, p.corrupt_record_message(
+        exc.offset, f"{exc.topic}/{exc.queue}: {exc.detail}"))
 
 
 def _answered(body: bytes) -> Callable[[], Awaitable[bytes]]:
@@ -171,6 +179,7 @@ class Requests:
         self._store = store
         self._replica = replica
         self._signal = signal
+        self._rotation = 0  # where a PULL_MULTI's shared byte budget starts (fairness)
         self._metrics = metrics
         self._stopping = stopping
         self._backsync_persisted = backsync_persisted
@@ -188,6 +197,7 @@ class Requests:
             p.Op.PRODUCE: self._produce,
             p.Op.PRODUCE_MULTI: self._produce_multi,
             p.Op.PULL: self._pull,
+            p.Op.PULL_MULTI: self._pull_multi,
             p.Op.COMMIT_OFFSET: self._commit_offset,
             p.Op.FETCH_OFFSET: self._fetch_offset,
             p.Op.GET_ROUTE: self._get_route,
@@ -218,10 +228,11 @@ class Requests:
         try:
             if frame.op == p.Op.PULL:
                 return await self._pull(frame, who, room)
+            if frame.op == p.Op.PULL_MULTI:
+                return await self._pull_multi(frame, who, room)
             return await handler(frame, who)
         except DamagedRecordError as exc:  # a read reached it; the store logged it
-            raise RequestError(p.Status.CORRUPT_RECORD, p.corrupt_record_message(
-                exc.offset, f"{exc.topic}/{exc.queue}: {exc.detail}")) from None
+            raise _damaged(exc) from None
 
     # ---- checks ---------------------------------------------------------------------
 
@@ -545,54 +556,117 @@ class Requests:
     async def _pull(self, frame: p.Frame, who: Session,
                     room: OutputRoom = always_room) -> bytes:
         self._require_read(frame)
-        req = p.PullRequest.decode(frame.body)
-        await self._guard.require(who, Resource.TOPIC, req.topic, "consume")
-        if req.member:
-            await self._guard.require(who, Resource.GROUP, req.cgroup, "join")
-        self._check_queue(req.topic, req.queue)
-        if req.member:
-            await self._check_owner(req.cgroup, req.member, req.generation, req.topic, req.queue)
+        (answer,) = await self._long_poll(frame, who, room, [p.PullRequest.decode(frame.body)])
+        if isinstance(answer, RequestError):
+            raise answer
+        return answer
+
+    async def _pull_multi(self, frame: p.Frame, who: Session,
+                          room: OutputRoom = always_room) -> bytes:
+        """PULL_MULTI: each part checked and answered as a PULL of its own (a part's
+        refusal leaves the others served); READ is the broker's, checked for the whole."""
+        self._require_read(frame)
+        parts: list[p.PullRequest | RequestError] = []
+        for body in p.PullMultiRequest.decode(frame.body).parts:
+            try:
+                parts.append(p.PullRequest.decode(body))
+            except p.FrameError as exc:
+                parts.append(RequestError(exc.code, exc.message))
+        answers = await self._long_poll(frame, who, room, parts)
+        return p.PullMultiResponse([
+            (a.status, a.message.encode()) if isinstance(a, RequestError) else (p.Status.OK, a)
+            for a in answers]).encode()
+
+    async def _long_poll(self, frame: p.Frame, who: Session, room: OutputRoom,
+                         parts: Sequence[p.PullRequest | RequestError]
+                         ) -> list[bytes | RequestError]:
+        """The long poll of one or more queues (a PULL, a PULL_MULTI): answered when any
+        part has records, when a part is refused (its ownership moved while waiting), or
+        when the shortest of the parts' waits ends. READ (a whole-request error) and each
+        member's ownership are checked again after every wait."""
+        out: list[bytes | RequestError | None] = [None] * len(parts)
+        live: dict[int, p.PullRequest] = {}
+        for i, req in enumerate(parts):
+            if isinstance(req, RequestError):
+                out[i] = req
+                continue
+            try:
+                await self._guard.require(who, Resource.TOPIC, req.topic, "consume")
+                if req.member:
+                    await self._guard.require(who, Resource.GROUP, req.cgroup, "join")
+                self._check_queue(req.topic, req.queue)
+                if req.member:
+                    await self._check_owner(req.cgroup, req.member, req.generation, req.topic,
+                                            req.queue)
+                live[i] = req
+            except RequestError as exc:
+                out[i] = exc
         lg = self._store.log
         # Keep the response inside the frame limit the client most likely uses, and within
-        # what one connection may have waiting to be read (docs/broker.md, "Limits").
-        max_bytes = max(1, min(req.max_bytes, self._cfg.max_frame_bytes // 2,
-                               self._cfg.limits.max_unsent_bytes))
-        deadline = time.monotonic() + min(req.max_wait_ms, 60_000) / 1000
-        while True:
-            await self._room_to_answer(frame, req, room)
-            start = lg.queue_start(req.topic, req.queue)
-            end = lg.queue_end(req.topic, req.queue)
-            offset = max(req.offset, start)
-            records = lg.read(
-                req.topic, req.queue, offset, max_bytes=max_bytes, max_records=PULL_MAX_RECORDS
-            )
-            remaining = deadline - time.monotonic()
-            if records or remaining <= 0 or self._stopping():
+        # what one connection may have waiting to be read (docs/broker.md, "Limits"); the
+        # parts of a PULL_MULTI share it, in order.
+        budget = min(self._cfg.max_frame_bytes // 2, self._cfg.limits.max_unsent_bytes)
+        wait_ms = min((req.max_wait_ms for req in live.values()), default=0)
+        deadline = time.monotonic() + min(wait_ms, 60_000) / 1000
+        read: dict[int, tuple[int, int, int, list[StoredRecord]]] = {}
+        while live:
+            while await room():  # the connection can take the answer: nothing held here
+                await self._recheck(frame, live, out)
+            if not live:
                 break
+            left = budget
+            read = {}
+            # The parts share the budget; who reads first turns from poll to poll, so a
+            # queue with a long backlog cannot keep the others' answers empty.
+            order = list(live.items())
+            self._rotation = turn = (self._rotation + 1) % len(order)
+            for i, req in order[turn:] + order[:turn]:
+                start = lg.queue_start(req.topic, req.queue)
+                end = lg.queue_end(req.topic, req.queue)
+                offset = max(req.offset, start)
+                try:
+                    records = lg.read(req.topic, req.queue, offset,
+                                      max_bytes=max(1, min(req.max_bytes, left)),
+                                      max_records=PULL_MAX_RECORDS) if left > 0 else []
+                except DamagedRecordError as exc:  # this part's; the others are served
+                    out[i] = _damaged(exc)
+                    del live[i]
+                    continue
+                left -= sum(len(r.body) + len(r.key or b"") for r in records)
+                read[i] = (offset, start, end, records)
+            remaining = deadline - time.monotonic()
+            if (any(r[3] for r in read.values()) or any(o is not None for o in out)
+                    or remaining <= 0 or self._stopping()):
+                break  # records, or a refusal the client should hear of now, or time
             await self._signal.wait(remaining)
-            self._require_read(frame)  # permission may have changed while waiting
-            if req.member:  # and so may ownership
-                await self._check_owner(req.cgroup, req.member, req.generation, req.topic,
-                                        req.queue)
-        next_offset = records[-1].queue_offset + 1 if records else offset
-        self._metrics.messages_out(len(records))
-        return p.PullResponse(
-            next_offset,
-            start,
-            end if not records else max(end, next_offset),
-            [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in records],
-        ).encode()
+            await self._recheck(frame, live, out)  # permission and ownership may have moved
+        for i, (offset, start, end, records) in read.items():
+            if i not in live:
+                continue
+            next_offset = records[-1].queue_offset + 1 if records else offset
+            self._metrics.messages_out(len(records))
+            out[i] = p.PullResponse(
+                next_offset,
+                start,
+                end if not records else max(end, next_offset),
+                [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in records],
+            ).encode()
+        return [RequestError(p.Status.INTERNAL, "part not answered") if a is None else a
+                for a in out]
 
-    async def _room_to_answer(self, frame: p.Frame, req: p.PullRequest,
-                              room: OutputRoom) -> None:
-        """Wait until the connection can take this pull's answer, so a consumer that does
-        not read its socket holds no answers here; READ and ownership are checked again
-        after a wait (they may have moved meanwhile)."""
-        while await room():
-            self._require_read(frame)
+    async def _recheck(self, frame: p.Frame, live: dict[int, p.PullRequest],
+                       out: list[bytes | RequestError | None]) -> None:
+        """After a wait: READ for the whole request (raises), ownership per member part (a
+        part that lost its queue leaves the poll with NOT_OWNER)."""
+        self._require_read(frame)
+        for i, req in list(live.items()):
             if req.member:
-                await self._check_owner(req.cgroup, req.member, req.generation, req.topic,
-                                        req.queue)
+                try:
+                    await self._check_owner(req.cgroup, req.member, req.generation, req.topic,
+                                            req.queue)
+                except RequestError as exc:
+                    out[i] = exc
+                    del live[i]
 
     async def _commit_offset(self, frame: p.Frame, who: Session) -> bytes:
         self._require_read(frame)
