@@ -320,6 +320,21 @@ def test_every_operation_has_body_types_or_is_reserved() -> None:
         assert (op in p.REQUEST_TYPES and op in p.RESPONSE_TYPES) or op in reserved
 
 
+def test_pull_multi_bodies_round_trip_each_part_as_a_pull() -> None:
+    parts = [p.PullRequest("a", 0, 5, 1 << 20, 500).encode(),
+             p.PullRequest("b", 3, 0, 4096, 500, "cg", "m1", 7).encode()]
+    decoded = p.PullMultiRequest.decode(p.PullMultiRequest(parts).encode())
+    assert [p.PullRequest.decode(b) for b in decoded.parts] == [
+        p.PullRequest("a", 0, 5, 1 << 20, 500), p.PullRequest("b", 3, 0, 4096, 500, "cg", "m1", 7)]
+    results = [(p.Status.OK, p.PullResponse(6, 0, 6, [p.PulledRecord(5, 1, None, b"x")]).encode()),
+               (p.Status.NOT_OWNER, b"m1 does not own b/3")]
+    back = p.PullMultiResponse.decode(p.PullMultiResponse(results).encode()).results
+    assert back == results
+    assert p.PullResponse.decode(back[0][1]).records[0].body == b"x"
+    with pytest.raises(p.FrameError, match="1 to 4096 parts"):
+        p.PullMultiRequest.decode(b"\x00\x00")
+
+
 def test_produce_multi_bodies_round_trip_and_reject_what_they_cannot_hold() -> None:
     parts = [p.encode_produce("a", [(0, None, b"x")]), p.encode_produce("b", [(1, b"k", b"y")])]
     assert p.ProduceMultiRequest.decode(p.ProduceMultiRequest(parts).encode()).parts == parts
