@@ -34,7 +34,7 @@ import json
 import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, NamedTuple, Self
 
 from understudy_broker.model import TopicNameError, check_topic_name, normalize_snapshot
@@ -1069,8 +1069,7 @@ def current_claims(brokers: Sequence[BrokerRoute]) -> list[BrokerRoute]:
     broker shown without permission here is asked again once it publishes the newest
     epoch, a notification later."""
     newest = max((b.epoch for b in brokers if b.reachable), default=0)
-    return [b if b.epoch >= newest or not b.permission
-            else BrokerRoute(b.name, b.address, b.role, 0, b.epoch, b.reachable)
+    return [b if b.epoch >= newest or not b.permission else replace(b, permission=0)
             for b in brokers]
 
 
