@@ -213,6 +213,9 @@ class Requests:
             p.Op.AUTHENTICATE: self._authenticate,
             p.Op.SECURITY_ADMIN: self._security_admin,
         }
+        # Long polls (LONG_POLLS) take the connection's output room too.
+        self._long_polls: dict[int, Callable[[p.Frame, Session, OutputRoom], Awaitable[bytes]]] = {
+            p.Op.PULL: self._pull, p.Op.PULL_MULTI: self._pull_multi}
 
     async def handle(self, frame: p.Frame, room: OutputRoom = always_room,
                      who: Session = INTERNAL) -> bytes:
@@ -226,10 +229,9 @@ class Requests:
             raise RequestError(p.Status.UNKNOWN_OPERATION, f"operation {frame.op} is not supported")
         self._guard.admit(who, frame.op)
         try:
-            if frame.op == p.Op.PULL:
-                return await self._pull(frame, who, room)
-            if frame.op == p.Op.PULL_MULTI:
-                return await self._pull_multi(frame, who, room)
+            poll = self._long_polls.get(frame.op)
+            if poll is not None:  # answered only when the connection has room for it
+                return await poll(frame, who, room)
             return await handler(frame, who)
         except DamagedRecordError as exc:  # a read reached it; the store logged it
             raise _damaged(exc) from None
@@ -604,7 +606,7 @@ class Requests:
         lg = self._store.log
         # Keep the response inside the frame limit the client most likely uses, and within
         # what one connection may have waiting to be read (docs/broker.md, "Limits"); the
-        # parts of a PULL_MULTI share it, in order.
+        # parts of a PULL_MULTI share it, taking turns to read first.
         budget = min(self._cfg.max_frame_bytes // 2, self._cfg.limits.max_unsent_bytes)
         wait_ms = min((req.max_wait_ms for req in live.values()), default=0)
         deadline = time.monotonic() + min(wait_ms, 60_000) / 1000
@@ -651,8 +653,9 @@ class Requests:
                 end if not records else max(end, next_offset),
                 [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in records],
             ).encode()
-        return [RequestError(p.Status.INTERNAL, "part not answered") if a is None else a
-                for a in out]
+        answers = [a for a in out if a is not None]
+        assert len(answers) == len(out)  # every part was refused, or read while live
+        return answers
 
     async def _recheck(self, frame: p.Frame, live: dict[int, p.PullRequest],
                        out: list[bytes | RequestError | None]) -> None:
