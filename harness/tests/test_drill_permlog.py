@@ -25,6 +25,31 @@ def test_a_killed_incarnation_stops_reading_at_the_kill() -> None:
     assert [(e.t, e.effective) for e in events] == [(100, FULL), (500, NONE), (900, NONE), (950, FULL)]
 
 
+def test_a_line_written_between_the_kills_record_and_its_signal_still_ends_at_the_kill() -> None:
+    """The kill is stamped just before the signal: a master that took FULL back in between
+    (the test kills it the moment the group is NORMAL) logs after the stamp. Its READ ends
+    there, not 2 s later when the next incarnation first writes (a false one-reader
+    violation against the slave that took over, seen once in the two-controllers test)."""
+    changes = [
+        LoggedChange(100, NONE, pid=1),
+        LoggedChange(510, FULL, pid=1),  # after the kill's stamp at 500, before the signal
+        LoggedChange(2600, NONE, pid=2),
+    ]
+    events = convert(changes, [Fault(500, 1, "kill", "g1-0", "g1")])
+    assert [(e.t, e.effective) for e in events] == [
+        (100, NONE), (510, FULL), (510, NONE), (2600, NONE)]
+    last = convert(changes[:2], [Fault(500, 1, "kill", "g1-0", "g1")])
+    assert [(e.t, e.effective) for e in last] == [(100, NONE), (510, FULL), (510, NONE)]
+
+
+def test_a_kill_before_an_incarnation_began_does_not_end_it() -> None:
+    changes = [LoggedChange(100, NONE, pid=1), LoggedChange(900, FULL, pid=2),
+               LoggedChange(3000, NONE, pid=3)]
+    events = convert(changes, [Fault(500, 1, "kill", "g1-0", "g1")])
+    assert [(e.t, e.effective) for e in events] == [
+        (100, NONE), (900, FULL), (3000, NONE), (3000, NONE)]
+
+
 def test_a_death_the_drill_did_not_cause_ends_at_the_next_incarnation() -> None:
     changes = [LoggedChange(100, FULL, pid=1), LoggedChange(900, NONE, pid=2)]
     events = convert(changes, [])

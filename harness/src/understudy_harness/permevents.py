@@ -41,21 +41,37 @@ def perm_events_from_log(
     """Turn one broker's permission-change log into ``perm`` events.
 
     A broker killed with SIGKILL writes nothing at its death, so an incarnation (one pid)
-    whose last line still holds READ is ended at the drill's ``kill`` of that broker
-    (recorded just before the signal), or — for a death the drill did not cause — when the
-    next incarnation writes its first line. Pure.
+    whose last line still holds READ is ended at the drill's ``kill`` of that broker, or —
+    for a death the drill did not cause — when the next incarnation writes its first line.
+    The kill is recorded just before the signal, so the incarnation may still write a line
+    between the two (a master that just took FULL back when the next cycle kills it): the
+    kill that ends an incarnation is the first one after its *first* line, and its READ
+    ends at that kill or at its last line, whichever is later. Pure.
     """
     kills = sorted(f.t for f in faults if f.broker == broker and f.kind == "kill")
+
+    def killed(first: int, last: int, before: int | None) -> int | None:
+        """When the incarnation that wrote lines ``first``..``last`` stopped reading by a
+        kill (a kill after ``first``, and before the next incarnation's first line)."""
+        k = next((k for k in kills if k >= first and (before is None or k <= before)), None)
+        return None if k is None else max(k, last)
+
     out: list[Perm] = []
     prev: LoggedChange | None = None
+    first = 0  # the current incarnation's first line
     for ch in changes:
-        if prev is not None and ch.pid != prev.pid and Permission.READ in prev.effective:
-            end = next((k for k in kills if prev.t <= k <= ch.t), ch.t)
-            out.append(Perm(end, group, broker, Permission.NONE, role))
+        if prev is not None and ch.pid != prev.pid:
+            if Permission.READ in prev.effective:
+                end = killed(first, prev.t, ch.t)
+                out.append(Perm(ch.t if end is None else end, group, broker, Permission.NONE,
+                                role))
+            first = ch.t
+        elif prev is None:
+            first = ch.t
         out.append(Perm(ch.t, group, broker, ch.effective, role))
         prev = ch
     if prev is not None and Permission.READ in prev.effective:
-        end_at = next((k for k in kills if k >= prev.t), None)
+        end_at = killed(first, prev.t, None)
         if end_at is not None:
             out.append(Perm(end_at, group, broker, Permission.NONE, role))
     return out
