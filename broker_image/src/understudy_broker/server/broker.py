@@ -424,7 +424,7 @@ class Broker:
         """Append as a produce does: readers and replication are woken."""
         parts = self.parts
         result = parts.store.log.append(records)
-        self._signal.fire()
+        self._signal.grew({(r[0], r[1]) for r in records})
         parts.replica.appended()
         return result
 

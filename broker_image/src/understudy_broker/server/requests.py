@@ -10,9 +10,9 @@ with the status the client sees; transport lives in :mod:`.connections`.
 
 PRODUCE appends synchronously (no await before ``CommitLog.append``), so batches from one
 connection land in the order they were sent; durability (group commit) and replication
-are awaited afterwards, in parallel. PULL long-polls on an :class:`AppendSignal` fired by
-local appends, by replicated data on a slave, and by every permission change (a waiting
-poll re-checks READ when it wakes).
+are awaited afterwards, in parallel. PULL long-polls on an :class:`AppendSignal`: woken by a
+local append to one of its queues, and by replicated data on a slave and every
+permission change (a waiting poll re-checks READ when it wakes).
 """
 
 from __future__ import annotations
@@ -64,20 +64,52 @@ LONG_POLLS = frozenset({p.Op.PULL, p.Op.PULL_MULTI})
 
 
 class AppendSignal:
-    """Wakes every long-poll waiter when the log grows (or permission changes)."""
+    """Wakes long-poll waiters: those of a queue when that queue grows (:meth:`grew`),
+    every one when anything else changes (:meth:`fire`: permission, epoch, bytes
+    replicated to a slave, stopping).
+
+    A produce to one queue used to wake every long poll on the broker, and each went
+    back to sleep after reading nothing from its own queues: most of the wake-ups of a
+    consumer group whose members share a broker's queues."""
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._every: set[asyncio.Future[None]] = set()
+        self._by_queue: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
 
     def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+        """Wake every waiter."""
+        waiters, self._every = self._every, set()
+        self._by_queue.clear()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
-    async def wait(self, wait_s: float) -> None:
-        event = self._event
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait_s):
-                await event.wait()
+    def grew(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Wake the waiters of these ``(topic, queue)``s."""
+        for key in queues:
+            for fut in self._by_queue.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait(self, wait_s: float, queues: Iterable[tuple[str, int]] = ()) -> None:
+        """Until one of ``queues`` grows, :meth:`fire`, or ``wait_s`` seconds."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        keys = set(queues)
+        self._every.add(fut)
+        for key in keys:
+            self._by_queue.setdefault(key, set()).add(fut)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await fut
+        finally:
+            self._every.discard(fut)
+            for key in keys:
+                waiting = self._by_queue.get(key)
+                if waiting is not None:
+                    waiting.discard(fut)
+                    if not waiting:
+                        del self._by_queue[key]
 
 
 def _damaged(exc: DamagedRecordError) -> RequestError:
@@ -479,7 +511,7 @@ class Requests:
                 raise storage_failed(exc, "appending") from exc
             if plan is not None:
                 self._producers.stored(plan)
-            self._signal.fire()
+            self._signal.grew({(m[0], m[1]) for m in messages})
             self._replica.appended()
             start, end = result.start_phys, result.end_phys
         else:  # every message a repeat: its first copy is acknowledged as it would be
@@ -640,7 +672,7 @@ class Requests:
             if (any(r[3] for r in read.values()) or any(o is not None for o in out)
                     or remaining <= 0 or self._stopping()):
                 break  # records, or a refusal the client should hear of now, or time
-            await self._signal.wait(remaining)
+            await self._signal.wait(remaining, [(req.topic, req.queue) for req in live.values()])
             await self._recheck(frame, live, out)  # permission and ownership may have moved
         for i, (offset, start, end, records) in read.items():
             if i not in live:
