@@ -63,6 +63,28 @@ def test_permission_log_appends_changes_only_and_keeps_time_ordered(tmp_path: Pa
     assert all(isinstance(d["pid"], int) for d in docs)
 
 
+def test_each_process_marks_its_first_line_as_its_start(tmp_path: Path) -> None:
+    # In a container every incarnation is PID 1: the mark is what tells them apart.
+    path = tmp_path / "permissions.jsonl"
+    for incarnation in range(2):
+        log = PermissionLog(path, group="g1", broker="m", clock_ns=FakeClock(1_000 * (incarnation + 1)))
+        log.open()
+        try:
+            log.record(Permission.NONE, 0)
+            log.record(Permission.FULL, 1)
+        finally:
+            log.close()
+    docs = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [d.get("start") for d in docs] == [True, None, True, None]  # no key on other lines
+    assert [c.start for c in read_changes(path)] == [True, False, True, False]
+    # A log written before the mark reads as lines without it; a mark that is not a
+    # boolean is not a permission change.
+    old = '{"t_ns": 1, "group": "g", "broker": "b", "effective": "READ", "epoch": 1, "pid": 1}'
+    assert PermissionChange.from_json(old).start is False
+    with pytest.raises(PermissionLogError, match="start must be true or false"):
+        PermissionChange.from_json(old[:-1] + ', "start": "yes"}')
+
+
 def test_reading_the_log_skips_a_torn_or_foreign_line_and_keeps_the_rest(tmp_path: Path) -> None:
     path = tmp_path / "permissions.jsonl"
     good = PermissionChange(5, "g1", "m", Permission.READ, 3, 42)

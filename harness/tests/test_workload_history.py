@@ -40,8 +40,10 @@ S = 1_000_000_000  # one second in ns
 READ, NONE, FULL = Permission.READ, Permission.NONE, Permission.FULL
 
 
-def change(t: int, effective: Permission, *, broker: str = "orders-0", pid: int = 1, epoch: int = 1) -> PermissionChange:
-    return PermissionChange(t_ns=t, group="orders", broker=broker, effective=effective, epoch=epoch, pid=pid)
+def change(t: int, effective: Permission, *, broker: str = "orders-0", pid: int = 1, epoch: int = 1,
+           start: bool = False) -> PermissionChange:
+    return PermissionChange(t_ns=t, group="orders", broker=broker, effective=effective, epoch=epoch, pid=pid,
+                            start=start)
 
 
 def served(*changes: PermissionChange) -> str:
@@ -76,6 +78,25 @@ def test_incarnations_split_at_kills_even_with_the_same_pid() -> None:
     logged = split_incarnations([change(1, NONE), change(2, FULL), change(10, NONE), change(11, FULL)], kills=[5])
     assert [c.pid for c in logged[:2]] == [1, 1]
     assert logged[2].pid == logged[3].pid != 1
+
+
+def test_a_line_the_killed_container_writes_after_the_kill_stays_with_it() -> None:
+    # PID 1 takes FULL back at 2 s; the kill is recorded at 5 s, just before the signal,
+    # and the dying process still logs a new epoch at 5.01 s; it restarts at 8 s.
+    late = 5 * S + 10_000_000
+    lines = [(1 * S, NONE, True), (2 * S, FULL, False), (late, FULL, False), (8 * S, NONE, True), (9 * S, FULL, False)]
+    changes = [change(t, eff, start=start, epoch=i) for i, (t, eff, start) in enumerate(lines)]
+    kill = Fault(5 * S, 1, "kill-9", "orders-0", "orders")
+    events = broker_perm_events(group="orders", broker="orders-0", role="master", changes=changes, faults=[kill])
+    # READ ends with the dying process's last line, not when the next one starts.
+    assert [(e.t, e.effective) for e in events] == [
+        (1 * S, NONE), (2 * S, FULL), (late, FULL), (late, NONE), (8 * S, NONE), (9 * S, FULL)]
+    # Split at the kill instead (a log without start marks), the late line would start
+    # the next incarnation and hold READ through the downtime, until 8 s.
+    unmarked = [change(t, eff, epoch=i) for i, (t, eff, _start) in enumerate(lines)]
+    events = broker_perm_events(group="orders", broker="orders-0", role="master", changes=unmarked, faults=[kill])
+    assert (late, FULL) in [(e.t, e.effective) for e in events]
+    assert (late, NONE) not in [(e.t, e.effective) for e in events]
 
 
 def test_kill_9_ends_read_at_the_kill_and_delete_pod_needs_no_help() -> None:

@@ -8,8 +8,10 @@ broker killed with SIGKILL writes nothing at its death, so its READ is ended at 
 the run recorded. Pure functions over plain data.
 
 Kubernetes twist: a broker in a container is PID 1 in every incarnation, so the log's
-``pid`` cannot tell incarnations apart the way it does on one machine. A kill the test
-performed is what separates them (:func:`split_incarnations`).
+``pid`` cannot tell incarnations apart the way it does on one machine. Each process marks
+its first line (``"start": true``), and that is what separates them; in a log without the
+marks (written by an older broker) the kills the test performed do
+(:func:`split_incarnations`).
 """
 
 from __future__ import annotations
@@ -92,9 +94,21 @@ def parse_permission_log(text: str, *, source: str) -> list[PermissionChange]:
 
 
 def split_incarnations(changes: Sequence[PermissionChange], *, kills: Sequence[int]) -> list[LoggedChange]:
-    """Number the broker's incarnations by the kills between its lines: a line after the
-    k-th kill gets a pid distinct from every line before it (the container's own pid is
-    the same, 1, each time)."""
+    """Number the broker's incarnations so that each gets a pid distinct from every other
+    (a container's own pid is 1 each time): at each line marked as its process's first
+    (``start``), or, in a log without those marks, at each kill between its lines.
+
+    The kills are only a fallback: a kill is recorded just before its signal, so a line
+    the dying process writes in between (a master taking FULL back as the next cycle
+    kills it) would be counted to the next incarnation, whose READ would then seem to
+    start at that line, during the broker's downtime."""
+    if any(ch.start for ch in changes):
+        out = []
+        starts = 0
+        for ch in changes:
+            starts += ch.start
+            out.append(LoggedChange(t=ch.t_ns, effective=ch.effective, pid=ch.pid + (starts << 32)))
+        return out
     ordered = sorted(kills)
     out = []
     for ch in changes:

@@ -12,7 +12,9 @@ instant its permission changes can. Each line is one JSON object::
 the permission name, ``epoch`` the group epoch the broker had applied, ``pid`` the process
 that wrote it (a restarted broker appends to the same file, so the pid tells incarnations
 apart). A line is written when the pair (effective, epoch) changes, when the broker starts
-(its first value) and when it stops cleanly (``NONE``). A broker killed with SIGKILL
+(its first value, marked ``"start": true``; no other line has the key) and when it stops
+cleanly (``NONE``). In a container every incarnation is PID 1, so the start mark is what
+tells them apart there. A broker killed with SIGKILL
 writes nothing at its death: a checker must end that incarnation's READ at the kill.
 
 Each line is flushed to the operating system before :meth:`PermissionLog.record` returns,
@@ -53,13 +55,16 @@ class PermissionChange:
     effective: Permission
     epoch: int
     pid: int
+    #: The first line its process wrote (absent from logs written before the mark).
+    start: bool = False
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"t_ns": self.t_ns, "group": self.group, "broker": self.broker,
-             "effective": self.effective.label, "epoch": self.epoch, "pid": self.pid},
-            separators=(",", ":"),
-        )
+        doc: dict[str, object] = {
+            "t_ns": self.t_ns, "group": self.group, "broker": self.broker,
+            "effective": self.effective.label, "epoch": self.epoch, "pid": self.pid}
+        if self.start:
+            doc["start"] = True
+        return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, line: str) -> PermissionChange:
@@ -70,8 +75,12 @@ class PermissionChange:
             t_ns, epoch, pid = doc["t_ns"], doc["epoch"], doc.get("pid", 0)
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in (t_ns, epoch, pid)):
                 raise TypeError("t_ns, epoch and pid must be integers")
+            start = doc.get("start", False)
+            if not isinstance(start, bool):
+                raise TypeError("start must be true or false")
             return cls(t_ns=t_ns, group=str(doc["group"]), broker=str(doc["broker"]),
-                       effective=Permission.parse(str(doc["effective"])), epoch=epoch, pid=pid)
+                       effective=Permission.parse(str(doc["effective"])), epoch=epoch, pid=pid,
+                       start=start)
         except (ValueError, KeyError, TypeError) as exc:
             raise PermissionLogError(f"not a permission change: {exc}") from None
 
@@ -135,7 +144,8 @@ class PermissionLog:
         if last is not None:
             now = max(now, last.t_ns)
         change = PermissionChange(t_ns=now, group=self.group, broker=self.broker,
-                                  effective=Permission(effective), epoch=epoch, pid=self._pid)
+                                  effective=Permission(effective), epoch=epoch, pid=self._pid,
+                                  start=last is None)
         self._last = change
         if self._file is not None:
             try:
