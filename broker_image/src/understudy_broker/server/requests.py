@@ -69,8 +69,8 @@ class AppendSignal:
     replicated to a slave, stopping).
 
     A produce to one queue used to wake every long poll on the broker, and each went
-    back to sleep after reading nothing from its own queues: most of the wake-ups of a
-    consumer group whose members share a broker's queues."""
+    back to sleep after reading nothing from its own queues: with many queues or
+    consumer groups on a broker, most wake-ups were for nothing (docs/broker.md)."""
 
     def __init__(self) -> None:
         self._every: set[asyncio.Future[None]] = set()
