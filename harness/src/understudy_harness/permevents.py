@@ -16,6 +16,7 @@ marks (written by an older broker) the kills the test performed do
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -102,18 +103,14 @@ def split_incarnations(changes: Sequence[PermissionChange], *, kills: Sequence[i
     the dying process writes in between (a master taking FULL back as the next cycle
     kills it) would be counted to the next incarnation, whose READ would then seem to
     start at that line, during the broker's downtime."""
-    if any(ch.start for ch in changes):
-        out = []
-        starts = 0
-        for ch in changes:
-            starts += ch.start
-            out.append(LoggedChange(t=ch.t_ns, effective=ch.effective, pid=ch.pid + (starts << 32)))
-        return out
+    marked = any(ch.start for ch in changes)
     ordered = sorted(kills)
     out = []
+    starts = 0
     for ch in changes:
-        before = sum(1 for k in ordered if k < ch.t_ns)
-        out.append(LoggedChange(t=ch.t_ns, effective=ch.effective, pid=ch.pid + (before << 32)))
+        starts += ch.start
+        incarnation = starts if marked else bisect.bisect_left(ordered, ch.t_ns)  # kills before it
+        out.append(LoggedChange(t=ch.t_ns, effective=ch.effective, pid=ch.pid + (incarnation << 32)))
     return out
 
 
