@@ -292,10 +292,13 @@ def _spawn_member(plan: ClusterPlan, name: str, record: Path, log: Path) -> subp
 
 
 def _records(*paths: Path) -> list[dict[str, object]]:
+    """The complete lines the members wrote so far: a member may be writing its last line
+    while this reads (a line without its newline yet is left for the next read)."""
     out = []
     for path in paths:
         if path.exists():
-            out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            complete = path.read_text().rpartition("\n")[0]
+            out += [json.loads(line) for line in complete.splitlines() if line.strip()]
     return out
 
 
