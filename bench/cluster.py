@@ -6,7 +6,9 @@ controller) and one cluster topic over both groups (4 queues each), this measure
 
 - **write stall** (DESIGN "Checker definitions"): per fault, the longest interval during
   which the producer had pending sends and got no acknowledgement, from every send's send
-  and acknowledgement times. A producer sends unkeyed messages at ``--rate`` msg/s;
+  and acknowledgement times. A producer sends unkeyed messages at ``--rate`` msg/s, from
+  a process of its own (``bench/loadproducer.py``: a producer service does not share its
+  event loop with consumer-group members, and the bench's did, at a cost measured there);
   ``--cycles`` master ``kill -9`` (alternating groups; the master restarted and the group
   NORMAL again before the next cycle) and as many master hangs (SIGSTOP for
   ``--hang-s``, past the 2 s ZooKeeper session, then SIGCONT);
@@ -49,15 +51,15 @@ from benchlib import (
     cluster_directory,
     machine_figures,
     run_on_uvloop,
-    send_at_rate,
     write_results,
 )
+from loadproducer import ProducerProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 from understudy_broker import metric_names as names
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
-from understudy_broker.client import Consumer, Producer
+from understudy_broker.client import Consumer
 from understudy_broker.tasks import stop_tasks
 from understudy_harness.checker import check, percentile
 from understudy_harness.history import Own
@@ -79,32 +81,28 @@ def _r(v: float | None) -> float | None:
 
 @dataclass
 class Traffic:
-    """One producer at a steady rate and the members of consumer group ``bench``."""
+    """One producer at a steady rate, in a process of its own (:mod:`loadproducer`), and
+    the members of consumer group ``bench`` in this one."""
 
     boot: list[str]
     rate: float
-    sends: dict[int, float] = field(default_factory=dict)  # id -> monotonic send time
-    acks: dict[int, float] = field(default_factory=dict)  # id -> monotonic ack time
+    producer: ProducerProcess
     deliveries: list[tuple[float, int, str, int]] = field(default_factory=list)
     first_delivery: dict[str, float] = field(default_factory=dict)  # member -> monotonic
     first_seen: dict[int, float] = field(default_factory=dict)  # id -> its first delivery
     members: list[Consumer] = field(default_factory=list)
     stopping: bool = False
-    pauses: GeneratorPauses = field(default_factory=GeneratorPauses)
+    pauses: GeneratorPauses = field(default_factory=GeneratorPauses)  # this process's
 
-    async def produce(self) -> None:
-        """Unkeyed sends at the rate (:func:`benchlib.send_at_rate`), each send's and
-        acknowledgement's time kept."""
-        def acked(i: int, fut: asyncio.Future[tuple[int, int]]) -> None:
-            if not fut.cancelled() and fut.exception() is None:
-                self.acks[i] = time.monotonic()
+    @property
+    def sends(self) -> dict[int, float]:
+        """id -> monotonic send time, as far as :meth:`ProducerProcess.poll` has read."""
+        return self.producer.sends
 
-        def sent(i: int) -> None:
-            self.sends[i] = time.monotonic()
-
-        async with Producer(self.boot, linger_ms=1, send_timeout_s=10.0) as prod:
-            await send_at_rate(prod, TOPIC, self.rate, stopping=lambda: self.stopping,
-                               acked=acked, sent=sent)
+    @property
+    def acks(self) -> dict[int, float]:
+        """id -> monotonic acknowledgement time, likewise."""
+        return self.producer.acks
 
     async def consume(self, c: Consumer) -> None:
         """Deliveries are recorded as they come; what was delivered is committed every
@@ -132,15 +130,15 @@ class Traffic:
 
     def write_stall_ms(self, start: float, end: float) -> tuple[float, float, float]:
         """Longest time in [start, end] with sends pending and no acknowledgement, when
-        it began (ms after ``start``), and the longest pause of this process's own event
-        loop within it (:class:`benchlib.GeneratorPauses`). The producer sends steadily, so
+        it began (ms after ``start``), and the longest pause of the producer's event loop
+        within it (:class:`benchlib.GeneratorPauses`). The producer sends steadily, so
         sends are always pending: the longest gap between consecutive acknowledgements
         (from ``start``)."""
         acks = sorted(t for t in self.acks.values() if start <= t <= end)
         points = [start, *acks]
         gap, at = max(((b - a, a) for a, b in itertools.pairwise(points)),
                       default=(end - start, start))
-        return gap * 1000, (at - start) * 1000, self.pauses.longest_ms(at, at + gap)
+        return gap * 1000, (at - start) * 1000, self.producer.pauses.longest_ms(at, at + gap)
 
     def delivery_ms(self, start: float, end: float) -> list[float]:
         """From send to first delivery, of each message sent in [start, end] (none lost
@@ -230,6 +228,7 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
         await asyncio.sleep(1.0)
         end = time.monotonic()
         slow = slow_between(flushes, await asyncio.to_thread(slow_flushes, plan))
+        await traffic.producer.caught_up(end)
         stall, stall_at, paused = traffic.write_stall_ms(at, end)
         e2e = traffic.e2e_ms(at)
         out.append(Cycle(stall, e2e, end - at, slow, paused,
@@ -266,6 +265,7 @@ async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
         await asyncio.sleep(length_s)
         end = time.monotonic()
         slow = slow_between(flushes, await asyncio.to_thread(slow_flushes, plan))
+        await traffic.producer.caught_up(end)
         stall, stall_at, paused = traffic.write_stall_ms(at, end)
         delivery = traffic.delivery_ms(at, end)
         out.append(Window(stall, slow, paused, delivery))
@@ -326,16 +326,18 @@ async def rebalances(traffic: Traffic, joins: int) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, Any]:
     plan = await asyncio.to_thread(lc.up, directory, groups=2, slaves=1)
+    producer: ProducerProcess | None = None
     try:
         boot = [b.address for g in plan.groups for b in g.brokers]
         await admin_topic(boot, p.AdminTopicRequest("create", TOPIC, ["g1", "g2"], 4))
-        traffic = Traffic(boot, args.rate)
+        producer = ProducerProcess(boot, TOPIC, args.rate, directory / "producer" / "events")
+        traffic = Traffic(boot, args.rate, producer)
         traffic.members = [traffic.member(), traffic.member()]
         for c in traffic.members:
             await c.start()
         watching = asyncio.create_task(traffic.pauses.run())
-        tasks = [asyncio.create_task(traffic.produce()),
-                 *(asyncio.create_task(traffic.consume(c)) for c in traffic.members)]
+        tasks = [asyncio.create_task(traffic.consume(c)) for c in traffic.members]
+        producer.start()
         await asyncio.sleep(2)
         results: dict[str, Any] = {}
         for kind in ("kill", "hang"):
@@ -349,6 +351,10 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
         print(f"rebalance: {args.cycles} joins", flush=True)
         rebalance_from = time.monotonic()
         reb = await rebalances(traffic, args.cycles)
+        # The producer first (it waits for its outstanding sends), then the members,
+        # which consume what is left before they stop.
+        if (code := await asyncio.to_thread(producer.stop)) != 0:
+            raise RuntimeError(f"the producer process ended with {code}")
         traffic.stopping = True
         await asyncio.gather(*tasks, return_exceptions=True)
         await stop_tasks([watching])
@@ -410,6 +416,8 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
         doc["lost_acked"] = len(acked - set(counts))
         return doc
     finally:
+        if producer is not None:
+            await asyncio.to_thread(producer.stop)
         await asyncio.to_thread(lc.down, directory)
 
 
