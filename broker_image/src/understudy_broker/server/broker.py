@@ -240,13 +240,17 @@ class Broker:
                 view.subscribe_topics(lambda: self._adopt_cluster_topics(store, view))
                 self._adopt_cluster_topics(store, view)
             await replica.start()
-            self._serving.set()
+            # The side port listens before the first request is answered: whoever saw this
+            # broker answer (a probe, a test, an operator) finds /readyz and /metrics up.
+            # Started after that, a slave could answer a heartbeat and still refuse
+            # /readyz for as long as the machine kept its loop from the next step.
             if cfg.http_port is not None:
                 self._http = BrokerHttpPort(
                     registry=self.metrics.registry, ready=self._ready, host=cfg.host,
                     port=cfg.http_port, permissions=self._permlog.path, tls=self.tls.http,
                 )
                 await self._http.start()
+            self._serving.set()
         except BaseException:
             await self._abort_start(store, replica)
             if schedule is not None:
@@ -461,6 +465,8 @@ class Broker:
     def _ready(self) -> tuple[bool, str]:
         if self._stopping:
             return False, "stopping"
+        if not self._serving.is_set():
+            return False, "starting"
         link = self._parts.replica.master_link if self._parts is not None else None
         return self.authority.ready(master_link=link)
 
