@@ -85,7 +85,6 @@ class Traffic:
     the members of consumer group ``bench`` in this one."""
 
     boot: list[str]
-    rate: float
     producer: ProducerProcess
     deliveries: list[tuple[float, int, str, int]] = field(default_factory=list)
     first_delivery: dict[str, float] = field(default_factory=dict)  # member -> monotonic
@@ -331,7 +330,7 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
         boot = [b.address for g in plan.groups for b in g.brokers]
         await admin_topic(boot, p.AdminTopicRequest("create", TOPIC, ["g1", "g2"], 4))
         producer = ProducerProcess(boot, TOPIC, args.rate, directory / "producer" / "events")
-        traffic = Traffic(boot, args.rate, producer)
+        traffic = Traffic(boot, producer)
         traffic.members = [traffic.member(), traffic.member()]
         for c in traffic.members:
             await c.start()
