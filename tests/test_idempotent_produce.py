@@ -19,7 +19,7 @@ import pytest
 
 from understudy_broker import protocol as p
 from understudy_broker.client import Connection, Producer, create_topic
-from understudy_harness.testing import queue_bodies
+from understudy_harness.testing import eventually, queue_bodies
 from understudy_operator.local import cluster as lc
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,15 @@ async def test_a_repeat_after_the_master_restarted_gets_the_first_offset(brokers
     assert first == [(0, 1), (0, 2), (0, 3)]
     assert await send(p.encode_produce("t", batch, producer=producer)) == first
     master.kill9()
+    before = len(master.log())
+    master.log_level = "INFO"  # the rebuild's line
     master.start()
+    # The restarted master rebuilt its table while it started, before it served (its
+    # start-up banner): not at the first PRODUCE, holding every client's requests.
+    await eventually(lambda: "understudy broker " in master.log()[before:], "the banner")
+    started = master.log()[before:]
+    rebuilt = started.find("producer table rebuilt from the log: 1 producer queue(s) from 1 ")
+    assert 0 <= rebuilt < started.find("understudy broker "), started
     # The table is rebuilt from the log: the whole batch and a part of it are repeats,
     # a new number is stored.
     assert await send(p.encode_produce("t", batch, producer=producer)) == first

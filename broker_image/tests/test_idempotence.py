@@ -1,8 +1,10 @@
-"""The idempotent producer's rules (pure): runs, the producer record, the table."""
+"""The idempotent producer's rules (pure): runs, the producer record, the table; and the
+master's load of its table from a real log."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +12,8 @@ from hypothesis import strategies as st
 
 from understudy_broker import idempotence as idem
 from understudy_broker.idempotence import Run
+from understudy_broker.server.producers import Producers
+from understudy_broker.storage.commitlog import CommitLog
 
 
 def test_consecutive_numbers_at_consecutive_offsets_make_one_run() -> None:
@@ -138,3 +142,38 @@ async def test_a_message_that_comes_back_to_a_queue_keeps_its_number_there() -> 
     for item in (a, b, moved, back):
         item.future.cancel()
     await prod.router.close()
+
+
+async def test_a_master_loads_its_table_a_chunk_at_a_time_and_gets_what_one_build_gets(
+        tmp_path: Path) -> None:
+    # 2,500 producer records: three reads of up to 1,024. Between reads the event loop
+    # runs other tasks (a broker's ZooKeeper pings), and the table is the same as one
+    # built in one go on the first PRODUCE.
+    log = CommitLog.open(tmp_path / "log")
+    try:
+        for n in range(2500):
+            body = idem.encode_record(n % 7, "t", [Run(n % 3, n, 1, n)])
+            log.append([(idem.PRODUCERS_TOPIC, 0, None, body, 0)])
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        loaded = Producers(log)
+        await loaded.load()
+        during = ticks
+        task.cancel()
+        assert loaded.loaded
+        assert during >= 3
+        once = Producers(log).table()
+        for pid in range(7):
+            for q in range(3):
+                assert loaded.table().runs(pid, "t", q) == once.runs(pid, "t", q)
+        assert loaded.table().lookup(2499 % 7, "t", 2499 % 3, 2499) == 2499
+    finally:
+        log.close()

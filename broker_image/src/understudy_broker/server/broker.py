@@ -239,6 +239,11 @@ class Broker:
             if view is not None:
                 view.subscribe_topics(lambda: self._adopt_cluster_topics(store, view))
                 self._adopt_cluster_topics(store, view)
+            if cfg.role is Role.MASTER:
+                # Before the replication port opens: the controller hands writes back only
+                # once the acting slave is connected to it, and by then the table is built
+                # (server/producers.py says what building it at the first PRODUCE cost).
+                await self._parts.requests.producers.load()
             await replica.start()
             # The side port listens before the first request is answered: whoever saw this
             # broker answer (a probe, a test, an operator) finds /readyz and /metrics up.

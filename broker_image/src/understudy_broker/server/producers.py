@@ -2,15 +2,20 @@
 before, and the record that remembers the new ones (pure rules in
 :mod:`understudy_broker.idempotence`; docs/idempotence.md).
 
-The table is built from the log on first use (the last producer records), so a master
-that restarted recognises a retry of a batch it stored before it died; after that it
-follows the appends this broker makes. Only a writer builds it: a slave never takes a
-produce.
+The table is built from the log (the last producer records), so a master that restarted
+recognises a retry of a batch it stored before it died; after that it follows the appends
+this broker makes. A master builds it while it starts (:meth:`Producers.load`, before it
+serves or lets a slave connect, so before the controller can hand it writes back): built
+on the first PRODUCE instead, a long history (up to :data:`idempotence.REBUILD_RECORDS`
+records, about 25 µs each) held the event loop for every client of the broker at the
+moment writes came back to it. A slave never takes a produce and never builds it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -51,16 +56,47 @@ class Producers:
         self._since_release = 0
         self.repeats_dropped = 0  # messages answered from the table instead of stored
 
+    @property
+    def loaded(self) -> bool:
+        return self._table is not None
+
     def table(self) -> idem.ProducerTable:
+        """The table, built now (in one go) if :meth:`load` has not built it."""
         if self._table is None:
-            self._table = idem.ProducerTable()
-            bad = self._table.rebuild(self._recent_records())
-            log.info("producer table rebuilt from the log: %d producer queue(s)%s",
-                     len(self._table), f", {bad} unreadable record(s) skipped" if bad else "")
-            self._release()
+            table, started = idem.ProducerTable(), time.perf_counter()
+            records = bad = 0
+            for chunk in self._recent_records():
+                records += len(chunk)
+                bad += table.rebuild(chunk)
+            self._built(table, records, bad, started)
+        assert self._table is not None
         return self._table
 
-    def _recent_records(self) -> Iterator[bytes]:
+    async def load(self) -> None:
+        """Build the table from the log, giving the event loop back after every chunk of
+        records read (ZooKeeper pings, the HTTP port): what a master does while it starts.
+        Appends must not run meanwhile (the broker does not serve until this returns)."""
+        if self._table is not None:
+            return
+        table, started = idem.ProducerTable(), time.perf_counter()
+        records = bad = 0
+        for chunk in self._recent_records():
+            records += len(chunk)
+            bad += table.rebuild(chunk)
+            await asyncio.sleep(0)
+        if self._table is None:  # not built meanwhile by a table() call
+            self._built(table, records, bad, started)
+
+    def _built(self, table: idem.ProducerTable, records: int, bad: int, started: float) -> None:
+        self._table = table
+        log.info("producer table rebuilt from the log: %d producer queue(s) from %d "
+                 "record(s) in %.0f ms%s", len(table), records,
+                 (time.perf_counter() - started) * 1000,
+                 f", {bad} unreadable record(s) skipped" if bad else "")
+        self._release()
+
+    def _recent_records(self) -> Iterator[list[bytes]]:
+        """The bodies of the last producer records, oldest first, a read's worth at a time."""
         lg = self._log
         topic = idem.PRODUCERS_TOPIC
         end = lg.queue_end(topic, 0)
@@ -73,8 +109,7 @@ class Producers:
                 continue
             if not got:
                 return
-            for rec in got:
-                yield rec.body
+            yield [rec.body for rec in got]
             offset = got[-1].queue_offset + 1
 
     def plan(self, topic: str, producer: p.ProducerSeqs, queues: Sequence[int],

@@ -223,7 +223,7 @@ class Requests:
         self._mirror = CommitMirror(name=cfg.name, group=cfg.group, store=authority.isr_store(),
                                     peers=self._other_slaves, timeout_s=cfg.link_timeout_s,
                                     security=peer_security)
-        self._producers = Producers(store.log)
+        self.producers = Producers(store.log)
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
             p.Op.PRODUCE: self._produce,
@@ -497,7 +497,7 @@ class Requests:
         if req.producer is not None:
             # An idempotent producer: messages stored before are answered, not stored
             # again, and the new ones are remembered in the same append (invariant 8).
-            plan = self._producers.plan(topic, req.producer, [q for q, _k, _b in raw],
+            plan = self.producers.plan(topic, req.producer, [q for q, _k, _b in raw],
                                         messages, now_ms)
             messages = plan.messages
         # No suspension before the append: batches of one connection keep their order.
@@ -510,7 +510,7 @@ class Requests:
             except OSError as exc:
                 raise storage_failed(exc, "appending") from exc
             if plan is not None:
-                self._producers.stored(plan)
+                self.producers.stored(plan)
             self._signal.grew({(m[0], m[1]) for m in messages})
             self._replica.appended()
             start, end = result.start_phys, result.end_phys
