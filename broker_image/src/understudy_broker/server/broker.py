@@ -49,6 +49,7 @@ from understudy_broker.server.auth import Session
 from understudy_broker.server.connections import ClientPort
 from understudy_broker.server.http import BrokerHttpPort
 from understudy_broker.server.metrics import BrokerMetrics
+from understudy_broker.server.producers import Producers
 from understudy_broker.server.replica import (
     METADATA_INTERVAL_S,
     LinkSecurity,
@@ -203,6 +204,12 @@ class Broker:
         try:
             schedule = ScheduleIndex.open(cfg.data_dir / SCHEDULE_FILE)
             self._permlog.open()
+            producers = Producers(store.log)
+            if cfg.role is Role.MASTER:
+                # Before the port opens and the broker registers: nobody can route to it,
+                # and the controller cannot hand writes back to it, while it reads its
+                # producer records (server/producers.py: what the first PRODUCE paid).
+                await producers.load()
             # Listen before registering: once this broker is live in ZooKeeper, routes can
             # name it (a restarted master, as the writer) and clients connect at once. A
             # port opened after that refused them for the rest of the start, and each
@@ -230,7 +237,7 @@ class Broker:
                 cfg=cfg, authority=self.authority, store=store, replica=replica,
                 signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,
                 backsync_persisted=self._on_backsync_persisted, scheduler=scheduler,
-                escaper=self._escaper, peer_security=self._peer_security,
+                escaper=self._escaper, producers=producers, peer_security=self._peer_security,
             ), scheduler, schedule)
             membership = self.authority.membership
             if membership is not None:
@@ -239,11 +246,6 @@ class Broker:
             if view is not None:
                 view.subscribe_topics(lambda: self._adopt_cluster_topics(store, view))
                 self._adopt_cluster_topics(store, view)
-            if cfg.role is Role.MASTER:
-                # Before the replication port opens: the controller hands writes back only
-                # once the acting slave is connected to it, and by then the table is built
-                # (server/producers.py says what building it at the first PRODUCE cost).
-                await self._parts.requests.producers.load()
             await replica.start()
             # The side port listens before the first request is answered: whoever saw this
             # broker answer (a probe, a test, an operator) finds /readyz and /metrics up.

@@ -5,7 +5,7 @@ before, and the record that remembers the new ones (pure rules in
 The table is built from the log (the last producer records), so a master that restarted
 recognises a retry of a batch it stored before it died; after that it follows the appends
 this broker makes. A master builds it while it starts (:meth:`Producers.load`, before it
-serves or lets a slave connect, so before the controller can hand it writes back): built
+listens or registers in ZooKeeper, so before anyone routes to it): built
 on the first PRODUCE instead, a long history (up to :data:`idempotence.REBUILD_RECORDS`
 records, about 25 µs each) held the event loop for every client of the broker at the
 moment writes came back to it. A slave never takes a produce and never builds it.

@@ -203,6 +203,7 @@ class Requests:
         backsync_persisted: Callable[[int | None], None],
         scheduler: Scheduler,
         escaper: Escaper,
+        producers: Producers,
         peer_security: ClientSecurity | None = None,
     ) -> None:
         self._cfg = cfg
@@ -223,7 +224,7 @@ class Requests:
         self._mirror = CommitMirror(name=cfg.name, group=cfg.group, store=authority.isr_store(),
                                     peers=self._other_slaves, timeout_s=cfg.link_timeout_s,
                                     security=peer_security)
-        self.producers = Producers(store.log)
+        self.producers = producers  # built by a master while it starts (broker.py)
         self._handlers: dict[int, Handler] = {
             p.Op.CREATE_TOPIC: self._create_topic,
             p.Op.PRODUCE: self._produce,
