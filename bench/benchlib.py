@@ -4,6 +4,7 @@ through their cleanup, and writing their results file."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import gc
@@ -13,6 +14,7 @@ import pathlib
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -57,6 +59,80 @@ class GeneratorPauses:
         """The longest pause that overlapped [start, end], in ms (0 when none)."""
         return max((late * 1000 for at, late in self.pauses
                     if at <= end and at + self.tick_s + late >= start), default=0.0)
+
+
+def read_steal_ms(stat: str = "/proc/stat") -> float | None:
+    """CPU time the hypervisor ran something else while this machine's CPUs wanted to run
+    (the ``steal`` column of ``/proc/stat``'s ``cpu`` line, all CPUs, in ms), or None where
+    the kernel does not say."""
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def steal_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """Steal (ms) in [start, end] from ``(monotonic, steal ms)`` samples in time order: the
+    difference between the last sample at or before ``start`` and the first at or after
+    ``end`` (so it may cover up to a sampling interval more); None when the samples do not
+    bracket the interval."""
+    first = bisect.bisect_right(samples, start, key=lambda s: s[0]) - 1
+    last = bisect.bisect_left(samples, end, key=lambda s: s[0])
+    if first < 0 or last >= len(samples):
+        return None
+    return samples[last][1] - samples[first][1]
+
+
+class HostSteal:
+    """The host's steal, sampled every ``interval_s`` in a thread of the bench.
+
+    Why: on a virtual machine the hypervisor can stop this machine's CPUs while other
+    guests run. Every process of the cluster stops with them, so an acknowledgement stream
+    shows a gap that no part of the system made (measured here: 60-170 ms of steal inside
+    each of the worst kill cycles' stalls on a busy host, none in the clean ones). Like the
+    slow flushes, a figure is reported whole and beside it without the cycles the host
+    disturbed, never instead of it."""
+
+    def __init__(self, *, interval_s: float = 0.01) -> None:
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []  # (monotonic, steal ms so far)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def available(self) -> bool:
+        return read_steal_ms() is not None
+
+    def start(self) -> None:
+        if self._thread is None and self.available:
+            self._thread = threading.Thread(target=self._run, name="host-steal", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            value = read_steal_ms()
+            if value is not None:
+                self.samples.append((time.monotonic(), value))
+            self._stop.wait(self.interval_s)
+
+    def between(self, start: float, end: float) -> float | None:
+        return steal_between(list(self.samples), start, end)
+
+    def per_second(self) -> float | None:
+        """Steal over the whole sampling, ms per second of wall time."""
+        if len(self.samples) < 2:
+            return None
+        (t0, v0), (t1, v1) = self.samples[0], self.samples[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

@@ -23,6 +23,12 @@ controller) and one cluster topic over both groups (4 queues each), this measure
   duplicates over the clean joins and leaves (each id delivered more than once to the
   group); two members on one queue, from the members' ownership logs.
 
+Each cycle's and window's stall is printed with what disturbed it from outside the cluster:
+the load generator's own pauses, flushes over ``SLOW_FLUSH_S``, and the host's steal inside
+the stall (``/proc/stat``, sampled every 10 ms: CPU time the hypervisor gave other guests
+while this machine's processes wanted to run). The p99 of the cycles without slow flushes
+and of those without host steal are reported beside the whole figures, never instead.
+
 Peers (RabbitMQ quorum queues, JetStream R3) come from ``bench/peers.py`` when it exists;
 otherwise their entries say why they are missing. Prints a table and writes
 ``bench-results/cluster.json``. No assertions: the tests assert.
@@ -48,6 +54,7 @@ from typing import Any, NamedTuple
 
 from benchlib import (
     GeneratorPauses,
+    HostSteal,
     cluster_directory,
     machine_figures,
     run_on_uvloop,
@@ -92,6 +99,7 @@ class Traffic:
     members: list[Consumer] = field(default_factory=list)
     stopping: bool = False
     pauses: GeneratorPauses = field(default_factory=GeneratorPauses)  # this process's
+    steal: HostSteal = field(default_factory=HostSteal)
 
     @property
     def sends(self) -> dict[int, float]:
@@ -139,6 +147,11 @@ class Traffic:
                       default=(end - start, start))
         return gap * 1000, (at - start) * 1000, self.producer.pauses.longest_ms(at, at + gap)
 
+    def steal_ms(self, start: float, stall_at_ms: float, stall_ms: float) -> float | None:
+        """The host's steal inside a stall that began ``stall_at_ms`` after ``start``."""
+        began = start + stall_at_ms / 1000
+        return self.steal.between(began, began + stall_ms / 1000)
+
     def delivery_ms(self, start: float, end: float) -> list[float]:
         """From send to first delivery, of each message sent in [start, end] (none lost
         here: the run checks that every acknowledged id was delivered)."""
@@ -153,6 +166,9 @@ class Traffic:
 
 
 SLOW_FLUSH_S = 0.05  # a flush longer than this is a disk stall the size of the target
+#: Steal inside a stall from which the cycle counts as disturbed by the host: two ticks
+#: (the kernel counts steal in 10 ms ticks per CPU, sampled every 10 ms).
+STEAL_MS = 20.0
 
 
 def slow_flushes(plan: ClusterPlan) -> dict[str, tuple[float, float]]:
@@ -199,8 +215,9 @@ class Cycle(NamedTuple):
     """One fault cycle: its write stall (ms, from the fault to the end of the failback),
     the end-to-end recovery (ms; None if nothing sent after the fault was delivered), its
     length (s), flushes over ``SLOW_FLUSH_S``, the load generator's longest pause in the
-    stall (ms), and the write stall split at the restart: from the fault until the
-    master is started again (the failover), and from then to the end (the failback)."""
+    stall (ms), the write stall split at the restart: from the fault until the
+    master is started again (the failover), and from then to the end (the failback); and
+    the host's steal inside the stall (ms; None where the kernel does not count it)."""
 
     stall_ms: float
     e2e_ms: float | None
@@ -209,6 +226,7 @@ class Cycle(NamedTuple):
     paused_ms: float
     until_restart_ms: float
     from_restart_ms: float
+    steal_ms: float | None
 
 
 async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.Path, kind: str,
@@ -230,24 +248,28 @@ async def fault_cycles(traffic: Traffic, plan: ClusterPlan, directory: pathlib.P
         await traffic.producer.caught_up(end)
         stall, stall_at, paused = traffic.write_stall_ms(at, end)
         e2e = traffic.e2e_ms(at)
+        steal = traffic.steal_ms(at, stall_at, stall)
         out.append(Cycle(stall, e2e, end - at, slow, paused,
                          traffic.write_stall_ms(at, restart)[0],
-                         traffic.write_stall_ms(restart, end)[0]))
+                         traffic.write_stall_ms(restart, end)[0], steal))
         print(f"  {kind} {n + 1}/{cycles} {broker}: write stall {stall:.1f} ms (from "
               f"{stall_at:.0f} ms after the fault; the generator paused {paused:.0f} ms in "
-              f"it), end-to-end {'-' if e2e is None else f'{e2e:.1f}'} ms, flushes over "
+              f"it, the host stole {_steal_words(steal)}), end-to-end "
+              f"{'-' if e2e is None else f'{e2e:.1f}'} ms, flushes over "
               f"{SLOW_FLUSH_S * 1000:g} ms: {slow}", flush=True)
     return out
 
 
 class Window(NamedTuple):
     """One no-fault window: its write stall (ms), flushes over ``SLOW_FLUSH_S``, the load
-    generator's longest pause in the stall (ms), and each message's send-to-delivery (ms)."""
+    generator's longest pause in the stall (ms), each message's send-to-delivery (ms), and
+    the host's steal inside the stall (ms)."""
 
     stall_ms: float
     slow_flushes: int
     paused_ms: float
     delivery_ms: list[float]
+    steal_ms: float | None
 
 
 async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
@@ -267,12 +289,27 @@ async def control_windows(traffic: Traffic, plan: ClusterPlan, cycles: int,
         await traffic.producer.caught_up(end)
         stall, stall_at, paused = traffic.write_stall_ms(at, end)
         delivery = traffic.delivery_ms(at, end)
-        out.append(Window(stall, slow, paused, delivery))
+        steal = traffic.steal_ms(at, stall_at, stall)
+        out.append(Window(stall, slow, paused, delivery, steal))
         print(f"  no fault {n + 1}/{cycles}: write stall {stall:.1f} ms (from "
               f"{stall_at:.0f} ms into the window; the generator paused {paused:.0f} ms in "
-              f"it), flushes over {SLOW_FLUSH_S * 1000:g} ms: {slow}; send to delivery "
+              f"it, the host stole {_steal_words(steal)}), flushes over {SLOW_FLUSH_S * 1000:g} ms: {slow}; send to delivery "
               f"p50 {percentile(delivery, 50) or 0:.1f} ms", flush=True)
     return out
+
+
+def _steal_words(steal: float | None) -> str:
+    return "(not counted here)" if steal is None else f"{steal:.0f} ms"
+
+
+def _without_host_steal(stalls: list[float], steal: list[float | None]) -> dict[str, Any]:
+    """The cycles whose stall the host did not stop (steal under ``STEAL_MS``): what is
+    left when the hypervisor ran nothing else in the stall. Beside the whole figure,
+    never instead of it; a run where steal is not counted keeps every cycle."""
+    kept = [s for s, st in zip(stalls, steal, strict=True) if st is None or st < STEAL_MS]
+    return {"samples_host_steal_ms": [_r(st) for st in steal],
+            "cycles_with_host_steal": len(stalls) - len(kept),
+            "write_stall_ms_p99_without_host_steal": _r(percentile(kept, 99))}
 
 
 def _without_slow_flushes(stalls: list[float], slow: list[int]) -> dict[str, Any]:
@@ -326,11 +363,13 @@ async def rebalances(traffic: Traffic, joins: int) -> dict[str, Any]:
 async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, Any]:
     plan = await asyncio.to_thread(lc.up, directory, groups=2, slaves=1)
     producer: ProducerProcess | None = None
+    steal = HostSteal()
+    steal.start()
     try:
         boot = [b.address for g in plan.groups for b in g.brokers]
         await admin_topic(boot, p.AdminTopicRequest("create", TOPIC, ["g1", "g2"], 4))
         producer = ProducerProcess(boot, TOPIC, args.rate, directory / "producer" / "events")
-        traffic = Traffic(boot, producer)
+        traffic = Traffic(boot, producer, steal=steal)
         traffic.members = [traffic.member(), traffic.member()]
         for c in traffic.members:
             await c.start()
@@ -382,6 +421,7 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
                 "write_stall_from_restart_ms_p50": _r(percentile(failback, 50)),
                 "write_stall_from_restart_ms_p99": _r(percentile(failback, 99)),
                 **_without_slow_flushes(stalls, slow),
+                **_without_host_steal(stalls, [c.steal_ms for c in results[kind]]),
             }
         stalls = [w.stall_ms for w in control]
         slow = [w.slow_flushes for w in control]
@@ -397,6 +437,7 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
             "samples_slow_flushes": slow,
             "samples_generator_pause_ms": [_r(w.paused_ms) for w in control],
             **_without_slow_flushes(stalls, slow),
+            **_without_host_steal(stalls, [w.steal_ms for w in control]),
         }
         # 8 queues: 2 members hold 4 + 4; a third takes floor(8/3) = 2 from them.
         doc["rebalance"] = {
@@ -413,8 +454,11 @@ async def run(args: argparse.Namespace, directory: pathlib.Path) -> dict[str, An
         }
         acked = set(traffic.acks)
         doc["lost_acked"] = len(acked - set(counts))
+        per_s = traffic.steal.per_second()
+        doc["host_steal_ms_per_s"] = None if per_s is None else round(per_s, 1)
         return doc
     finally:
+        steal.stop()
         if producer is not None:
             await asyncio.to_thread(producer.stop)
         await asyncio.to_thread(lc.down, directory)
@@ -465,6 +509,9 @@ def main(argv: list[str]) -> int:
               f"{k['cycles_with_slow_flush']}; p99 of the others: "
               f"{k['write_stall_ms_p99_without_slow_flush']}; the load generator's own "
               f"longest pause inside a stall: {max(k['samples_generator_pause_ms'], default=0)} ms")
+        print(f"  cycles with host steal of {STEAL_MS:g} ms or more in the stall: "
+              f"{k['cycles_with_host_steal']}; p99 of the others: "
+              f"{k['write_stall_ms_p99_without_host_steal']}")
         print(f"  split at the restart: until it (the failover) p50 "
               f"{k['write_stall_until_restart_ms_p50']}, p99 {k['write_stall_until_restart_ms_p99']}; "
               f"from it (the failback) p50 {k['write_stall_from_restart_ms_p50']}, p99 "
@@ -477,6 +524,9 @@ def main(argv: list[str]) -> int:
     print(f"  windows with a flush over {SLOW_FLUSH_S * 1000:g} ms: "
           f"{nf['cycles_with_slow_flush']}; p99 of the others: "
           f"{nf['write_stall_ms_p99_without_slow_flush']}")
+    print(f"  windows with host steal of {STEAL_MS:g} ms or more in the stall: "
+          f"{nf['cycles_with_host_steal']}; p99 of the others: "
+          f"{nf['write_stall_ms_p99_without_host_steal']}")
     print(f"send to delivery, no fault  {nf['delivery_ms_p50']!s:>10}{nf['delivery_ms_p99']!s:>10}"
           f"   the floor under end-to-end recovery")
     rb = doc["rebalance"]
@@ -493,7 +543,8 @@ def main(argv: list[str]) -> int:
             ratio = (doc["kill"]["write_stall_ms_p99"] or 0) / max(d["publish_recovery_ms_p99"], 1e-9)
             print(f"{peer}: publish recovery p50 {d['publish_recovery_ms_p50']} ms, p99 "
                   f"{d['publish_recovery_ms_p99']} ms; our kill write stall p99 is {ratio:.2f}x")
-    print(f"load average {doc['loadavg']}, {doc['cpus']} CPUs")
+    print(f"load average {doc['loadavg']}, {doc['cpus']} CPUs; the host stole "
+          f"{doc['host_steal_ms_per_s']} ms of CPU a second over the cluster's run")
     write_results(doc, args.out)
     return 0
 
