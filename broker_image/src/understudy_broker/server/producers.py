@@ -63,12 +63,8 @@ class Producers:
     def table(self) -> idem.ProducerTable:
         """The table, built now (in one go) if :meth:`load` has not built it."""
         if self._table is None:
-            table, started = idem.ProducerTable(), time.perf_counter()
-            records = bad = 0
-            for chunk in self._recent_records():
-                records += len(chunk)
-                bad += table.rebuild(chunk)
-            self._built(table, records, bad, started)
+            for _ in self._build():
+                pass
         assert self._table is not None
         return self._table
 
@@ -76,6 +72,11 @@ class Producers:
         """Build the table from the log, giving the event loop back after every chunk of
         records read (ZooKeeper pings, the HTTP port): what a master does while it starts.
         Appends must not run meanwhile (the broker does not serve until this returns)."""
+        for _ in self._build():
+            await asyncio.sleep(0)
+
+    def _build(self) -> Iterator[None]:
+        """Build the table, pausing (yielding) after each read of records."""
         if self._table is not None:
             return
         table, started = idem.ProducerTable(), time.perf_counter()
@@ -83,11 +84,9 @@ class Producers:
         for chunk in self._recent_records():
             records += len(chunk)
             bad += table.rebuild(chunk)
-            await asyncio.sleep(0)
-        if self._table is None:  # not built meanwhile by a table() call
-            self._built(table, records, bad, started)
-
-    def _built(self, table: idem.ProducerTable, records: int, bad: int, started: float) -> None:
+            yield
+        if self._table is not None:  # built meanwhile by a table() call
+            return
         self._table = table
         log.info("producer table rebuilt from the log: %d producer queue(s) from %d "
                  "record(s) in %.0f ms%s", len(table), records,
