@@ -110,6 +110,7 @@ from typing import Any, TypeVar
 from benchlib import (
     GeneratorPauses,
     end_on_sigterm,
+    read_steal_ms,
     run_on_uvloop,
     signals_deferred,
     write_results,
@@ -216,7 +217,7 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 def machine_jiffies() -> tuple[int, int]:
     """(busy, total) clock ticks of every CPU so far (``/proc/stat``; idle and iowait are
-    not busy)."""
+    not busy; the host's steal is, so ``host_steal_ms`` is reported beside it)."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:9]]
     return sum(fields) - fields[3] - fields[4], sum(fields)
@@ -241,6 +242,7 @@ class Sample:
     busy: int  # machine busy clock ticks
     total: int
     pressure_us: int | None
+    steal_ms: float | None  # the host's steal so far (benchlib.read_steal_ms)
 
 
 class Sampler:
@@ -255,7 +257,7 @@ class Sampler:
     def sample(self) -> Sample:
         busy, total = machine_jiffies()
         got = Sample(time.time_ns(), cpu_seconds(self.pids[0]), cpu_seconds(self.pids[1]),
-                     busy, total, cpu_pressure_us())
+                     busy, total, cpu_pressure_us(), read_steal_ms())
         self.samples.append(got)
         return got
 
@@ -284,6 +286,10 @@ def window_figures(s0: Sample, s1: Sample) -> dict[str, float | None]:
         if s1.total > s0.total else None,
         "cpu_pressure_pct": round((s1.pressure_us - s0.pressure_us) / 1e4 / wall, 1)
         if s0.pressure_us is not None and s1.pressure_us is not None and wall > 0 else None,
+        # CPU time the hypervisor gave other guests while this machine wanted to run: every
+        # process here stopped for it (bench/benchlib.py, HostSteal).
+        "host_steal_ms": round(s1.steal_ms - s0.steal_ms, 1)
+        if s0.steal_ms is not None and s1.steal_ms is not None else None,
     }
 
 
@@ -678,7 +684,8 @@ class Bench:
                  f"READ grant p50/max {_ms(percentile(grants, 50))}/{_ms(max(grants, default=None))} ms, "
                  f"controller CPU {_ms(res.window.get('controller_cpu_ms'))} ms, machine busy "
                  f"{_ms(res.window.get('machine_busy_pct'))}%, CPU pressure "
-                 f"{_ms(res.window.get('cpu_pressure_pct'))}%"
+                 f"{_ms(res.window.get('cpu_pressure_pct'))}%, host steal "
+                 f"{_ms(res.window.get('host_steal_ms'))} ms"
                  + (f"; no consumer-seen restore for {', '.join(res.missing)}" if res.missing else ""))
         await self.failback(res, masters, after, label)
         return res
@@ -941,9 +948,10 @@ def summarise(n: int, results: list[RoundResult], idle_cores: float | None) -> d
         "zookeeper_cpu_ms": _r(mean("window", "zookeeper_cpu_ms")),
         "machine_busy_pct": _r(mean("window", "machine_busy_pct")),
         "cpu_pressure_pct": _r(mean("window", "cpu_pressure_pct")),
+        "host_steal_ms": _r(mean("window", "host_steal_ms")),
         "settled": {k: _r(mean("settled", k), 3) for k in
                     ("window_s", "controller_cpu_ms", "zookeeper_cpu_ms", "machine_busy_pct",
-                     "cpu_pressure_pct")}
+                     "cpu_pressure_pct", "host_steal_ms")}
         | {"slaves_cpu_ms": _r(sum(x) / len(x) if (x := [r.slaves_cpu_ms_settled for r in results
                                                        if r.slaves_cpu_ms_settled is not None])
                                  else None)},
