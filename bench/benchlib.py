@@ -61,18 +61,31 @@ class GeneratorPauses:
                     if at <= end and at + self.tick_s + late >= start), default=0.0)
 
 
-def read_steal_ms(stat: str = "/proc/stat") -> float | None:
-    """CPU time the hypervisor ran something else while this machine's CPUs wanted to run
-    (the ``steal`` column of ``/proc/stat``'s ``cpu`` line, all CPUs, in ms), or None where
-    the kernel does not say."""
+def cpu_ticks(stat: str = "/proc/stat") -> list[int] | None:
+    """Clock ticks of every CPU so far, by state: the ``cpu`` line of ``/proc/stat`` (user,
+    nice, system, idle, iowait, irq, softirq, steal, ...); None where there is none."""
     try:
         with open(stat) as f:
             fields = f.readline().split()
     except OSError:
         return None
-    if len(fields) < 9 or fields[0] != "cpu":
+    if len(fields) < 2 or fields[0] != "cpu":
         return None
-    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK")
+    return [int(x) for x in fields[1:]]
+
+
+def steal_ms(ticks: list[int] | None) -> float | None:
+    """CPU time the hypervisor ran something else while this machine's CPUs wanted to run
+    (the ``steal`` ticks of :func:`cpu_ticks`, all CPUs, in ms), or None where the kernel
+    does not say."""
+    if ticks is None or len(ticks) < 8:
+        return None
+    return ticks[7] * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def read_steal_ms(stat: str = "/proc/stat") -> float | None:
+    """:func:`steal_ms` now."""
+    return steal_ms(cpu_ticks(stat))
 
 
 def steal_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:

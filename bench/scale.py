@@ -109,10 +109,11 @@ from typing import Any, TypeVar
 
 from benchlib import (
     GeneratorPauses,
+    cpu_ticks,
     end_on_sigterm,
-    read_steal_ms,
     run_on_uvloop,
     signals_deferred,
+    steal_ms,
     write_results,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -215,11 +216,10 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, total) clock ticks of every CPU so far (``/proc/stat``; idle and iowait are
-    not busy; the host's steal is, so ``host_steal_ms`` is reported beside it)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:9]]
+def machine_jiffies(ticks: list[int]) -> tuple[int, int]:
+    """(busy, total) of :func:`benchlib.cpu_ticks` (the first eight states; idle and iowait
+    are not busy; the host's steal is, so ``host_steal_ms`` is reported beside it)."""
+    fields = ticks[:8]
     return sum(fields) - fields[3] - fields[4], sum(fields)
 
 
@@ -242,7 +242,7 @@ class Sample:
     busy: int  # machine busy clock ticks
     total: int
     pressure_us: int | None
-    steal_ms: float | None  # the host's steal so far (benchlib.read_steal_ms)
+    steal_ms: float | None  # the host's steal so far (benchlib.steal_ms)
 
 
 class Sampler:
@@ -255,9 +255,12 @@ class Sampler:
         self.samples: list[Sample] = []
 
     def sample(self) -> Sample:
-        busy, total = machine_jiffies()
+        ticks = cpu_ticks()
+        if ticks is None:
+            raise RuntimeError("/proc/stat has no 'cpu' line: this bench needs Linux")
+        busy, total = machine_jiffies(ticks)
         got = Sample(time.time_ns(), cpu_seconds(self.pids[0]), cpu_seconds(self.pids[1]),
-                     busy, total, cpu_pressure_us(), read_steal_ms())
+                     busy, total, cpu_pressure_us(), steal_ms(ticks))
         self.samples.append(got)
         return got
 
