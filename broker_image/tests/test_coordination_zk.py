@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import make_digest_acl
 
 from understudy_broker.ha.coordinator import BrokerCoordinator, CoordinationError
 from understudy_broker.model import GroupState, Mode, Permission
@@ -156,6 +157,36 @@ async def test_restart_waits_for_the_previous_sessions_node(zk: str, admin: Kazo
         await asyncio.sleep(0.3)
         assert not start.done()
         other.stop()
+        async with asyncio.timeout(10):
+            await start
+        try:
+            _, stat = admin.get(live_path(GROUP, "m"))
+            assert stat.ephemeralOwner == c.session_id
+        finally:
+            await c.stop()
+    finally:
+        other.stop()
+        other.close()
+
+
+async def test_registration_goes_on_when_reading_the_old_node_fails(
+        zk: str, admin: KazooClient) -> None:
+    # The previous session's node exists and reading it fails (here: an ACL the new broker
+    # does not satisfy; in the field: the new session expiring too, or the link dropping,
+    # as a broker paused past its session met under load). Registration must keep trying
+    # and register once the node is gone; it used to raise and never register again.
+    other = KazooClient(hosts=zk, timeout=2.0, auth_data=[("digest", "old:secret")])
+    other.start(timeout=10)
+    try:
+        admin.ensure_path(live_path(GROUP, "m").rsplit("/", 1)[0])  # an open parent
+        other.create(live_path(GROUP, "m"), b"{}", ephemeral=True,
+                     acl=[make_digest_acl("old", "secret", all=True)])
+        c = BrokerCoordinator(zk, group=GROUP, name="m", session_timeout_s=2.0,
+                              loop=asyncio.get_running_loop(), on_change=lambda: None)
+        start = asyncio.create_task(c.start())
+        await asyncio.sleep(0.5)  # several reads refused meanwhile
+        assert not start.done(), start.exception() if start.done() else None
+        other.stop()  # the old session ends: its node goes
         async with asyncio.timeout(10):
             await start
         try:

@@ -308,34 +308,40 @@ class BrokerCoordinator:
 
     async def _register(self) -> None:
         """Create ``live/<broker>`` for the current session; if a previous session's node
-        is still there (a restart within the session timeout), wait for it to expire."""
+        is still there (a restart within the session timeout), wait for it to expire. Any
+        ZooKeeper error on the way (the new session expiring too, a dropped link) is
+        retried: a broker that stopped trying would stay unregistered for good."""
         path = live_path(self.group, self.name)
         backoff = Backoff(0.2, 2.0)
         while not self._stopping:
-            sid = self.session_id
             try:
-                await self._wrap(self._client.create_async(
-                    path, self._live_data(), acl=self._acl, ephemeral=True, makepath=True))
-            except NodeExistsError:
-                try:
-                    _, stat = await self._wrap(self._client.get_async(path))
-                except NoNodeError:
-                    continue
-                if sid is not None and stat.ephemeralOwner == sid:
+                if await self._create_live(path):
                     break
-                await asyncio.sleep(0.1)
-                continue
+            except NoNodeError:
+                continue  # the old node went away between the create and the read
             except KazooException as exc:
                 log.warning("%s: cannot register yet (%r); retrying", self.name, exc)
                 await backoff.sleep()
                 continue
-            break
+            await asyncio.sleep(0.1)  # a previous session's node: wait for it to expire
         if self._stopping:
             return
         self._registered = True
         log.info("%s: registered %s (session 0x%x)", self.name, path, self.session_id or 0)
         self._renew_now.set()
         self._on_change()
+
+    async def _create_live(self, path: str) -> bool:
+        """One try: True once ``path`` exists for this session (created now, or found to
+        be ours), False while another session's node holds it."""
+        sid = self.session_id
+        try:
+            await self._wrap(self._client.create_async(
+                path, self._live_data(), acl=self._acl, ephemeral=True, makepath=True))
+        except NodeExistsError:
+            _, stat = await self._wrap(self._client.get_async(path))
+            return sid is not None and stat.ephemeralOwner == sid
+        return True
 
     # ------------------------------------------------------------------ status
 
