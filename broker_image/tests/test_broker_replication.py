@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import filecmp
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +141,37 @@ async def test_sync_master_killed_after_acks_loses_nothing(brokers: Any) -> None
         assert consumer.router.address_for(Permission.READ) == slave.address
     finally:
         await consumer.close()
+
+
+async def test_a_consumer_reads_a_record_only_once_it_may_be_acknowledged(brokers: Any) -> None:
+    """A record the master appended but a frozen slave has not acknowledged is not served
+    to consumers (it could vanish with the master's unflushed page cache); it is the
+    moment the slave acknowledges it (server/readable.py)."""
+    master = brokers.master(extra=["--sync", "--ack-timeout", "30"])
+    slave = brokers.slave(master, extra=["--link-timeout-ms", "30000"])
+    await create_topic([master.address], topic="hw", queues=1)
+    c = Consumer([master.address], group="hw", topic="hw", max_wait_ms=100)
+    async with Producer([master.address], linger_ms=0, request_timeout_s=60,
+                        send_timeout_s=60) as prod:
+        try:
+            assert await (await prod.send("hw", b"before")) == (0, 0)
+            await wait_caught_up(master.address, slave.address)
+            os.kill(slave.proc.pid, signal.SIGSTOP)
+            try:
+                pending = await prod.send("hw", b"pending")
+                seen = [r.body for r in await c.getmany(timeout_s=5)]
+                deadline = time.monotonic() + 1.5  # well past the master's append
+                while time.monotonic() < deadline:
+                    seen += [r.body for r in await c.getmany(timeout_s=0.2)]
+                assert not pending.done(), "the slave is frozen: nothing can acknowledge it"
+                assert seen == [b"before"], f"read before its acknowledgement: {seen}"
+            finally:
+                os.kill(slave.proc.pid, signal.SIGCONT)
+            assert await pending == (0, 1)
+            later: list[bytes] = []
+            deadline = time.monotonic() + 10
+            while not later and time.monotonic() < deadline:
+                later += [r.body for r in await c.getmany(timeout_s=0.5)]
+            assert later == [b"pending"]
+        finally:
+            await c.close()

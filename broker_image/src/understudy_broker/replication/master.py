@@ -136,7 +136,9 @@ class ReplicationServer:
         self.metadata_interval_s = metadata_interval_s
         self.link_timeout_s = link_timeout_s
         self.chunk_bytes = min(chunk_bytes, MAX_PUSH_BYTES)
-        self.degraded_acks = 0  # acknowledged with fewer than in_sync_replicas copies
+        # Waits released with fewer than in_sync_replicas copies (produces, commits, and
+        # a broker's readable end moving: server/readable.py).
+        self.degraded_acks = 0
         self._links: dict[str, _Link] = {}
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()

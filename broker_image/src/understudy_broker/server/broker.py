@@ -50,6 +50,7 @@ from understudy_broker.server.connections import ClientPort
 from understudy_broker.server.http import BrokerHttpPort
 from understudy_broker.server.metrics import BrokerMetrics
 from understudy_broker.server.producers import Producers
+from understudy_broker.server.readable import ReadableEnd
 from understudy_broker.server.replica import (
     METADATA_INTERVAL_S,
     LinkSecurity,
@@ -57,7 +58,7 @@ from understudy_broker.server.replica import (
     Replica,
     SlaveReplica,
 )
-from understudy_broker.server.requests import AppendSignal, OutputRoom, Requests
+from understudy_broker.server.requests import AppendSignal, OutputRoom, Requests, acknowledged
 from understudy_broker.server.scheduler import Escaper, Mode, Scheduler
 from understudy_broker.storage.commitlog import AppendResult, FlushPolicy, Retention
 from understudy_broker.storage.records import RecordTuple
@@ -103,6 +104,7 @@ class _Parts:
     requests: Requests
     scheduler: Scheduler
     schedule: ScheduleIndex
+    readable: ReadableEnd
 
 
 class Broker:
@@ -229,6 +231,12 @@ class Broker:
             if group is not None and (problem := spec_mismatch(cfg, group)) is not None:
                 raise ConfigError(problem)
             replica = self._replica(store)
+            # Consumers read only what may be acknowledged (server/readable.py).
+            readable = ReadableEnd(
+                log_end=lambda: store.log.max_phys,
+                acknowledged=lambda end, start: acknowledged(
+                    [store.log_durable(end), replica.replicated(end, start)]),
+                wake=self._signal.grew, immediate=cfg.role is Role.SLAVE)
             scheduler = Scheduler(
                 log_=store.log, index=schedule, group=cfg.group, mode=self._schedule_mode,
                 append=self._append_local, placed=self._placed_here, escaper=self._escaper,
@@ -238,7 +246,8 @@ class Broker:
                 signal=self._signal, metrics=self.metrics, stopping=lambda: self._stopping,
                 backsync_persisted=self._on_backsync_persisted, scheduler=scheduler,
                 escaper=self._escaper, producers=producers, peer_security=self._peer_security,
-            ), scheduler, schedule)
+                readable=readable,
+            ), scheduler, schedule, readable)
             membership = self.authority.membership
             if membership is not None:
                 membership.on_rebalance(self.metrics.rebalanced)
@@ -267,6 +276,7 @@ class Broker:
             self._reloader.start()
         self._spawn(self._housekeeping(), "housekeeping")
         self._spawn(self.parts.scheduler.run(), "scheduler")
+        self._spawn(self.parts.readable.run(), "readable-end")
         self._spawn(store.run_recovery_points(), "recovery-point")
         if cfg.flush == "interval":
             self._spawn(store.run_interval_flush(cfg.flush_interval_ms / 1000), "flush")
@@ -435,7 +445,7 @@ class Broker:
         """Append as a produce does: readers and replication are woken."""
         parts = self.parts
         result = parts.store.log.append(records)
-        self._signal.grew({(r[0], r[1]) for r in records})
+        parts.readable.appended(result.end_phys, {(r[0], r[1]) for r in records})
         parts.replica.appended()
         return result
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -46,6 +47,7 @@ from understudy_broker.server.errors import RequestError
 from understudy_broker.server.metrics import BrokerMetrics
 from understudy_broker.server.mirror import CommitMirror
 from understudy_broker.server.producers import ProducePlan, Producers
+from understudy_broker.server.readable import ReadableEnd, readable_queue_end
 from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
 from understudy_broker.storage.commitlog import DamagedRecordError
@@ -204,6 +206,7 @@ class Requests:
         scheduler: Scheduler,
         escaper: Escaper,
         producers: Producers,
+        readable: ReadableEnd,
         peer_security: ClientSecurity | None = None,
     ) -> None:
         self._cfg = cfg
@@ -212,6 +215,7 @@ class Requests:
         self._store = store
         self._replica = replica
         self._signal = signal
+        self._readable = readable
         self._rotation = 0  # where a PULL_MULTI's shared byte budget starts (fairness)
         self._metrics = metrics
         self._stopping = stopping
@@ -512,7 +516,7 @@ class Requests:
                 raise storage_failed(exc, "appending") from exc
             if plan is not None:
                 self.producers.stored(plan)
-            self._signal.grew({(m[0], m[1]) for m in messages})
+            self._readable.appended(result.end_phys, {(m[0], m[1]) for m in messages})
             self._replica.appended()
             start, end = result.start_phys, result.end_phys
         else:  # every message a repeat: its first copy is acknowledged as it would be
@@ -655,7 +659,13 @@ class Requests:
             # queue with a long backlog cannot keep the others' answers empty.
             order = list(live.items())
             self._rotation = turn = (self._rotation + 1) % len(order)
+            # Only what may be acknowledged is read (server/readable.py); the answer's end
+            # is the readable end, so a consumer's lag counts what it can read. An ordered
+            # topic reads to the log end: its chain rules drain a sealed head's whole log,
+            # unacknowledged leftover included (docs/ordered.md, rules 3 and 4).
+            readable_end = self._readable.phys
             for i, req in order[turn:] + order[:turn]:
+                readable = lg.max_phys if self._ordered(req.topic) else readable_end
                 start = lg.queue_start(req.topic, req.queue)
                 end = lg.queue_end(req.topic, req.queue)
                 offset = max(req.offset, start)
@@ -667,6 +677,14 @@ class Requests:
                     out[i] = _damaged(exc)
                     del live[i]
                     continue
+                cut = next((k for k, r in enumerate(records) if r.phys_offset >= readable), None)
+                if cut is not None:
+                    end = records[cut].queue_offset
+                    records = records[:cut]
+                else:
+                    end = readable_queue_end(
+                        functools.partial(lg.phys_of, req.topic, req.queue),
+                        offset + len(records), end, readable)
                 left -= sum(len(r.body) + len(r.key or b"") for r in records)
                 read[i] = (offset, start, end, records)
             remaining = deadline - time.monotonic()

@@ -1,0 +1,115 @@
+"""The readable end (server/readable.py) as a pure unit: what it waits for before a record
+may be read, whom it wakes, and how it finds a queue's readable end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+
+import pytest
+
+from understudy_broker import protocol as p
+from understudy_broker.server.errors import RequestError
+from understudy_broker.server.readable import Key, ReadableEnd, readable_queue_end
+from understudy_harness.testing import eventually
+
+
+class Log:
+    """A log end that grows, and acknowledgements the test releases by hand."""
+
+    def __init__(self) -> None:
+        self.end = 100
+        self.asked: list[int] = []
+        self.gate: asyncio.Event = asyncio.Event()
+        self.refuse = 0  # refuse this many acknowledgements first
+
+    async def acknowledged(self, end: int, _start: int) -> None:
+        self.asked.append(end)
+        if self.refuse:
+            self.refuse -= 1
+            raise RequestError(p.Status.NOT_ENOUGH_REPLICAS, "no slave in sync")
+        await self.gate.wait()
+
+
+def make(log: Log, woken: list[set[Key]], *, immediate: bool = False) -> ReadableEnd:
+    def wake(keys: Iterable[Key]) -> None:
+        woken.append(set(keys))
+    return ReadableEnd(log_end=lambda: log.end, acknowledged=log.acknowledged, wake=wake,
+                       immediate=immediate, retry_min_s=0.001, retry_max_s=0.002)
+
+
+@contextlib.asynccontextmanager
+async def running(r: ReadableEnd) -> AsyncIterator[None]:
+    task = asyncio.create_task(r.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_a_master_makes_appends_readable_only_once_acknowledged() -> None:
+    log = Log()
+    woken: list[set[Key]] = []
+    r = make(log, woken)
+    assert r.phys == 100  # what the log held at start is readable
+    async with running(r):
+        log.end = 150
+        r.appended(150, [("t", 0)])
+        log.end = 180
+        r.appended(180, [("t", 1)])
+        await eventually(lambda: log.asked, "the acknowledgement is waited for")
+        assert r.phys == 100  # appended, not acknowledged: not readable
+        assert woken == []
+        log.gate.set()
+        await eventually(lambda: r.phys == 180, "readable up to the log end")
+        assert set().union(*woken) == {("t", 0), ("t", 1)}  # both queues' readers woken
+
+
+async def test_a_refused_acknowledgement_keeps_the_records_unreadable_until_one_passes() -> None:
+    log = Log()
+    woken: list[set[Key]] = []
+    log.refuse = 3
+    log.gate.set()
+    r = make(log, woken)
+    async with running(r):
+        log.end = 120
+        r.appended(120, [("t", 0)])
+        await eventually(lambda: r.phys == 120, "readable after the refusals")
+        assert log.asked == [120, 120, 120, 120]  # tried again after each refusal
+        assert woken == [{("t", 0)}]
+
+
+async def test_a_slave_reads_to_its_log_end_and_wakes_at_once() -> None:
+    log = Log()
+    woken: list[set[Key]] = []
+    r = make(log, woken, immediate=True)
+    log.end = 400
+    r.appended(400, [("t", 2)])
+    assert r.phys == 400
+    assert woken == [{("t", 2)}]
+    assert log.asked == []
+
+
+@pytest.mark.parametrize(("starts", "readable", "want"), [
+    ([], 50, 0),                       # empty queue
+    ([10, 20, 30], 31, 3),             # all readable
+    ([10, 20, 30], 30, 2),             # the last starts at the readable end: not readable
+    ([10, 20, 30], 10, 0),             # none
+    ([10, 20, 30, 40, 50, 60], 45, 4),
+    ([10, 20, 30, 40, 50, 60], 21, 2),
+])
+def test_a_queues_readable_end_is_its_first_record_starting_past_the_readable_end(
+        starts: list[int], readable: int, want: int) -> None:
+    def phys_of(offset: int) -> int | None:
+        return starts[offset] if 0 <= offset < len(starts) else None
+    assert readable_queue_end(phys_of, 0, len(starts), readable) == want
+    # From any offset inside the readable part the answer is the same.
+    for lo in range(0, want + 1):
+        assert readable_queue_end(phys_of, lo, len(starts), readable) == want
+
+
+def test_a_record_not_in_the_log_counts_as_readable() -> None:
+    assert readable_queue_end(lambda _o: None, 0, 5, 0) == 5
