@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -144,47 +145,17 @@ async def test_stop_removes_the_live_node(zk: str, admin: KazooClient) -> None:
     assert not c.lease_valid()
 
 
-async def test_restart_waits_for_the_previous_sessions_node(zk: str, admin: KazooClient) -> None:
-    # A previous incarnation's node (another session) must not be stolen; the new broker
-    # registers once it is gone.
-    other = KazooClient(hosts=zk, timeout=2.0)
-    other.start(timeout=10)
-    try:
-        other.create(live_path(GROUP, "m"), b"{}", ephemeral=True, makepath=True)
-        c = BrokerCoordinator(zk, group=GROUP, name="m", session_timeout_s=2.0,
-                              loop=asyncio.get_running_loop(), on_change=lambda: None)
-        start = asyncio.create_task(c.start())
-        await asyncio.sleep(0.3)
-        assert not start.done()
-        other.stop()
-        async with asyncio.timeout(10):
-            await start
-        try:
-            _, stat = admin.get(live_path(GROUP, "m"))
-            assert stat.ephemeralOwner == c.session_id
-        finally:
-            await c.stop()
-    finally:
-        other.stop()
-        other.close()
-
-
-async def test_registration_goes_on_when_reading_the_old_node_fails(
-        zk: str, admin: KazooClient) -> None:
-    # The previous session's node exists and reading it fails (here: an ACL the new broker
-    # does not satisfy; in the field: the new session expiring too, or the link dropping,
-    # as a broker paused past its session met under load). Registration must keep trying
-    # and register once the node is gone; it used to raise and never register again.
-    other = KazooClient(hosts=zk, timeout=2.0, auth_data=[("digest", "old:secret")])
-    other.start(timeout=10)
+async def registers_once_the_old_node_goes(zk: str, admin: KazooClient, other: KazooClient,
+                                          *, acl: list[Any] | None = None) -> None:
+    """``other`` (an earlier session) holds ``live/m``: a new broker must wait (not steal
+    it, not give up) and register once that session ends."""
     try:
         admin.ensure_path(live_path(GROUP, "m").rsplit("/", 1)[0])  # an open parent
-        other.create(live_path(GROUP, "m"), b"{}", ephemeral=True,
-                     acl=[make_digest_acl("old", "secret", all=True)])
+        other.create(live_path(GROUP, "m"), b"{}", ephemeral=True, acl=acl)
         c = BrokerCoordinator(zk, group=GROUP, name="m", session_timeout_s=2.0,
                               loop=asyncio.get_running_loop(), on_change=lambda: None)
         start = asyncio.create_task(c.start())
-        await asyncio.sleep(0.5)  # several reads refused meanwhile
+        await asyncio.sleep(0.5)
         assert not start.done(), start.exception() if start.done() else None
         other.stop()  # the old session ends: its node goes
         async with asyncio.timeout(10):
@@ -197,6 +168,26 @@ async def test_registration_goes_on_when_reading_the_old_node_fails(
     finally:
         other.stop()
         other.close()
+
+
+async def test_restart_waits_for_the_previous_sessions_node(zk: str, admin: KazooClient) -> None:
+    # A previous incarnation's node (another session) must not be stolen; the new broker
+    # registers once it is gone.
+    other = KazooClient(hosts=zk, timeout=2.0)
+    other.start(timeout=10)
+    await registers_once_the_old_node_goes(zk, admin, other)
+
+
+async def test_registration_goes_on_when_reading_the_old_node_fails(
+        zk: str, admin: KazooClient) -> None:
+    # The previous session's node exists and reading it fails (here: an ACL the new broker
+    # does not satisfy; in the field: the new session expiring too, or the link dropping,
+    # as a broker paused past its session met under load). Registration must keep trying
+    # and register once the node is gone; it used to raise and never register again.
+    other = KazooClient(hosts=zk, timeout=2.0, auth_data=[("digest", "old:secret")])
+    other.start(timeout=10)
+    await registers_once_the_old_node_goes(
+        zk, admin, other, acl=[make_digest_acl("old", "secret", all=True)])
 
 
 async def test_digest_acl_protects_created_nodes(zk: str, admin: KazooClient) -> None:
