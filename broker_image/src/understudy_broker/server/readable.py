@@ -19,9 +19,9 @@ has it.
 
 A slave's readable end is its log end: everything it holds came from its master through
 replication. A master's starts at the log end it recovered (what its disk held when it
-started, as before this module), and moves on from there. Ordered topics are read to the
-log end (``requests.py:_long_poll``; docs/ordered.md's rule 3 drains a sealed head's whole
-log).
+started, as before this module), and moves on from there. An ordered topic is read to the
+log end on every group of its chains but its send head (``requests.py:_reads_to_log_end``;
+docs/ordered.md's rule 3 drains a sealed head's whole log).
 """
 
 from __future__ import annotations

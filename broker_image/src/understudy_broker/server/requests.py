@@ -336,6 +336,17 @@ class Requests:
         doc = None if view is None else view.topics.get(topic)
         return doc is not None and doc.ordered
 
+    def _reads_to_log_end(self, topic: str) -> bool:
+        """An ordered topic's queue here is read to the log end unless this group is the
+        topic's send head (the open consume link): the chain rules drain a sealed head's
+        whole log, its unacknowledged leftover included, and rule 3 compares the log end
+        with the consumer groups' commits (docs/ordered.md, rules 3 and 4)."""
+        if not self._ordered(topic):
+            return False
+        view = self._authority.cluster
+        chains = None if view is None else view.chains.get(topic)
+        return chains is None or chains.head != self._cfg.group
+
     def _check_send_head(self, topic: str) -> int:
         """An ordered topic takes writes only on its send head (docs/ordered.md), as this
         broker's watch of the chains says; returns the epoch at which it became head."""
@@ -660,12 +671,11 @@ class Requests:
             order = list(live.items())
             self._rotation = turn = (self._rotation + 1) % len(order)
             # Only what may be acknowledged is read (server/readable.py); the answer's end
-            # is the readable end, so a consumer's lag counts what it can read. An ordered
-            # topic reads to the log end: its chain rules drain a sealed head's whole log,
-            # unacknowledged leftover included (docs/ordered.md, rules 3 and 4).
+            # is the readable end, so a consumer's lag counts what it can read.
             readable_end = self._readable.phys
             for i, req in order[turn:] + order[:turn]:
-                readable = lg.max_phys if self._ordered(req.topic) else readable_end
+                readable = (lg.max_phys if self._reads_to_log_end(req.topic)
+                            else readable_end)
                 start = lg.queue_start(req.topic, req.queue)
                 end = lg.queue_end(req.topic, req.queue)
                 offset = max(req.offset, start)
