@@ -18,6 +18,7 @@ permission change (a waiting poll re-checks READ when it wakes).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import errno
@@ -158,6 +159,10 @@ def _merge_repeats(raw: Sequence[tuple[int, bytes | None, bytes]], plan: Produce
 
 
 _DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _phys(record: StoredRecord) -> int:
+    return record.phys_offset
 
 
 def storage_failed(exc: OSError, doing: str, *, undone: bool = True) -> RequestError:
@@ -687,8 +692,8 @@ class Requests:
                     out[i] = _damaged(exc)
                     del live[i]
                     continue
-                cut = next((k for k, r in enumerate(records) if r.phys_offset >= readable), None)
-                if cut is not None:
+                if records and records[-1].phys_offset >= readable:  # an unreadable tail
+                    cut = bisect.bisect_left(records, readable, key=_phys)
                     end = records[cut].queue_offset
                     records = records[:cut]
                 else:
