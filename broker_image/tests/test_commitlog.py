@@ -288,3 +288,27 @@ def test_released_index_entries_are_read_from_the_file_and_come_back(tmp_path: P
         assert log.queue_end("s", 0) == 60
     finally:
         log.close()
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, 3, 4, 5, 6])
+def test_queue_offset_at_is_the_first_record_starting_at_or_past_a_position(
+        tmp_path: Path, cut: int) -> None:
+    # A queue's readable end (server/readable.py): its records interleave with another
+    # queue's, and the answer for a position is the number of its records starting below.
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        for i in range(6):
+            log.append([Message("t", 0, None, b"t-%d" % i, 1)])
+            log.append([Message("u", 0, None, b"u-%d" % i, 1)])
+        starts = [log.phys_of("t", 0, o) for o in range(6)]
+        assert all(p is not None for p in starts)
+        # A position at a record's start (that record is not below it), just past it, and
+        # past the log's end.
+        at = starts[cut] if cut < 6 else log.max_phys
+        assert log.queue_offset_at("t", 0, at) == cut
+        assert log.queue_offset_at("t", 0, at + 1) == min(cut + 1, 6)
+        assert log.queue_offset_at("t", 0, log.max_phys) == 6
+        assert log.queue_offset_at("t", 0, 0) == log.queue_start("t", 0)
+        assert log.queue_offset_at("nope", 0, log.max_phys) == 0  # no such queue
+    finally:
+        log.close()

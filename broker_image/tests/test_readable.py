@@ -1,5 +1,6 @@
 """The readable end (server/readable.py) as a pure unit: what it waits for before a record
-may be read, whom it wakes, and how it finds a queue's readable end."""
+may be read, and whom it wakes (a queue's readable end in the log:
+test_commitlog.py's queue_offset_at test)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from understudy_broker import protocol as p
 from understudy_broker.server.errors import RequestError
-from understudy_broker.server.readable import Key, ReadableEnd, readable_queue_end
+from understudy_broker.server.readable import Key, ReadableEnd
 from understudy_harness.testing import eventually
 
 
@@ -91,25 +92,3 @@ async def test_a_slave_reads_to_its_log_end_and_wakes_at_once() -> None:
     assert r.phys == 400
     assert woken == [{("t", 2)}]
     assert log.asked == []
-
-
-@pytest.mark.parametrize(("starts", "readable", "want"), [
-    ([], 50, 0),                       # empty queue
-    ([10, 20, 30], 31, 3),             # all readable
-    ([10, 20, 30], 30, 2),             # the last starts at the readable end: not readable
-    ([10, 20, 30], 10, 0),             # none
-    ([10, 20, 30, 40, 50, 60], 45, 4),
-    ([10, 20, 30, 40, 50, 60], 21, 2),
-])
-def test_a_queues_readable_end_is_its_first_record_starting_past_the_readable_end(
-        starts: list[int], readable: int, want: int) -> None:
-    def phys_of(offset: int) -> int | None:
-        return starts[offset] if 0 <= offset < len(starts) else None
-    assert readable_queue_end(phys_of, 0, len(starts), readable) == want
-    # From any offset inside the readable part the answer is the same.
-    for lo in range(0, want + 1):
-        assert readable_queue_end(phys_of, lo, len(starts), readable) == want
-
-
-def test_a_record_not_in_the_log_counts_as_readable() -> None:
-    assert readable_queue_end(lambda _o: None, 0, 5, 0) == 5

@@ -43,8 +43,9 @@ class ReadableEnd:
     """See the module docstring. ``log_end()`` is the log's end (``CommitLog.max_phys``);
     ``acknowledged(end, start)`` returns once everything up to ``end`` may be acknowledged
     and raises when it may not be now (``start``: the readable end so far, where the bytes
-    in flight begin: a slave's byte lag is measured from it, as from a produce's start); ``wake(keys)`` wakes those queues' long polls.
-    ``immediate``: a slave (the readable end is the log end)."""
+    in flight begin: a slave's byte lag is measured from it, as from a produce's start);
+    ``wake(keys)`` wakes those queues' long polls. ``immediate``: a slave (the readable
+    end is the log end)."""
 
     def __init__(self, *, log_end: Callable[[], int],
                  acknowledged: Callable[[int, int], Awaitable[None]],
@@ -109,24 +110,3 @@ class ReadableEnd:
         if keys:
             self._wake(keys)
 
-
-def readable_queue_end(phys_of: Callable[[int], int | None], start: int, end: int,
-                       readable_phys: int) -> int:
-    """The end of the readable part of a queue holding offsets ``[start, end)``: the
-    first offset whose record starts at or past ``readable_phys`` (records are appended
-    in offset order, so the readable ones are a prefix). ``phys_of(offset)``: where a
-    record starts (None: not in the log, taken as readable: retention or a gap)."""
-    def readable(offset: int) -> bool:
-        at = phys_of(offset)
-        return at is None or at < readable_phys
-
-    if end <= start or readable(end - 1):
-        return end
-    lo, hi = start, end - 1  # the answer is in [lo, hi]: hi is unreadable
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if readable(mid):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo

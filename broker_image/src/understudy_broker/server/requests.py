@@ -22,7 +22,6 @@ import bisect
 import contextlib
 import dataclasses
 import errno
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -48,7 +47,7 @@ from understudy_broker.server.errors import RequestError
 from understudy_broker.server.metrics import BrokerMetrics
 from understudy_broker.server.mirror import CommitMirror
 from understudy_broker.server.producers import ProducePlan, Producers
-from understudy_broker.server.readable import ReadableEnd, readable_queue_end
+from understudy_broker.server.readable import ReadableEnd
 from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
 from understudy_broker.storage.commitlog import DamagedRecordError
@@ -161,8 +160,8 @@ def _merge_repeats(raw: Sequence[tuple[int, bytes | None, bytes]], plan: Produce
 _DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def _phys(record: StoredRecord) -> int:
-    return record.phys_offset
+def _offset(record: StoredRecord) -> int:
+    return record.queue_offset
 
 
 def storage_failed(exc: OSError, doing: str, *, undone: bool = True) -> RequestError:
@@ -692,14 +691,10 @@ class Requests:
                     out[i] = _damaged(exc)
                     del live[i]
                     continue
-                if records and records[-1].phys_offset >= readable:  # an unreadable tail
-                    cut = bisect.bisect_left(records, readable, key=_phys)
-                    end = records[cut].queue_offset
-                    records = records[:cut]
-                else:
-                    end = readable_queue_end(
-                        functools.partial(lg.phys_of, req.topic, req.queue),
-                        offset + len(records), end, readable)
+                if readable < lg.max_phys:  # the log has an unreadable tail
+                    end = lg.queue_offset_at(req.topic, req.queue, readable)
+                    if records and records[-1].queue_offset >= end:
+                        records = records[:bisect.bisect_left(records, end, key=_offset)]
                 left -= sum(len(r.body) + len(r.key or b"") for r in records)
                 read[i] = (offset, start, end, records)
             remaining = deadline - time.monotonic()

@@ -1142,6 +1142,13 @@ class CommitLog:
         except IndexError:
             return None
 
+    def queue_offset_at(self, topic: str, queue: int, phys: int) -> int:
+        """The first offset of ``topic``/``queue`` whose record starts at or past ``phys``
+        (the queue's end when none does): its records are appended in offset order, so
+        this is a bisection of its index."""
+        ix = self._indexes.get((topic, queue))
+        return 0 if ix is None else ix.base + ix.first_index_at_or_after(phys)
+
     def release_index_memory(self, topic: str, queue: int, before: int) -> int:
         """Keep the index entries of ``topic``/``queue`` before offset ``before`` on disk
         only (:meth:`.index.QueueIndex.release_before`); returns how many."""
