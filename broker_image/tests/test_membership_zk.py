@@ -171,7 +171,15 @@ async def test_idle_groups_leave_the_cache_and_come_back_whole(
         now[0] = 30.0
         assert m.evict_idle(now[0]) == []  # not idle long enough yet
         now[0] = 100.0
-        assert sorted(m.evict_idle(now[0])) == sorted(f"cg{i}" for i in range(30))
+        # A group whose rebalance after the leave is still writing is kept until it ends
+        # (on a loaded machine, some of the thirty): the eviction loop takes it next time.
+        dropped: list[str] = []
+
+        def idle_ones_dropped() -> bool:
+            dropped.extend(m.evict_idle(now[0]))
+            return len(dropped) >= 30
+        await eventually(idle_ones_dropped, "every idle group dropped")
+        assert sorted(dropped) == sorted(f"cg{i}" for i in range(30))
         assert m.cached == 1  # "live" hosts a member here
         # Another broker's member joins cg0 while this broker has forgotten it.
         await other.heartbeat(p.MemberHeartbeatRequest("cg0", "m2", ("t",), 10_000, join=True))
