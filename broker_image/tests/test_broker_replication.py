@@ -5,6 +5,7 @@ its acknowledgements loses nothing (invariant 3)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import filecmp
 import os
 import signal
@@ -15,9 +16,9 @@ from typing import Any
 import pytest
 
 from understudy_broker import protocol as p
-from understudy_broker.client import Consumer, Producer, create_topic
+from understudy_broker.client import BrokerError, Connection, Consumer, Producer, create_topic
 from understudy_broker.model import Permission
-from understudy_harness.testing import raw_request, wait_caught_up
+from understudy_harness.testing import eventually, raw_request, wait_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -175,3 +176,43 @@ async def test_a_consumer_reads_a_record_only_once_it_may_be_acknowledged(broker
             assert later == [b"pending"]
         finally:
             await c.close()
+
+
+async def test_a_producer_reads_the_offset_it_was_just_given(brokers: Any) -> None:
+    """Read-your-writes: the offset a produce answers is served by the next pull, also right
+    after a frozen slave came back. While the slave held writes back, the readable end's own
+    task was refused again and again and sleeps in its backoff (up to a second); the
+    produce's acknowledgement moves the readable end itself (server/readable.py)."""
+    master = brokers.master(extra=["--sync", "--ack-timeout", "0.5"])
+    slave = brokers.slave(master, extra=["--link-timeout-ms", "30000"])
+    await create_topic([master.address], topic="ryw", queues=1)
+    await wait_caught_up(master.address, slave.address)
+    conn = await Connection.open(master.address)
+    try:
+        async def produce(body: bytes) -> int:
+            answer = p.ProduceResponse.decode(await conn.request(
+                p.Op.PRODUCE, p.encode_produce("ryw", [(0, None, body)])))
+            [(_queue, offset)] = answer.offsets
+            return offset
+
+        async def pull(offset: int) -> list[bytes]:
+            got = p.PullResponse.decode(await conn.request(
+                p.Op.PULL, p.PullRequest("ryw", 0, offset, 1 << 20, 0).encode()))
+            return [r.body for r in got.records[:1]]
+
+        os.kill(slave.proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 3  # refusals: the readable end's task backs off
+            while time.monotonic() < deadline:
+                with contextlib.suppress(BrokerError):
+                    await produce(b"held back")
+        finally:
+            os.kill(slave.proc.pid, signal.SIGCONT)
+        first = await eventually(lambda: produce(b"first"), "writes acknowledged again",
+                                 tolerate=(BrokerError,), interval_s=0.05)
+        assert await pull(first) == [b"first"], "the acknowledged offset was not served"
+        for i in range(20):
+            body = f"then-{i}".encode()
+            assert await pull(await produce(body)) == [body]
+    finally:
+        await conn.close()

@@ -92,3 +92,25 @@ async def test_a_slave_reads_to_its_log_end_and_wakes_at_once() -> None:
     assert r.phys == 400
     assert woken == [{("t", 2)}]
     assert log.asked == []
+
+
+async def test_a_produces_acknowledgement_makes_its_records_readable_at_once() -> None:
+    """The task is still waiting (or backing off): the produce's acknowledgement, which
+    waited the same things, moves the readable end to that produce's end and no further."""
+    log = Log()
+    woken: list[set[Key]] = []
+    r = make(log, woken)
+    async with running(r):
+        log.end = 150
+        r.appended(150, [("t", 0)])
+        log.end = 180
+        r.appended(180, [("t", 1)])
+        await eventually(lambda: log.asked, "the task waits")
+        r.acknowledged(150)
+        assert r.phys == 150
+        assert woken == [{("t", 0)}]  # queue 1's append is past it: not yet
+        r.acknowledged(120)  # an older acknowledgement never moves it back
+        assert r.phys == 150
+        log.gate.set()
+        await eventually(lambda: r.phys == 180, "the task takes it the rest of the way")
+        assert woken == [{("t", 0)}, {("t", 1)}]

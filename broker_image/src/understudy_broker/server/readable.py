@@ -13,7 +13,8 @@ watermark.
 One task advances it, whatever appended for consumers (a produce, the scheduler's
 deliveries): it waits exactly what a produce's acknowledgement waits for, up to the log's
 end as it stands, then moves the end and wakes the long polls of the queues whose
-appends it passed. An append that cannot be acknowledged (no slave in sync under a floor
+appends it passed. A produce's acknowledgement moves it too, to that produce's end,
+before the answer is sent: a client that pulls the offset it was just given reads it. An append that cannot be acknowledged (no slave in sync under a floor
 of one, a flush that failed) stays unreadable, and the task tries again, until a slave
 has it.
 
@@ -73,6 +74,16 @@ class ReadableEnd:
             return
         self._pending.append((end_phys, set(keys)))
         self._kick.set()
+
+    def acknowledged(self, end_phys: int) -> None:
+        """Everything up to ``end_phys`` was found acknowledgeable by someone else (a
+        produce's acknowledgement waits exactly what :meth:`run` waits for): readable now,
+        so a client that pulls what it was just told is stored reads it (read-your-writes
+        does not depend on which of two woken tasks the loop runs first)."""
+        if self.immediate or end_phys <= self._end:
+            return
+        self._end = end_phys
+        self._release()
 
     async def run(self) -> None:
         """Advance the readable end as the log grows (a master's background task)."""

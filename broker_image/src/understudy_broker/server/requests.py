@@ -538,6 +538,7 @@ class Requests:
             start = end = lg.max_phys
         async def answer() -> bytes:
             await acknowledged([self._store.log_durable(end), self._replica.replicated(end, start)])
+            self._readable.acknowledged(end)  # read-your-writes (server/readable.py)
             if head_epoch is not None:
                 self._check_still_head(topic, head_epoch)
             offsets = [(q, p.SCHEDULED_OFFSET if t == sch.SCHEDULE_TOPIC else o)
