@@ -97,6 +97,9 @@ entry naming another record), each counted once: never served (docs/storage-and-
 "Corruption")."""
 GROUP_DEGRADED: Final = "understudy_group_degraded"  # gauge {group}: master and slaves down
 CONTROLLER_TRANSITIONS_TOTAL: Final = "understudy_controller_transitions_total"  # {group,to}
+ROUTE_DOCUMENT_WRITES_TOTAL: Final = "understudy_route_document_writes_total"
+"""Counter: writes of ``/routes/doc`` by this controller while it is the route writer
+(docs/cluster-routes.md); every broker reads each one."""
 
 # --- the operator's own metrics ------------------------------------------------------------
 OPERATOR_RECONCILE_DURATION_SECONDS: Final = "understudy_operator_reconcile_duration_seconds"

@@ -33,6 +33,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from understudy_broker import zkclient
+from understudy_broker.ha.clusterview import ClusterView
 from understudy_broker.model import GroupState
 from understudy_broker.topicnodes import (
     OrderedNodesLeft,
@@ -193,6 +194,11 @@ class ZkGateway:
         except NoNodeError:
             return False
         return True
+
+    def cluster_view(self, loop: asyncio.AbstractEventLoop) -> ClusterView:
+        """A per-group view of every group's routes over this session, as a broker's
+        (the route writer's: controller/routewriter.py)."""
+        return ClusterView(self.client, loop, acl=self.acl)
 
     async def ensure_path(self, path: str) -> None:
         await asyncio.to_thread(self.client.ensure_path, path, acl=self.acl)

@@ -19,6 +19,18 @@ shows: a status republished with only its offsets or timestamp changed bumps not
 (when it did, every client's route watch and every hosted consumer group's rebalance
 check woke with every republish).
 
+**The route document** (docs/cluster-routes.md). Those per-group watches make a failover of
+G groups about 3G notifications on each of the B brokers, 3G x B in all. A view made with
+``follow_document`` (a broker's) also follows ``/routes/writer`` and ``/routes/doc``:
+while the controller named in ``/routes/writer`` has written the document, the view takes
+every group's route from it (one notification per write, however many groups changed)
+and arms no per-group watches; the ones it had end at their next notification. While no
+writer holds the node, or its document is missing, malformed or another writer's, the view
+follows the groups itself as above (re-armed at once when the writer goes), answering a
+group it has not read yet from the last document it had. The writer's own view
+(``follow_document`` off: :class:`~understudy_operator.controller.routewriter.RouteWriter`)
+is a per-group view; :meth:`ClusterView.complete` says when it has read every group once.
+
 Threading: kazoo calls the watch functions on its threads; they only hand the data to
 the loop (``call_soon_threadsafe``). All state is read and written on the loop. A watch
 returns ``False`` to disarm itself once its topic or group is gone.
@@ -38,12 +50,16 @@ from kazoo.client import KazooClient
 from understudy_broker.protocol import BrokerRoute, GroupRoute, current_claims
 from understudy_broker.zklayout import (
     GROUPS_DIR,
+    ROUTES_DIR,
+    ROUTES_DOC,
+    ROUTES_WRITER,
     TOPICS_DIR,
     BrokerRouteDoc,
     BrokerStatus,
     ChainDoc,
     GroupConfig,
     LayoutError,
+    RoutesDoc,
     TopicDoc,
     chains_path,
     config_path,
@@ -66,7 +82,18 @@ class _Group:
     status_names: frozenset[str] = frozenset()  # the ``status`` children
     watched_route: set[str] = field(default_factory=set)
     watched_status: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)  # the watch kinds heard from at least once
+    read: set[str] = field(default_factory=set)  # brokers whose route or status was read
     gone: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Every node of the group read once (the route writer waits for it); a group
+        without a config (being deleted, a stray node) has no route to read."""
+        if "config" not in self.seen:
+            return False
+        return self.config is None or ({"live", "route", "status"} <= self.seen
+                                       and (self.route_names | self.status_names) <= self.read)
 
     def fields(self, broker: str) -> tuple[int, int] | None:
         """``(effective, epoch)`` of ``broker``: its route document, else its status."""
@@ -83,8 +110,14 @@ class ClusterView:
     """Topics and groups as ZooKeeper holds them, kept current by watches."""
 
     def __init__(self, client: KazooClient, loop: asyncio.AbstractEventLoop,
-                 acl: Any = None) -> None:
+                 acl: Any = None, *, follow_document: bool = False) -> None:
         self._client = client
+        self._follow_document = follow_document
+        self._writer: str | None = None  # the identity in /routes/writer
+        self._doc: RoutesDoc | None = None  # the last well-formed /routes/doc
+        self._doc_current = False  # /routes/doc holds self._doc (not garbage, not deleted)
+        self._documented = False  # routes come from self._doc (no per-group watches)
+        self._group_list: list[str] | None = None  # the /groups children, once heard
         self._acl = acl
         self._loop = loop
         self._topic_listeners: list[Callable[[], None]] = []
@@ -103,6 +136,11 @@ class ClusterView:
     async def start(self) -> None:
         for path in (TOPICS_DIR, GROUPS_DIR):
             await asyncio.to_thread(self._client.ensure_path, path, self._acl)
+        if self._follow_document:
+            # Armed before the groups: with a writer at work, none is watched one by one.
+            await asyncio.to_thread(self._client.ensure_path, ROUTES_DIR, self._acl)
+            await asyncio.to_thread(self._client.DataWatch, ROUTES_WRITER, self._kz(self._apply_writer))
+            await asyncio.to_thread(self._client.DataWatch, ROUTES_DOC, self._kz(self._apply_doc))
         await asyncio.to_thread(self._client.ChildrenWatch, TOPICS_DIR, self._kz(self._topic_names))
         await asyncio.to_thread(self._client.ChildrenWatch, GROUPS_DIR, self._kz(self._group_names))
 
@@ -214,6 +252,9 @@ class ClusterView:
     # ------------------------------------------------------------------ groups
 
     def _group_names(self, names: list[str]) -> None:
+        self._group_list = list(names)
+        if self._documented:
+            return  # the document has them
         for name in names:
             if name not in self._groups:
                 g = self._groups[name] = _Group()
@@ -221,6 +262,57 @@ class ClusterView:
         for name in [n for n in self._groups if n not in names]:
             self._groups.pop(name).gone = True
             self._bump()
+
+    # ------------------------------------------------------------------ the route document
+
+    @property
+    def documented(self) -> bool:
+        """Routes come from the route writer's document (no per-group watches)."""
+        return self._documented
+
+    def _apply_writer(self, data: bytes | None, *_: Any) -> None:
+        self._writer = None if data is None else data.decode("utf-8", "replace")
+        self._choose_source()
+
+    def _apply_doc(self, data: bytes | None, *_: Any) -> None:
+        # A document deleted or malformed is not followed, but the last good one still
+        # answers the groups the view's own watches have not read yet (_from_document).
+        before = self._doc
+        self._doc_current = False
+        if data is not None:
+            try:
+                self._doc = RoutesDoc.from_json(data, reuse=self._doc)
+                self._doc_current = True
+            except LayoutError as exc:
+                log.error("ignoring the route document: %s", exc)
+        if not self._choose_source() and self._documented and (
+                before is None or self._doc is None or before.groups != self._doc.groups):
+            self._bump()
+
+    def _choose_source(self) -> bool:
+        """Take routes from the document while its writer holds ``/routes/writer``, from
+        per-group watches otherwise. True when the source changed (the view bumped)."""
+        use = (self._writer is not None and self._doc is not None and self._doc_current
+               and self._doc.writer == self._writer)
+        if use == self._documented:
+            return False
+        self._documented = use
+        if use:
+            log.info("routes from the route writer %s's document", self._writer)
+            for g in self._groups.values():
+                g.gone = True  # each watch ends at its next notification
+            self._groups.clear()
+        else:
+            log.info("no route writer with a document: following every group")
+            if self._group_list is not None:
+                self._group_names(self._group_list)
+        self._bump()
+        return True
+
+    def complete(self) -> bool:
+        """Whether this (per-group) view has read every group's nodes once."""
+        return (self._group_list is not None and not self._documented
+                and all(g.complete for g in self._groups.values()))
 
     def _arm_group(self, name: str, g: _Group) -> None:
         """(kazoo thread) A children watch on a missing node stops for good: make sure the
@@ -245,6 +337,7 @@ class ClusterView:
     def _apply_group(self, name: str, g: _Group, kind: str, value: Any) -> None:
         if g.gone:
             return
+        g.seen.add(kind)
         if kind == "config":
             if value is None:
                 g.config = None
@@ -287,6 +380,7 @@ class ClusterView:
         return fired
 
     def _apply_route(self, name: str, g: _Group, broker: str, data: bytes | None) -> None:
+        g.read.add(broker)
         before = g.fields(broker)
         if data is None:
             g.routes.pop(broker, None)
@@ -314,6 +408,7 @@ class ClusterView:
         return fired
 
     def _apply_status(self, g: _Group, broker: str, data: bytes | None) -> None:
+        g.read.add(broker)
         if broker in g.route_names:  # followed through its route document now
             g.statuses.pop(broker, None)
             g.watched_status.discard(broker)
@@ -377,8 +472,19 @@ class ClusterView:
     # ------------------------------------------------------------------ answers
 
     def groups(self) -> list[str]:
-        """Groups with a readable config."""
-        return sorted(n for n, g in self._groups.items() if g.config is not None)
+        """Groups with a readable config (in the document, while routes come from it; a
+        group not read yet since the view went back to its own watches: as the last
+        document showed it)."""
+        if self._documented and self._doc is not None:
+            return sorted(self._doc.groups)
+        return sorted(n for n, g in self._groups.items()
+                      if g.config is not None or self._from_document(n, g))
+
+    def _from_document(self, name: str, g: _Group | None) -> bool:
+        """Answer ``name`` from the last document: routes come from it, or the view's own
+        watches have not read the group's config yet."""
+        return (self._doc is not None and name in self._doc.groups
+                and (self._documented or (g is not None and "config" not in g.seen)))
 
     def group_route(self, group: str) -> GroupRoute:
         """The group's brokers as a client should see them: a broker's permission is the
@@ -386,6 +492,11 @@ class ClusterView:
         (unreachable) when its session is gone, and 0 when it was published at an epoch
         older than a live peer's (:func:`~understudy_broker.protocol.current_claims`)."""
         g = self._groups.get(group)
+        if self._from_document(group, g):
+            assert self._doc is not None
+            return GroupRoute(group, current_claims([
+                BrokerRoute(b.name, b.address, b.role, b.permission, b.epoch,
+                            reachable=b.reachable) for b in self._doc.groups[group]]))
         if g is None or g.config is None:
             return GroupRoute(group, [])
         out = []

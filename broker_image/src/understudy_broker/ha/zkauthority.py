@@ -404,7 +404,7 @@ class ZkAuthority(BrokerIdentity):
         )
         await self._coord.start()
         acl = digest_acl(self._digest_auth)
-        self._cluster = ClusterView(self._coord.client, loop, acl=acl)
+        self._cluster = ClusterView(self._coord.client, loop, acl=acl, follow_document=True)
         await self._cluster.start()
         self._membership = Membership(self._coord.client, loop, broker=self._name,
                                       view=self._cluster, acl=acl)

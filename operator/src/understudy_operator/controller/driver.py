@@ -58,6 +58,7 @@ from understudy_operator.controller.chainmover import ChainMover
 from understudy_operator.controller.liveness import LivenessSource
 from understudy_operator.controller.machine import PHASES, Decision, Memory, decide, initial_state
 from understudy_operator.controller.observe import Observation
+from understudy_operator.controller.routewriter import RouteWriter
 from understudy_operator.controller.topicview import (
     TopicCounts,
     exports_topics,
@@ -99,6 +100,9 @@ class ControllerMetrics:
         self.transitions = Counter(names.counter_base(names.CONTROLLER_TRANSITIONS_TOTAL),
                                    "State transitions written by this controller",
                                    ["group", "to"], registry=r)
+        self.route_writes = Counter(names.counter_base(names.ROUTE_DOCUMENT_WRITES_TOTAL),
+                                    "Writes of /routes/doc by this controller as the route "
+                                    "writer", registry=r)
         self.topic_queues = Gauge(names.TOPIC_QUEUES, "Queues of the topic (removed ones "
                                   "excluded)", ["topic"], registry=r)
         self.topic_writable = Gauge(names.TOPIC_WRITABLE_QUEUES, "Queues of the topic whose "
@@ -213,6 +217,9 @@ class Controller:
         self.drivers = [GroupDriver(self, g) for g in groups]
         self.topics = TopicExporter(self)
         self.chains = ChainMover(self)
+        self.routes = RouteWriter(self.zk, self.identity,
+                                  lambda: [d.group for d in self.drivers if d.is_leader],
+                                  on_write=self.metrics.route_writes.inc)
         self._tasks: list[asyncio.Task[None]] = []
         self.resigning = False
         # Transitions whose versioned write is on its way: a stop lets them finish, so
@@ -231,6 +238,7 @@ class Controller:
             self._tasks.append(self.loop.create_task(d.run(), name=f"controller-{d.group}"))
         self._tasks.append(self.loop.create_task(self.topics.run(), name="controller-topics"))
         self._tasks.append(self.loop.create_task(self.chains.run(), name="controller-chains"))
+        self._tasks.append(self.loop.create_task(self.routes.run(), name="controller-routes"))
 
     async def stop(self) -> None:
         """Resign: stop deciding, then close the session so followers take over at once.
