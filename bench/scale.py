@@ -33,7 +33,10 @@ pull answered after failed ones whatever it holds). Then ``--rounds`` rounds of:
      SLAVE_CONSUME written (its transition journal ``logs/transitions.jsonl``, dated when
      each versioned write succeeded), READ granted, the consumer's pull; and the sums of
      the controller's ``understudy_failover_phase_seconds`` histograms (detect, fence,
-     switch, and back-sync after the restart) between two scrapes of its ``/metrics``;
+     switch, and back-sync after the restart) between two scrapes of its ``/metrics``, and
+     between the same scrapes the route writer's writes of ``/routes/doc``
+     (``understudy_route_document_writes_total``: each is read by every broker,
+     docs/cluster-routes.md);
    - the controller's CPU (``utime + stime`` of ``/proc/<pid>/stat``, sampled every 10 ms)
      from the first kill to the instant the last group was readable (consumer-seen): in
      total, per group, and "controller CPU per group per second" = CPU seconds / groups /
@@ -423,6 +426,14 @@ def phase_totals(text: str | None) -> dict[str, tuple[float, float]]:
     return out
 
 
+def counter_total(text: str | None, name: str) -> float | None:
+    """A label-less counter's value in a scrape (``None``: not exported)."""
+    for family in text_string_to_metric_families(text or ""):
+        if family.name == names.counter_base(name):
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return None
+
+
 def phase_delta(before: str | None, after: str | None,
                 phases: Iterable[str]) -> dict[str, dict[str, float | None]]:
     """Per phase, what the histograms gained between two scrapes: observations, their sum
@@ -520,6 +531,9 @@ class RoundResult:
     bench_cpu_ms: float | None = None
     bench_longest_pause_ms: float | None = None
     phases: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    #: Writes of /routes/doc between the scrapes before the kill and after the failover
+    #: (docs/cluster-routes.md); every broker reads each.
+    route_document_writes: float | None = None
     recovery_s: float | None = None
     missing: list[str] = field(default_factory=list)
     error: str | None = None
@@ -681,6 +695,8 @@ class Bench:
         res.groups = await asyncio.to_thread(timeline, plan, kills, exited, exits_seen(after),
                                              readers.probes)
         res.phases = phase_delta(before, after, ("detect", "fence", "switch"))
+        w0, w1 = (counter_total(t, names.ROUTE_DOCUMENT_WRITES_TOTAL) for t in (before, after))
+        res.route_document_writes = None if w0 is None or w1 is None else w1 - w0
         cons = [v["consumer"] for v in res.groups.values() if isinstance(v["consumer"], float)]
         grants = [v["grant"] for v in res.groups.values() if isinstance(v["grant"], float)]
         progress(f"{label}: consumer-seen p50/max {_ms(percentile(cons, 50))}/{_ms(max(cons, default=None))} ms, "
@@ -688,7 +704,8 @@ class Bench:
                  f"controller CPU {_ms(res.window.get('controller_cpu_ms'))} ms, machine busy "
                  f"{_ms(res.window.get('machine_busy_pct'))}%, CPU pressure "
                  f"{_ms(res.window.get('cpu_pressure_pct'))}%, host steal "
-                 f"{_ms(res.window.get('host_steal_ms'))} ms"
+                 f"{_ms(res.window.get('host_steal_ms'))} ms, route document writes "
+                 f"{_ms(res.route_document_writes)}"
                  + (f"; no consumer-seen restore for {', '.join(res.missing)}" if res.missing else ""))
         await self.failback(res, masters, after, label)
         return res
@@ -942,6 +959,9 @@ def summarise(n: int, results: list[RoundResult], idle_cores: float | None) -> d
         "steps_ms": steps,
         "slave_consume_spread_ms_per_group": _r(sum(per_group_ms) / len(per_group_ms), 2)
         if per_group_ms else None,
+        "route_document_writes": _r(sum(w) / len(w)) if (w := [
+            r.route_document_writes for r in results if r.route_document_writes is not None])
+        else None,
         "controller_cpu_ms": _r(cpu_ms),
         "controller_cpu_ms_per_group": _r(cpu_ms / n, 2) if cpu_ms is not None else None,
         "controller_cpu_per_group_per_s": _r(per_group_per_s, 4),
