@@ -93,11 +93,11 @@ class Session:
     def exists(self, path: str) -> bool | None:
         return True if path in self.store.nodes else None
 
-    def DataWatch(self, path: str, func: Callable[..., Any]) -> None:  # noqa: N802
+    def DataWatch(self, path: str, func: Callable[..., Any]) -> None:
         self.data_watches.setdefault(path, []).append(func)
         self._fire_data(path, [func])
 
-    def ChildrenWatch(self, path: str, func: Callable[..., Any]) -> None:  # noqa: N802
+    def ChildrenWatch(self, path: str, func: Callable[..., Any]) -> None:
         self.child_watches.setdefault(path, []).append(func)
         self._fire_children(path, [func])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -28,42 +27,19 @@ from understudy_broker.zklayout import (
     status_dir,
     status_path,
 )
-from understudy_harness.testing import eventually, paper_group
+from understudy_harness.testing import CountingClient, counting_session, eventually, paper_group
 
 pytestmark = pytest.mark.integration
 
 GROUP = "g1"
 
 
-class CountingClient(KazooClient):  # type: ignore[misc]
-    """A real kazoo client that counts the notifications its DataWatch callbacks get, by
-    path (kazoo sets its recipes on the instance)."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.calls: dict[str, int] = {}
-        real: Any = self.__dict__["DataWatch"]
-
-        def data_watch(path: str, func: Any, *args: Any, **kw: Any) -> Any:
-            def counted(*a: Any) -> Any:
-                self.calls[path] = self.calls.get(path, 0) + 1
-                return func(*a)
-            return real(path, counted, *args, **kw)
-
-        self.DataWatch = data_watch
-
-
 @pytest.fixture
 def client(zk: str, admin: KazooClient) -> Iterator[CountingClient]:
     admin.create(config_path(GROUP), paper_group(GROUP, "m", "s").to_json(), makepath=True)
     admin.create(live_path(GROUP, "m"), b"", ephemeral=True, makepath=True)
-    c = CountingClient(hosts=zk, timeout=2.0)
-    c.start(timeout=10)
-    try:
+    with counting_session(zk) as c:
         yield c
-    finally:
-        c.stop()
-        c.close()
 
 
 def _status(permission: Permission, epoch: int, offset: int = 0) -> bytes:

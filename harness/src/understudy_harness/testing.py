@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Self, TypeVar
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from understudy_broker import protocol as p
@@ -113,6 +114,38 @@ def zk_session(connect: str, *, timeout_s: float = 5.0) -> Iterator[Any]:
     """A started (synchronous) kazoo client on ``connect`` for a test to read and write
     znodes directly, the way a person or a misbehaving party would; stopped afterwards."""
     client = make_client(connect, timeout_s=timeout_s)
+    client.start(timeout=10)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+class CountingClient(KazooClient):  # type: ignore[misc]
+    """A real kazoo client that counts, by path, the calls its DataWatch and ChildrenWatch
+    recipes make to their functions (the first read, then one per notification): what a
+    cluster view is notified of (kazoo sets its recipes on the instance)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.calls: dict[str, int] = {}
+        for recipe in ("DataWatch", "ChildrenWatch"):
+            setattr(self, recipe, self._counted(self.__dict__[recipe]))
+
+    def _counted(self, real: Any) -> Callable[..., Any]:
+        def watch(path: str, func: Any, *args: Any, **kw: Any) -> Any:
+            def counted(*a: Any) -> Any:
+                self.calls[path] = self.calls.get(path, 0) + 1
+                return func(*a)
+            return real(path, counted, *args, **kw)
+        return watch
+
+
+@contextlib.contextmanager
+def counting_session(connect: str) -> Iterator[CountingClient]:
+    """A started :class:`CountingClient` on ``connect``, stopped afterwards."""
+    client = CountingClient(hosts=connect, timeout=2.0)
     client.start(timeout=10)
     try:
         yield client
