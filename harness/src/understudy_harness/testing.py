@@ -109,17 +109,23 @@ def wait_until(cond: Callable[[], T], what: str = "", within_s: float = 20.0, *,
 # ----------------------------------------------------------------------- ZooKeeper
 
 
+K = TypeVar("K", bound=KazooClient)
+
+
 @contextlib.contextmanager
-def zk_session(connect: str, *, timeout_s: float = 5.0) -> Iterator[Any]:
-    """A started (synchronous) kazoo client on ``connect`` for a test to read and write
-    znodes directly, the way a person or a misbehaving party would; stopped afterwards."""
-    client = make_client(connect, timeout_s=timeout_s)
+def _started(client: K) -> Iterator[K]:
     client.start(timeout=10)
     try:
         yield client
     finally:
         client.stop()
         client.close()
+
+
+def zk_session(connect: str, *, timeout_s: float = 5.0) -> contextlib.AbstractContextManager[Any]:
+    """A started (synchronous) kazoo client on ``connect`` for a test to read and write
+    znodes directly, the way a person or a misbehaving party would; stopped afterwards."""
+    return _started(make_client(connect, timeout_s=timeout_s))
 
 
 class CountingClient(KazooClient):  # type: ignore[misc]
@@ -142,16 +148,9 @@ class CountingClient(KazooClient):  # type: ignore[misc]
         return watch
 
 
-@contextlib.contextmanager
-def counting_session(connect: str) -> Iterator[CountingClient]:
+def counting_session(connect: str) -> contextlib.AbstractContextManager[CountingClient]:
     """A started :class:`CountingClient` on ``connect``, stopped afterwards."""
-    client = CountingClient(hosts=connect, timeout=2.0)
-    client.start(timeout=10)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
+    return _started(CountingClient(hosts=connect, timeout=2.0))
 
 
 def isr_record(zk: Any, group: str) -> frozenset[str] | None:
