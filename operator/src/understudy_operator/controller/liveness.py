@@ -67,10 +67,22 @@ class NullLiveness:
         return None
 
 
+def _read_small(path: str | Path, size: int) -> bytes:
+    """The first ``size`` bytes of a small file, by ``os.open``/``os.read``: every check of
+    every group reads each broker's pid file and ``/proc/<pid>/stat``, and through
+    ``pathlib`` those two reads were over half of the controller's event-loop time at rest
+    (``bench/scale.py``, 20 groups, py-spy: 58 us a broker, 17 us this way)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 def read_pid_file(path: Path) -> int | None:
     """The pid in ``path``, or ``None`` if the file is missing or malformed (logged)."""
     try:
-        text = path.read_text(encoding="ascii", errors="replace").strip()
+        text = _read_small(path, 4096).decode("ascii", errors="replace").strip()
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -87,7 +99,7 @@ def proc_state_letter(pid: int) -> str | None:
     ``None`` if the process does not exist. The command name may contain spaces and
     parentheses, so parse after the *last* ``)``."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        raw = _read_small(f"/proc/{pid}/stat", 4096)
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError:
