@@ -139,8 +139,8 @@ class ClusterView:
         if self._follow_document:
             # Armed before the groups: with a writer at work, none is watched one by one.
             await asyncio.to_thread(self._client.ensure_path, ROUTES_DIR, self._acl)
-            await asyncio.to_thread(self._client.DataWatch, ROUTES_WRITER, self._kz(self._apply_writer))
-            await asyncio.to_thread(self._client.DataWatch, ROUTES_DOC, self._kz(self._apply_doc))
+            for path, apply in ((ROUTES_WRITER, self._apply_writer), (ROUTES_DOC, self._apply_doc)):
+                await asyncio.to_thread(self._client.DataWatch, path, self._kz(apply))
         await asyncio.to_thread(self._client.ChildrenWatch, TOPICS_DIR, self._kz(self._topic_names))
         await asyncio.to_thread(self._client.ChildrenWatch, GROUPS_DIR, self._kz(self._group_names))
 

@@ -231,7 +231,9 @@ class Broker:
             if group is not None and (problem := spec_mismatch(cfg, group)) is not None:
                 raise ConfigError(problem)
             replica = self._replica(store)
-            # Consumers read only what may be acknowledged (server/readable.py).
+            # What a write's acknowledgement waits for, asked in one place: by a produce
+            # before it answers, and for consumers, who read only what passed it
+            # (server/readable.py).
             readable = ReadableEnd(
                 log_end=lambda: store.log.max_phys,
                 acknowledged=lambda end, start: acknowledged(

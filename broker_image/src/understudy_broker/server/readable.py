@@ -13,10 +13,12 @@ watermark.
 One task advances it, whatever appended for consumers (a produce, the scheduler's
 deliveries): it waits exactly what a produce's acknowledgement waits for, up to the log's
 end as it stands, then moves the end and wakes the long polls of the queues whose
-appends it passed. A produce's acknowledgement moves it too, to that produce's end,
-before the answer is sent: a client that pulls the offset it was just given reads it. An append that cannot be acknowledged (no slave in sync under a floor
-of one, a flush that failed) stays unreadable, and the task tries again, until a slave
-has it.
+appends it passed. A produce waits for its acknowledgement here too
+(:meth:`ReadableEnd.wait_acknowledged`, the one place that condition is asked), which
+moves the readable end to that produce's end before the answer is sent: a client that
+pulls the offset it was just given reads it. An append that cannot be acknowledged (no
+slave in sync under a floor of one, a flush that failed) stays unreadable, and the task
+tries again, until a slave has it.
 
 A slave's readable end is its log end: everything it holds came from its master through
 replication. A master's starts at the log end it recovered (what its disk held when it
@@ -75,6 +77,12 @@ class ReadableEnd:
         self._pending.append((end_phys, set(keys)))
         self._kick.set()
 
+    async def wait_acknowledged(self, end_phys: int, start_phys: int) -> None:
+        """Return once a write from ``start_phys`` to ``end_phys`` may be acknowledged (a
+        produce's wait; raises as ``acknowledged`` does), its records readable from then."""
+        await self._acknowledged(end_phys, start_phys)
+        self.acknowledged(end_phys)
+
     def acknowledged(self, end_phys: int) -> None:
         """Everything up to ``end_phys`` was found acknowledgeable by someone else (a
         produce's acknowledgement waits exactly what :meth:`run` waits for): readable now,
@@ -120,4 +128,3 @@ class ReadableEnd:
             keys |= self._pending.popleft()[1]
         if keys:
             self._wake(keys)
-

@@ -537,8 +537,8 @@ class Requests:
         else:  # every message a repeat: its first copy is acknowledged as it would be
             start = end = lg.max_phys
         async def answer() -> bytes:
-            await acknowledged([self._store.log_durable(end), self._replica.replicated(end, start)])
-            self._readable.acknowledged(end)  # read-your-writes (server/readable.py)
+            # Durable and replicated; then readable (read-your-writes, server/readable.py).
+            await self._readable.wait_acknowledged(end, start)
             if head_epoch is not None:
                 self._check_still_head(topic, head_epoch)
             offsets = [(q, p.SCHEDULED_OFFSET if t == sch.SCHEDULE_TOPIC else o)
