@@ -20,11 +20,11 @@ from kazoo.client import KazooClient
 
 from understudy_broker.ha.clusterview import ClusterView
 from understudy_broker.model import Permission
+from understudy_broker.protocol import BrokerRoute
 from understudy_broker.zklayout import (
     ROUTES_DOC,
     ROUTES_WRITER,
     BrokerRouteDoc,
-    RoutedBroker,
     RoutesDoc,
     config_path,
     controller_path,
@@ -153,7 +153,7 @@ async def test_a_malformed_or_foreign_document_is_not_used(
     view = await broker_view(view_client)
     await eventually(lambda: reader(view, "g1") == ("m1", 1), "g1 routed from its own nodes")
     assert not view.documented
-    made_up = RoutesDoc("y", {"g1": (RoutedBroker("s1", "127.0.0.1:4", "slave", 1, 9, True),)})
+    made_up = RoutesDoc("y", {"g1": (BrokerRoute("s1", "127.0.0.1:4", "slave", 1, 9, True),)})
     cluster.set(ROUTES_DOC, made_up.to_json())
     await asyncio.sleep(0.3)
     assert not view.documented

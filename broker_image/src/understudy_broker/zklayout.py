@@ -38,6 +38,7 @@ from understudy_broker.model import (
     TopicNameError,
     check_topic_name,
 )
+from understudy_broker.protocol import BrokerRoute
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 
 DEFAULT_CHROOT = "/understudy"
@@ -579,25 +580,13 @@ ROUTES_DOC = f"{ROUTES_DIR}/doc"
 
 
 @dataclass(frozen=True, slots=True)
-class RoutedBroker:
-    """One broker of a group as a route shows it (the fields of ``protocol.BrokerRoute``)."""
-
-    name: str
-    address: str
-    role: str
-    permission: int
-    epoch: int
-    reachable: bool
-
-
-@dataclass(frozen=True, slots=True)
 class RoutesDoc:
     """``/routes/doc``: every group's route, as the route writer's view holds it
     (docs/cluster-routes.md). ``writer`` is the identity in :data:`ROUTES_WRITER` when it
     was written: a broker uses a document only while that same writer holds the node."""
 
     writer: str
-    groups: dict[str, tuple[RoutedBroker, ...]]
+    groups: dict[str, tuple[BrokerRoute, ...]]  # what a RouteResponse shows of each group
     #: Each group's rows as decoded (not compared): what :meth:`from_json` reuses.
     rows: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -617,7 +606,7 @@ class RoutesDoc:
             groups = doc["groups"]
             if not isinstance(writer, str) or not writer or not isinstance(groups, dict):
                 raise TypeError("expected a writer and a groups object")
-            out: dict[str, tuple[RoutedBroker, ...]] = {}
+            out: dict[str, tuple[BrokerRoute, ...]] = {}
             for g, rows in groups.items():
                 if reuse is not None and reuse.rows.get(g) == rows:
                     out[g] = reuse.groups[g]
@@ -629,13 +618,13 @@ class RoutesDoc:
             raise LayoutError(f"routes: {exc}") from exc
 
 
-def _routed(row: Any) -> RoutedBroker:
+def _routed(row: Any) -> BrokerRoute:
     name, address, role, permission, epoch, reachable = row
     if not (isinstance(name, str) and isinstance(address, str) and isinstance(role, str)
             and type(permission) is int and 0 <= permission <= 3 and type(epoch) is int
             and epoch >= 0 and isinstance(reachable, bool)):
         raise TypeError(f"a routed broker is [name, address, role, 0-3, epoch, bool]: {row!r}")
-    return RoutedBroker(check_name("broker", name), address, role, permission, epoch, reachable)
+    return BrokerRoute(check_name("broker", name), address, role, permission, epoch, reachable)
 
 
 def _dump(doc: dict[str, Any]) -> bytes:

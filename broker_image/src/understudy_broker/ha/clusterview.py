@@ -494,9 +494,7 @@ class ClusterView:
         g = self._groups.get(group)
         if self._from_document(group, g):
             assert self._doc is not None
-            return GroupRoute(group, current_claims([
-                BrokerRoute(b.name, b.address, b.role, b.permission, b.epoch,
-                            reachable=b.reachable) for b in self._doc.groups[group]]))
+            return GroupRoute(group, current_claims(self._doc.groups[group]))
         if g is None or g.config is None:
             return GroupRoute(group, [])
         out = []

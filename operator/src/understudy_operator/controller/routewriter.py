@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from understudy_broker.ha.clusterview import ClusterView
-from understudy_broker.zklayout import ROUTES_DOC, ROUTES_WRITER, RoutedBroker, RoutesDoc
+from understudy_broker.zklayout import ROUTES_DOC, ROUTES_WRITER, RoutesDoc
 from understudy_operator import zk as zkio
 from understudy_operator.controller.topicview import exports_topics
 
@@ -56,10 +56,7 @@ COMPLETE_WAIT_S = 10.0
 
 def routes_of(view: ClusterView, writer: str) -> RoutesDoc:
     """The document for what ``view`` holds now."""
-    return RoutesDoc(writer, {
-        g: tuple(RoutedBroker(b.name, b.address, b.role, b.permission, b.epoch, b.reachable)
-                 for b in view.group_route(g).brokers)
-        for g in view.groups()})
+    return RoutesDoc(writer, {g: tuple(view.group_route(g).brokers) for g in view.groups()})
 
 
 class RouteWriter:
