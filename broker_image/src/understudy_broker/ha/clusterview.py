@@ -27,7 +27,7 @@ every group's route from it (one notification per write, however many groups cha
 and arms no per-group watches; the ones it had end at their next notification. While no
 writer holds the node, or its document is missing, malformed or another writer's, the view
 follows the groups itself as above (re-armed at once when the writer goes), answering a
-group it has not read yet from the last document it had. The writer's own view
+group it has not read whole yet from the last document it had. The writer's own view
 (``follow_document`` off: :class:`~understudy_operator.controller.routewriter.RouteWriter`)
 is a per-group view; :meth:`ClusterView.complete` says when it has read every group once.
 
@@ -482,9 +482,10 @@ class ClusterView:
 
     def _from_document(self, name: str, g: _Group | None) -> bool:
         """Answer ``name`` from the last document: routes come from it, or the view's own
-        watches have not read the group's config yet."""
+        watches have not read every node of the group yet (its config read but not its
+        brokers' routes would show no broker holding anything)."""
         return (self._doc is not None and name in self._doc.groups
-                and (self._documented or (g is not None and "config" not in g.seen)))
+                and (self._documented or (g is not None and not g.complete)))
 
     def group_route(self, group: str) -> GroupRoute:
         """The group's brokers as a client should see them: a broker's permission is the
