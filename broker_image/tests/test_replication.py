@@ -477,6 +477,100 @@ async def test_wake_reconnects_a_slave_at_once_instead_of_after_its_backoff(
         slave_log.close()
 
 
+class SlowFront:
+    """A TCP front for a master that holds each new connection ``hold_s`` before piping
+    it through (``None``: for ever), as a lossy link holds a handshake whose packets are
+    sent again."""
+
+    def __init__(self, port: int, hold_s: float | None) -> None:
+        self.port = port
+        self.hold_s = hold_s
+        self.connections = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            if self.hold_s is None:
+                await reader.read()  # until the slave gives up
+                return
+            await asyncio.sleep(self.hold_s)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+            async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+                while data := await src.read(1 << 16):
+                    dst.write(data)
+                    await dst.drain()
+                dst.close()
+
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_handshake_slower_than_the_link_timeout_still_links(tmp_path: Path) -> None:
+    """A connection whose group-secret handshake takes longer than the 1 s link timeout (on
+    a lossy link a lost SYN alone costs 1 s) still links: connecting has its own, longer
+    limit. With the link timeout as the limit, every attempt was given up."""
+    master_log = CommitLog.open(tmp_path / "m", segment_bytes=SEG)
+    slave_log = CommitLog.open(tmp_path / "s", segment_bytes=SEG)
+    server = ReplicationServer(master_log, host="127.0.0.1", port=0, sync=False,
+                               metadata=dict, group="g1", secret=b"s3cret")
+    await server.start()
+    front = SlowFront(server.port, hold_s=1.5)
+    proxy = await asyncio.start_server(front.handle, "127.0.0.1", 0)
+    client = ReplicationClient(slave_log, master_host="127.0.0.1",
+                               master_port=proxy.sockets[0].getsockname()[1], name="s",
+                               on_metadata=lambda _d: None, on_append=lambda: None,
+                               link_timeout_s=1.0, group="g1", secret=b"s3cret",
+                               backoff_initial_s=0.05)
+    task = asyncio.create_task(client.run())
+    try:
+        await eventually(lambda: server.slave_connected, "the link through the slow front",
+                         within_s=20)
+        assert client.connect_timeout_s > 1.5
+    finally:
+        await client.stop()
+        async with asyncio.timeout(10):
+            await task
+        proxy.close()
+        await proxy.wait_closed()
+        await server.stop()
+        master_log.close()
+        slave_log.close()
+
+
+async def test_wake_gives_up_a_connection_attempt_that_hangs(tmp_path: Path) -> None:
+    """An attempt that hangs (an address the master has left) is given up when the master
+    comes back (wake), not after the connect timeout: a failback waits for this link."""
+    slave_log = CommitLog.open(tmp_path / "s", segment_bytes=SEG)
+    front = SlowFront(0, hold_s=None)
+    proxy = await asyncio.start_server(front.handle, "127.0.0.1", 0)
+    client = ReplicationClient(slave_log, master_host="127.0.0.1",
+                               master_port=proxy.sockets[0].getsockname()[1], name="s",
+                               on_metadata=lambda _d: None, on_append=lambda: None,
+                               connect_timeout_s=600.0, group="g1", secret=b"s3cret",
+                               backoff_initial_s=0.05)
+    task = asyncio.create_task(client.run())
+    try:
+        await eventually(lambda: front.connections == 1, "the first attempt")
+        await asyncio.sleep(0.2)
+        assert front.connections == 1  # it hangs: a 600 s limit
+        client.wake()
+        await eventually(lambda: front.connections == 2, "a new attempt after wake()",
+                         within_s=10)
+        assert "came back" in (client.last_error or "")
+    finally:
+        await client.stop()
+        async with asyncio.timeout(10):
+            await task
+        proxy.close()
+        await proxy.wait_closed()
+        slave_log.close()
+
+
 async def test_stopping_a_master_with_linked_slaves_logs_no_asyncio_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -54,6 +54,14 @@ from understudy_broker.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
+CONNECT_TIMEOUT_MIN_S = 3.0
+"""The least time one connection attempt to the master gets (TCP, TLS and the
+group-secret handshake), whatever the link timeout. Linux sends a lost SYN again only
+after 1 s (RFC 6298's initial retransmission timeout): with the 1 s link timeout as the
+limit, every attempt whose SYN or SYN-ACK was lost failed, one in three on a link losing
+20 % each way, and a slave cut off there took 10 s to get back into the in-sync set.
+3 s lets each be sent twice."""
+
 
 class ReplicationClient:
     """The slave's side: one connection to the master, reconnecting with jittered, capped
@@ -70,6 +78,7 @@ class ReplicationClient:
         on_append: Callable[[], None],
         heartbeat_s: float | None = None,
         link_timeout_s: float = 3.0,
+        connect_timeout_s: float | None = None,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 2.0,
         commit: GroupCommit | None = None,
@@ -95,6 +104,8 @@ class ReplicationClient:
         # second on both brokers of every idle link.
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else min(0.25, link_timeout_s / 4)
         self.link_timeout_s = link_timeout_s
+        self.connect_timeout_s = (connect_timeout_s if connect_timeout_s is not None
+                                  else max(link_timeout_s, CONNECT_TIMEOUT_MIN_S))
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
         # Group commit of replicated bytes (batch flush policy): one fsync in a worker
         # thread acknowledges every push appended before it began. ``commit``: the one
@@ -127,7 +138,8 @@ class ReplicationClient:
     def wake(self) -> None:
         """The master is back (its ``live`` node reappeared): reconnect now, from the first
         backoff step, instead of at the end of a wait of up to ``backoff_max_s``; a failback
-        waits for this link."""
+        waits for this link. An attempt under way is given up for a new one: it may be to
+        an address the master has left (a pod that came back elsewhere)."""
         self._backoff.reset()
         self._wake.set()
 
@@ -141,10 +153,10 @@ class ReplicationClient:
             progressed = False
             try:
                 progressed = await self._session()
-            except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-                self.last_error = f"connection: {exc!r}"
-            except TimeoutError:
+            except TimeoutError:  # before OSError, of which it is one
                 self.last_error = f"no data from the master for {self.link_timeout_s:g}s"
+            except (asyncio.IncompleteReadError, OSError) as exc:
+                self.last_error = f"connection: {exc!r}"
             except MasterBehindError as exc:
                 self.last_error = str(exc)
                 log.warning("replication from %s:%d paused: %s", self.master_host,
@@ -168,6 +180,34 @@ class ReplicationClient:
             log.info("replication link down (%s); retrying in %.2fs", self.last_error, delay)
             self._wake.clear()
             await _first_of(self._stop, self._wake, timeout_s=delay)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the master and prove the group secret within ``connect_timeout_s``;
+        a :meth:`wake` meanwhile gives this attempt up (``ConnectionError``, and the run
+        loop tries again at its first backoff step)."""
+        self._wake.clear()
+        opening = asyncio.create_task(self._open())
+        woken = asyncio.create_task(self._wake.wait())
+        try:
+            await asyncio.wait((opening, woken), timeout=self.connect_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await stop_tasks((opening, woken))
+        if not opening.cancelled():
+            return opening.result()  # connected, or why not (refused, not our master, ...)
+        if woken.done() and not woken.cancelled():
+            raise ConnectionError("the master came back: connecting again")
+        raise ConnectionError(f"no connection to {self.master_host}:{self.master_port} "
+                              f"within {self.connect_timeout_s:g}s")
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection(
+            self.master_host, self.master_port, ssl=self._tls,
+            server_hostname=self.master_host if self._tls is not None else None)
+        self._writer = writer  # closed by run() whatever happens next
+        if self._secrets:
+            await self._prove(reader, writer)
+        return reader, writer
 
     async def _prove(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The group-secret handshake (replication/wire.py); the master proves it too,
@@ -199,14 +239,7 @@ class ReplicationClient:
             # A previous session may have appended bytes it never fsynced: the hello
             # offset is an acknowledgement too.
             await self._fsync()
-        async with asyncio.timeout(self.link_timeout_s):
-            reader, writer = await asyncio.open_connection(
-                self.master_host, self.master_port, ssl=self._tls,
-                server_hostname=self.master_host if self._tls is not None else None)
-        self._writer = writer
-        if self._secrets:
-            async with asyncio.timeout(self.link_timeout_s):
-                await self._prove(reader, writer)
+        reader, writer = await self._connect()
         self.master_epoch = None
         writer.write(self._hello + HEARTBEAT.pack(self._durable_offset()))
         async with asyncio.timeout(self.link_timeout_s):
