@@ -74,6 +74,7 @@ from understudy_broker.zklayout import (
     topic_path,
 )
 from understudy_operator.controller.observe import BrokerView, Observation, ProcessState
+from understudy_operator.controller.topicview import exports_topics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -353,6 +354,14 @@ class ZkGateway:
                 if await self.children(controller_path(group)):
                     return group
         return None
+
+    async def leads_the_cluster(self, led: Sequence[str]) -> bool:
+        """Whether a controller leading the groups ``led`` does the cluster's once-a-cluster
+        work now (the topic series, the ordered topics' chains, the route document): it
+        leads the first elected group (:func:`exports_topics`) and is connected. Reads
+        ZooKeeper only when it leads a group."""
+        return bool(led) and self.connected and exports_topics(
+            led, await self.first_elected_group())
 
     async def groups(self) -> list[str]:
         """Every group with a node under ``/groups`` (configured or not)."""

@@ -21,7 +21,6 @@ from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.zklayout import ChainDoc, GroupConfig, LayoutError, TopicDoc, chains_path
 from understudy_operator import zk as zkio
 from understudy_operator.controller.observe import Observation
-from understudy_operator.controller.topicview import exports_topics
 
 if TYPE_CHECKING:
     from understudy_operator.controller.driver import Controller
@@ -91,7 +90,7 @@ class ChainMover:
     async def move_all(self) -> None:
         zk = self.c.zk
         led = [d.group for d in self.c.drivers if d.is_leader]
-        if not led or not zk.connected or not exports_topics(led, await zk.first_elected_group()):
+        if not await zk.leads_the_cluster(led):
             return
         now = asyncio.get_running_loop().time()
         if now - self._listed_at >= TOPICS_LIST_S:  # topics change rarely: list them slowly

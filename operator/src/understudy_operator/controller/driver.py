@@ -61,7 +61,6 @@ from understudy_operator.controller.observe import Observation
 from understudy_operator.controller.routewriter import RouteWriter
 from understudy_operator.controller.topicview import (
     TopicCounts,
-    exports_topics,
     group_permission,
     topic_counts,
 )
@@ -615,7 +614,7 @@ class TopicExporter:
         """The counts to export: empty unless this controller is the cluster's exporter."""
         zk = self.c.zk
         led = [d.group for d in self.c.drivers if d.is_leader]
-        if not led or not zk.connected or not exports_topics(led, await zk.first_elected_group()):
+        if not await zk.leads_the_cluster(led):
             return {}
         docs = [doc for t in await zk.topics()
                 if (doc := (await zk.read_topic(t, warn=_debug))[0]) is not None]

@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from understudy_broker.ha.clusterview import ClusterView
 from understudy_broker.zklayout import ROUTES_DOC, ROUTES_WRITER, RoutesDoc
 from understudy_operator import zk as zkio
-from understudy_operator.controller.topicview import exports_topics
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +86,7 @@ class RouteWriter:
             await asyncio.sleep(self._check_s)
 
     async def _chosen(self) -> bool:
-        led = self._led()
-        return bool(led) and self._zk.connected and exports_topics(
-            led, await self._zk.first_elected_group())
+        return await self._zk.leads_the_cluster(self._led())
 
     async def _ours(self) -> bool:
         found = await self._zk.get(ROUTES_WRITER)
