@@ -12,7 +12,11 @@ real :class:`ClusterView` and the real document builder
 loop are replaced, so every notification is delivered when the model says.
 
 Checked after every step: a group the broker answered a route for is never answered with
-no brokers while it exists (a switch never leaves a group out of the view). Checked once
+no brokers while it exists (a switch never leaves a group out of the view); and while the
+broker follows the groups itself, no broker is shown at an older epoch than it was shown at
+before (a fall-back from the document never shows a group as it was before the document:
+between reading a group's config and its brokers' routes, the view showed nobody holding
+anything). Checked once
 everything is delivered and the writer, if any, has written what it sees: the broker's
 routes are exactly the routes of a view that follows every group itself.
 """
@@ -200,6 +204,7 @@ class Routes(RuleBasedStateMachine):
         self.broker, self.broker_loop = started(self.broker_session, follow_document=True)
         self.epoch = 1
         self.answered: set[str] = set()
+        self.shown_epoch: dict[tuple[str, str], int] = {}
 
     # ZooKeeper changes
     @rule(g=st.sampled_from(GROUPS), b=st.sampled_from(BROKERS),
@@ -272,6 +277,19 @@ class Routes(RuleBasedStateMachine):
             elif g in self.answered:
                 raise AssertionError(f"{g} answered before, now with no brokers "
                                      f"(documented={self.broker.documented})")
+
+    @invariant()
+    def no_step_back_while_following_the_groups(self) -> None:
+        for g in GROUPS:
+            for b in self.broker.group_route(g).brokers:
+                before = self.shown_epoch.get((g, b.name), 0)
+                if not self.broker.documented and b.epoch < before:
+                    raise AssertionError(f"{g}/{b.name} shown at epoch {b.epoch} after "
+                                         f"{before}, following the groups itself")
+                # A document may be older than what the broker read itself (the writer's
+                # view lags): what it shows is the floor from then on.
+                self.shown_epoch[(g, b.name)] = (b.epoch if self.broker.documented
+                                                 else max(before, b.epoch))
 
     @rule()
     def settle(self) -> None:
