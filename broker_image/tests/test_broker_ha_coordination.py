@@ -590,3 +590,47 @@ async def test_a_commit_acknowledged_just_before_kill9_survives_failover_and_fai
         assert p.OffsetsResponse.decode(fetched.body).offsets == {0: 17, 1: 5}
     finally:
         group.stop_all()
+
+
+async def test_a_queue_with_no_pull_out_at_the_kill_reports_its_reads_restored_on_the_slave(
+        zk: str, tmp_path: Path, admin: KazooClient) -> None:
+    """A queue's pull loop that had no pull out when the master died (its next records
+    waiting for the application) goes straight to the acting slave: none of its pulls
+    fails. Its first pull answered there is still reported (``on_read_restored``, what the
+    drill measures consumer-seen failover with: such a cycle had no figure)."""
+    group = Group(zk, tmp_path, sync=True)
+    admin.create(config_path(GROUP), group.config.to_json(), makepath=True)
+    try:
+        group.controller().start(wait_port=False)
+        m = group.broker(group.m).start()
+        group.broker(group.s).start()
+        await eventually(lambda: perm_is(group.m, Permission.FULL), "master FULL", 30)
+        bootstrap = [f"127.0.0.1:{group.m.port}", f"127.0.0.1:{group.s.port}"]
+        await create_topic(bootstrap, topic="t", queues=1)
+        await eventually(lambda: zk_status(admin, "m").get("slaveLinks") == ["s"], "slave linked")
+        async with Producer(bootstrap) as producer:
+            await asyncio.gather(*[await producer.send("t", b"r%d" % i + b"." * 300, queue=0)
+                                   for i in range(60)])
+        # One batch buffered at most, and small pulls: the loop soon holds a pull's answer
+        # it cannot hand over, and waits with no pull out.
+        consumer = Consumer(bootstrap, group="cg", topic="t", max_wait_ms=200,
+                            max_bytes=2048, prefetch_batches=1)
+        restored: list[str] = []
+        consumer.on_read_restored = lambda _q, address, _ns: restored.append(address)
+        seen = {r.body for r in await consumer.getmany(timeout_s=5)}
+        try:
+            await eventually(lambda: consumer._buffer.full(), "the buffer full")
+            m.kill9()
+            await eventually(lambda: perm_is(group.s, Permission.READ), "slave READ after kill")
+            await eventually(lambda: any(b.holds(Permission.READ) for b in (
+                consumer.router.route.brokers_of(GROUP) if consumer.router.route else ())),
+                "the consumer's route names the acting slave")
+            deadline = time.monotonic() + 30
+            while len(seen) < 60 and time.monotonic() < deadline:
+                seen |= {r.body for r in await consumer.getmany(timeout_s=0.5)}
+        finally:
+            await consumer.close()
+        assert len(seen) == 60
+        assert restored == [f"127.0.0.1:{group.s.port}"]
+    finally:
+        group.stop_all()

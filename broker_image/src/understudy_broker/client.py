@@ -2063,8 +2063,10 @@ class Consumer(_GroupMember):
         self.session_timeout_s = session_timeout_ms / 1000
         self.ownership_log: list[tuple[float, str, int]] = []
         #: Called ``(queue, broker address, sent at ns)`` for the first pull answered after
-        #: one or more failed ones: reads restored as this consumer sees them (the drill
-        #: measures failover with it).
+        #: one or more failed ones, or answered by another broker than the pull before it
+        #: (READ moved while this queue's loop had no pull out: a full buffer, an
+        #: application busy elsewhere): reads restored as this consumer sees them (the
+        #: drill measures failover with it).
         self.on_read_restored: Callable[[int, str, int], None] | None = None
         self.started_at: dict[int, int] = {}  # per queue acquired: the committed offset it began at
         self._holding: set[int] = set()  # queues whose acquisition is logged, not released
@@ -2352,6 +2354,7 @@ class Consumer(_GroupMember):
             except (ConnectionError, OSError, TimeoutError, p.FrameError):
                 await backoff.sleep()
         failing = False  # the last pull failed: the next answer restores reads
+        answered_by: str | None = None  # the broker that answered the last pull
         while True:
             member = (self.group, *self._membership_fields()) if self.membership else ("", "", 0)
             req = p.PullRequest(self.topic, queue, offset, self.max_bytes, self.max_wait_ms, *member)
@@ -2389,9 +2392,11 @@ class Consumer(_GroupMember):
                 if not isinstance(exc, _HolderMoved):  # the new holder is known: go now
                     await router.pause(backoff.next(), group, Permission.READ, used_epoch)
                 continue
-            if failing and self.on_read_restored is not None and conn is not None:
+            if (self.on_read_restored is not None and conn is not None
+                    and (failing or answered_by not in (None, conn.address))):
                 self.on_read_restored(queue, conn.address, sent_ns)
             failing = False
+            answered_by = None if conn is None else conn.address
             backoff.reset()
             if resp.records:
                 await self._buffer.put((queue, token, [
