@@ -465,18 +465,25 @@ async def test_lease_lapse_while_stopped_is_logged_at_the_lapse_not_at_the_wakeu
     assert log[-1].effective == Permission.FULL
 
 
+async def started_with_topic(group: Group, admin: KazooClient) -> tuple[Process, list[str]]:
+    """The controller, the master and the slave started, the master FULL, topic ``t``
+    (one queue) created and the slave linked: the master's process and the bootstrap."""
+    group.controller().start(wait_port=False)
+    m = group.broker(group.m).start()
+    group.broker(group.s).start()
+    await eventually(lambda: perm_is(group.m, Permission.FULL), "master FULL", 30)
+    bootstrap = [f"127.0.0.1:{group.m.port}", f"127.0.0.1:{group.s.port}"]
+    await create_topic(bootstrap, topic="t", queues=1)
+    await eventually(lambda: zk_status(admin, "m").get("slaveLinks") == ["s"], "slave linked")
+    return m, bootstrap
+
+
 async def test_master_stopped_past_its_session_comes_back_fenced_and_rejoins_by_backsync(
         zk: str, tmp_path: Path, admin: KazooClient) -> None:
     group = Group(zk, tmp_path, sync=True)
     admin.create(config_path(GROUP), group.config.to_json(), makepath=True)
     try:
-        group.controller().start(wait_port=False)
-        m = group.broker(group.m).start()
-        group.broker(group.s).start()
-        await eventually(lambda: perm_is(group.m, Permission.FULL), "master FULL", 30)
-        bootstrap = [f"127.0.0.1:{group.m.port}", f"127.0.0.1:{group.s.port}"]
-        await create_topic(bootstrap, topic="t", queues=1)
-        await eventually(lambda: zk_status(admin, "m").get("slaveLinks") == ["s"], "slave linked")
+        m, bootstrap = await started_with_topic(group, admin)
         async with Producer(bootstrap) as producer:
             await asyncio.gather(*[await producer.send("t", b"x%d" % i) for i in range(50)])
         # Topics reach a slave with the replication metadata (every 0.25 s).
@@ -601,13 +608,7 @@ async def test_a_queue_with_no_pull_out_at_the_kill_reports_its_reads_restored_o
     group = Group(zk, tmp_path, sync=True)
     admin.create(config_path(GROUP), group.config.to_json(), makepath=True)
     try:
-        group.controller().start(wait_port=False)
-        m = group.broker(group.m).start()
-        group.broker(group.s).start()
-        await eventually(lambda: perm_is(group.m, Permission.FULL), "master FULL", 30)
-        bootstrap = [f"127.0.0.1:{group.m.port}", f"127.0.0.1:{group.s.port}"]
-        await create_topic(bootstrap, topic="t", queues=1)
-        await eventually(lambda: zk_status(admin, "m").get("slaveLinks") == ["s"], "slave linked")
+        m, bootstrap = await started_with_topic(group, admin)
         async with Producer(bootstrap) as producer:
             await asyncio.gather(*[await producer.send("t", b"r%d" % i + b"." * 300, queue=0)
                                    for i in range(60)])

@@ -377,6 +377,27 @@ class FakeMaster:
             writer.close()
 
 
+@contextlib.asynccontextmanager
+async def client_of(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
+                    log: CommitLog, **options: Any) -> AsyncIterator[ReplicationClient]:
+    """A running slave client named ``slave`` whose master is a server calling ``handle``
+    on each connection; the client stopped and the server closed at the end."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    client = ReplicationClient(log, master_host="127.0.0.1",
+                               master_port=server.sockets[0].getsockname()[1], name="slave",
+                               on_metadata=lambda _d: None, on_append=lambda: None,
+                               backoff_initial_s=0.05, **options)
+    task = asyncio.create_task(client.run())
+    try:
+        yield client
+    finally:
+        await client.stop()
+        async with asyncio.timeout(10):
+            await task
+        server.close()
+        await server.wait_closed()
+
+
 @pytest.mark.parametrize(
     ("frames", "error"),
     [
@@ -390,29 +411,14 @@ async def test_bad_frames_from_the_master_drop_the_link_and_write_nothing(
     tmp_path: Path, frames: list[bytes], error: str
 ) -> None:
     fake = FakeMaster(frames)
-    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
     log = CommitLog.open(tmp_path / "slave", segment_bytes=SEG)
-    client = ReplicationClient(
-        log,
-        master_host="127.0.0.1",
-        master_port=server.sockets[0].getsockname()[1],
-        name="slave",
-        on_metadata=lambda _m: None,
-        on_append=lambda: None,
-        backoff_initial_s=0.05,
-    )
-    task = asyncio.create_task(client.run())
     try:
-        await eventually(lambda: fake.connections >= 2, "a reconnect after the bad frame")
-        assert client.last_error is not None
-        assert error in client.last_error
-        assert log.max_phys == 0
+        async with client_of(fake.handle, log) as client:
+            await eventually(lambda: fake.connections >= 2, "a reconnect after the bad frame")
+            assert client.last_error is not None
+            assert error in client.last_error
+            assert log.max_phys == 0
     finally:
-        await client.stop()
-        async with asyncio.timeout(10):
-            await task
-        server.close()
-        await server.wait_closed()
         log.close()
 
 
@@ -519,24 +525,13 @@ async def test_a_handshake_slower_than_the_link_timeout_still_links(tmp_path: Pa
     server = ReplicationServer(master_log, host="127.0.0.1", port=0, sync=False,
                                metadata=dict, group="g1", secret=b"s3cret")
     await server.start()
-    front = SlowFront(server.port, hold_s=1.5)
-    proxy = await asyncio.start_server(front.handle, "127.0.0.1", 0)
-    client = ReplicationClient(slave_log, master_host="127.0.0.1",
-                               master_port=proxy.sockets[0].getsockname()[1], name="s",
-                               on_metadata=lambda _d: None, on_append=lambda: None,
-                               link_timeout_s=1.0, group="g1", secret=b"s3cret",
-                               backoff_initial_s=0.05)
-    task = asyncio.create_task(client.run())
     try:
-        await eventually(lambda: server.slave_connected, "the link through the slow front",
-                         within_s=20)
-        assert client.connect_timeout_s > 1.5
+        async with client_of(SlowFront(server.port, hold_s=1.5).handle, slave_log,
+                             link_timeout_s=1.0, group="g1", secret=b"s3cret") as client:
+            await eventually(lambda: server.slave_connected, "the link through the slow front",
+                             within_s=20)
+            assert client.connect_timeout_s > 1.5
     finally:
-        await client.stop()
-        async with asyncio.timeout(10):
-            await task
-        proxy.close()
-        await proxy.wait_closed()
         await server.stop()
         master_log.close()
         slave_log.close()
@@ -547,27 +542,17 @@ async def test_wake_gives_up_a_connection_attempt_that_hangs(tmp_path: Path) -> 
     comes back (wake), not after the connect timeout: a failback waits for this link."""
     slave_log = CommitLog.open(tmp_path / "s", segment_bytes=SEG)
     front = SlowFront(0, hold_s=None)
-    proxy = await asyncio.start_server(front.handle, "127.0.0.1", 0)
-    client = ReplicationClient(slave_log, master_host="127.0.0.1",
-                               master_port=proxy.sockets[0].getsockname()[1], name="s",
-                               on_metadata=lambda _d: None, on_append=lambda: None,
-                               connect_timeout_s=600.0, group="g1", secret=b"s3cret",
-                               backoff_initial_s=0.05)
-    task = asyncio.create_task(client.run())
     try:
-        await eventually(lambda: front.connections == 1, "the first attempt")
-        await asyncio.sleep(0.2)
-        assert front.connections == 1  # it hangs: a 600 s limit
-        client.wake()
-        await eventually(lambda: front.connections == 2, "a new attempt after wake()",
-                         within_s=10)
-        assert "came back" in (client.last_error or "")
+        async with client_of(front.handle, slave_log, connect_timeout_s=600.0, group="g1",
+                             secret=b"s3cret") as client:
+            await eventually(lambda: front.connections == 1, "the first attempt")
+            await asyncio.sleep(0.2)
+            assert front.connections == 1  # it hangs: a 600 s limit
+            client.wake()
+            await eventually(lambda: front.connections == 2, "a new attempt after wake()",
+                             within_s=10)
+            assert "came back" in (client.last_error or "")
     finally:
-        await client.stop()
-        async with asyncio.timeout(10):
-            await task
-        proxy.close()
-        await proxy.wait_closed()
         slave_log.close()
 
 
