@@ -12,7 +12,8 @@ private ZooKeeper, N groups of a master and one synchronous slave, the controlle
 temporary directory; per group a one-queue topic ``scale-<group>`` holding one message,
 and one consumer (``understudy_broker.client.Consumer``) that keeps pulling it (long polls
 of 200 ms; an empty answer counts as answered: ``Consumer._pull_loop`` reports the first
-pull answered after failed ones whatever it holds). Then ``--rounds`` rounds of:
+pull answered after failed ones, or by another broker than the pull before it, whatever
+it holds). Then ``--rounds`` rounds of:
 
 1. wait until every group is NORMAL, its master reads, a slave could take reads at once
    (the controller's own ``eligible_slaves``) and its consumer reads from the master;

@@ -7,8 +7,9 @@ block the event loop on kazoo's threads. One factory (:func:`make_client`), one 
 parser (:func:`parse_digest`, behind every ``--zk-digest``/``--digest`` flag) and one bridge
 from kazoo's ``IAsyncResult`` to an asyncio future (:func:`kazoo_future`) keep those
 rules in one place; every client the factory builds waits on its socket through
-:class:`PollHandler` (one ``poll(2)`` per wait, not an epoll selector built and closed). This is the broker package's lowest ZooKeeper layer; the operator
-imports it only from its own ``zk`` module.
+:class:`PollHandler` (one ``poll(2)`` per wait, not an epoll selector built and closed).
+This is the broker package's lowest ZooKeeper layer; the operator imports it only from
+its own ``zk`` module.
 """
 
 from __future__ import annotations
