@@ -21,10 +21,14 @@ from understudy_operator.controller.liveness import (
 from understudy_operator.controller.observe import ProcessState
 
 
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = _sleeper()
     try:
         yield proc
     finally:
@@ -75,6 +79,45 @@ async def test_new_pid_file_is_followed(tmp_path: Path, sleeper: subprocess.Pope
         assert src.process_state("b0") is ProcessState.RUNNING
     finally:
         src.close()
+
+
+async def test_a_broker_restarted_under_its_name_is_followed_to_its_new_process(
+        tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    """While a broker's process runs, the process is followed by its pidfd, not the pid
+    file at every check: once it exits the pid file is read again and the broker's next
+    process is the one reported (a stop of it shows), and that one's exit is still an
+    event after its pid file was removed first (a stop that cleans up)."""
+    loop = asyncio.get_running_loop()
+    (tmp_path / "b0.pid").write_text(f"{sleeper.pid}\n")
+    src = ProcessTableLiveness(tmp_path, loop)
+    exited: asyncio.Queue[str] = asyncio.Queue()
+    src.subscribe(exited.put_nowait)
+    second = _sleeper()
+    try:
+        src.track(["b0"])
+        assert src.process_state("b0") is ProcessState.RUNNING
+        os.kill(sleeper.pid, signal.SIGKILL)
+        sleeper.wait(timeout=10)
+        async with asyncio.timeout(10):
+            assert await exited.get() == "b0"
+        assert src.process_state("b0") is ProcessState.EXITED
+        (tmp_path / "b0.pid").write_text(f"{second.pid}\n")  # restarted
+        assert src.process_state("b0") is ProcessState.RUNNING
+        os.kill(second.pid, signal.SIGSTOP)
+        await asyncio.sleep(0.05)
+        assert src.process_state("b0") is ProcessState.STOPPED
+        (tmp_path / "b0.pid").unlink()
+        assert src.process_state("b0") is ProcessState.STOPPED  # the process, not the file
+        os.kill(second.pid, signal.SIGKILL)
+        second.wait(timeout=10)
+        async with asyncio.timeout(10):
+            assert await exited.get() == "b0"
+        assert src.process_state("b0") is ProcessState.UNKNOWN  # stopped for good
+    finally:
+        src.close()
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait(timeout=10)
 
 
 @pytest.mark.parametrize("content", ["", "not-a-pid", "-5", "0"])

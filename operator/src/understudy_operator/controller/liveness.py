@@ -79,7 +79,7 @@ def _read_small(path: str | Path, size: int) -> bytes:
         os.close(fd)
 
 
-def read_pid_file(path: Path) -> int | None:
+def read_pid_file(path: str | Path) -> int | None:
     """The pid in ``path``, or ``None`` if the file is missing or malformed (logged)."""
     try:
         text = _read_small(path, 4096).decode("ascii", errors="replace").strip()
@@ -136,6 +136,7 @@ class ProcessTableLiveness:
         self._brokers: set[str] = set()
         self._tracked: dict[str, _Tracked] = {}
         self._listeners: list[Listener] = []
+        self._pid_files: dict[str, str] = {}  # broker -> its pid file's path, built once
 
     def track(self, brokers: Iterable[str]) -> None:
         wanted = set(brokers)
@@ -149,11 +150,21 @@ class ProcessTableLiveness:
         self._listeners.append(listener)
 
     def process_state(self, broker: str) -> ProcessState:
-        pid = read_pid_file(self._dir / f"{broker}.pid")
+        """What the process table says of ``broker``'s process now. While its pidfd is
+        open the pid cannot have moved to another process (a broker that restarts exits
+        first, and the pidfd reports it): only ``/proc/<pid>/stat`` is read, for a stop.
+        Otherwise the pid file is read again (started, restarted or removed): every check
+        of every group asks, and the pid file was half of this call's time."""
+        tracked = self._tracked.get(broker)
+        if tracked is not None and tracked.fd is not None and not tracked.exited:
+            return classify(proc_state_letter(tracked.pid))
+        path = self._pid_files.get(broker)
+        if path is None:
+            path = self._pid_files[broker] = str(self._dir / f"{broker}.pid")
+        pid = read_pid_file(path)
         if pid is None:
             self._forget(broker)
             return ProcessState.UNKNOWN
-        tracked = self._tracked.get(broker)
         if tracked is None or tracked.pid != pid:
             self._forget(broker)
             tracked = self._open(broker, pid)
