@@ -69,9 +69,10 @@ class NullLiveness:
 
 def _read_small(path: str | Path, size: int) -> bytes:
     """The first ``size`` bytes of a small file, by ``os.open``/``os.read``: every check of
-    every group reads each broker's pid file and ``/proc/<pid>/stat``, and through
-    ``pathlib`` those two reads were over half of the controller's event-loop time at rest
-    (``bench/scale.py``, 20 groups, py-spy: 58 us a broker, 17 us this way)."""
+    every group reads each broker's ``/proc/<pid>/stat`` (and its pid file when no pidfd
+    follows the process), and through ``pathlib`` those reads were over half of the
+    controller's event-loop time at rest (``bench/scale.py``, 20 groups, py-spy: 58 us a
+    broker, 17 us this way)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, size)
