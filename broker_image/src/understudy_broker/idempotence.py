@@ -83,23 +83,20 @@ class Run:
 def runs_of(stored: Sequence[tuple[int, int, int]]) -> list[Run]:
     """The runs of ``(queue, seq, offset)`` triples in the order they were stored (offset
     :data:`SCHEDULED` for a delayed message): consecutive numbers at consecutive offsets
-    of one queue make one run."""
-    out: list[Run] = []
-    open_runs: dict[int, int] = {}  # queue -> index in out of its last run
+    of one queue make one run. (Per message on the master's produce path: a run grows in
+    a list, and becomes a :class:`Run` once, at the end.)"""
+    out: list[list[int]] = []  # [queue, first_seq, count, first_offset] per run
+    open_runs: dict[int, list[int]] = {}  # queue -> its last run
     for queue, seq, offset in stored:
-        at = open_runs.get(queue)
-        if at is not None:
-            last = out[at]
-            follows = seq == last.first_seq + last.count and (
-                offset == SCHEDULED == last.first_offset
-                or (offset != SCHEDULED != last.first_offset
-                    and offset == last.first_offset + last.count))
-            if follows:
-                out[at] = Run(queue, last.first_seq, last.count + 1, last.first_offset)
-                continue
-        open_runs[queue] = len(out)
-        out.append(Run(queue, seq, 1, offset))
-    return out
+        last = open_runs.get(queue)
+        if last is not None and seq == last[1] + last[2] and (
+                offset == SCHEDULED == last[3]
+                or (offset != SCHEDULED != last[3] and offset == last[3] + last[2])):
+            last[2] += 1
+            continue
+        last = open_runs[queue] = [queue, seq, 1, offset]
+        out.append(last)
+    return [Run(*run) for run in out]
 
 
 def encode_record(producer: int, topic: str, runs: Sequence[Run]) -> bytes:
@@ -166,7 +163,19 @@ class ProducerTable:
         """``{index: first offset}`` of the messages of one PRODUCE (``queues[i]``,
         ``seqs[i]``) that were stored before."""
         out: dict[int, int] = {}
+        # Per queue, the end of its highest run: a number from there on was never stored,
+        # so a new batch (every message of it, in the common case) costs one comparison
+        # a message instead of a walk over the runs kept.
+        tops: dict[int, int] = {}
         for i, (queue, seq) in enumerate(zip(queues, seqs, strict=True)):
+            top = tops.get(queue)
+            if top is None:
+                runs = self._runs.get((producer, topic, queue))
+                top = tops[queue] = max(
+                    (runs[at] + runs[at + 1] for at in range(0, len(runs), 3)), default=0
+                ) if runs is not None else 0
+            if seq >= top:
+                continue
             offset = self.lookup(producer, topic, queue, seq)
             if offset is not None:
                 out[i] = offset

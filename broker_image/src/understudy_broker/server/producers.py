@@ -120,11 +120,14 @@ class Producers:
         suspend between this and the append."""
         pid, seqs = producer
         repeats = self.table().repeats(pid, topic, queues, seqs)
-        kept = [i for i in range(len(messages)) if i not in repeats]
+        # No repeat (a new batch: the common case): every message, without a test each.
+        kept = (list(range(len(messages))) if not repeats
+                else [i for i in range(len(messages)) if i not in repeats])
         if not kept:
             return ProducePlan([], repeats, kept)
         next_offset: dict[int, int] = {}
         stored: list[tuple[int, int, int]] = []
+        queue_end = self._log.queue_end
         for i in kept:
             q = queues[i]
             if messages[i][0] == SCHEDULE_TOPIC:
@@ -132,13 +135,14 @@ class Producers:
                 continue
             at = next_offset.get(q)
             if at is None:
-                at = self._log.queue_end(topic, q)
+                at = queue_end(topic, q)
             next_offset[q] = at + 1
             stored.append((q, seqs[i], at))
         runs = idem.runs_of(stored)
         record = (idem.PRODUCERS_TOPIC, 0, None, idem.encode_record(pid, topic, runs), now_ms)
-        return ProducePlan([messages[i] for i in kept] + [record], repeats, kept, pid, topic,
-                           runs)
+        new = list(messages) if not repeats else [messages[i] for i in kept]
+        new.append(record)
+        return ProducePlan(new, repeats, kept, pid, topic, runs)
 
     def stored(self, plan: ProducePlan) -> None:
         """The plan's append succeeded: remember its runs."""
