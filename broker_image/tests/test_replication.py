@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import logging
 import random
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from understudy_broker.storage.commitlog import (
     ReplicationGapError,
 )
 from understudy_broker.storage.records import Message
+from understudy_broker.tasks import stop_tasks
 from understudy_harness.testing import eventually
 
 SEG = 8 << 10
@@ -553,6 +555,34 @@ async def test_wake_gives_up_a_connection_attempt_that_hangs(tmp_path: Path) -> 
                              within_s=10)
             assert "came back" in (client.last_error or "")
     finally:
+        slave_log.close()
+
+
+async def test_stop_gives_up_a_connect_nobody_answers(tmp_path: Path) -> None:
+    """A connect whose SYN nobody answers (here: a listener whose accept queue is full
+    drops it) ends at stop(), not after the connect timeout: a broker stops at once."""
+    slave_log = CommitLog.open(tmp_path / "s", segment_bytes=SEG)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = [socket.create_connection(listener.getsockname(), timeout=5)]  # the queue full
+    client = ReplicationClient(slave_log, master_host="127.0.0.1",
+                               master_port=listener.getsockname()[1], name="s",
+                               on_metadata=lambda _d: None, on_append=lambda: None,
+                               connect_timeout_s=600.0)
+    task = asyncio.create_task(client.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        assert client.sessions == 0  # still connecting
+        await client.stop()
+        async with asyncio.timeout(5):
+            await task
+    finally:
+        if not task.done():
+            await stop_tasks([task])
+        for s in (*fillers, listener):
+            s.close()
         slave_log.close()
 
 

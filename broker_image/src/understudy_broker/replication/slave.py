@@ -184,17 +184,21 @@ class ReplicationClient:
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to the master and prove the group secret within ``connect_timeout_s``;
         a :meth:`wake` meanwhile gives this attempt up (``ConnectionError``, and the run
-        loop tries again at its first backoff step)."""
+        loop tries again at its first backoff step), and so does :meth:`stop` (the broker
+        stops without waiting out an attempt on a master that does not answer)."""
         self._wake.clear()
         opening = asyncio.create_task(self._open())
         woken = asyncio.create_task(self._wake.wait())
+        stopping = asyncio.create_task(self._stop.wait())
         try:
-            await asyncio.wait((opening, woken), timeout=self.connect_timeout_s,
+            await asyncio.wait((opening, woken, stopping), timeout=self.connect_timeout_s,
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await stop_tasks((opening, woken))
+            await stop_tasks((opening, woken, stopping))
         if not opening.cancelled():
             return opening.result()  # connected, or why not (refused, not our master, ...)
+        if stopping.done() and not stopping.cancelled():
+            raise ConnectionError("stopping")
         if woken.done() and not woken.cancelled():
             raise ConnectionError("the master came back: connecting again")
         raise ConnectionError(f"no connection to {self.master_host}:{self.master_port} "
