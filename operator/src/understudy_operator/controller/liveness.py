@@ -80,7 +80,7 @@ def _read_small(path: str | Path, size: int) -> bytes:
         os.close(fd)
 
 
-def read_pid_file(path: str | Path) -> int | None:
+def read_pid_file(path: Path) -> int | None:
     """The pid in ``path``, or ``None`` if the file is missing or malformed (logged)."""
     try:
         text = _read_small(path, 4096).decode("ascii", errors="replace").strip()
@@ -137,7 +137,6 @@ class ProcessTableLiveness:
         self._brokers: set[str] = set()
         self._tracked: dict[str, _Tracked] = {}
         self._listeners: list[Listener] = []
-        self._pid_files: dict[str, str] = {}  # broker -> its pid file's path, built once
 
     def track(self, brokers: Iterable[str]) -> None:
         wanted = set(brokers)
@@ -159,10 +158,7 @@ class ProcessTableLiveness:
         tracked = self._tracked.get(broker)
         if tracked is not None and tracked.fd is not None and not tracked.exited:
             return classify(proc_state_letter(tracked.pid))
-        path = self._pid_files.get(broker)
-        if path is None:
-            path = self._pid_files[broker] = str(self._dir / f"{broker}.pid")
-        pid = read_pid_file(path)
+        pid = read_pid_file(self._dir / f"{broker}.pid")
         if pid is None:
             self._forget(broker)
             return ProcessState.UNKNOWN
