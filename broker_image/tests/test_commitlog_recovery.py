@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from understudy_broker.storage.commitlog import CommitLog, CorruptSegmentError, DamagedRecordError
+from understudy_broker.storage.index import INDEX_HEADER_SIZE
 from understudy_broker.storage.records import HEADER_END, Message, StoredRecord
 
 SEG = 8 << 10
@@ -215,8 +216,9 @@ def test_damaged_indexes_are_repaired_from_the_log(tmp_path: Path, damage: str) 
     check_survivors(tmp_path, records)
 
 
-def test_crash_between_log_and_index_write_is_repaired(tmp_path: Path) -> None:
-    """The log is written before the indexes; a crash in between leaves indexes short."""
+def test_indexes_short_of_the_log_are_extended_without_a_problem(tmp_path: Path) -> None:
+    """Indexes are written behind the log (index.py): a crash leaves them short, right as
+    far as they go. Recovery adds the rest from its scan; that is not a repair."""
     records = build_log(tmp_path)
     healthy = index_files(tmp_path)
     for q in range(3):
@@ -224,11 +226,43 @@ def test_crash_between_log_and_index_write_is_repaired(tmp_path: Path) -> None:
         os.truncate(idx, idx.stat().st_size - 2 * 16)
     log = CommitLog.open(tmp_path, segment_bytes=SEG)
     try:
-        assert log.recovery.indexes_rebuilt == 3
+        assert (log.recovery.indexes_extended, log.recovery.indexes_rebuilt) == (3, 0)
+        assert log.recovery.index_problems == ()
+        assert [r for q in range(3) for r in read_all(log, "t", q)] == sorted(
+            records, key=lambda r: (r.queue, r.queue_offset))
     finally:
         log.close()
     assert index_files(tmp_path) == healthy
     check_survivors(tmp_path, records)
+
+
+def test_a_process_that_dies_loses_only_index_entries_the_scan_finds_again(
+        tmp_path: Path) -> None:
+    """What ``kill -9`` leaves: the log written, each index file holding the entries up
+    to the last recovery mark and none after (the rest were in the process' memory)."""
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    for i in range(12):
+        log.append([Message("t", i % 3, None, b"before %d" % i, 1)])
+    log.flush()
+    log.write_recovery_point(log.recovery_mark())
+    marked = index_files(tmp_path)
+    assert {len(raw) for raw in marked.values()} == {INDEX_HEADER_SIZE + 4 * 16}
+    for i in range(6):
+        log.append([Message("t", i % 3, None, b"after %d" % i, 2)])
+    log.flush()
+    assert index_files(tmp_path) == marked  # pending: in memory only
+    expected = [[r.body for r in read_all(log, "t", q)] for q in range(3)]
+    # No close: the process is gone. Its files are what the next one opens.
+    again = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        assert again.recovery.recovery_point == "used"
+        assert (again.recovery.indexes_extended, again.recovery.indexes_rebuilt) == (3, 0)
+        assert again.recovery.index_problems == ()
+        assert [[r.body for r in read_all(again, "t", q)] for q in range(3)] == expected
+        assert again.queue_end("t", 0) == 6
+    finally:
+        again.close()
+    assert {len(raw) for raw in index_files(tmp_path).values()} == {INDEX_HEADER_SIZE + 6 * 16}
 
 
 def test_appends_continue_correctly_after_recovery(tmp_path: Path) -> None:

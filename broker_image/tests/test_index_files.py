@@ -29,6 +29,7 @@ def test_at_most_limit_files_are_open_and_every_index_keeps_working(tmp_path: Pa
     for rnd in range(3):
         for i, ix in enumerate(indexes):
             ix.append([(1000 * i + rnd, 10 + rnd, 0)])
+            ix.write_pending()  # written behind: this is what opens the file
             assert len(files) <= 2
             assert open_under(tmp_path) <= 2
     assert files.opened > 2  # files were closed and opened again

@@ -163,6 +163,8 @@ async def test_two_slaves_end_byte_identical_over_several_rolls(cluster: Cluster
         assert s1.log.max_phys >= end
         assert s2.log.max_phys >= end
     assert len(list((cluster.root / "master" / "commitlog").iterdir())) >= 4
+    for log in (cluster.log, s1.log, s2.log):
+        log.flush_indexes()  # indexes are written behind the log (storage/index.py)
     master_files = files_of(cluster.root / "master")
     assert files_of(s1.root) == master_files
     assert files_of(s2.root) == master_files
@@ -197,6 +199,8 @@ async def test_late_and_restarted_slaves_catch_up(cluster: Cluster) -> None:
     await producer
     again = await cluster.start_slave("late")
     await eventually(lambda: again.log.max_phys == cluster.log.max_phys, "restarted slave catch-up")
+    for log in (cluster.log, again.log):
+        log.flush_indexes()  # indexes are written behind the log (storage/index.py)
     assert files_of(again.root) == files_of(cluster.root / "master")
     assert again.log.next_seq == cluster.log.next_seq
 
@@ -693,6 +697,8 @@ async def test_a_slave_mends_a_record_damaged_in_its_copy_with_the_masters(clust
     await eventually(lambda: slave.client.repaired == 1, "the slave to mend the record")
     (mended,) = slave.log.read("a", 0, 2, max_bytes=1, max_records=1)
     assert (mended.body, mended.phys_offset) == (target.body, target.phys_offset)
+    for log in (cluster.log, slave.log):
+        log.flush_indexes()  # indexes are written behind the log (storage/index.py)
     assert files_of(cluster.root / "s1") == files_of(cluster.root / "master")
 
 

@@ -165,6 +165,10 @@ class RecoveryReport:
     recovery_point: str = "none"  # "used", "none", or why the file was ignored
     index_problems: tuple[str, ...] = ()  # each index found wrong: its file and what was wrong
     damaged: tuple[str, ...] = ()  # records damaged in place that recovery stepped over
+    # Indexes that ended before the log and agreed with it up to there: their entries
+    # after the last recovery mark were not written yet (indexes are written behind the
+    # log, index.py) and were added from the scan. Normal after a crash, not a problem.
+    indexes_extended: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +372,7 @@ class CommitLog:
         self._segments = bases
         if not bases:
             self._max_phys = self._min_phys = 0
-            _rebuilt, problems = self._load_indexes(scan_start=0, scanned=[])
+            _rebuilt, problems, _extended = self._load_indexes(scan_start=0, scanned=[])
             self.recovery = RecoveryReport(0, 0, 0, index_problems=tuple(problems))
             self._flushed_phys = 0
             return
@@ -418,14 +422,15 @@ class CommitLog:
         # A last segment that is exactly full: the next append creates the next file.
         if end < bases[-1] + self.segment_bytes:
             self._open_writer(bases[-1])
-        rebuilt, problems = self._load_indexes(
+        rebuilt, problems, extended = self._load_indexes(
             scan_start=scan_start,
             scanned=[s for s in items if not s.is_marker],
             trusted={} if point is None else point.ends,
         )
         self.recovery = RecoveryReport(truncated, len(items), rebuilt, scan_start, how,
                                        tuple(problems),
-                                       tuple(str(err) for err in self._damaged.values()))
+                                       tuple(str(err) for err in self._damaged.values()),
+                                       extended)
 
     def _usable_recovery_point(self, bases: list[int], first_scanned: int
                                ) -> tuple[RecoveryPoint | None, str]:
@@ -463,7 +468,11 @@ class CommitLog:
 
     def recovery_mark(self) -> RecoveryPoint:
         """Where the log stands now (call on the appending thread, between appends): hand
-        it to :meth:`write_recovery_point`."""
+        it to :meth:`write_recovery_point`. Writes every index's pending entries first, so
+        the files hold what the mark says before it is recorded; ``OSError`` when one
+        cannot be written (then no mark: the old recovery point stays)."""
+        for ix in self._indexes.values():
+            ix.write_pending()
         return RecoveryPoint(self._max_phys, self._next_seq,
                              {key: ix.end for key, ix in self._indexes.items()})
 
@@ -481,9 +490,10 @@ class CommitLog:
 
     def _load_indexes(self, *, scan_start: int, scanned: list[Walked],
                       trusted: dict[tuple[str, int], int] | None = None
-                      ) -> tuple[int, list[str]]:
-        """Open every index; make each agree with the log. Returns the indexes repaired
-        and, for each index found wrong, its file and what was wrong.
+                      ) -> tuple[int, list[str], int]:
+        """Open every index; make each agree with the log. Returns the indexes repaired,
+        for each index found wrong its file and what was wrong, and the indexes extended
+        (short of the log but right as far as they went: written behind, index.py).
 
         ``trusted``: every queue's index end at ``scan_start`` (the recovery point); an
         index ending elsewhere there, or missing, is rebuilt with all the others. Last,
@@ -494,7 +504,7 @@ class CommitLog:
         expected: dict[tuple[str, int], list[Walked]] = {}
         for s in scanned:
             expected.setdefault((s.topic, s.queue), []).append(s)
-        repaired = 0
+        repaired = extended = 0
         problems: dict[Path, str] = {}
         needs_full = False
         found_any = False
@@ -524,11 +534,14 @@ class CommitLog:
                     needs_full = True
                     continue
                 outcome = self._repair_index(index, scan_start, expected.get(key, []))
+                if outcome == "extended" and not torn:
+                    extended += 1
+                    continue
                 if outcome != "ok":
                     problems.setdefault(qfile, "disagrees with the log")
                 if outcome == "rebuild":
                     needs_full = True
-                elif torn or outcome == "repaired":
+                elif torn or outcome != "ok":
                     repaired += 1
         for key, items in expected.items():
             path = _index_path(self.directory, *key)
@@ -561,8 +574,8 @@ class CommitLog:
             rebuilt, changed = self._rebuild()
             for path, how in changed.items():
                 problems[path] = f"{problems[path]}; {how}" if path in problems else how
-            repaired = rebuilt
-        return repaired, [f"{path}: {why}" for path, why in problems.items()]
+            repaired, extended = rebuilt, 0
+        return repaired, [f"{path}: {why}" for path, why in problems.items()], extended
 
     def _records_held(self) -> int | None:
         """How many records the log holds: the next sequence number minus the first
@@ -578,9 +591,10 @@ class CommitLog:
     @staticmethod
     def _repair_index(
         index: QueueIndex, scan_start: int, items: list[Walked]
-    ) -> Literal["ok", "repaired", "rebuild"]:
+    ) -> Literal["ok", "extended", "repaired", "rebuild"]:
         """Make ``index`` agree with the scanned tail of the log.
 
+        ``extended`` when it was right but short (the entries after it added);
         ``rebuild`` when the index disagrees about entries before the scanned region
         (missing or extra): only a scan of the whole log can fix that.
         """
@@ -598,7 +612,7 @@ class CommitLog:
             keep += 1
         index.truncate(keep)
         index.append([(s.phys, s.size, s.key_hash) for s in items[keep - cut :]])
-        return "repaired"
+        return "extended" if keep == cut + len(have) else "repaired"
 
     def rebuild_indexes(self) -> int:
         """Rebuild every index from the whole log (CRC-checked). Returns indexes written."""

@@ -115,6 +115,9 @@ class Store:
                             rec.truncated_bytes, rec.indexes_rebuilt)
             for problem in rec.index_problems:
                 log.warning("index repaired from the log: %s", problem)
+            if rec.indexes_extended:
+                log.info("added the entries written after the last recovery point to %d "
+                         "indexes", rec.indexes_extended)
             if rec.recovery_point.startswith("ignored"):
                 log.warning("recovery point %s; scanned the last segments instead",
                             rec.recovery_point)
@@ -207,10 +210,10 @@ class Store:
         written = -1
         while True:
             await asyncio.sleep(interval_s)
-            mark = self.log.recovery_mark()
-            if mark.phys == written:
-                continue
             try:
+                mark = self.log.recovery_mark()  # writes the indexes' pending entries
+                if mark.phys == written:
+                    continue
                 await self.log_commit.durable(mark.phys)
                 await asyncio.to_thread(self.log.write_recovery_point, mark)
             except OSError as exc:
