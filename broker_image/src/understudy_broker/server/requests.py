@@ -52,7 +52,7 @@ from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
 from understudy_broker.storage.commitlog import DamagedRecordError
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
-from understudy_broker.storage.records import CommitLogError, StoredRecord
+from understudy_broker.storage.records import CommitLogError, RecordTuple, StoredRecord
 from understudy_broker.storage.store import Store
 from understudy_broker.topology import TopicPlanError
 
@@ -190,6 +190,24 @@ OutputRoom = Callable[[], Awaitable[bool]]
 async def always_room() -> bool:
     """The :data:`OutputRoom` of a caller without a connection to hold back."""
     return False
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Part:
+    """One PRODUCE (or one part of a PRODUCE_MULTI) on its way through
+    :meth:`Requests._checked_produce` -> ``_ready`` -> ``_append`` -> ``_answer``."""
+
+    topic: str
+    raw: Sequence[tuple[int, bytes | None, bytes]]
+    started: float  # perf_counter at arrival: the produce latency metric
+    messages: list[RecordTuple] = dataclasses.field(default_factory=list)
+    producer: p.ProducerSeqs | None = None
+    now_ms: int = 0
+    ordered: bool = False
+    scheduled: list[tuple[int, int]] | None = None
+    head_epoch: int | None = None
+    plan: ProducePlan | None = None
+    stored: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
 
 
 class Requests:
@@ -460,20 +478,33 @@ class Requests:
                                      created).encode()
 
     async def _produce(self, frame: p.Frame, who: Session) -> bytes:
-        return await (await self._store_produce(frame, who))()
+        part = await self._checked_produce(frame, who)
+        self._require_write(frame)  # still, after the checks' waits
+        self._ready(part)
+        start, end = self._append([part])
+        (answer,) = await self._answers([part], start, end)
+        if isinstance(answer, RequestError):
+            raise answer
+        return answer
 
-    async def _store_produce(self, frame: p.Frame, who: Session) -> Callable[[], Awaitable[bytes]]:
-        """A PRODUCE's checks and append; returns what waits for its acknowledgement and
-        builds the answer. Apart, so PRODUCE_MULTI appends its parts in order before any
-        of them waits."""
+    async def _checked_produce(self, frame: p.Frame, who: Session, *,
+                               part_of_multi: bool = False) -> _Part:
+        """A PRODUCE's checks that may wait (the ACL, an ordered topic's producer), and its
+        messages; :meth:`_ready` then plans it and :meth:`_append` stores it, with no
+        await between the two (batches of one connection keep their order, and the
+        producer table cannot change between a plan and its append). WRITE is checked
+        here and again right before the append (``part_of_multi``: only there, once for
+        the whole request)."""
         started = time.perf_counter()
-        self._require_write(frame)
+        if not part_of_multi:
+            self._require_write(frame)
         req = p.decode_produce_full(frame.body)
         topic, raw = req.topic, req.messages
         await self._guard.require(who, Resource.TOPIC, topic, "produce")
         queues = self._queues(topic)
+        part = _Part(topic, raw, started)
         if not raw:
-            return _answered(p.ProduceResponse([]).encode())
+            return part
         now_ms = int(time.time() * 1000)
         bad = [q for q, _k, _b in raw if q >= queues]
         if bad:
@@ -494,97 +525,162 @@ class Requests:
                     f"message {i} of {len(b) + (len(k) if k else 0)} bytes (body and key) "
                     f"could never be delivered: the pull answer carrying it would be "
                     f"{p.pulled_frame_bytes(k, b)} bytes, over the {limit}-byte frame limit")
-        head_epoch: int | None = None
-        ordered = self._ordered(topic)
-        scheduled = self._scheduled(topic, raw, req.deliver_at, now_ms, ordered)
-        if ordered:
+        part.ordered = self._ordered(topic)
+        part.scheduled = self._scheduled(topic, raw, req.deliver_at, now_ms, part.ordered)
+        if part.ordered:
             self._check_send_head(topic)
             # Suspends only while our watch catches up with a producer generation newer
             # than ours (one batch of an ordered topic in flight per producer); the head
-            # is checked again after it, with no suspension before the append.
+            # is checked again by _ready, with no suspension before the append.
             await self._check_producer(topic, raw[0][0], req.lease)
-            head_epoch = self._check_send_head(topic)
         # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
         messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
-        if scheduled is not None:
+        if part.scheduled is not None:
             # Delayed messages are stored in the group's schedule (docs/delayed.md).
-            for i, due in scheduled:
+            for i, due in part.scheduled:
                 q, k, b = raw[i]
                 messages[i] = (sch.SCHEDULE_TOPIC, 0, k,
                                sch.encode_entry(due_ms=due, topic=topic, queue=q, payload=b),
                                now_ms)
-        plan = None
-        if req.producer is not None:
+        part.messages = messages
+        part.producer = req.producer
+        part.now_ms = now_ms
+        return part
+
+    def _ready(self, part: _Part) -> None:
+        """The last checks and the plan of a checked PRODUCE; call with no await between
+        it and :meth:`_append`."""
+        if part.ordered:
+            part.head_epoch = self._check_send_head(part.topic)
+        if part.producer is not None and part.raw:
             # An idempotent producer: messages stored before are answered, not stored
             # again, and the new ones are remembered in the same append (invariant 8).
-            plan = self.producers.plan(topic, req.producer, [q for q, _k, _b in raw],
-                                        messages, now_ms)
-            messages = plan.messages
-        # No suspension before the append: batches of one connection keep their order.
-        lg = self._store.log
-        if messages:
-            try:
-                result = lg.append(messages)
-            except (CommitLogError, ValueError) as exc:
-                raise RequestError(p.Status.BAD_REQUEST, str(exc)) from exc
-            except OSError as exc:
-                raise storage_failed(exc, "appending") from exc
-            if plan is not None:
-                self.producers.stored(plan)
-            self._readable.appended(result.end_phys, {(m[0], m[1]) for m in messages})
-            self._replica.appended()
-            start, end = result.start_phys, result.end_phys
-        else:  # every message a repeat: its first copy is acknowledged as it would be
-            start = end = lg.max_phys
-        async def answer() -> bytes:
-            # Durable and replicated; then readable (read-your-writes, server/readable.py).
-            await self._readable.wait_acknowledged(end, start)
-            if head_epoch is not None:
-                self._check_still_head(topic, head_epoch)
-            offsets = [(q, p.SCHEDULED_OFFSET if t == sch.SCHEDULE_TOPIC else o)
-                       for t, q, o in (result.queue_offsets if messages else ())]
-            if plan is not None:
-                self._metrics.produce_repeats(len(plan.repeats))
-                offsets = _merge_repeats(raw, plan, offsets)
-            self._metrics.messages_in(len(messages) - (1 if plan is not None and messages else 0))
-            self._metrics.produce_latency(time.perf_counter() - started)
-            if scheduled is not None:
-                self._scheduler.wake()
-                # A delayed message's answer names the queue it was sent to.
-                offsets = [(raw[i][0], o) if o == p.SCHEDULED_OFFSET else (q, o)
-                           for i, (q, o) in enumerate(offsets)]
-            return p.ProduceResponse(offsets).encode()
+            part.plan = self.producers.plan(part.topic, part.producer,
+                                            [q for q, _k, _b in part.raw], part.messages,
+                                            part.now_ms)
+            part.messages = part.plan.messages
 
-        return answer
+    def _append(self, parts: Sequence[_Part]) -> tuple[int, int]:
+        """Store the ready parts with one append (one write per segment, one replication
+        wake-up); returns the log span it took. Each part gets its queue offsets."""
+        lg = self._store.log
+        messages = [m for part in parts for m in part.messages]
+        if not messages:  # every message a repeat: its first copy is acknowledged as it would be
+            return lg.max_phys, lg.max_phys
+        try:
+            result = lg.append(messages)
+        except (CommitLogError, ValueError) as exc:
+            raise RequestError(p.Status.BAD_REQUEST, str(exc)) from exc
+        except OSError as exc:
+            raise storage_failed(exc, "appending") from exc
+        at = 0
+        for part in parts:
+            part.stored = result.queue_offsets[at:at + len(part.messages)]
+            at += len(part.messages)
+            if part.plan is not None and part.messages:
+                self.producers.stored(part.plan)
+        self._readable.appended(result.end_phys, {(m[0], m[1]) for m in messages})
+        self._replica.appended()
+        return result.start_phys, result.end_phys
+
+    async def _answers(self, parts: Sequence[_Part], start: int, end: int
+                       ) -> list[bytes | RequestError]:
+        """Each stored part's answer, once the span ``[start, end)`` is acknowledged
+        (durable and replicated; then readable: read-your-writes, server/readable.py):
+        one wait for every part."""
+        try:
+            await self._readable.wait_acknowledged(end, start)
+        except RequestError as exc:
+            return [exc] * len(parts)
+        out: list[bytes | RequestError] = []
+        for part in parts:
+            try:
+                out.append(self._answer(part))
+            except RequestError as exc:
+                out.append(exc)
+        return out
+
+    def _answer(self, part: _Part) -> bytes:
+        """A stored, acknowledged part's ProduceResponse."""
+        if not part.raw:
+            return p.ProduceResponse([]).encode()
+        if part.head_epoch is not None:
+            self._check_still_head(part.topic, part.head_epoch)
+        offsets = [(q, p.SCHEDULED_OFFSET if t == sch.SCHEDULE_TOPIC else o)
+                   for t, q, o in part.stored]
+        plan = part.plan
+        if plan is not None:
+            self._metrics.produce_repeats(len(plan.repeats))
+            offsets = _merge_repeats(part.raw, plan, offsets)
+        self._metrics.messages_in(
+            len(part.messages) - (1 if plan is not None and part.messages else 0))
+        self._metrics.produce_latency(time.perf_counter() - part.started)
+        if part.scheduled is not None:
+            self._scheduler.wake()
+            # A delayed message's answer names the queue it was sent to.
+            offsets = [(part.raw[i][0], o) if o == p.SCHEDULED_OFFSET else (q, o)
+                       for i, (q, o) in enumerate(offsets)]
+        return p.ProduceResponse(offsets).encode()
 
     async def _produce_multi(self, frame: p.Frame, who: Session) -> bytes:
-        """Each part as a PRODUCE of its own, answered on its own: one part's refusal (an
-        unknown topic, a denied ACL) leaves the others stored. The parts are appended in
-        order, then acknowledged together: they share the group commit's fsync and the
-        replication round."""
+        """Each part checked and answered as a PRODUCE of its own: one part's refusal (an
+        unknown topic, a denied ACL) leaves the others stored. The parts that pass are
+        stored with one append, in order, and acknowledged together: one write, one
+        group-commit fsync, one replication round. A topic seen twice in one request
+        closes the append before it (its second part's plan must see the first stored);
+        a storage refusal of the append is answered by every part in it."""
         self._require_write(frame)
         parts = p.ProduceMultiRequest.decode(frame.body).parts
-        answers: list[Callable[[], Awaitable[bytes]] | tuple[int, bytes]] = []
-        for part in parts:  # in order, each appended before the next is looked at
+        results: list[tuple[int, bytes] | None] = [None] * len(parts)
+        checked: list[tuple[int, _Part]] = []
+        for i, body in enumerate(parts):
             try:
-                answers.append(await self._store_produce(
-                    dataclasses.replace(frame, op=p.Op.PRODUCE, body=part), who))
+                checked.append((i, await self._checked_produce(
+                    dataclasses.replace(frame, op=p.Op.PRODUCE, body=body), who,
+                    part_of_multi=True)))
             except RequestError as exc:
-                answers.append((exc.status, exc.message.encode()))
+                results[i] = (exc.status, exc.message.encode())
             except p.FrameError as exc:
-                answers.append((exc.code, exc.message.encode()))
+                results[i] = (exc.code, exc.message.encode())
+        # From here to the last append, no await.
+        if checked:
+            self._require_write(frame)  # still, after the parts' checks' waits
+        appends: list[tuple[list[tuple[int, _Part]], int, int]] = []
 
-        async def one(answer: Callable[[], Awaitable[bytes]] | tuple[int, bytes]
-                      ) -> tuple[int, bytes]:
-            if isinstance(answer, tuple):
-                return answer
+        def store(batch: list[tuple[int, _Part]]) -> None:
             try:
-                return p.Status.OK, await answer()
+                start, end = self._append([part for _i, part in batch])
             except RequestError as exc:
-                return exc.status, exc.message.encode()
+                if exc.status == p.Status.BAD_REQUEST and len(batch) > 1:
+                    for one in batch:  # the log refused one of them (nothing is written): which
+                        store([one])
+                    return
+                for i, _part in batch:
+                    results[i] = (exc.status, exc.message.encode())
+            else:
+                appends.append((batch, start, end))
 
-        results = await asyncio.gather(*(one(a) for a in answers))
-        return p.ProduceMultiResponse(results).encode()
+        pending: list[tuple[int, _Part]] = []
+        topics: set[str] = set()
+        for i, part in checked:
+            if part.topic in topics:
+                store(pending)
+                pending, topics = [], set()
+            try:
+                self._ready(part)
+            except RequestError as exc:
+                results[i] = (exc.status, exc.message.encode())
+                continue
+            pending.append((i, part))
+            topics.add(part.topic)
+        if pending:
+            store(pending)
+        for stored, start, end in appends:  # the later spans end later: one wait each
+            answers = await self._answers([part for _i, part in stored], start, end)
+            for (i, _part), answer in zip(stored, answers, strict=True):
+                results[i] = ((answer.status, answer.message.encode())
+                              if isinstance(answer, RequestError) else (p.Status.OK, answer))
+        return p.ProduceMultiResponse([r for r in results if r is not None]).encode()
 
     def _scheduled(self, topic: str, raw: Sequence[tuple[int, bytes | None, bytes]],
                    deliver_at: Sequence[int] | None, now_ms: int, ordered: bool
