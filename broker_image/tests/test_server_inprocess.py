@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from understudy_broker import idempotence as idem
 from understudy_broker import protocol as p
 from understudy_broker.client import (
     BrokerError,
@@ -29,7 +28,6 @@ from understudy_broker.ha.authority import StaticAuthority
 from understudy_broker.model import Permission, Role
 from understudy_broker.server.broker import Broker
 from understudy_broker.server.errors import RequestError
-from understudy_broker.server.producers import Producers
 from understudy_broker.storage.records import MessageTooLargeError
 from understudy_harness.testing import eventually
 
@@ -542,31 +540,6 @@ async def test_a_part_the_log_refuses_is_answered_alone(
     assert b"does not fit" in results[1][1]
     assert (await pulled(addr, "ka"), await pulled(addr, "kb"), await pulled(addr, "kc")) == \
         ([b"a"], [], [b"c"])
-
-
-async def test_an_idempotent_produce_multi_writes_one_producer_record(served: Any) -> None:
-    """The runs of every part go into one producer record (one per topic made 100 topics
-    cost 40 % more records); a table rebuilt from the log knows them all, and the same
-    request sent again is answered from it, nothing stored twice."""
-    broker, _auth, addr = served
-    topics = ["ia", "ib", "ic"]
-    for t in topics:
-        await create_topic([addr], topic=t, queues=2)
-    log_ = broker.parts.store.log
-    before = log_.queue_end(idem.PRODUCERS_TOPIC, 0)
-    parts = [p.encode_produce(t, [(0, None, b"%s-0" % t.encode()), (1, None, b"%s-1" % t.encode())],
-                              producer=(42, [0, 0])) for t in topics]
-    request = p.ProduceMultiRequest(parts).encode()
-    first = p.ProduceMultiResponse.decode((await request_once(addr, p.Op.PRODUCE_MULTI, request)).body)
-    assert [s for s, _b in first.results] == [p.Status.OK] * 3
-    assert log_.queue_end(idem.PRODUCERS_TOPIC, 0) == before + 1
-    rebuilt = Producers(log_).table()
-    assert [rebuilt.lookup(42, t, q, 0) for t in topics for q in (0, 1)] == [0] * 6
-    again = p.ProduceMultiResponse.decode((await request_once(addr, p.Op.PRODUCE_MULTI, request)).body)
-    assert again.results == first.results
-    assert log_.queue_end(idem.PRODUCERS_TOPIC, 0) == before + 1
-    for t in topics:
-        assert await pulled(addr, t, 0) == [b"%s-0" % t.encode()]
 
 
 async def test_one_topic_twice_in_a_request_is_stored_once_per_message(served: Any) -> None:

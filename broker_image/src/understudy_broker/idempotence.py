@@ -18,8 +18,7 @@ The pieces, all pure (the broker's produce handler does the I/O):
   first_offset)`` says where all of them are. A delayed message is stored in the group's
   schedule, not at an offset: its run has ``first_offset`` :data:`SCHEDULED`.
 * **The log is the memory.** The runs of a PRODUCE are written as one record of the
-  internal topic :data:`PRODUCERS_TOPIC` *in the same append* as the messages (the runs
-  of every part of a PRODUCE_MULTI, one topic each, as one record: version 2), so they
+  internal topic :data:`PRODUCERS_TOPIC` *in the same append* as the messages, so they
   are durable, replicated and lost together: a master that restarts rebuilds its table
   from the last :data:`REBUILD_RECORDS` of those records, and a slave's copy of the log
   carries them too.
@@ -56,12 +55,10 @@ REBUILD_RECORDS: Final = 20_000
 #: ``first_offset`` of a run of delayed messages (stored in the schedule, no offset yet).
 SCHEDULED: Final = -1
 
-_HEAD = struct.Struct(">BQH")  # version, producer id, then v1: topic length; v2: topics
-_NAME = struct.Struct(">H")  # v2: a topic's length
+_HEAD = struct.Struct(">BQH")  # version 1, producer id, topic length
 _RUN = struct.Struct(">IQIq")  # queue, first seq, count, first offset (-1: scheduled)
 _COUNT = struct.Struct(">I")
-_VERSION = 1  # one topic: head, topic, run count, runs
-_VERSION_TOPICS = 2  # several: head, then per topic its length, name, run count, runs
+_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,63 +99,33 @@ def runs_of(stored: Sequence[tuple[int, int, int]]) -> list[Run]:
     return [Run(*run) for run in out]
 
 
-def encode_record(producer: int, topics: Sequence[tuple[str, Sequence[Run]]]) -> bytes:
-    """The body of a :data:`PRODUCERS_TOPIC` record: which messages of which producer one
-    PRODUCE (or one PRODUCE_MULTI, a topic per part) stored where. One topic is written
-    as version 1, several as version 2 (a broker older than version 2 skips such a
-    record: a lost memory of repeats, never a wrong answer)."""
-    if len(topics) == 1:
-        ((topic, runs),) = topics
-        name = topic.encode()
-        parts = [_HEAD.pack(_VERSION, producer, len(name)), name, _COUNT.pack(len(runs))]
-    else:
-        parts = [_HEAD.pack(_VERSION_TOPICS, producer, len(topics))]
-        for topic, runs in topics:
-            name = topic.encode()
-            parts += [_NAME.pack(len(name)), name, _COUNT.pack(len(runs))]
-            parts += [_RUN.pack(r.queue, r.first_seq, r.count, r.first_offset) for r in runs]
-        return b"".join(parts)
+def encode_record(producer: int, topic: str, runs: Sequence[Run]) -> bytes:
+    """The body of a :data:`PRODUCERS_TOPIC` record: which messages of which producer
+    one PRODUCE stored where."""
+    name = topic.encode()
+    parts = [_HEAD.pack(_VERSION, producer, len(name)), name, _COUNT.pack(len(runs))]
     parts += [_RUN.pack(r.queue, r.first_seq, r.count, r.first_offset) for r in runs]
     return b"".join(parts)
 
 
-def decode_record(body: bytes) -> tuple[int, list[tuple[str, list[Run]]]]:
-    """``(producer, [(topic, runs), ...])`` of either version; raises ``ValueError`` for a
-    body this version did not write (the table skips it: a lost memory, never a wrong
-    answer)."""
+def decode_record(body: bytes) -> tuple[int, str, list[Run]]:
+    """``(producer, topic, runs)``; raises ``ValueError`` for a body this version did not
+    write (the table skips it: a lost memory, never a wrong answer)."""
     try:
-        version, producer, n = _HEAD.unpack_from(body, 0)
-        at = _HEAD.size
-        if version == _VERSION:
-            lengths: int | None = n
-            n = 1
-        elif version == _VERSION_TOPICS:
-            lengths = None
-        else:
+        version, producer, tlen = _HEAD.unpack_from(body, 0)
+        if version != _VERSION:
             raise ValueError(f"producer record version {version}")
-        topics: list[tuple[str, list[Run]]] = []
-        for _ in range(n):
-            if lengths is None:
-                (tlen,) = _NAME.unpack_from(body, at)
-                at += _NAME.size
-            else:
-                tlen = lengths
-            topic = bytes(body[at : at + tlen]).decode()
-            if len(topic.encode()) != tlen:
-                raise ValueError("producer record ends inside a topic name")
-            at += tlen
-            (count,) = _COUNT.unpack_from(body, at)
-            at += _COUNT.size
-            if at + count * _RUN.size > len(body):
-                raise ValueError("producer record length does not match its run count")
-            topics.append((topic, [Run(*_RUN.unpack_from(body, at + i * _RUN.size))
-                                   for i in range(count)]))
-            at += count * _RUN.size
-        if at != len(body):
+        at = _HEAD.size
+        topic = body[at : at + tlen].decode()
+        at += tlen
+        (n,) = _COUNT.unpack_from(body, at)
+        at += _COUNT.size
+        if at + n * _RUN.size != len(body):
             raise ValueError("producer record length does not match its run count")
+        runs = [Run(*_RUN.unpack_from(body, at + i * _RUN.size)) for i in range(n)]
     except (struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"unreadable producer record: {exc}") from None
-    return producer, topics
+    return producer, topic, runs
 
 
 _Key = tuple[int, str, int]
@@ -241,12 +208,11 @@ class ProducerTable:
         bad = 0
         for body in bodies:
             try:
-                producer, topics = decode_record(body)
+                producer, topic, runs = decode_record(body)
             except ValueError:
                 bad += 1
                 continue
-            for topic, runs in topics:
-                self.record(producer, topic, runs)
+            self.record(producer, topic, runs)
         return bad
 
 

@@ -112,14 +112,12 @@ class Producers:
             offset = got[-1].queue_offset + 1
 
     def plan(self, topic: str, producer: p.ProducerSeqs, queues: Sequence[int],
-             messages: Sequence[RecordTuple], now_ms: int, *,
-             with_record: bool = True) -> ProducePlan:
+             messages: Sequence[RecordTuple], now_ms: int) -> ProducePlan:
         """Split one PRODUCE into repeats and new messages, and add the record that
-        remembers where the new ones go (``with_record=False``: not added; the caller
-        appends :meth:`records` of all its plans instead). ``queues[i]`` is the queue
-        message ``i`` was sent to; ``messages[i]`` is it as the log will store it (a
-        delayed one is a schedule entry by then). Offsets are those the append will give:
-        nothing may suspend between this and the append."""
+        remembers where the new ones go. ``queues[i]`` is the queue message ``i`` was
+        sent to; ``messages[i]`` is it as the log will store it (a delayed one is a
+        schedule entry by then). Offsets are those the append will give: nothing may
+        suspend between this and the append."""
         pid, seqs = producer
         repeats = self.table().repeats(pid, topic, queues, seqs)
         # No repeat (a new batch: the common case): every message, without a test each.
@@ -141,22 +139,10 @@ class Producers:
             next_offset[q] = at + 1
             stored.append((q, seqs[i], at))
         runs = idem.runs_of(stored)
+        record = (idem.PRODUCERS_TOPIC, 0, None, idem.encode_record(pid, topic, runs), now_ms)
         new = list(messages) if not repeats else [messages[i] for i in kept]
-        plan = ProducePlan(new, repeats, kept, pid, topic, runs)
-        if with_record:
-            new += self.records([plan], now_ms)
-        return plan
-
-    @staticmethod
-    def records(plans: Sequence[ProducePlan], now_ms: int) -> list[RecordTuple]:
-        """The producer records of ``plans`` made without one: one record per producer
-        for all its plans' topics (a PRODUCE_MULTI's parts: one record, not one a part)."""
-        by_producer: dict[int, list[tuple[str, Sequence[idem.Run]]]] = {}
-        for plan in plans:
-            if plan.kept:
-                by_producer.setdefault(plan.producer, []).append((plan.topic, plan.runs))
-        return [(idem.PRODUCERS_TOPIC, 0, None, idem.encode_record(pid, topics), now_ms)
-                for pid, topics in by_producer.items()]
+        new.append(record)
+        return ProducePlan(new, repeats, kept, pid, topic, runs)
 
     def stored(self, plan: ProducePlan) -> None:
         """The plan's append succeeded: remember its runs."""

@@ -547,10 +547,9 @@ class Requests:
         part.now_ms = now_ms
         return part
 
-    def _ready(self, part: _Part, *, with_record: bool = True) -> None:
+    def _ready(self, part: _Part) -> None:
         """The last checks and the plan of a checked PRODUCE; call with no await between
-        it and :meth:`_append` (``with_record=False``: the plan's producer record is left
-        to the caller, :meth:`.Producers.records`)."""
+        it and :meth:`_append`."""
         if part.ordered:
             part.head_epoch = self._check_send_head(part.topic)
         if part.producer is not None and part.raw:
@@ -558,18 +557,14 @@ class Requests:
             # again, and the new ones are remembered in the same append (invariant 8).
             part.plan = self.producers.plan(part.topic, part.producer,
                                             [q for q, _k, _b in part.raw], part.messages,
-                                            part.now_ms, with_record=with_record)
+                                            part.now_ms)
             part.messages = part.plan.messages
 
-    def _append(self, parts: Sequence[_Part], after: Sequence[RecordTuple] = ()
-                ) -> tuple[int, int]:
+    def _append(self, parts: Sequence[_Part]) -> tuple[int, int]:
         """Store the ready parts with one append (one write per segment, one replication
-        wake-up), then ``after`` (their producer records); returns the log span it took.
-        Each part gets its queue offsets."""
+        wake-up); returns the log span it took. Each part gets its queue offsets."""
         lg = self._store.log
         messages = [m for part in parts for m in part.messages]
-        if messages:
-            messages += after
         if not messages:  # every message a repeat: its first copy is acknowledged as it would be
             return lg.max_phys, lg.max_phys
         try:
@@ -617,7 +612,8 @@ class Requests:
         if plan is not None:
             self._metrics.produce_repeats(len(plan.repeats))
             offsets = _merge_repeats(part.raw, plan, offsets)
-        self._metrics.messages_in(len(part.messages) if plan is None else len(plan.kept))
+        self._metrics.messages_in(
+            len(part.messages) - (1 if plan is not None and part.messages else 0))
         self._metrics.produce_latency(time.perf_counter() - part.started)
         if part.scheduled is not None:
             self._scheduler.wake()
@@ -652,10 +648,8 @@ class Requests:
         appends: list[tuple[list[tuple[int, _Part]], int, int]] = []
 
         def store(batch: list[tuple[int, _Part]]) -> None:
-            plans = [part.plan for _i, part in batch if part.plan is not None]
-            records = self.producers.records(plans, max(part.now_ms for _i, part in batch))
             try:
-                start, end = self._append([part for _i, part in batch], records)
+                start, end = self._append([part for _i, part in batch])
             except RequestError as exc:
                 if exc.status == p.Status.BAD_REQUEST and len(batch) > 1:
                     for one in batch:  # the log refused one of them (nothing is written): which
@@ -673,7 +667,7 @@ class Requests:
                 store(pending)
                 pending, topics = [], set()
             try:
-                self._ready(part, with_record=False)
+                self._ready(part)
             except RequestError as exc:
                 results[i] = (exc.status, exc.message.encode())
                 continue
