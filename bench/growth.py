@@ -19,7 +19,14 @@ of ``--batch-size`` 128, linger 1 ms, the Producer's other defaults):
    utime + stime of every broker over the run / messages; ZooKeeper and the controller are
    not counted), server CPU per group (its master + slave / its messages), client CPU us per
    message (this process).
-2. **topics**: 1, 10 and 100 topics x 8 queues (``--topics``) on a **one-group** cluster, the
+2. **groups, the same load per group** (``--skip-same-load`` leaves it out): the groups
+   of part 1 again, but the producer's window and in-flight batches grow with the groups
+   (256 messages and 8 batches per group), so each group gets the load one group gets in
+   part 1, and requests keep their size. Part 1 asks what a fixed load costs as it is
+   spread over more groups (its requests shrink); this part asks what the brokers cost
+   per message as groups are added at the same load each, which is what a broker paying
+   per group would show.
+3. **topics**: 1, 10 and 100 topics x 8 queues (``--topics``) on a **one-group** cluster, the
    same total message count sent round-robin over the topics by one Producer. One group,
    not the 4-group cluster: part 1 already moves the group count, so holding it at 1 leaves
    the topic count the only variable; 100 topics x 8 queues on 4 groups would also split
@@ -61,14 +68,16 @@ Biases, so the figures are read correctly:
 * The first run of a fresh cluster may still see the brokers' start-up work (the log's
   recovery point, ZooKeeper watches settling); the median of 3 discounts one such run.
 
-Writes ``bench-results/growth.json``: ``groups`` and ``topics`` (lists of rows),
-``cpu_flat_groups`` and ``cpu_flat_topics`` (every row's server CPU per message within 20 %
-of the first row's), the load average at start and end, and the settings. No assertions:
+Writes ``bench-results/growth.json``: ``groups``, ``groups_same_load`` and ``topics``
+(lists of rows; a row of the second also has its ``window`` and ``max_in_flight``),
+``cpu_flat_groups``, ``cpu_flat_groups_same_load`` and ``cpu_flat_topics`` (every row's
+server CPU per message within 20 % of the first row's), the load average at start and end, and the settings. No assertions:
 a measurement, not a test. Every process is stopped by its recorded PID (``local down``)
 after each row, also on an error, Ctrl-C or SIGTERM.
 
 Usage: ``python bench/growth.py [--count 30000] [--repeat 3] [--batch-size 128]
-[--groups 1,2,4] [--topics 1,10,100] [--skip-groups] [--skip-topics] [--keep]
+[--groups 1,2,4] [--topics 1,10,100] [--skip-groups] [--skip-same-load] [--skip-topics]
+[--keep]
 [--out bench-results/growth.json]``; a quick look: ``--count 3000 --repeat 1``.
 """
 
@@ -103,8 +112,9 @@ from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs as lprocs
 from understudy_operator.local.plan import STATE_FILE, ClusterPlan
 
-QUEUES = 8  # per group (part 1), per topic (part 2)
+QUEUES = 8  # per group (parts 1 and 2), per topic (part 3)
 FLAT = 0.20  # the issue's bound on the growth of CPU per message
+MAX_IN_FLIGHT = 8  # the Producer's default max_in_flight (batches in flight, 4 per group at most)
 #: Per-run figures reported as the median of the repeats.
 FIGURES = ("produce_msgs_per_s", "produce_ack_p50_ms", "produce_ack_p99_ms",
            "server_cpu_us_per_msg", "client_cpu_us_per_msg",
@@ -144,16 +154,19 @@ class Run:
     """One timed run: warm-up, then meters on, then ``n`` round-robin sends."""
 
     def __init__(self, plan: ClusterPlan, topics: list[str], queues: int, n: int,
-                 batch_size: int) -> None:
+                 batch_size: int, load_per_group: bool = False) -> None:
         self.plan, self.topics, self.queues = plan, topics, queues
         self.n, self.batch_size = n, batch_size
+        scale = len(plan.groups) if load_per_group else 1
+        self.window = WINDOW * scale
+        self.max_in_flight = MAX_IN_FLIGHT * scale
         self.boot = [g.master.address for g in plan.groups]
         self.pids = broker_pids(plan)
         self.lat: list[float] = []
         self.per_group: collections.Counter[str] = collections.Counter()
 
     async def send_all(self, prod: Producer) -> float:
-        window = asyncio.Semaphore(WINDOW)
+        window = asyncio.Semaphore(self.window)
         router = prod.router
 
         def acked(f: asyncio.Future[tuple[int, int]], topic: str, sent: float) -> None:
@@ -173,7 +186,8 @@ class Run:
         return time.perf_counter() - started
 
     async def measure(self) -> dict[str, Any]:
-        async with Producer(self.boot, batch_size=self.batch_size, linger_ms=1) as prod:
+        async with Producer(self.boot, batch_size=self.batch_size, linger_ms=1,
+                            max_in_flight=self.max_in_flight) as prod:
             # one per queue (unkeyed sends go round-robin over them): every connection open,
             # every topic adopted by its brokers, before the clock and the meters start
             warm = [await prod.send(t, b"warm-up") for t in self.topics for _ in range(self.queues)]
@@ -231,7 +245,7 @@ def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure_row(directory: Path, *, groups: int, topics: int, n: int, repeat: int,
-                batch_size: int) -> dict[str, Any]:
+                batch_size: int, load_per_group: bool = False) -> dict[str, Any]:
     """A fresh cluster of ``groups`` groups and ``topics`` cluster topics (8 queues per
     group for one topic over several groups, 8 per topic on one group), ``repeat`` runs of
     ``n`` messages, the row; the cluster is stopped by its recorded PIDs before this
@@ -254,14 +268,18 @@ def measure_row(directory: Path, *, groups: int, topics: int, n: int, repeat: in
         asyncio.run(prepare())
         runs = []
         for i in range(repeat):
-            run = asyncio.run(Run(plan, names_, queues, n, batch_size).measure())
+            timed = Run(plan, names_, queues, n, batch_size, load_per_group)
+            run = asyncio.run(timed.measure())
             console.print(f"  run {i + 1}/{repeat}: {run['produce_msgs_per_s']:,.0f} msg/s, server "
                           f"{run['server_cpu_us_per_msg']:.0f} us/msg, client "
                           f"{run['client_cpu_us_per_msg']:.0f} us/msg, "
                           f"{run['produce_requests_per_1000_msgs']:.0f} requests / 1000 msgs")
             runs.append(run)
-        return {"groups": groups, "topics": topics, "queues": queues * topics,
-                **median_row(runs)}
+        row = {"groups": groups, "topics": topics, "queues": queues * topics,
+               **median_row(runs)}
+        if load_per_group:
+            row.update(window=timed.window, max_in_flight=timed.max_in_flight)
+        return row
     finally:
         if (directory / STATE_FILE).exists():
             with signals_deferred():
@@ -317,6 +335,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--topics", type=parse_counts, default=parse_counts("1,10,100"),
                     help="topic counts of part 2, one group (default 1,10,100)")
     ap.add_argument("--skip-groups", action="store_true")
+    ap.add_argument("--skip-same-load", action="store_true",
+                    help="skip part 2: the groups with the same load per group")
     ap.add_argument("--skip-topics", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the clusters' directories")
     ap.add_argument("--out", type=Path, default=Path("bench-results/growth.json"))
@@ -338,6 +358,9 @@ def main(argv: list[str]) -> int:
         doc["groups"] = [] if args.skip_groups else [
             measure_row(root / f"g{g}", groups=g, topics=1, n=args.count, repeat=args.repeat,
                         batch_size=args.batch_size) for g in args.groups]
+        doc["groups_same_load"] = [] if args.skip_same_load else [
+            measure_row(root / f"s{g}", groups=g, topics=1, n=args.count * g, repeat=args.repeat,
+                        batch_size=args.batch_size, load_per_group=True) for g in args.groups]
         doc["topics"] = [] if args.skip_topics else [
             measure_row(root / f"t{t}", groups=1, topics=t, n=args.count, repeat=args.repeat,
                         batch_size=args.batch_size) for t in args.topics]
@@ -345,6 +368,7 @@ def main(argv: list[str]) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     doc["cpu_flat_groups"] = add_relative(doc["groups"])
+    doc["cpu_flat_groups_same_load"] = add_relative(doc["groups_same_load"])
     doc["cpu_flat_topics"] = add_relative(doc["topics"])
     doc["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -353,6 +377,9 @@ def main(argv: list[str]) -> int:
     print_part(out, f"groups: one topic, {QUEUES} queues per group, {args.count:,} x 1 KiB, "
                f"window {WINDOW}, batches of {args.batch_size}", doc["groups"],
                doc["cpu_flat_groups"], by="groups")
+    print_part(out, f"groups, the same load per group: window {WINDOW} and {MAX_IN_FLIGHT} "
+               f"batches in flight per group, {args.count:,} x 1 KiB per group",
+               doc["groups_same_load"], doc["cpu_flat_groups_same_load"], by="groups")
     print_part(out, f"topics: one group, {QUEUES} queues per topic, {args.count:,} x 1 KiB "
                f"round-robin over the topics", doc["topics"], doc["cpu_flat_topics"], by="topics")
     out.print(f"load average (1, 5, 15 min) {doc['loadavg_start']} -> {doc['loadavg_end']} on "
