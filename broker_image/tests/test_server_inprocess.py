@@ -542,6 +542,25 @@ async def test_a_part_the_log_refuses_is_answered_alone(
         ([b"a"], [], [b"c"])
 
 
+async def test_an_empty_produce_is_answered_without_waiting_for_acknowledgements(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PRODUCE with no message stores nothing, so it waits for nothing: not for the
+    log's unacknowledged tail (a slave that is late), alone or as a PRODUCE_MULTI part."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="empty", queues=1)
+    never = asyncio.Event()
+
+    async def unacknowledged(end: int, start: int) -> None:
+        await never.wait()
+    monkeypatch.setattr(broker.parts.readable, "wait_acknowledged", unacknowledged)
+    frame = await request_once(addr, p.Op.PRODUCE, p.encode_produce("empty", []), timeout_s=2)
+    assert p.ProduceResponse.decode(frame.body).offsets == []
+    multi = p.ProduceMultiRequest([p.encode_produce("empty", [])] * 2).encode()
+    frame = await request_once(addr, p.Op.PRODUCE_MULTI, multi, timeout_s=2)
+    assert p.ProduceMultiResponse.decode(frame.body).results == [
+        (p.Status.OK, p.ProduceResponse([]).encode())] * 2
+
+
 async def test_one_topic_twice_in_a_request_is_stored_once_per_message(served: Any) -> None:
     """Two parts of one topic from an idempotent producer, the second repeating the
     first's last number: the second part is planned after the first is stored, so the

@@ -587,9 +587,11 @@ class Requests:
                        ) -> list[bytes | RequestError]:
         """Each stored part's answer, once the span ``[start, end)`` is acknowledged
         (durable and replicated; then readable: read-your-writes, server/readable.py):
-        one wait for every part."""
+        one wait for every part (none when no part holds a message: an empty PRODUCE is
+        answered at once; a batch of repeats waits as its first copy would)."""
         try:
-            await self._readable.wait_acknowledged(end, start)
+            if any(part.raw for part in parts):
+                await self._readable.wait_acknowledged(end, start)
         except RequestError as exc:
             return [exc] * len(parts)
         out: list[bytes | RequestError] = []
