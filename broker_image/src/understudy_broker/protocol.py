@@ -32,11 +32,11 @@ from __future__ import annotations
 import enum
 import json
 import struct
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, NamedTuple, Self
 
+from understudy_broker.checksum import crc32
 from understudy_broker.model import TopicNameError, check_topic_name, normalize_snapshot
 
 MAGIC: Final = 0x5553
@@ -181,7 +181,7 @@ def encode_frame(
     """Header plus body, ready to write to a socket."""
     return (
         HEADER.pack(
-            MAGIC, VERSION, flags, request_id, op, status, epoch, len(body), zlib.crc32(body)
+            MAGIC, VERSION, flags, request_id, op, status, epoch, len(body), crc32(body)
         )
         + body
     )
@@ -289,7 +289,7 @@ class FrameDecoder:
         if len(buf) < end:
             return NEED_DATA
         body = bytes(memoryview(buf)[pos + HEADER_SIZE : end])
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             raise FrameError(Status.BAD_FRAME, "body CRC mismatch", request_id=rid)
         self._pos = end
         if end == len(buf):

@@ -45,12 +45,12 @@ import os
 import re
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from understudy_broker.checksum import crc32
 from understudy_broker.storage.durability import durable_replace, fsync_dir, write_all
 from understudy_broker.storage.index import (
     DEFAULT_INDEX_OPEN_FILES,
@@ -462,7 +462,7 @@ class CommitLog:
             return 0
         fd = os.open(self._log_dir / _segment_name(base), os.O_RDONLY)
         try:
-            return zlib.crc32(os.pread(fd, phys - start, start - base))
+            return crc32(os.pread(fd, phys - start, start - base))
         finally:
             os.close(fd)
 
@@ -816,7 +816,6 @@ class CommitLog:
         offsets: list[tuple[str, int, int]] = []
         pack_header = RECORD_HEADER.pack_into
         pack_prefix = RECORD_PREFIX.pack_into
-        crc32 = zlib.crc32
         n = len(messages)
         i = 0
         while i < n:

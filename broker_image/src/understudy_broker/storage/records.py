@@ -25,10 +25,10 @@ log whose active segment is empty still knows where the sequence continues.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from understudy_broker.checksum import crc32
 from understudy_broker.model import TopicNameError, check_topic_name
 
 RECORD_MAGIC = 0xDAA320A7
@@ -183,11 +183,11 @@ def encode_record(
         klen,
         len(message.body),
     )
-    crc = zlib.crc32(rest)
-    crc = zlib.crc32(topic_raw, crc)
+    crc = crc32(rest)
+    crc = crc32(topic_raw, crc)
     if key:
-        crc = zlib.crc32(key, crc)
-    crc = zlib.crc32(message.body, crc)
+        crc = crc32(key, crc)
+    crc = crc32(message.body, crc)
     size = HEADER_END + len(topic_raw) + max(klen, 0) + len(message.body)
     prefix = RECORD_PREFIX.pack(size, RECORD_MAGIC, crc)
     if key:
@@ -206,7 +206,7 @@ def decode_record(buf: memoryview, pos: int, phys: int) -> StoredRecord:
     size, magic, crc = RECORD_PREFIX.unpack_from(buf, pos)
     if magic != RECORD_MAGIC or size < HEADER_END or pos + size > len(buf):
         raise CorruptRecordError(f"record at {phys}: bad magic or length")
-    if zlib.crc32(buf[pos + CRC_FROM : pos + size]) != crc:
+    if crc32(buf[pos + CRC_FROM : pos + size]) != crc:
         raise CorruptRecordError(f"record at {phys}: CRC mismatch")
     seq, qoff, ts, queue, tlen, klen, blen = RECORD_HEADER.unpack_from(buf, pos + PREFIX_SIZE)
     p = pos + HEADER_END
@@ -264,7 +264,6 @@ def walk(
     pos = 0
     unpack_len_magic = LEN_MAGIC.unpack_from
     unpack_crc_header = CRC_HEADER.unpack_from
-    crc32 = zlib.crc32
     seg_end = segment_end(start_phys, segment_bytes)
     names = {} if topics is None else topics
     while pos < n:
