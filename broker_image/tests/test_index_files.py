@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from understudy_broker.storage.commitlog import CommitLog, FlushPolicy, Retention
-from understudy_broker.storage.index import OpenFiles, QueueIndex
+from understudy_broker.storage.index import INDEX_HEADER_SIZE, OpenFiles, QueueIndex
 
 
 def open_under(root: Path) -> int:
@@ -86,3 +86,28 @@ def test_a_log_with_more_queues_than_open_files_recovers_every_index(tmp_path: P
         assert open_under(tmp_path / "index") <= 3
     finally:
         again.close()
+
+
+def test_waiting_index_entries_are_written_a_step_at_a_time(tmp_path: Path) -> None:
+    """Before a recovery mark the broker writes the indexes' waiting entries in steps
+    (storage/store.py), giving the event loop back in between; each step writes at most
+    the indexes it is given, and the mark finds nothing left."""
+    log = CommitLog.open(tmp_path, segment_bytes=1 << 20, flush=FlushPolicy(),
+                         retention=Retention(), index_open_files=4)
+    try:
+        log.append([("t", q, None, b"%d" % q, 0) for q in range(10)])
+
+        def on_file() -> int:
+            return sum(1 for q in range(10)
+                       if (tmp_path / "index" / "t" / str(q)).stat().st_size > INDEX_HEADER_SIZE)
+        assert on_file() == 0
+        steps = [log.write_pending_indexes(4) for _ in range(3)]
+        assert steps == [False, False, True]
+        assert on_file() == 10
+        assert log.write_pending_indexes(4)  # nothing left
+        log.append([("t", 0, None, b"more", 0)])
+        mark = log.recovery_mark()
+        assert mark.ends[("t", 0)] == 2
+        assert (tmp_path / "index" / "t" / "0").stat().st_size == INDEX_HEADER_SIZE + 2 * 16
+    finally:
+        log.close()

@@ -301,6 +301,7 @@ class CommitLog:
         self._min_phys = 0
         self._next_seq = 0
         self._indexes: dict[tuple[str, int], QueueIndex] = {}
+        self._unwritten: set[QueueIndex] = set()  # may hold entries not on file (index.py)
         # Every index shares these: at most ``index_open_files`` descriptors (index.py).
         self.index_files = OpenFiles(index_open_files)
         self._topic_raw: dict[str, bytes] = {}  # validated names, encoded
@@ -431,6 +432,7 @@ class CommitLog:
                                        tuple(problems),
                                        tuple(str(err) for err in self._damaged.values()),
                                        extended)
+        self._unwritten = {ix for ix in self._indexes.values() if ix.pending}
 
     def _usable_recovery_point(self, bases: list[int], first_scanned: int
                                ) -> tuple[RecoveryPoint | None, str]:
@@ -471,10 +473,25 @@ class CommitLog:
         it to :meth:`write_recovery_point`. Writes every index's pending entries first, so
         the files hold what the mark says before it is recorded; ``OSError`` when one
         cannot be written (then no mark: the old recovery point stays)."""
-        for ix in self._indexes.values():
-            ix.write_pending()
+        while not self.write_pending_indexes(len(self._unwritten)):
+            pass
         return RecoveryPoint(self._max_phys, self._next_seq,
                              {key: ix.end for key, ix in self._indexes.items()})
+
+    def write_pending_indexes(self, most: int) -> bool:
+        """Write the waiting entries of up to ``most`` indexes (one write each); whether
+        none is left waiting. A broker with thousands of queues written in a second
+        calls this in steps before :meth:`recovery_mark`, giving the event loop back in
+        between, so the mark itself has little left to write."""
+        unwritten = self._unwritten
+        for _ in range(min(most, len(unwritten))):
+            ix = unwritten.pop()
+            try:
+                ix.write_pending()
+            except OSError:
+                unwritten.add(ix)
+                raise
+        return not unwritten
 
     def write_recovery_point(self, mark: RecoveryPoint) -> None:
         """Record ``mark`` durably as where the next recovery starts. The log must be
@@ -624,6 +641,7 @@ class CommitLog:
         for ix in self._indexes.values():
             ix.close()
         self._indexes.clear()
+        self._unwritten.clear()
         found: dict[tuple[str, int], list[Walked]] = {}
         for item in self._iter_log_items():
             if not item.is_marker:
@@ -902,12 +920,14 @@ class CommitLog:
         if sync and self.flush_policy.mode == "batch" and end > self._max_phys:
             self._sync_now(end)
         done: list[tuple[QueueIndex, int]] = []
+        unwritten = self._unwritten
         try:
             for (topic, queue), entries in pending.items():
                 ix = self._index(topic, queue, create=True)
                 if ix is not None:
                     done.append((ix, len(ix)))
                     ix.append(entries)
+                    unwritten.add(ix)
         except OSError:
             for ix, count in done:
                 ix.rollback(count)
@@ -1272,4 +1292,5 @@ class CommitLog:
         for ix in self._indexes.values():
             ix.close()
         self._indexes.clear()
+        self._unwritten.clear()
 

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 # How often the recovery point follows the log: a restart after kill -9 re-reads at most
 # about this long of writes (plus what the flush interval left unsynced).
 RECOVERY_POINT_INTERVAL_S = 1.0
+#: Index files written between two looks at the event loop before a recovery mark: at
+#: most ~4 ms of writes a step. With 10k queues written in a second, writing them in one
+#: go held the loop for 95-102 ms (in-process, 512 index files open).
+INDEX_WRITES_PER_STEP = 256
 
 
 class Store:
@@ -211,7 +215,11 @@ class Store:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                mark = self.log.recovery_mark()  # writes the indexes' pending entries
+                while True:  # the indexes' waiting entries first, a step at a time
+                    if self.log.write_pending_indexes(INDEX_WRITES_PER_STEP):
+                        break
+                    await asyncio.sleep(0)  # requests run between the steps
+                mark = self.log.recovery_mark()  # and what the last step left
                 if mark.phys == written:
                     continue
                 await self.log_commit.durable(mark.phys)
