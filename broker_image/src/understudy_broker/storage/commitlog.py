@@ -473,8 +473,7 @@ class CommitLog:
         it to :meth:`write_recovery_point`. Writes every index's pending entries first, so
         the files hold what the mark says before it is recorded; ``OSError`` when one
         cannot be written (then no mark: the old recovery point stays)."""
-        while not self.write_pending_indexes(len(self._unwritten)):
-            pass
+        self.write_pending_indexes(len(self._unwritten))
         return RecoveryPoint(self._max_phys, self._next_seq,
                              {key: ix.end for key, ix in self._indexes.items()})
 
