@@ -71,7 +71,8 @@ Biases, so the figures are read correctly:
 Writes ``bench-results/growth.json``: ``groups``, ``groups_same_load`` and ``topics``
 (lists of rows; a row of the second also has its ``window`` and ``max_in_flight``),
 ``cpu_flat_groups``, ``cpu_flat_groups_same_load`` and ``cpu_flat_topics`` (every row's
-server CPU per message within 20 % of the first row's), the load average at start and end, and the settings. No assertions:
+server CPU per message within 20 % of the first row's), the load average at start and end,
+and the settings. No assertions:
 a measurement, not a test. Every process is stopped by its recorded PID (``local down``)
 after each row, also on an error, Ctrl-C or SIGTERM.
 
@@ -107,14 +108,13 @@ from rich.table import Table
 from understudy_broker import metric_names as names
 from understudy_broker import protocol as p
 from understudy_broker.admin import admin_topic
-from understudy_broker.client import Producer
+from understudy_broker.client import DEFAULT_MAX_IN_FLIGHT, Producer
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs as lprocs
 from understudy_operator.local.plan import STATE_FILE, ClusterPlan
 
 QUEUES = 8  # per group (parts 1 and 2), per topic (part 3)
 FLAT = 0.20  # the bound on the growth of CPU per message
-MAX_IN_FLIGHT = 8  # the Producer's default max_in_flight (batches in flight, 4 per group at most)
 #: Per-run figures reported as the median of the repeats.
 FIGURES = ("produce_msgs_per_s", "produce_ack_p50_ms", "produce_ack_p99_ms",
            "server_cpu_us_per_msg", "client_cpu_us_per_msg",
@@ -159,7 +159,7 @@ class Run:
         self.n, self.batch_size = n, batch_size
         scale = len(plan.groups) if load_per_group else 1
         self.window = WINDOW * scale
-        self.max_in_flight = MAX_IN_FLIGHT * scale
+        self.max_in_flight = DEFAULT_MAX_IN_FLIGHT * scale
         self.boot = [g.master.address for g in plan.groups]
         self.pids = broker_pids(plan)
         self.lat: list[float] = []
@@ -377,7 +377,7 @@ def main(argv: list[str]) -> int:
     print_part(out, f"groups: one topic, {QUEUES} queues per group, {args.count:,} x 1 KiB, "
                f"window {WINDOW}, batches of {args.batch_size}", doc["groups"],
                doc["cpu_flat_groups"], by="groups")
-    print_part(out, f"groups, the same load per group: window {WINDOW} and {MAX_IN_FLIGHT} "
+    print_part(out, f"groups, the same load per group: window {WINDOW} and {DEFAULT_MAX_IN_FLIGHT} "
                f"batches in flight per group, {args.count:,} x 1 KiB per group",
                doc["groups_same_load"], doc["cpu_flat_groups_same_load"], by="groups")
     print_part(out, f"topics: one group, {QUEUES} queues per topic, {args.count:,} x 1 KiB "

@@ -66,6 +66,8 @@ AVOID_S: Final = 5.0
 #: client used 1.66 cores, 5 ms gives 5.8 and 0.92; docs/perf-notes.md). A full batch
 #: (``batch_size``) goes at once, so throughput runs do not wait.
 DEFAULT_LINGER_MS: Final = 5.0
+#: Batches a Producer keeps in flight at once by default (and at most 4 per group).
+DEFAULT_MAX_IN_FLIGHT: Final = 8
 
 
 class BrokerError(Exception):
@@ -1251,7 +1253,7 @@ class Producer:
         linger_ms: float = DEFAULT_LINGER_MS,
         acks: int = 1,
         retries: int = 5,
-        max_in_flight: int = 8,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_in_flight_per_group: int = 4,
         retry_backoff_ms: float = 50.0,
         max_buffered: int = 100_000,

@@ -120,13 +120,6 @@ def _damaged(exc: DamagedRecordError) -> RequestError:
         exc.offset, f"{exc.topic}/{exc.queue}: {exc.detail}"))
 
 
-def _answered(body: bytes) -> Callable[[], Awaitable[bytes]]:
-    """An answer that waits for nothing."""
-    async def answer() -> bytes:
-        return body
-    return answer
-
-
 async def acknowledged(waits: Sequence[Awaitable[None]]) -> None:
     """Wait until a write may be acknowledged (locally durable, and replicated when
     replication is synchronous); a storage or replication failure becomes the status the

@@ -557,7 +557,7 @@ class CommitLog:
                     problems.setdefault(qfile, "disagrees with the log")
                 if outcome == "rebuild":
                     needs_full = True
-                elif torn or outcome != "ok":
+                elif torn or outcome == "repaired":
                     repaired += 1
         for key, items in expected.items():
             path = _index_path(self.directory, *key)

@@ -18,8 +18,9 @@ atomically (tmp + rename) with a higher base offset.
 Written behind the log: an append goes to memory at once (lookups see it) and to the file
 later, in one write per index: when :data:`WRITE_BEHIND_ENTRIES` are waiting, before any
 operation that reads or rewrites the file, and at :meth:`QueueIndex.write_pending`, which
-the log calls for every index when it takes a recovery mark (so each file holds every
-entry up to a recovery point before that point is recorded) and at close. A process that
+the log calls for every index holding waiting entries before it takes a recovery mark
+(the broker a step at a time: ``CommitLog.write_pending_indexes``; so each file holds
+every entry up to a recovery point before that point is recorded) and at close. A process that
 dies loses at most the entries after the last mark, which recovery finds again: it scans
 the log from that point and extends each index with what the scan found
 (``RecoveryReport.indexes_extended``). Writing per append cost the broker a system call
