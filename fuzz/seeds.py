@@ -18,7 +18,16 @@ from fuzz.live import example_requests
 from understudy_broker import protocol as p
 from understudy_broker import scheduling as sch
 from understudy_broker.replication import wire
-from understudy_broker.storage.records import EOF_MAGIC, EOF_MIN, RecordTuple
+from understudy_broker.storage.records import (
+    EOF_MAGIC,
+    EOF_MIN,
+    Message,
+    RecordTuple,
+    encode_eof_marker,
+    encode_record,
+    record_size,
+    segment_end,
+)
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -106,6 +115,25 @@ def _push(stream: bytes, start: int = 0) -> bytes:
     return wire.PUSH_HEADER.pack(start, len(stream)) + stream
 
 
+def _record_stream(messages: list[RecordTuple], segment_bytes: int = 4096) -> bytes:
+    """The stream a broker from before batches wrote for ``messages`` (one record each):
+    logs of that format are still read, so the walkers are fuzzed on both."""
+    out = bytearray()
+    ends: dict[tuple[str, int], int] = {}
+    for seq, m in enumerate(messages):
+        message = Message(*m)
+        raw = message.topic.encode()
+        size = record_size(topic_len=len(raw), key=message.key, body_len=len(message.body))
+        seg_end = segment_end(len(out), segment_bytes)
+        if len(out) + size + EOF_MIN > seg_end:
+            out += encode_eof_marker(length=seg_end - len(out), next_seq=seq)
+        qoff = ends.get((message.topic, message.queue), 0)
+        ends[(message.topic, message.queue)] = qoff + 1
+        out += b"".join(encode_record(seq=seq, queue_offset=qoff, message=message,
+                                      topic_raw=raw))
+    return bytes(out)
+
+
 def _random(n: int, size: int, seed: int) -> dict[str, bytes]:
     rng = random.Random(seed)
     return {f"random-{i}": rng.randbytes(size) for i in range(n)}
@@ -127,11 +155,13 @@ def seeds() -> dict[str, dict[str, bytes]]:
             "segment-roll": bytes([63, 0]) + stream,
             "one-segment": bytes([63, 0]) + stream[:3000],
             "regression-marker-padding": bytes([63, 0]) + _dirty_marker(stream),
+            "records-segment-roll": bytes([63, 0]) + _record_stream(MESSAGES),
         },
         "replicated": {
             "after-3": bytes([3]) + t.master_stream(t.PRELUDE + MESSAGES[:6], skip=3),
             "empty-log": bytes([0]) + stream,
             "regression-marker-padding": bytes([0]) + _dirty_marker(stream),
+            "records-empty-log": bytes([0]) + _record_stream(MESSAGES),
         },
         "replicated_structured": _random(4, 256, 2),
     }

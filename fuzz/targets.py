@@ -279,8 +279,9 @@ def log_bytes(log: CommitLog) -> bytes:
 def check_stored(buf: bytes, *, segment_bytes: int, start_phys: int = 0, first_seq: int = 0,
                  ends: dict[tuple[str, int], int] | None = None) -> int:
     """The reference check of stored bytes, independent of :func:`records.walk`: every
-    record is byte for byte what :func:`records.encode_record` makes of its decoded
-    fields (lengths, CRC, topic name), sequence numbers and queue offsets go up by one,
+    batch (record) is byte for byte what :func:`records.encode_batch`
+    (:func:`records.encode_record`) makes of its decoded messages (lengths, CRCs, topic
+    name), sequence numbers and queue offsets go up by one a message,
     every end-of-file marker is :func:`records.encode_eof_marker` of the rest of its
     segment with the next sequence number. Returns the next sequence number; ``ends``
     (queue offsets per queue) is updated in place."""
@@ -298,24 +299,33 @@ def check_stored(buf: bytes, *, segment_bytes: int, start_phys: int = 0, first_s
             assert buf[pos:pos + len(marker)] == marker, f"bad end-of-file marker at {phys}"
             pos += len(marker)
             continue
-        assert magic == rec.RECORD_MAGIC, f"stored item at {phys} has magic {magic:#x}"
+        assert magic in (rec.RECORD_MAGIC, rec.BATCH_MAGIC), \
+            f"stored item at {phys} has magic {magic:#x}"
         try:
-            r = rec.decode_record(view, pos, phys)
+            head, records, _used = rec.decode_item(view, pos, phys)
         except (rec.CorruptRecordError, UnicodeDecodeError) as exc:
-            raise AssertionError(f"stored record at {phys} does not decode: {exc}") from exc
-        check_topic_name(r.topic)
-        ident = (r.topic, r.queue)
-        assert (r.seq, r.queue_offset) == (seq, queue_ends.get(ident, 0)), \
-            f"stored record at {phys}: seq/offset {r.seq}/{r.queue_offset} out of order"
-        message = rec.Message(r.topic, r.queue, r.key, r.body, r.timestamp_ms)
-        raw = b"".join(rec.encode_record(seq=r.seq, queue_offset=r.queue_offset,
-                                         message=message, topic_raw=r.topic.encode()))
-        assert buf[pos:pos + r.size] == raw, f"stored record at {phys} is not its encoding"
-        assert phys + r.size + rec.EOF_MIN <= seg_end, \
-            f"stored record at {phys} leaves no room for a marker"
-        queue_ends[ident] = r.queue_offset + 1
-        seq += 1
-        pos += r.size
+            raise AssertionError(f"stored item at {phys} does not decode: {exc}") from exc
+        check_topic_name(head.topic)
+        ident = (head.topic, head.queue)
+        assert (head.seq, head.queue_offset) == (seq, queue_ends.get(ident, 0)), \
+            f"stored item at {phys}: seq/offset {head.seq}/{head.queue_offset} out of order"
+        assert [(r.seq, r.queue_offset) for r in records] == [
+            (head.seq + i, head.queue_offset + i) for i in range(head.messages)]
+        messages = [rec.Message(r.topic, r.queue, r.key, r.body, r.timestamp_ms)
+                    for r in records]
+        if magic == rec.BATCH_MAGIC:
+            raw = rec.encode_batch(seq=head.seq, queue_offset=head.queue_offset,
+                                   messages=messages)
+        else:
+            raw = b"".join(rec.encode_record(seq=head.seq, queue_offset=head.queue_offset,
+                                             message=messages[0],
+                                             topic_raw=head.topic.encode()))
+        assert buf[pos:pos + head.size] == raw, f"stored item at {phys} is not its encoding"
+        assert phys + head.size + rec.EOF_MIN <= seg_end, \
+            f"stored item at {phys} leaves no room for a marker"
+        queue_ends[ident] = head.queue_offset + head.messages
+        seq += head.messages
+        pos += head.size
     return seq
 
 
@@ -359,7 +369,7 @@ def walk_target(data: bytes) -> None:
     buf = memoryview(data[2:])
     w = rec.walk(buf, start_phys=start, segment_bytes=segment_bytes)
     pos = start
-    for phys, size, is_marker, seq, qoff, queue, topic, _khash in w.items:
+    for phys, size, is_marker, seq, qoff, queue, topic, _count in w.items:
         assert phys == pos, "walk skipped bytes"
         # Continuity is the caller's check: each item is checked on its own.
         check_stored(bytes(buf[phys - start:phys - start + size]), segment_bytes=segment_bytes,
@@ -419,17 +429,41 @@ def _mutate(fdp: atheris.FuzzedDataProvider, buf: bytearray) -> None:
 
 
 def fix_crcs(buf: bytearray) -> None:
-    """Recompute the CRC of every item that still looks like a record, so mutations reach
-    the checks behind the CRC (lengths, names, continuity)."""
+    """Recompute the CRCs of every item that still looks like a batch or a record, so
+    mutations reach the checks behind the CRCs (lengths, names, continuity)."""
     pos = 0
     while pos + rec.HEADER_END <= len(buf):
         size, magic = rec.LEN_MAGIC.unpack_from(buf, pos)
+        if magic == rec.BATCH_MAGIC and size >= rec.BATCH_END and pos + size <= len(buf):
+            tlen = rec.BATCH_HEADER.unpack_from(buf, pos + rec.PREFIX_SIZE)[5]
+            rstart = min(pos + rec.BATCH_END + tlen, pos + size)
+            struct.pack_into(">I", buf, rec.BATCH_END - 4 + pos,
+                             zlib.crc32(memoryview(buf)[rstart:pos + size]))
+            struct.pack_into(">I", buf, pos + 8,
+                             zlib.crc32(memoryview(buf)[pos + rec.CRC_FROM:rstart]))
+            pos += size
+            continue
         if magic != rec.RECORD_MAGIC or size < rec.HEADER_END or pos + size > len(buf):
             pos += max(size, rec.LEN_MAGIC.size) if magic == rec.EOF_MAGIC else 1
             continue
         crc = zlib.crc32(memoryview(buf)[pos + rec.CRC_FROM:pos + size])
         struct.pack_into(">I", buf, pos + 8, crc)
         pos += size
+
+
+def _first_topic_of_length(stream: bytearray, length: int) -> int | None:
+    """Where the topic of the first batch of ``stream`` whose topic is ``length`` bytes
+    long starts (None: no such batch before the first item that does not frame)."""
+    pos = 0
+    while pos + rec.BATCH_END <= len(stream):
+        size, magic = rec.LEN_MAGIC.unpack_from(stream, pos)
+        if magic == rec.BATCH_MAGIC and rec.BATCH_HEADER.unpack_from(
+                stream, pos + rec.PREFIX_SIZE)[5] == length:
+            return pos + rec.BATCH_END
+        if size < rec.LEN_MAGIC.size:
+            return None
+        pos += size
+    return None
 
 
 def replicated_structured(data: bytes) -> None:
@@ -449,11 +483,11 @@ def replicated_structured(data: bytes) -> None:
     for _ in range(fdp.ConsumeIntInRange(0, 3)):
         _mutate(fdp, stream)
     if fdp.ConsumeBool():
-        # A name the codec refuses, spelled into the first record whose name has its length.
+        # A name the codec refuses, spelled into the first batch whose name has its length.
         bad = fdp.PickValueInList(_TOPICS[3:]).encode()
-        pos = stream.find(b"\x00\x01t") + 2
-        if len(bad) == 1 and pos > 1:
-            stream[pos:pos + 1] = bad
+        pos = _first_topic_of_length(stream, len(bad))
+        if pos is not None:
+            stream[pos:pos + len(bad)] = bad
     if fdp.ConsumeBool():
         fix_crcs(stream)
     cuts = sorted({fdp.ConsumeIntInRange(0, len(stream)) for _ in range(fdp.ConsumeIntInRange(0, 3))})

@@ -22,7 +22,7 @@ import pytest
 
 from understudy_broker import protocol as p
 from understudy_broker.client import Producer, create_topic, request_once
-from understudy_broker.storage.records import decode_record, walk
+from understudy_broker.storage.records import decode_item, walk
 from understudy_harness.testing import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,8 +108,8 @@ async def _close(writers: list[asyncio.StreamWriter]) -> None:
 
 
 def _stored(data_dir: Path) -> list[tuple[str, int, bytes | None, bytes]]:
-    """Every record of the broker's log, walked with the one record walker: the whole
-    log must be valid records and markers."""
+    """Every message of the broker's log, walked with the one walker: the whole log must
+    be valid batches (or records) and markers."""
     out = []
     for path in sorted((data_dir / "commitlog").iterdir()):
         if not path.name.isdigit():
@@ -121,8 +121,8 @@ def _stored(data_dir: Path) -> list[tuple[str, int, bytes | None, bytes]]:
         assert w.valid_end == base + len(data), f"{path}: a torn item at {w.valid_end}"
         for phys, _size, is_marker, *_ in w.items:
             if not is_marker:
-                r = decode_record(data, phys - base, phys)
-                out.append((r.topic, r.queue, r.key, r.body))
+                _head, records, _used = decode_item(data, phys - base, phys)
+                out += [(r.topic, r.queue, r.key, r.body) for r in records]
     return out
 
 

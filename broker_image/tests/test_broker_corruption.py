@@ -82,17 +82,36 @@ async def test_a_damaged_record_is_refused_by_name_and_skippable(brokers: Any,
     damage_body(segment, body(victim))
     master.start()
 
-    # The intact records before it are served; a pull at it is refused, naming it.
-    ok = p.PullResponse.decode((await pull(master, 1, offset - 3)).body)
-    assert [r.body for r in ok.records] == [body(victim - 6), body(victim - 4), body(victim - 2)]
+    # The damage takes out the batch holding the victim (the unit of storage, checked
+    # whole): a pull anywhere in it is refused, naming the offset after it.
     refused = await pull(master, 1, offset)
     assert refused.status == p.Status.CORRUPT_RECORD
     message = p.error_message(refused)
     assert p.corrupt_record_offset(message) == offset
+    skip_to = p.corrupt_record_skip_to(message)
+    assert skip_to is not None, message
+    assert skip_to > offset, message
     assert str(segment) in message, message
     assert "CRC mismatch" in message, message
-    rest = p.PullResponse.decode((await pull(master, 1, offset + 1)).body)
-    assert rest.records[0].body == body(victim + 2)
+    # Read from the start, every intact message before the batch is served.
+    served: list[bytes] = []
+    at = 0
+    while True:
+        answer = await pull(master, 1, at)
+        if answer.status == p.Status.CORRUPT_RECORD:
+            break
+        got_now = p.PullResponse.decode(answer.body).records
+        served += [r.body for r in got_now]
+        at = got_now[-1].offset + 1
+    start = at
+    assert start <= offset < skip_to <= start + 16  # at most a producer batch
+    queue1 = [body(i) for i in range(1, 600, 2)]
+    assert served == queue1[:start]
+    refused_first = await pull(master, 1, skip_to - 1)
+    assert refused_first.status == p.Status.CORRUPT_RECORD
+    assert p.corrupt_record_skip_to(p.error_message(refused_first)) == skip_to
+    rest = p.PullResponse.decode((await pull(master, 1, skip_to)).body)
+    assert rest.records[0].body == queue1[skip_to]
     assert await queue_bodies(master.address, "t", 0) == [body(i) for i in range(0, 600, 2)]
 
     # A consumer is told (not retried forever), and may skip it explicitly.
@@ -113,9 +132,10 @@ async def test_a_damaged_record_is_refused_by_name_and_skippable(brokers: Any,
         await consumer.commit()
     finally:
         await consumer.close()
-    assert [(d.topic, d.queue, d.offset, d.status) for d in skipped] == [
-        ("t", 1, offset, p.Status.CORRUPT_RECORD)]
-    assert sorted(got) == sorted(body(i) for i in range(600) if i != victim)
+    assert [(d.topic, d.queue, d.offset, d.skip_to, d.status) for d in skipped] == [
+        ("t", 1, start, skip_to, p.Status.CORRUPT_RECORD)]
+    lost = set(queue1[start:skip_to])
+    assert sorted(got) == sorted(body(i) for i in range(600) if body(i) not in lost)
     fetched = await request_once(master.address, p.Op.FETCH_OFFSET,
                                  p.FetchOffsetRequest("g", "t", [0, 1]).encode())
     assert p.OffsetsResponse.decode(fetched.body).offsets == {0: 300, 1: 300}
@@ -125,7 +145,7 @@ async def test_a_damaged_record_is_refused_by_name_and_skippable(brokers: Any,
     lines = [line for line in master.log().splitlines() if "damaged record, not served" in line]
     assert len(lines) == 1, lines
     assert str(segment) in lines[0], lines
-    assert f"t/1 offset {offset} " in lines[0], lines
+    assert f"t/1 offsets {start}..{skip_to - 1} are damaged" in lines[0], lines
 
 
 INDEX_DAMAGE = {

@@ -17,6 +17,7 @@ from understudy_broker.storage.commitlog import (
     segments_to_delete,
 )
 from understudy_broker.storage.records import (
+    BATCH_RECORD_SIZE,
     EOF_MAGIC,
     EOF_MARKER,
     InvalidMessageError,
@@ -150,9 +151,16 @@ def test_read_honours_limits_but_returns_at_least_one(tmp_path: Path) -> None:
         log.append([Message("t", 0, b"k", b"x" * 500, 1) for _ in range(10)])
         one = log.read("t", 0, 0, max_bytes=1, max_records=100)
         assert len(one) == 1
-        some = log.read("t", 0, 2, max_bytes=one[0].size * 3, max_records=100)
+        own = BATCH_RECORD_SIZE + len(b"k") + 500  # a message's own bytes in its batch
+        some = log.read("t", 0, 2, max_bytes=own * 3, max_records=100)
+        assert [r.queue_offset for r in some] == [2, 3, 4]
+        some = log.read("t", 0, 2, max_bytes=own * 3 + own - 1, max_records=100)
         assert [r.queue_offset for r in some] == [2, 3, 4]
         assert len(log.read("t", 0, 0, max_bytes=1 << 20, max_records=4)) == 4
+        for _ in range(3):  # batches of one: the first fills the budget, the rest wait
+            log.append([Message("t", 1, None, b"y" * 500, 1)])
+        assert len(log.read("t", 1, 0, max_bytes=1, max_records=100)) == 1
+        assert len(log.read("t", 1, 0, max_bytes=1100, max_records=100)) == 2
         assert log.read("t", 0, 10, max_bytes=1 << 20, max_records=4) == []
         assert log.read("nope", 0, 0, max_bytes=1 << 20, max_records=4) == []
     finally:

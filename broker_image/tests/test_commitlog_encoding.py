@@ -1,7 +1,8 @@
-"""The fast append path writes exactly the documented record layout, and deferred sync.
+"""The fast append path writes exactly the documented batch layout, and deferred sync.
 
-``CommitLog.append`` encodes into one preallocated buffer; ``encode_record`` /
-``encode_eof_marker`` are the plain reference encoders of the documented layout. The
+``CommitLog.append`` groups messages by queue and packs each group's records once;
+``encode_batch`` / ``encode_eof_marker`` are the plain reference encoders of the
+documented layout, and :func:`reference_stream` states the grouping rule on its own. The
 bytes on disk must be identical (slaves, older logs and recovery depend on the layout).
 """
 
@@ -16,16 +17,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from understudy_broker.storage.commitlog import CommitLog, FlushPolicy, ReplicationCorruptError
+from understudy_broker.storage.commitlog import (
+    FORMAT_FILE,
+    CommitLog,
+    FlushPolicy,
+    ReplicationCorruptError,
+    UnsupportedLogFormatError,
+)
 from understudy_broker.storage.records import (
+    BATCH_END,
+    BATCH_RECORD_SIZE,
     EOF_MIN,
     HEADER_END,
+    MAX_DELTA,
     PREFIX_SIZE,
     RECORD_MAGIC,
     Message,
+    encode_batch,
     encode_eof_marker,
     encode_record,
-    record_size,
 )
 
 SEG = 8 << 10
@@ -41,21 +51,38 @@ messages_st = st.builds(
 
 
 def reference_stream(batches: list[list[Message]], segment_bytes: int) -> bytes:
-    """The byte stream the documented layout prescribes, built with the plain encoders."""
+    """The byte stream the documented layout prescribes, built with the plain encoders:
+    each append's messages grouped by (topic, queue) in the order the groups first
+    appear; a group's messages go into batches in order, a batch taking the next one
+    while it still fits in the segment with room for a marker and its timestamp is
+    within MAX_DELTA of the batch's first; a marker ends a segment when not one more fits."""
     out = bytearray()
     seq = 0
     ends: dict[tuple[str, int], int] = {}
     for batch in batches:
+        groups: dict[tuple[str, int], list[Message]] = {}
         for m in batch:
-            raw = m.topic.encode()
-            size = record_size(topic_len=len(raw), key=m.key, body_len=len(m.body))
-            seg_end = (len(out) // segment_bytes + 1) * segment_bytes
-            if len(out) + size + EOF_MIN > seg_end:
-                out += encode_eof_marker(length=seg_end - len(out), next_seq=seq)
-            qoff = ends.get((m.topic, m.queue), 0)
-            ends[(m.topic, m.queue)] = qoff + 1
-            out += b"".join(encode_record(seq=seq, queue_offset=qoff, message=m, topic_raw=raw))
-            seq += 1
+            groups.setdefault((m.topic, m.queue), []).append(m)
+        for ident, todo in groups.items():
+            while todo:
+                seg_end = (len(out) // segment_bytes + 1) * segment_bytes
+                size = BATCH_END + len(ident[0].encode())
+                take: list[Message] = []
+                for m in todo:
+                    own = BATCH_RECORD_SIZE + len(m.key or b"") + len(m.body)
+                    if (len(out) + size + own + EOF_MIN > seg_end
+                            or abs(m.timestamp_ms - todo[0].timestamp_ms) > MAX_DELTA):
+                        break
+                    take.append(m)
+                    size += own
+                if not take:
+                    out += encode_eof_marker(length=seg_end - len(out), next_seq=seq)
+                    continue
+                qoff = ends.get(ident, 0)
+                out += encode_batch(seq=seq, queue_offset=qoff, messages=take)
+                ends[ident] = qoff + len(take)
+                seq += len(take)
+                todo = todo[len(take):]
     return bytes(out)
 
 
@@ -80,7 +107,8 @@ def test_deferred_sync_acknowledges_only_after_flush(tmp_path: Path) -> None:
     master = CommitLog.open(tmp_path / "m", segment_bytes=seg, flush=FlushPolicy("interval"))
     slave = CommitLog.open(tmp_path / "s", segment_bytes=seg, flush=FlushPolicy("batch"))
     try:
-        res = master.append([Message("t", 0, None, b"x" * 700, 1) for _ in range(30)])
+        for _ in range(30):
+            res = master.append([Message("t", 0, None, b"x" * 700, 1)])
         raw = master.read_raw(0, res.end_phys)
         # Inline (default): the batch policy fsyncs inside append_replicated.
         first = slave.append_replicated(0, raw[:3000])
@@ -101,6 +129,15 @@ def test_deferred_sync_acknowledges_only_after_flush(tmp_path: Path) -> None:
 def _rec(seq: int, qoff: int, *, topic_raw: bytes = b"t", body: bytes = b"payload") -> bytes:
     message = Message("t", 0, None, body, 1)
     return b"".join(encode_record(seq=seq, queue_offset=qoff, message=message, topic_raw=topic_raw))
+
+
+def _batch(seq: int, qoff: int, count: int = 3) -> bytes:
+    return encode_batch(seq=seq, queue_offset=qoff,
+                        messages=[Message("t", 0, None, b"m%d" % i, 1 + i) for i in range(count)])
+
+
+def _flip(item: bytes, at: int) -> bytes:
+    return item[:at] + bytes([item[at] ^ 0x01]) + item[at + 1:]
 
 
 def _with_body_len(record: bytes, body_len: int) -> bytes:
@@ -132,10 +169,18 @@ SEG_SMALL = 4096
         (_rec(2, 0, topic_raw=b"a/b"), "invalid topic"),
         (encode_eof_marker(length=SEG_SMALL - len(GOOD), next_seq=99), "says next seq 99"),
         (encode_eof_marker(length=100, next_seq=2), "end-of-file marker at"),
+        (_batch(5, 2), "expected 2/2"),
+        (_batch(2, 7), "diverged from the master"),
+        (_flip(_batch(2, 2), len(_batch(2, 2)) - 1), "batch at .* fails its CRC"),
+        (_flip(_batch(2, 2), PREFIX_SIZE + 3), "batch at .* fails its CRC"),
+        (_batch(2, 2)[:40] + struct.pack(">I", 99) + _batch(2, 2)[44:],  # the count field
+         "header fields disagree"),
     ],
     ids=[
         "seq-gap", "queue-offset", "crc", "magic", "length", "field-lengths",
         "topic-utf8", "topic-name", "marker-seq", "marker-length",
+        "batch-seq-gap", "batch-queue-offset", "batch-records-crc", "batch-header-crc",
+        "batch-count",
     ],
 )
 def test_bad_replicated_bytes_keep_the_good_prefix_and_write_nothing_else(
@@ -155,3 +200,54 @@ def test_bad_replicated_bytes_keep_the_good_prefix_and_write_nothing_else(
         assert reopened.recovery.truncated_bytes == 0
     finally:
         reopened.close()
+
+
+def test_a_log_of_records_goes_on_with_batches(tmp_path: Path) -> None:
+    """A log written before batches (records) is read as it is, and a slave takes
+    batches after records: the path for existing data (docs/record-batch.md)."""
+    slave = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    try:
+        end = slave.append_replicated(0, GOOD + _batch(2, 2))
+        assert end == len(GOOD) + len(_batch(2, 2))
+    finally:
+        slave.close()
+    log = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    try:
+        log.append([Message("t", 0, None, b"new", 9)])
+        got = log.read("t", 0, 0, max_bytes=1 << 20, max_records=10)
+        assert [(r.queue_offset, r.seq, r.body) for r in got] == [
+            (0, 0, b"payload"), (1, 1, b"payload"), (2, 2, b"m0"), (3, 3, b"m1"),
+            (4, 4, b"m2"), (5, 5, b"new")]
+        assert [r.timestamp_ms for r in got[2:5]] == [1, 2, 3]
+        assert log.read("t", 0, 3, max_bytes=1, max_records=10)[0].body == b"m1"
+    finally:
+        log.close()
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (b"3\n", "is format 3, written by a newer broker"),
+    (b"two", "does not hold a log format number"),
+    (b"\xff", "does not hold a log format number"),
+])
+def test_a_log_of_another_format_is_refused_and_left_as_it_is(
+        tmp_path: Path, content: bytes, reason: str) -> None:
+    log = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    log.append([Message("t", 0, None, b"kept", 1)])
+    log.close()
+    fmt = tmp_path / FORMAT_FILE
+    assert fmt.read_bytes() == b"2\n"
+    fmt.write_bytes(content)
+    segment = tmp_path / "commitlog" / f"{0:020d}"
+    before = segment.read_bytes()
+    with pytest.raises(UnsupportedLogFormatError, match=reason):
+        CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    assert segment.read_bytes() == before
+    assert fmt.read_bytes() == content
+    fmt.write_bytes(b"1\n")  # a format this broker reads: opened, and said to be its own
+    log = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    try:
+        assert [r.body for r in log.read("t", 0, 0, max_bytes=1 << 20, max_records=9)] == [
+            b"kept"]
+    finally:
+        log.close()
+    assert fmt.read_bytes() == b"2\n"

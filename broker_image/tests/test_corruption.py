@@ -107,7 +107,7 @@ def test_an_index_entry_naming_another_queues_record_is_not_served(tmp_path: Pat
     log = CommitLog.open(tmp_path, segment_bytes=SEG)
     try:
         assert len(read_all(log, "t", 1)) == 2
-        with pytest.raises(DamagedRecordError, match="the record here is t/0 offset 2"):
+        with pytest.raises(DamagedRecordError, match=r"the item here holds t/0 offsets 2\.\.2"):
             read_all(log, "t", 1, 2)
         assert read_all(log, "t", 1, 3) == [r for r in records if r.queue == 1][3:]
     finally:
@@ -324,4 +324,52 @@ def test_a_slaves_damaged_copy_is_named_not_served_and_replication_goes_on(
         assert read_all(master, "t", 2, 1)[0] == victim  # the master's copy is intact
     finally:
         slave.close()
+        master.close()
+
+
+def test_a_damaged_batch_is_refused_whole_skipped_whole_and_mended_from_a_copy(
+        tmp_path: Path) -> None:
+    """A batch is checked whole: a byte flipped in its third message takes out its five
+    messages, at whichever offset a read starts; the error names them and the offset after
+    them; recovery steps over it in a sealed segment; another copy's intact batch mends it."""
+    master = CommitLog.open(tmp_path / "m", segment_bytes=SEG)
+    try:
+        for i in range(12):  # 12 appends x 5 messages to one queue, batches of 5
+            master.append([Message("t", 0, None, b"m-%02d-%d-" % (i, k) + b"x" * 250, i)
+                           for k in range(5)])
+        slave = CommitLog.open(tmp_path / "s", segment_bytes=SEG)
+        try:
+            while slave.max_phys < master.max_phys:
+                slave.append_replicated(slave.max_phys,
+                                        master.read_raw(slave.max_phys, 1 << 20))
+        finally:
+            slave.close()
+        everything = read_all(master, "t", 0)
+        victim = everything[7]  # offsets 5..9 are the second batch
+        assert {r.phys_offset for r in everything[5:10]} == {victim.phys_offset}
+        assert victim.phys_offset + victim.size <= SEG  # in the first, sealed segment
+        at = bytes(segments(tmp_path / "s")[0].read_bytes()).index(victim.body)
+        flip(segments(tmp_path / "s")[0], at + 10)
+        found: list[DamagedRecordError] = []
+        slave = CommitLog.open(tmp_path / "s", segment_bytes=SEG, on_damaged=found.append)
+        try:
+            assert len(slave.recovery.damaged) == 1  # scanned at open, stepped over
+            assert read_all(slave, "t", 0) == everything[:5]  # what comes before is served
+            for start in (5, 7, 9):
+                with pytest.raises(DamagedRecordError,
+                                   match=r"t/0 offsets 5\.\.9 are damaged") as info:
+                    read_all(slave, "t", 0, start)
+                assert (info.value.offset, info.value.next_offset) == (start, 10)
+                assert info.value.first_offset == 5
+            assert len(found) == 1
+            assert read_all(slave, "t", 0, 10) == everything[10:]
+            assert slave.damaged_phys() == [victim.phys_offset]
+            copy = master.record_bytes(victim.phys_offset)
+            assert copy is not None
+            assert slave.record_bytes(victim.phys_offset) is None  # its own is not intact
+            assert slave.repair(victim.phys_offset, copy) is None
+            assert read_all(slave, "t", 0) == everything
+        finally:
+            slave.close()
+    finally:
         master.close()

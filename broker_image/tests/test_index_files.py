@@ -28,7 +28,7 @@ def test_at_most_limit_files_are_open_and_every_index_keeps_working(tmp_path: Pa
     indexes = [QueueIndex.create(tmp_path / f"q{i}", files=files) for i in range(5)]
     for rnd in range(3):
         for i, ix in enumerate(indexes):
-            ix.append([(1000 * i + rnd, 10 + rnd, 0)])
+            ix.append([(1000 * i + rnd, 10 + rnd, 1)])
             ix.write_pending()  # written behind: this is what opens the file
             assert len(files) <= 2
             assert open_under(tmp_path) <= 2
@@ -46,7 +46,7 @@ def test_at_most_limit_files_are_open_and_every_index_keeps_working(tmp_path: Pa
     indexes[4].entry(0)
     assert indexes[4].drop_before_phys(4002) == 2
     assert indexes[4].entries() == [(4002, 12)]
-    indexes[4].append([(4003, 13, 0)])
+    indexes[4].append([(4003, 13, 1)])
     for ix in indexes:
         ix.close()
         ix.close()  # twice is harmless
@@ -111,3 +111,28 @@ def test_waiting_index_entries_are_written_a_step_at_a_time(tmp_path: Path) -> N
         assert (tmp_path / "index" / "t" / "0").stat().st_size == INDEX_HEADER_SIZE + 2 * 16
     finally:
         log.close()
+
+
+def test_a_batch_takes_one_entry_per_message_and_its_span_is_found_anywhere(
+        tmp_path: Path) -> None:
+    """Each message of a batch has an entry (offsets stay arithmetic); ``item`` finds the
+    batch's span from any of its offsets, in memory or among entries on file only."""
+    ix = QueueIndex.create(tmp_path / "q")
+    ix.append([(0, 50, 1), (50, 400, 3), (450, 80, 1), (530, 900, 4)])
+    assert ix.end == 9
+    assert ix.entries()[1:4] == [(50, 400)] * 3
+    spans = [ix.item(o) for o in range(9)]
+    assert spans == [(0, 50, 0, 1)] + [(50, 400, 1, 4)] * 3 + [(450, 80, 4, 5)] + [
+        (530, 900, 5, 9)] * 4
+    assert ix.first_index_at_or_after(50) == 1  # a batch's position names its first message
+    assert ix.release_before(3) == 3  # offsets 0-2 on file only: the batch is split
+    assert [ix.item(o) for o in range(9)] == spans
+    with pytest.raises(ValueError, match="count"):
+        ix.append([(1500, 10, 0)])
+    with pytest.raises(IndexError):
+        ix.item(9)
+    ix.close()
+    reloaded, torn = QueueIndex.load(tmp_path / "q")
+    assert torn == 0
+    assert [reloaded.item(o) for o in range(9)] == spans
+    reloaded.close()

@@ -346,3 +346,16 @@ def test_produce_multi_bodies_round_trip_and_reject_what_they_cannot_hold() -> N
         p.ProduceMultiResponse.decode(b"\x00\x01\x03\xe7\x00\x00\x00\x00")
     with pytest.raises(p.FrameError, match="exceeds the body size"):
         p.ProduceMultiRequest.decode(b"\x0f\xff\x00")
+
+
+@given(offset=st.integers(0, 2**63), span=st.integers(1, 5000),
+       detail=st.text(max_size=60))
+def test_a_corrupt_record_message_names_the_offset_and_where_to_skip_to(
+        offset: int, span: int, detail: str) -> None:
+    """A client reads both numbers back from the text, whatever the detail says; the
+    skip is past the whole damaged batch, and an older broker's message skips one."""
+    message = p.corrupt_record_message(offset, detail, offset + span)
+    assert p.corrupt_record_offset(message) == offset
+    assert p.corrupt_record_skip_to(message) == offset + span
+    assert p.corrupt_record_skip_to(p.corrupt_record_message(offset, detail)) == offset + 1
+    assert p.corrupt_record_skip_to("no such thing") is None

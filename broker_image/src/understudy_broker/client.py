@@ -95,18 +95,21 @@ class DamagedRecord(BrokerError):
     :meth:`Consumer.skip` moves past it, if the application so decides."""
 
     def __init__(self, status: int, message: str, *, address: str, topic: str, queue: int,
-                 offset: int) -> None:
+                 offset: int, skip_to: int | None = None) -> None:
         super().__init__(status, message, address=address)
         self.topic = topic
         self.queue = queue
         self.offset = offset
+        #: Where reading goes on past the damage: after the whole damaged batch.
+        self.skip_to = offset + 1 if skip_to is None else max(skip_to, offset + 1)
 
     @classmethod
     def of(cls, exc: BrokerError, topic: str, queue: int, asked: int) -> DamagedRecord:
         """From the broker's answer to a pull of ``topic``/``queue`` from ``asked``."""
         at = p.corrupt_record_offset(exc.message)
         return cls(exc.status, exc.message, address=exc.address, topic=topic, queue=queue,
-                   offset=asked if at is None else at)
+                   offset=asked if at is None else at,
+                   skip_to=p.corrupt_record_skip_to(exc.message))
 
 
 class SecurityError(BrokerError):
@@ -2459,8 +2462,9 @@ class Consumer(_GroupMember):
 
     async def skip(self, damaged: DamagedRecord) -> None:
         """Move past a damaged record that :meth:`getmany` raised: its queue is pulled again
-        from the next offset, and the next :meth:`commit` stores that position. The record
-        is then lost to this group, which is why this is the application's explicit call;
+        from the offset after the damage (after the whole damaged batch:
+        :attr:`DamagedRecord.skip_to`), and the next :meth:`commit` stores that position.
+        What it skips is then lost to this group, which is why this is the application's explicit call;
         the broker's log says where it lies (and a slave may hold an intact copy)."""
         if damaged.topic != self.topic:
             if self._retry is None or damaged.topic != self._retry.topic:
@@ -2468,7 +2472,7 @@ class Consumer(_GroupMember):
                                  f"consumer of {self.topic!r}")
             return await self._retry.skip(damaged)
         queue = damaged.queue
-        self._positions[queue] = max(self._positions.get(queue, 0), damaged.offset + 1)
+        self._positions[queue] = max(self._positions.get(queue, 0), damaged.skip_to)
         if queue in self._loops:  # restart its pull loop (ended by the error) from there
             await self._stop_queue(queue)
             await self._acquire(queue)

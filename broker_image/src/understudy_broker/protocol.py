@@ -1791,11 +1791,22 @@ def error_message(frame: Frame) -> str:
     return frame.body.decode("utf-8", "replace")
 
 
-def corrupt_record_message(offset: int, detail: str) -> str:
+def corrupt_record_message(offset: int, detail: str, next_offset: int | None = None) -> str:
     """The text of a ``CORRUPT_RECORD`` answer: the damaged record's queue offset first,
-    where :func:`corrupt_record_offset` reads it back, then what is damaged and where."""
-    return (f"offset {offset} is damaged and is not served; read from offset {offset + 1} "
-            f"to skip it (a consumer group: commit {offset + 1}): {detail}")
+    where :func:`corrupt_record_offset` reads it back, then the offset to read from to
+    skip it (:func:`corrupt_record_skip_to`; past the whole damaged batch), then what is
+    damaged and where."""
+    after = offset + 1 if next_offset is None else next_offset
+    return (f"offset {offset} is damaged and is not served; read from offset {after} "
+            f"to skip it (a consumer group: commit {after}): {detail}")
+
+
+def corrupt_record_skip_to(message: str) -> int | None:
+    """The offset a ``CORRUPT_RECORD`` message says to read from to skip the damage (None:
+    not such a message)."""
+    _, found, rest = message.partition("; read from offset ")
+    number = rest.partition(" ")[0]
+    return int(number) if found and number.isdigit() else None
 
 
 def corrupt_record_offset(message: str) -> int | None:

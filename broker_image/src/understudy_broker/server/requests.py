@@ -117,7 +117,7 @@ class AppendSignal:
 def _damaged(exc: DamagedRecordError) -> RequestError:
     """A read reached a damaged record (the store logged it): CORRUPT_RECORD, naming it."""
     return RequestError(p.Status.CORRUPT_RECORD, p.corrupt_record_message(
-        exc.offset, f"{exc.topic}/{exc.queue}: {exc.detail}"))
+        exc.offset, f"{exc.topic}/{exc.queue}: {exc.detail}", exc.next_offset))
 
 
 async def acknowledged(waits: Sequence[Awaitable[None]]) -> None:

@@ -59,16 +59,17 @@ from understudy_broker.storage.index import (
     QueueIndex,
 )
 from understudy_broker.storage.records import (
-    CRC_FROM,
-    EOF_MAGIC,
-    EOF_MARKER,
+    BATCH_END,
+    BATCH_HEADER,
+    BATCH_MAGIC,
+    BATCH_RECORD_SIZE,
     EOF_MIN,
     HEADER_END,
     LEN_MAGIC,
+    MAX_DELTA,
     PREFIX_SIZE,
     RECORD_HEADER,
     RECORD_MAGIC,
-    RECORD_PREFIX,
     CommitLogError,
     CorruptRecordError,
     InvalidMessageError,
@@ -77,7 +78,11 @@ from understudy_broker.storage.records import (
     StoredRecord,
     Walk,
     Walked,
-    decode_record,
+    batch_head,
+    check_item,
+    decode_item,
+    encode_eof_marker,
+    records_section,
     topic_bytes,
     walk,
 )
@@ -85,6 +90,10 @@ from understudy_broker.storage.records import (
 _SEGMENT_RE = re.compile(r"^\d{20}$")
 _PRESERVED_TAIL_SEGMENTS = 3
 RECOVERY_POINT_FILE = "recovery-point"
+#: ``<dir>/log-format``: the newest item format the log may hold (docs/record-batch.md).
+#: 1: records only (brokers before 2026-11-28, which wrote no such file); 2: batches too.
+FORMAT_FILE = "log-format"
+LOG_FORMAT = 2
 TAIL_CHECKED = 256
 
 
@@ -100,14 +109,20 @@ class CorruptSegmentError(CommitLogError):
 
 
 class DamagedRecordError(CorruptRecordError):
-    """A record a read reached is damaged (its CRC, framing, or the index entry that led
-    to it is wrong): it is not served. Names the queue offset and where it lies, so a
-    consumer can skip it (read from ``offset + 1``) and an operator can find it."""
+    """A batch or record a read reached is damaged (a CRC, framing, or the index entry
+    that led to it is wrong): it is not served. Names the queue offset asked for, the
+    offset after the damaged item (``next_offset``: a consumer skips it by reading from
+    there) and where it lies, so an operator can find it."""
 
     def __init__(self, *, topic: str, queue: int, offset: int, path: Path, position: int,
-                 phys: int, reason: str) -> None:
+                 phys: int, reason: str, first_offset: int | None = None,
+                 next_offset: int | None = None) -> None:
         self.detail = f"{reason} ({path} at file position {position}, log offset {phys})"
-        super().__init__(f"{topic}/{queue} offset {offset} is damaged: {self.detail}")
+        self.first_offset = offset if first_offset is None else first_offset
+        self.next_offset = offset + 1 if next_offset is None else next_offset
+        held = (f"offset {offset} is" if self.next_offset == self.first_offset + 1
+                else f"offsets {self.first_offset}..{self.next_offset - 1} are")
+        super().__init__(f"{topic}/{queue} {held} damaged: {self.detail}")
         self.topic = topic
         self.queue = queue
         self.offset = offset
@@ -115,6 +130,10 @@ class DamagedRecordError(CorruptRecordError):
         self.position = position
         self.phys = phys
         self.reason = reason
+
+
+class UnsupportedLogFormatError(CommitLogError):
+    """The log says it holds a format this broker cannot read (``commitlog/format``)."""
 
 
 class ReplicationGapError(CommitLogError):
@@ -159,7 +178,7 @@ class Retention:
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
     truncated_bytes: int
-    records_scanned: int
+    records_scanned: int  # items scanned: batches, records and markers
     indexes_rebuilt: int
     scanned_from: int = 0  # the physical offset recovery scanned from
     recovery_point: str = "none"  # "used", "none", or why the file was ignored
@@ -368,8 +387,34 @@ class CommitLog:
                     )
         return bases
 
+    def _check_format(self) -> None:
+        """Refuse a log of a format newer than :data:`LOG_FORMAT` (or an unreadable format
+        file) before reading any of it; say this format otherwise (a log of records, with
+        no file, goes on with batches)."""
+        path = self.directory / FORMAT_FILE
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            durable_replace(path, f"{LOG_FORMAT}\n".encode())
+            return
+        try:
+            found = int(text.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            raise UnsupportedLogFormatError(
+                f"{path} does not hold a log format number ({text[:40]!r}); nothing was "
+                "read or changed: restore the file (this broker writes "
+                f"'{LOG_FORMAT}') or start the broker version that wrote it") from None
+        if found > LOG_FORMAT:
+            raise UnsupportedLogFormatError(
+                f"the log in {self._log_dir} is format {found}, written by a newer broker; "
+                f"this one reads formats 1 to {LOG_FORMAT}. Nothing was read or changed: "
+                "start the newer broker version on it")
+        if found < LOG_FORMAT:
+            durable_replace(path, f"{LOG_FORMAT}\n".encode())
+
     def _recover(self) -> None:
         bases = self._list_segments()
+        self._check_format()
         self._segments = bases
         if not bases:
             self._max_phys = self._min_phys = 0
@@ -417,7 +462,7 @@ class CommitLog:
         self._flushed_phys = end
         if items:
             last_item = items[-1]
-            self._next_seq = last_item.seq if last_item.is_marker else last_item.seq + 1
+            self._next_seq = last_item.seq + last_item.messages
         elif point is not None:
             self._next_seq = point.next_seq
         # A last segment that is exactly full: the next append creates the next file.
@@ -569,7 +614,7 @@ class CommitLog:
                 continue
             index = QueueIndex.create(path, files=self.index_files)
             self._indexes[key] = index
-            index.append([(s.phys, s.size, s.key_hash) for s in items])
+            index.append([(s.phys, s.size, s.messages) for s in items])
             repaired += 1
         for key, end in (trusted or {}).items():
             path = _index_path(self.directory, *key)
@@ -598,10 +643,16 @@ class CommitLog:
         record's (one header read). None when that header is unreadable."""
         if self._max_phys <= self._min_phys:
             return 0
-        head = os.pread(self._read_fd(self._min_phys), HEADER_END, 0)
-        if len(head) < HEADER_END or RECORD_PREFIX.unpack_from(head)[1] != RECORD_MAGIC:
+        head = os.pread(self._read_fd(self._min_phys), max(HEADER_END, BATCH_END), 0)
+        if len(head) < max(HEADER_END, BATCH_END):
             return None
-        first = RECORD_HEADER.unpack_from(head, PREFIX_SIZE)[0]
+        magic = LEN_MAGIC.unpack_from(head)[1]
+        if magic == RECORD_MAGIC:
+            first = RECORD_HEADER.unpack_from(head, PREFIX_SIZE)[0]
+        elif magic == BATCH_MAGIC:
+            first = BATCH_HEADER.unpack_from(head, PREFIX_SIZE)[0]
+        else:
+            return None
         return self._next_seq - first if first <= self._next_seq else None
 
     @staticmethod
@@ -615,10 +666,12 @@ class CommitLog:
         (missing or extra): only a scan of the whole log can fix that.
         """
         cut = index.first_index_at_or_after(scan_start)
-        if any(s.queue_offset != index.base + cut + k for k, s in enumerate(items)):
-            return "rebuild"
+        want: list[tuple[int, int]] = []
+        for s in items:
+            if s.queue_offset != index.base + cut + len(want):
+                return "rebuild"
+            want += [(s.phys, s.size)] * s.messages
         have = index.entries()[cut:]
-        want = [(s.phys, s.size) for s in items]
         if have == want:
             return "ok"
         keep = cut
@@ -627,7 +680,7 @@ class CommitLog:
                 break
             keep += 1
         index.truncate(keep)
-        index.append([(s.phys, s.size, s.key_hash) for s in items[keep - cut :]])
+        index.append([(ph, size, 1) for ph, size in want[keep - cut :]])
         return "extended" if keep == cut + len(have) else "repaired"
 
     def rebuild_indexes(self) -> int:
@@ -651,7 +704,7 @@ class CommitLog:
             base = items[0].queue_offset if items else old[key][1]
             path = _index_path(self.directory, *key)
             index = QueueIndex.create(path, base=base, files=self.index_files)
-            index.append([(s.phys, s.size, s.key_hash) for s in items])
+            index.append([(s.phys, s.size, s.messages) for s in items])
             index.fsync()
             self._indexes[key] = index
             was = old.get(key)
@@ -694,15 +747,15 @@ class CommitLog:
                 out.items += res.items
             else:
                 for row in res.items:
-                    phys, _size, is_marker, _seq, qoff, queue, topic, _hash = row
+                    phys, _size, is_marker, _seq, qoff, queue, topic, count = row
                     if not is_marker:
                         expected = ends.setdefault((topic, queue), qoff)
                         if qoff != expected:
                             out.valid_end = phys
-                            out.error = (f"record at {phys} is offset {qoff} of {topic}/{queue},"
+                            out.error = (f"item at {phys} is offset {qoff} of {topic}/{queue},"
                                          f" which goes on at {expected}")
                             return out
-                        ends[(topic, queue)] = qoff + 1
+                        ends[(topic, queue)] = qoff + count
                     out.items.append(row)
             out.valid_end, out.error = res.valid_end, res.error
             if res.error is None:
@@ -713,15 +766,15 @@ class CommitLog:
                 size += LEN_MAGIC.unpack_from(view, bad + size)[0]
             pair = walk(view[bad:bad + size], start_phys=res.valid_end, verify=False,
                         segment_bytes=self.segment_bytes, topics=self._topic_names).named()
-            if len(pair) < 2 or pair[0].is_marker or pair[1].seq != pair[0].seq + 1:
+            if len(pair) < 2 or pair[0].is_marker or pair[1].seq != pair[0].seq + pair[0].messages:
                 return out
             rec = pair[0]
             if ends is not None:
                 if ends.get((rec.topic, rec.queue)) != rec.queue_offset:
                     return out
-                ends[(rec.topic, rec.queue)] = rec.queue_offset + 1
+                ends[(rec.topic, rec.queue)] = rec.queue_offset + rec.messages
             self._damaged_record(rec.topic, rec.queue, rec.queue_offset, rec.phys,
-                                 "CRC mismatch")
+                                 "CRC mismatch", next_offset=rec.queue_offset + rec.messages)
             out.items.append(rec)
             out.valid_end, out.error = rec.phys + rec.size, None
             pos = rec.phys + rec.size
@@ -791,96 +844,93 @@ class CommitLog:
         return ix
 
     def append(self, messages: Sequence[RecordTuple]) -> AppendResult:
-        """Append a batch (:class:`Message` or plain :data:`RecordTuple` items): one write
-        per segment touched, indexes after the log."""
+        """Append messages (:class:`Message` or plain :data:`RecordTuple` items): one batch
+        per ``(topic, queue)`` they name (more at a segment's end), one write per segment
+        touched, indexes after the log. Each queue's messages keep their order; the
+        result's offsets are in the order given."""
         seg_bytes = self.segment_bytes
         limit = seg_bytes - EOF_MIN
         raws: list[bytes] = []
-        sizes: list[int] = []
         topic_bytes = self._topic_bytes
         for topic, queue, key, body, _ts in messages:
             raw = topic_bytes(topic)
             if not 0 <= queue <= 0xFFFF_FFFF:
                 raise InvalidMessageError(f"queue id {queue} out of range")
-            size = HEADER_END + len(raw) + (len(key) if key is not None else 0) + len(body)
+            size = (BATCH_END + len(raw) + BATCH_RECORD_SIZE
+                    + (len(key) if key is not None else 0) + len(body))
             if size > limit:
                 raise MessageTooLargeError(
                     f"record of {size} bytes does not fit in a {seg_bytes}-byte segment"
                 )
             raws.append(raw)
-            sizes.append(size)
         try:
-            return self._append_checked(messages, raws, sizes)
+            return self._append_checked(messages, raws)
         except OSError:
             self._discard_unpublished()
             raise
 
-    def _append_checked(
-        self, messages: Sequence[RecordTuple], raws: list[bytes], sizes: list[int]
-    ) -> AppendResult:
-        """Encode straight into one preallocated buffer per segment touched.
-
-        Each record costs two ``pack_into`` calls, three slice copies and one CRC over
-        a memoryview: no per-field ``bytes`` objects and no join. The end-of-file
-        marker's zero padding is the buffer's own initial zeros.
-        """
+    def _append_checked(self, messages: Sequence[RecordTuple], raws: list[bytes]
+                        ) -> AppendResult:
+        """Group the messages by queue, then write each group as a batch
+        (:func:`.records.records_section` and :func:`.records.batch_head`: the records
+        are packed once and checksummed in one CRC per batch). A group that does not fit
+        in the segment's rest is split there: the batch of what fits, an end-of-file
+        marker, the rest in the next segment."""
+        groups: dict[tuple[str, int], list[int]] = {}
+        for k, m in enumerate(messages):
+            ident = (m[0], m[1])
+            group = groups.get(ident)
+            if group is None:
+                groups[ident] = [k]
+            else:
+                group.append(k)
         seg_bytes = self.segment_bytes
-        start = pos = self._max_phys
+        start = pos = chunk_start = self._max_phys
         seg_end = (pos // seg_bytes + 1) * seg_bytes
         seq = self._next_seq
-        ends: dict[tuple[str, int], int] = {}
         pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-        offsets: list[tuple[str, int, int]] = []
-        pack_header = RECORD_HEADER.pack_into
-        pack_prefix = RECORD_PREFIX.pack_into
-        n = len(messages)
-        i = 0
-        while i < n:
-            # The run of records that fits in this segment, keeping room for a marker.
-            chunk_start = pos
-            j, stop = i, pos
-            while j < n and stop + sizes[j] + EOF_MIN <= seg_end:
-                stop += sizes[j]
-                j += 1
-            roll = j < n
-            buf = bytearray((seg_end if roll else stop) - chunk_start)
-            view = memoryview(buf)
-            for k in range(i, j):
-                topic, queue, key, body, ts = messages[k]
-                raw = raws[k]
-                size = sizes[k]
-                tlen = len(raw)
-                klen = -1 if key is None else len(key)
-                o = pos - chunk_start
-                ident = (topic, queue)
-                qoff = ends.get(ident)
-                if qoff is None:
-                    ix = self._indexes.get(ident)
-                    qoff = ix.end if ix is not None else 0
-                ends[ident] = qoff + 1
-                pack_header(buf, o + PREFIX_SIZE, seq, qoff, ts, queue, tlen, klen, len(body))
-                q = o + HEADER_END
-                buf[q : q + tlen] = raw
-                q += tlen
-                if key:
-                    buf[q : q + klen] = key
-                    q += klen
-                buf[q : q + len(body)] = body
-                pack_prefix(buf, o, size, RECORD_MAGIC, crc32(view[o + CRC_FROM : o + size]))
-                entries = pending.get(ident)
-                if entries is None:
-                    entries = pending[ident] = []
-                entries.append((pos, size, crc32(key) if key else 0))
-                offsets.append((topic, queue, qoff))
-                seq += 1
+        offsets: list[tuple[str, int, int]] = [("", 0, 0)] * len(messages)
+        chunk: list[bytes] = []
+        for ident, members in groups.items():
+            topic, queue = ident
+            raw = raws[members[0]]
+            ix = self._indexes.get(ident)
+            qoff = ix.end if ix is not None else 0
+            entries = pending[ident] = []
+            i, n = 0, len(members)
+            while i < n:
+                room = seg_end - pos - EOF_MIN - BATCH_END - len(raw)
+                first_ts = messages[members[i]][4]
+                j, used = i, 0
+                while j < n:
+                    _t, _q, key, body, ts = messages[members[j]]
+                    own = BATCH_RECORD_SIZE + len(body) + (len(key) if key is not None else 0)
+                    if used + own > room or not -MAX_DELTA <= ts - first_ts <= MAX_DELTA:
+                        break
+                    used += own
+                    j += 1
+                if j == i:  # not one more fits in this segment: close it with a marker
+                    chunk.append(encode_eof_marker(length=seg_end - pos, next_seq=seq))
+                    self._write_at(chunk_start, b"".join(chunk))
+                    chunk = []
+                    pos = chunk_start = seg_end
+                    seg_end += seg_bytes
+                    continue
+                section = records_section([messages[k] for k in members[i:j]], first_ts)
+                head = batch_head(seq=seq, queue_offset=qoff, first_ts=first_ts, queue=queue,
+                                  count=j - i, topic_raw=raw, records=section)
+                chunk.append(head)
+                chunk.append(section)
+                size = len(head) + len(section)
+                entries.append((pos, size, j - i))
+                for k in members[i:j]:
+                    offsets[k] = (topic, queue, qoff)
+                    qoff += 1
+                seq += j - i
                 pos += size
-            if roll:
-                EOF_MARKER.pack_into(buf, pos - chunk_start, seg_end - pos, EOF_MAGIC, seq)
-                pos = seg_end
-                seg_end += seg_bytes
-            self._write_at(chunk_start, view)
-            view.release()
-            i = j
+                i = j
+        if chunk:
+            self._write_at(chunk_start, b"".join(chunk))
         self._commit(pos, seq, pending)
         return AppendResult(start, pos, offsets)
 
@@ -1001,7 +1051,7 @@ class CommitLog:
         pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
         indexes = self._indexes
         good_end = start_phys
-        for phys, size, is_marker, rseq, qoff, queue, topic, khash in walked.items:
+        for phys, size, is_marker, rseq, qoff, queue, topic, count in walked.items:
             if is_marker:
                 if rseq != seq:
                     return good_end, seq, pending, (
@@ -1017,12 +1067,12 @@ class CommitLog:
                 return good_end, seq, pending, (
                     f"record at {phys} has seq {rseq}/queue offset {qoff}, "
                     f"expected {seq}/{qend} (diverged from the master)")
-            ends[ident] = qend + 1
+            ends[ident] = qend + count
             entries = pending.get(ident)
             if entries is None:
                 entries = pending[ident] = []
-            entries.append((phys, size, khash))
-            seq += 1
+            entries.append((phys, size, count))
+            seq += count
             good_end = phys + size
         return good_end, seq, pending, walked.error
 
@@ -1051,14 +1101,15 @@ class CommitLog:
             return None
         base = phys - phys % self.segment_bytes
         try:
-            head = os.pread(self._read_fd(base), PREFIX_SIZE, phys - base)
-            if len(head) < PREFIX_SIZE:
+            head = os.pread(self._read_fd(base), LEN_MAGIC.size, phys - base)
+            if len(head) < LEN_MAGIC.size:
                 return None
-            size, magic, _crc = RECORD_PREFIX.unpack(head)
-            if magic != RECORD_MAGIC or size < PREFIX_SIZE or phys - base + size > self.segment_bytes:
+            size, magic = LEN_MAGIC.unpack(head)
+            if (magic not in (RECORD_MAGIC, BATCH_MAGIC) or size < PREFIX_SIZE
+                    or phys - base + size > self.segment_bytes):
                 return None
             data = os.pread(self._read_fd(base), size, phys - base)
-            decode_record(memoryview(data), 0, phys)
+            check_item(memoryview(data), 0, phys)
         except (OSError, CorruptRecordError):
             return None
         return data
@@ -1071,16 +1122,16 @@ class CommitLog:
         if err is None:
             return "no damaged record known there"
         try:
-            rec = decode_record(memoryview(data), 0, phys)
+            rec = check_item(memoryview(data), 0, phys)
         except CorruptRecordError as exc:
             return f"the other copy is not intact either: {exc}"
-        if rec.size != len(data) or (rec.topic, rec.queue, rec.queue_offset) != (
-                err.topic, err.queue, err.offset):
+        if rec.size != len(data) or (rec.topic, rec.queue) != (err.topic, err.queue) or not (
+                rec.queue_offset <= err.offset < rec.queue_offset + rec.messages):
             return (f"the other copy holds {rec.topic}/{rec.queue} offset {rec.queue_offset} "
                     f"there, not {err.topic}/{err.queue} offset {err.offset}")
         base = phys - phys % self.segment_bytes
         own = os.pread(self._read_fd(base), PREFIX_SIZE, phys - base)
-        if len(own) < PREFIX_SIZE or RECORD_PREFIX.unpack(own)[0] != len(data):
+        if len(own) < PREFIX_SIZE or LEN_MAGIC.unpack_from(own)[0] != len(data):
             return "the damage reaches the record's length field: its neighbours cannot be trusted"
         fd = os.open(self._log_dir / _segment_name(base), os.O_WRONLY)
         try:
@@ -1096,12 +1147,13 @@ class CommitLog:
         self, topic: str, queue: int, offset: int, *, max_bytes: int, max_records: int
     ) -> list[StoredRecord]:
         """Records of one queue from ``offset``; at least one if any exists, then up to
-        ``max_bytes``/``max_records``. Offsets outside ``[queue_start, queue_end)`` give [].
+        ``max_bytes`` (of the messages' own bytes) and ``max_records``. Offsets outside
+        ``[queue_start, queue_end)`` give [].
 
-        Every record is checked (CRC, framing, and that it is the record the index names)
-        before it is returned. The records before a damaged one are returned; a read that
-        starts at a damaged one raises :class:`DamagedRecordError`, which names it, so a
-        reader can skip it by reading from the next offset."""
+        Every batch or record is checked (CRCs, framing, and that it is what the index
+        names) before its messages are returned. The messages before a damaged one are
+        returned; a read that starts at a damaged one raises :class:`DamagedRecordError`,
+        which names it and the offset after it, so a reader can skip it."""
         ix = self._indexes.get((topic, queue))
         if ix is None or max_records <= 0:
             return []
@@ -1110,54 +1162,61 @@ class CommitLog:
         out: list[StoredRecord] = []
         total = 0
         i = offset
+        seg_bytes = self.segment_bytes
         while i < stop:
-            phys, size = ix.entry(i)
+            phys, size, start, end = ix.item(i)
             if phys < self._min_phys:
-                i += 1
+                i = end
                 continue
-            if out and total + size > max_bytes:
-                break
-            # Gather a run of entries in the same segment into one pread.
-            base = phys - phys % self.segment_bytes
-            run = [(phys, size)]
+            # Gather the items that follow in the same segment into one pread.
+            base = phys - phys % seg_bytes
+            run = [(phys, i, start, end)]
             run_bytes = size
-            j = i + 1
-            while j < stop:
-                p2, s2 = ix.entry(j)
-                if p2 - p2 % self.segment_bytes != base or total + run_bytes + s2 > max_bytes:
+            span_end = phys + size
+            j = end
+            while j < stop and total + run_bytes < max_bytes:
+                p2, s2, b2, e2 = ix.item(j)
+                if p2 - p2 % seg_bytes != base or p2 + s2 - phys > 4 * max(max_bytes, 1 << 16):
                     break
-                if p2 + s2 - phys > 4 * max(max_bytes, 1 << 16):
-                    break
-                run.append((p2, s2))
+                run.append((p2, j, b2, e2))
                 run_bytes += s2
-                j += 1
-            span_end = run[-1][0] + run[-1][1]
+                span_end = p2 + s2
+                j = e2
             buf = memoryview(os.pread(self._read_fd(base), span_end - phys, phys - base))
-            for k, (p, _s) in enumerate(run):
+            for p, first, begin, last in run:
                 try:
-                    rec = decode_record(buf, p - phys, p)
+                    head, recs, used = decode_item(
+                        buf, p - phys, p, first=first - begin, limit=min(last, stop) - first,
+                        budget=max_bytes - total, must=not out)
                 except CorruptRecordError as exc:
-                    problem = str(exc).removeprefix(f"record at {p}: ")
+                    problem = str(exc).partition(f" at {p}: ")[2] or str(exc)
                 else:
-                    if rec.queue_offset == i + k and rec.queue == queue and rec.topic == topic:
-                        out.append(rec)
+                    if (head.queue_offset == begin and head.messages == last - begin
+                            and head.queue == queue and head.topic == topic):
+                        out += recs
+                        total += used
+                        if first + len(recs) < min(last, stop):
+                            return out  # the byte budget ends inside this item
                         continue
-                    problem = (f"the index of {topic}/{queue} points here, but the record here "
-                               f"is {rec.topic}/{rec.queue} offset {rec.queue_offset}")
+                    problem = (f"the index of {topic}/{queue} points here, but the item here "
+                               f"holds {head.topic}/{head.queue} offsets {head.queue_offset}.."
+                               f"{head.queue_offset + head.messages - 1}")
                 if out:
                     return out  # the intact records before it; the next read reports it
-                raise self._damaged_record(topic, queue, i + k, p, problem)
-            total += run_bytes
+                raise self._damaged_record(topic, queue, first, p, problem,
+                                           first_offset=begin, next_offset=last)
             i = j
         return out
 
     def _damaged_record(self, topic: str, queue: int, offset: int, phys: int,
-                        reason: str) -> DamagedRecordError:
+                        reason: str, *, first_offset: int | None = None,
+                        next_offset: int | None = None) -> DamagedRecordError:
         """The error for a damaged record; the first time, also told to ``on_damaged``."""
         base = phys - phys % self.segment_bytes
         err = DamagedRecordError(topic=topic, queue=queue, offset=offset,
                                  path=self._log_dir / _segment_name(base),
-                                 position=phys - base, phys=phys, reason=reason)
+                                 position=phys - base, phys=phys, reason=reason,
+                                 first_offset=first_offset, next_offset=next_offset)
         if phys not in self._damaged:
             self._damaged[phys] = err
             if self._on_damaged is not None:

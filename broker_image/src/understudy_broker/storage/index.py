@@ -10,7 +10,9 @@ verifies, repairs or rebuilds them. That is why index writes are not fsynced per
 File layout (``index/<topic>/<queue>``), big-endian::
 
     header  INDEX_HEADER   magic b"UQIX", version, base offset (first logical offset kept)
-    entries INDEX_ENTRY *  one per record, in queue-offset order
+    entries INDEX_ENTRY *  one per message, in queue-offset order; the messages of one
+                           batch share its entry (its position and size), so entry ``i``
+                           is still found by arithmetic and a batch's span by bisection
 
 A trailing partial entry (torn write) is dropped on open. Retention rewrites the file
 atomically (tmp + rename) with a higher base offset.
@@ -58,9 +60,9 @@ INDEX_HEADER = struct.Struct(
 )
 INDEX_ENTRY = struct.Struct(
     ">"
-    "Q"  # physical offset of the record in the commit log
-    "I"  # record size in bytes (header included)
-    "I"  # key hash: crc32 of the key, 0 when the record has no key
+    "Q"  # physical offset of the item (batch or record) holding the message in the log
+    "I"  # the item's size in bytes (header included)
+    "I"  # unused, written as 0 (held the key's crc32 before batches; nothing read it)
 )
 INDEX_HEADER_SIZE = INDEX_HEADER.size
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
@@ -214,6 +216,56 @@ class QueueIndex:
         i -= self._released
         return self._phys[i], self._sizes[i]
 
+    def item(self, offset: int) -> tuple[int, int, int, int]:
+        """``(phys, size, first, end)`` of the item (batch or record) holding logical
+        ``offset``: its entry, its first offset and the offset after its last;
+        IndexError outside ``[base, end)``. The entries of an item are alike and
+        positions only grow, so its span is a bisection (entries on file only are read
+        a block at a time)."""
+        i = offset - self._base
+        if i < 0 or i >= len(self):
+            raise IndexError(offset)
+        released = self._released
+        if i >= released:
+            k = i - released
+            phys = self._phys
+            p = phys[k]
+            lo = bisect.bisect_left(phys, p, 0, k)
+            hi = bisect.bisect_right(phys, p, k)
+            at = self._base + released
+            if lo == 0 and released:  # it may begin among the entries on file
+                return p, self._sizes[k], self._file_span(p, released, -1), at + hi
+            return p, self._sizes[k], at + lo, at + hi
+        p, s = self.entry(offset)
+        return p, s, self._file_span(p, i, -1), self._file_span(p, i, +1)
+
+    def _file_span(self, phys: int, i: int, step: int) -> int:
+        """From entry ``i`` (relative to base), the first offset (``step`` -1) or the end
+        offset (+1) of the run of entries at ``phys``, reading released entries from the
+        file a block at a time and the rest from memory."""
+        block = 1024
+        if step < 0:
+            while i > 0:
+                lo = max(0, i - block)
+                raw = os.pread(self._fd, (i - lo) * INDEX_ENTRY_SIZE,
+                               INDEX_HEADER_SIZE + lo * INDEX_ENTRY_SIZE)
+                rows = list(INDEX_ENTRY.iter_unpack(raw))
+                for k in range(len(rows) - 1, -1, -1):
+                    if rows[k][0] != phys:
+                        return self._base + lo + k + 1
+                i = lo
+            return self._base
+        i += 1
+        while i < self._released:
+            hi = min(self._released, i + block)
+            raw = os.pread(self._fd, (hi - i) * INDEX_ENTRY_SIZE,
+                           INDEX_HEADER_SIZE + i * INDEX_ENTRY_SIZE)
+            for k, row in enumerate(INDEX_ENTRY.iter_unpack(raw)):
+                if row[0] != phys:
+                    return self._base + i + k
+            i = hi
+        return self._base + self._released + bisect.bisect_right(self._phys, phys)
+
     def entries(self) -> list[tuple[int, int]]:
         self._restore()
         return list(zip(self._phys, self._sizes, strict=True))
@@ -253,20 +305,26 @@ class QueueIndex:
 
     # ---- mutation -----------------------------------------------------------------
     def append(self, entries: list[tuple[int, int, int]]) -> None:
-        """Append ``(phys, size, key_hash)`` entries: in memory now, on file behind (module
+        """Append ``(phys, size, count)`` items: the ``count`` messages of the batch (1: a
+        record) at ``phys`` take the next offsets. In memory now, on file behind (module
         docstring)."""
         if not entries:
             return
         buf = self._pending
-        at = len(buf)
-        buf += bytes(len(entries) * INDEX_ENTRY_SIZE)
-        pack = INDEX_ENTRY.pack_into
-        for p, s, h in entries:
-            pack(buf, at, p, s, h)
-            at += INDEX_ENTRY_SIZE
-        self._phys.extend([p for p, _s, _h in entries])
-        self._sizes.extend([s for _p, s, _h in entries])
-        if at >= WRITE_BEHIND_ENTRIES * INDEX_ENTRY_SIZE:
+        phys, sizes = self._phys, self._sizes
+        pack = INDEX_ENTRY.pack
+        for p, s, n in entries:
+            if n < 1:
+                raise ValueError(f"an index entry's message count must be at least 1, not {n}")
+            if n == 1:
+                buf += pack(p, s, 0)
+                phys.append(p)
+                sizes.append(s)
+            else:
+                buf += pack(p, s, 0) * n
+                phys.extend(array("q", (p,)) * n)
+                sizes.extend(array("l", (s,)) * n)
+        if len(buf) >= WRITE_BEHIND_ENTRIES * INDEX_ENTRY_SIZE:
             self.write_pending()
 
     @property
@@ -319,8 +377,8 @@ class QueueIndex:
     def drop_before_phys(self, min_phys: int) -> int:
         """Drop the entries that point below ``min_phys`` (retention); rewrite atomically.
 
-        Returns the number of entries dropped. Key hashes of kept entries are re-read
-        from the file so nothing is lost by the rewrite.
+        Returns the number of entries dropped. The kept entries are copied from the
+        file as they are.
         """
         cut = self.first_index_at_or_after(min_phys)
         if cut == 0:

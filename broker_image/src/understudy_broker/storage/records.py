@@ -1,4 +1,4 @@
-"""The record format of the commit log, and the one walker over stored bytes.
+"""The item formats of the commit log, and the one walker over stored bytes.
 
 Why this module exists: the same bytes are written by the master's append, copied by a
 slave, checked before a slave accepts them, scanned when a broker recovers and decoded
@@ -6,7 +6,26 @@ when a consumer reads. Each of those must agree to the byte on what a record is,
 layout is defined once, here, as ``struct`` fields, and every pass over stored bytes goes
 through :func:`walk`. Pure: no files, no clock, no asyncio.
 
-Record (all big-endian; sizes derived with ``calcsize``)::
+Two kinds of item hold messages. A broker writes batches; records are what brokers
+before batches (2026-11-28) wrote, read as they are (a log may hold both: see
+docs/record-batch.md). All big-endian; sizes derived with ``calcsize``.
+
+Batch: the messages one append stores for one ``(topic, queue)``, at consecutive
+sequence numbers and queue offsets (record ``i`` has ``base seq + i``, ``base queue
+offset + i`` and timestamp ``first timestamp + delta``)::
+
+    BATCH_PREFIX    total length | BATCH_MAGIC | header crc (crc32 of BATCH_HEADER + topic)
+    BATCH_HEADER    base seq | base queue offset | first timestamp ms | queue | count |
+                    topic len | attributes (0) | records crc (crc32 of the records section)
+    topic (utf-8)
+    records         count x ( BATCH_RECORD: key len (-1: none) | body len | timestamp delta
+                              | key | body )
+
+The two CRCs split what the writer of the records (one day the producer: issue 16) and
+the writer of the header (the master: sequence numbers, offsets) know. Every reader
+(slave, recovery, reads) checks both and that the records' lengths add up.
+
+Record (one message; the format before batches, still read)::
 
     RECORD_PREFIX   total length | magic | crc32 of every byte after the crc field
     RECORD_HEADER   seq | queue offset | timestamp ms | queue | topic len | key len | body len
@@ -17,14 +36,15 @@ End-of-file marker (fills the rest of a segment when the next record does not fi
     EOF_MARKER      total length (= rest of the segment) | EOF magic | next sequence number
     zero bytes up to the segment end
 
-A record never straddles two segments, so a segment of ``segment_bytes`` always ends with
-a marker or exactly at a record's end. The marker carries the next sequence number so a
+An item never straddles two segments, so a segment of ``segment_bytes`` always ends with
+a marker or exactly at an item's end. The marker carries the next sequence number so a
 log whose active segment is empty still knows where the sequence continues.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -32,6 +52,7 @@ from understudy_broker.checksum import crc32
 from understudy_broker.model import TopicNameError, check_topic_name
 
 RECORD_MAGIC = 0xDAA320A7
+BATCH_MAGIC = 0xB47C4E52
 EOF_MAGIC = 0xCBD43194
 
 RECORD_PREFIX = struct.Struct(
@@ -56,6 +77,30 @@ EOF_MARKER = struct.Struct(
     "I"  # magic: EOF_MAGIC
     "Q"  # sequence number the next record will carry
 )
+BATCH_PREFIX = RECORD_PREFIX  # total length | BATCH_MAGIC | header crc
+BATCH_HEADER = struct.Struct(
+    ">"
+    "Q"  # base sequence number: the first record's
+    "Q"  # base queue offset: the first record's
+    "q"  # first timestamp, ms since the Unix epoch: the first record's
+    "I"  # queue id
+    "I"  # record count, >= 1
+    "H"  # topic length in bytes (utf-8)
+    "H"  # attributes: 0 (bits reserved: compression, not built)
+    "I"  # records crc: crc32 of the records section
+)
+BATCH_RECORD = struct.Struct(
+    ">"
+    "i"  # key length in bytes; -1 means "no key"
+    "I"  # body length in bytes
+    "i"  # timestamp delta, ms, from the batch's first timestamp
+)
+BATCH_END = RECORD_PREFIX.size + BATCH_HEADER.size  # where the topic starts
+BATCH_RECORD_SIZE = BATCH_RECORD.size
+#: BATCH_PREFIX and BATCH_HEADER: one unpack for both.
+_PREFIX_BATCH_HEADER = struct.Struct(BATCH_PREFIX.format + BATCH_HEADER.format[1:])
+#: A timestamp delta must fit the field; a batch closes before one that does not.
+MAX_DELTA = 0x7FFF_FFFF
 PREFIX_SIZE = RECORD_PREFIX.size
 HEADER_END = PREFIX_SIZE + RECORD_HEADER.size
 EOF_MIN = EOF_MARKER.size
@@ -65,6 +110,8 @@ LEN_MAGIC = struct.Struct(">II")
 CRC_HEADER = struct.Struct(">I" + RECORD_HEADER.format[1:])
 #: The CRC covers everything after the prefix.
 CRC_FROM = PREFIX_SIZE
+#: The header CRC field followed by BATCH_HEADER: one unpack for both.
+CRC_BATCH_HEADER = struct.Struct(">I" + BATCH_HEADER.format[1:])
 
 
 # ---- errors ------------------------------------------------------------------------
@@ -104,6 +151,9 @@ RecordTuple = tuple[str, int, bytes | None, bytes, int]
 
 @dataclass(frozen=True, slots=True)
 class StoredRecord:
+    """A message read back. ``phys_offset`` and ``size`` are those of the item holding it:
+    a record, or the batch every message of which has the same two."""
+
     topic: str
     queue: int
     queue_offset: int
@@ -123,8 +173,9 @@ WalkedRow = tuple[int, int, bool, int, int, int, str, int]
 
 class Walked(NamedTuple):
     """One item :func:`walk` found, by name (recovery's view; :meth:`Walk.named`): a
-    record, or an end-of-file marker (``is_marker``; then ``seq`` is the next sequence
-    number and the other fields are zero)."""
+    batch or a record (``seq`` and ``queue_offset`` are its first message's, ``messages``
+    how many it holds), or an end-of-file marker (``is_marker``; then ``seq`` is the next
+    sequence number and the other fields are zero)."""
 
     phys: int
     size: int
@@ -133,7 +184,7 @@ class Walked(NamedTuple):
     queue_offset: int
     queue: int
     topic: str
-    key_hash: int  # crc32 of the key, 0 without one (kept in the per-queue index)
+    messages: int  # messages in the item: 1 for a record, 0 for a marker
 
 
 @dataclass(slots=True)
@@ -195,8 +246,154 @@ def encode_record(
     return (prefix, rest, topic_raw, message.body)
 
 
+def records_section(messages: Sequence[RecordTuple], first_ts: int) -> bytes:
+    """A batch's records section: each message's key, body and timestamp (within
+    :data:`MAX_DELTA` of ``first_ts``: the caller's business; topic and queue are the
+    batch's)."""
+    parts: list[bytes] = []
+    add = parts.append
+    pack = BATCH_RECORD.pack
+    for _topic, _queue, key, body, ts in messages:
+        if key is None:
+            add(pack(-1, len(body), ts - first_ts))
+        else:
+            add(pack(len(key), len(body), ts - first_ts))
+            add(key)
+        add(body)
+    return b"".join(parts)
+
+
+def batch_head(*, seq: int, queue_offset: int, first_ts: int, queue: int, count: int,
+               topic_raw: bytes, records: bytes | memoryview) -> bytes:
+    """Everything of a batch before its records section (prefix, header, topic)."""
+    rest = BATCH_HEADER.pack(seq, queue_offset, first_ts, queue, count, len(topic_raw), 0,
+                             crc32(records))
+    size = BATCH_END + len(topic_raw) + len(records)
+    return BATCH_PREFIX.pack(size, BATCH_MAGIC, crc32(topic_raw, crc32(rest))) + rest + topic_raw
+
+
+def encode_batch(*, seq: int, queue_offset: int, messages: Sequence[RecordTuple]) -> bytes:
+    """The bytes of one batch of ``messages`` (one topic and queue; :class:`Message` or
+    :data:`RecordTuple` items): the reference encoder of the layout above
+    (:meth:`CommitLog.append` writes the same bytes)."""
+    if not messages:
+        raise ValueError("a batch holds at least one record")
+    topic, queue, _key, _body, first_ts = messages[0]
+    if any((m[0], m[1]) != (topic, queue) for m in messages):
+        raise ValueError("a batch holds one topic's queue")
+    section = records_section(messages, first_ts)
+    return batch_head(seq=seq, queue_offset=queue_offset, first_ts=first_ts, queue=queue,
+                      count=len(messages), topic_raw=topic_bytes(topic),
+                      records=section) + section
+
+
 def encode_eof_marker(*, length: int, next_seq: int) -> bytes:
     return EOF_MARKER.pack(length, EOF_MAGIC, next_seq) + bytes(length - EOF_MIN)
+
+
+def _records_problem(buf: memoryview, start: int, end: int, count: int) -> str | None:
+    """Why a batch's records section ``buf[start:end]`` of ``count`` records is not
+    well formed (lengths that run over or fall short of the section, a first timestamp
+    other than the header's), or None."""
+    unpack = BATCH_RECORD.unpack_from
+    p = start
+    if count and end - start >= BATCH_RECORD_SIZE and unpack(buf, start)[2] != 0:
+        return "its first record's timestamp delta is not 0"
+    for _ in range(count):
+        if p + BATCH_RECORD_SIZE > end:
+            return "its records run past its end"
+        klen, blen, _delta = unpack(buf, p)
+        if klen < -1:
+            return f"a record has key length {klen}"
+        p += BATCH_RECORD_SIZE + (klen if klen > 0 else 0) + blen
+    if p != end:
+        return "its record lengths disagree with its length"
+    return None
+
+
+class ItemHead(NamedTuple):
+    """The message-holding item (batch or record) at a position, checked whole."""
+
+    topic: str
+    queue: int
+    queue_offset: int  # the first message's
+    seq: int  # the first message's
+    messages: int
+    size: int
+
+
+def check_item(buf: memoryview, pos: int, phys: int) -> ItemHead:
+    """Check the batch or record at ``buf[pos:]`` (framing, CRCs, record lengths) and say
+    what it holds; :class:`CorruptRecordError` when it is not intact."""
+    if len(buf) - pos < LEN_MAGIC.size:
+        raise CorruptRecordError(f"record at {phys}: truncated header")
+    magic = LEN_MAGIC.unpack_from(buf, pos)[1]
+    if magic == RECORD_MAGIC:
+        rec = decode_record(buf, pos, phys)
+        return ItemHead(rec.topic, rec.queue, rec.queue_offset, rec.seq, 1, rec.size)
+    if magic != BATCH_MAGIC:
+        raise CorruptRecordError(f"record at {phys}: bad magic or length")
+    if len(buf) - pos < BATCH_END:
+        raise CorruptRecordError(f"batch at {phys}: truncated header")
+    size, _magic, hcrc, seq, qoff, _ts, queue, count, tlen, attrs, rcrc = (
+        _PREFIX_BATCH_HEADER.unpack_from(buf, pos))
+    rstart = pos + BATCH_END + tlen
+    if size < BATCH_END or pos + size > len(buf) or rstart > pos + size:
+        raise CorruptRecordError(f"batch at {phys}: bad magic or length")
+    if crc32(buf[pos + CRC_FROM : rstart]) != hcrc or crc32(buf[rstart : pos + size]) != rcrc:
+        raise CorruptRecordError(f"batch at {phys}: CRC mismatch")
+    if count < 1 or attrs != 0:
+        raise CorruptRecordError(f"batch at {phys}: count {count}, attributes {attrs}")
+    problem = _records_problem(buf, rstart, pos + size, count)
+    if problem is not None:
+        raise CorruptRecordError(f"batch at {phys}: {problem}")
+    try:
+        topic = bytes(buf[pos + BATCH_END : rstart]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptRecordError(f"batch at {phys}: topic is not utf-8") from None
+    return ItemHead(topic, queue, qoff, seq, count, size)
+
+
+def decode_item(buf: memoryview, pos: int, phys: int, *, first: int = 0,
+                limit: int | None = None, budget: int | None = None, must: bool = True
+                ) -> tuple[ItemHead, list[StoredRecord], int]:
+    """The batch or record at ``buf[pos:]``, checked (:func:`check_item`), its messages
+    from the ``first``-th, at most ``limit`` of them and, with ``budget``, as many as fit
+    in that many bytes (a message's own bytes: its record within the batch, or the whole
+    record), the first even when it does not (``must``). Returns the item, the messages
+    and their bytes."""
+    head = check_item(buf, pos, phys)
+    if LEN_MAGIC.unpack_from(buf, pos)[1] == RECORD_MAGIC:
+        if first != 0 or limit == 0 or (budget is not None and head.size > budget and not must):
+            return head, [], 0
+        return head, [decode_record(buf, pos, phys)], head.size
+    ts0 = BATCH_HEADER.unpack_from(buf, pos + PREFIX_SIZE)[2]
+    stop = head.messages if limit is None else min(head.messages, first + limit)
+    topic, queue, qoff, seq = head.topic, head.queue, head.queue_offset, head.seq
+    unpack = BATCH_RECORD.unpack_from
+    p = pos + BATCH_END + len(topic.encode("utf-8"))
+    out: list[StoredRecord] = []
+    add = out.append
+    used = 0
+    size = head.size
+    for i in range(stop):
+        klen, blen, delta = unpack(buf, p)
+        p += BATCH_RECORD_SIZE
+        own = BATCH_RECORD_SIZE + (klen if klen > 0 else 0) + blen
+        if i < first:
+            p += own - BATCH_RECORD_SIZE
+            continue
+        if budget is not None and used + own > budget and (out or not must):
+            break
+        key: bytes | None = None
+        if klen >= 0:
+            key = bytes(buf[p : p + klen])
+            p += klen
+        add(StoredRecord(topic, queue, qoff + i, seq + i, ts0 + delta, key,
+                         bytes(buf[p : p + blen]), phys, size))
+        p += blen
+        used += own
+    return head, out, used
 
 
 def decode_record(buf: memoryview, pos: int, phys: int) -> StoredRecord:
@@ -242,20 +439,22 @@ def walk(
     verify: bool = True,
     topics: dict[bytes, str] | None = None,
 ) -> Walk:
-    """Every whole record and marker in ``buf`` (which starts at physical ``start_phys``).
+    """Every whole batch, record and marker in ``buf`` (which starts at physical
+    ``start_phys``).
 
     Stops at the end of the data, at an incomplete item (``error`` None: more bytes may
-    come, as in a replication push that ends inside a record) or at an invalid one
-    (``error`` says why and where). Checks framing, lengths, the CRC (``verify``), the topic
-    name (:func:`understudy_broker.model.check_topic_name`, once per distinct name: pass a
-    ``topics`` cache that outlives the call) and that each marker fills its segment
-    exactly, with zeros (a marker carries no CRC). Continuity (sequence and queue offsets)
-    is the caller's business, because only the caller knows where the log stood before
-    ``buf``.
+    come, as in a replication push that ends inside a batch) or at an invalid one
+    (``error`` says why and where). Checks framing, lengths, the CRCs (``verify``), that
+    a batch's record lengths add up to its length (so a slave never stores a batch it
+    could not serve, whatever its CRCs say), the topic name (:func:`understudy_broker.model.check_topic_name`,
+    once per distinct name: pass a ``topics`` cache that outlives the call) and that each
+    marker fills its segment exactly, with zeros (a marker carries no CRC). Continuity
+    (sequence and queue offsets) is the caller's business, because only the caller knows
+    where the log stood before ``buf``.
 
-    This is the slave's per-record hot path (every replicated byte goes through it), hence
-    one ``unpack_from`` for the CRC and the header together, plain tuples for the results
-    and the segment end recomputed only when a boundary is crossed.
+    This is the slave's hot path (every replicated byte goes through it), hence one
+    ``unpack_from`` for the CRC and the header together, plain tuples for the results and
+    the segment end recomputed only when a boundary is crossed.
     """
     out = Walk(valid_end=start_phys)
     items = out.items
@@ -264,6 +463,7 @@ def walk(
     pos = 0
     unpack_len_magic = LEN_MAGIC.unpack_from
     unpack_crc_header = CRC_HEADER.unpack_from
+    unpack_batch = CRC_BATCH_HEADER.unpack_from
     seg_end = segment_end(start_phys, segment_bytes)
     names = {} if topics is None else topics
     while pos < n:
@@ -273,12 +473,31 @@ def walk(
         if n - pos < LEN_MAGIC.size:
             break
         size, magic = unpack_len_magic(buf, pos)
-        if magic == RECORD_MAGIC:
-            if size < HEADER_END or size + EOF_MIN > seg_end - phys:
-                out.error = f"record at {phys} has impossible length {size}"
+        if magic in (BATCH_MAGIC, RECORD_MAGIC):
+            least = BATCH_END if magic == BATCH_MAGIC else HEADER_END
+            if size < least or size + EOF_MIN > seg_end - phys:
+                kind = "batch" if magic == BATCH_MAGIC else "record"
+                out.error = f"{kind} at {phys} has impossible length {size}"
                 break
             if n - pos < size:
                 break
+        if magic == BATCH_MAGIC:
+            hcrc, seq, qoff, _ts, queue, count, tlen, attrs, rcrc = unpack_batch(buf, pos + 8)
+            t0 = pos + BATCH_END
+            rstart = t0 + tlen
+            end = pos + size
+            if rstart + count * BATCH_RECORD_SIZE > end or count < 1 or attrs != 0:
+                out.error = f"batch at {phys}: header fields disagree with its length"
+                break
+            if verify and (crc32(buf[pos + CRC_FROM : rstart]) != hcrc
+                           or crc32(buf[rstart:end]) != rcrc):
+                out.error = f"batch at {phys} fails its CRC"
+                break
+            problem = _records_problem(buf, rstart, end, count)
+            if problem is not None:
+                out.error = f"batch at {phys}: {problem}"
+                break
+        elif magic == RECORD_MAGIC:
             crc, seq, qoff, _ts, queue, tlen, klen, blen = unpack_crc_header(buf, pos + 8)
             if verify and crc32(buf[pos + CRC_FROM : pos + size]) != crc:
                 out.error = f"record at {phys} fails its CRC"
@@ -287,20 +506,7 @@ def walk(
                 out.error = f"record at {phys}: field lengths disagree with record length"
                 break
             t0 = pos + HEADER_END
-            raw = bytes(buf[t0 : t0 + tlen])
-            topic = names.get(raw)
-            if topic is None:
-                try:
-                    topic = check_topic_name(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    out.error = f"record at {phys}: topic is not utf-8"
-                    break
-                except TopicNameError as exc:
-                    out.error = f"record at {phys}: {exc}"
-                    break
-                names[raw] = topic
-            khash = crc32(buf[t0 + tlen : t0 + tlen + klen]) if klen > 0 else 0
-            append((phys, size, False, seq, qoff, queue, topic, khash))
+            count = 1
         elif magic == EOF_MAGIC:
             if size != seg_end - phys or size < EOF_MIN:
                 out.error = (
@@ -314,9 +520,25 @@ def walk(
                 break
             (_, _, next_seq) = EOF_MARKER.unpack_from(buf, pos)
             append((phys, size, True, next_seq, 0, 0, "", 0))
+            pos += size
+            out.valid_end = start_phys + pos
+            continue
         else:
             out.error = f"bad magic 0x{magic:08x} at {phys}"
             break
+        raw = bytes(buf[t0 : t0 + tlen])
+        topic = names.get(raw)
+        if topic is None:
+            try:
+                topic = check_topic_name(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.error = f"item at {phys}: topic is not utf-8"
+                break
+            except TopicNameError as exc:
+                out.error = f"item at {phys}: {exc}"
+                break
+            names[raw] = topic
+        append((phys, size, False, seq, qoff, queue, topic, count))
         pos += size
         out.valid_end = start_phys + pos
     return out

@@ -125,7 +125,7 @@ class Store:
             if rec.recovery_point.startswith("ignored"):
                 log.warning("recovery point %s; scanned the last segments instead",
                             rec.recovery_point)
-            log.info("opened the log: scanned %d records from offset %d (recovery point: %s)",
+            log.info("opened the log: scanned %d items from offset %d (recovery point: %s)",
                      rec.records_scanned, rec.scanned_from, rec.recovery_point)
             offsets_path = directory / "offsets.json"
             rebuild = not offsets_path.exists()
