@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-ORDER = ["broker", "growth", "failover", "sla", "cluster", "ordered", "delayed", "memory"]
+ORDER = ["logpath", "broker", "growth", "failover", "sla", "cluster", "ordered", "delayed", "memory"]
 
 
 def main(argv: list[str]) -> int:
