@@ -32,7 +32,10 @@ from understudy_broker.storage.records import (
     MAX_DELTA,
     PREFIX_SIZE,
     RECORD_MAGIC,
+    CorruptRecordError,
     Message,
+    check_item,
+    decode_item,
     encode_batch,
     encode_eof_marker,
     encode_record,
@@ -251,3 +254,36 @@ def test_a_log_of_another_format_is_refused_and_left_as_it_is(
     finally:
         log.close()
     assert fmt.read_bytes() == b"2\n"
+
+
+def _lying_batch(body_len: int) -> bytes:
+    """A batch of three whose second record's body length lies, both CRCs matching."""
+    buf = bytearray(_batch(2, 2))
+    tlen = 1  # topic "t"
+    rstart = BATCH_END + tlen
+    second = rstart + BATCH_RECORD_SIZE + len(b"m0")
+    struct.pack_into(">I", buf, second + 4, body_len)
+    struct.pack_into(">I", buf, BATCH_END - 4, zlib.crc32(buf[rstart:]))
+    struct.pack_into(">I", buf, 8, zlib.crc32(buf[PREFIX_SIZE:rstart]))
+    return bytes(buf)
+
+
+@pytest.mark.parametrize("body_len", [0, 1, 3, 1000, 2**32 - 1])
+def test_a_batch_whose_lengths_lie_under_good_crcs_is_refused_not_misread(
+        tmp_path: Path, body_len: int) -> None:
+    """Whatever its CRCs say, a batch whose record lengths do not add up is refused by
+    the slave's check, and by a read (a CorruptRecordError, never another error or a
+    wrong message) had it reached a log some other way."""
+    bad = _lying_batch(body_len)
+    slave = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    try:
+        with pytest.raises(ReplicationCorruptError, match="batch at"):
+            slave.append_replicated(0, GOOD + bad)
+        assert slave.max_phys == len(GOOD)
+    finally:
+        slave.close()
+    view = memoryview(bad)
+    with pytest.raises(CorruptRecordError, match="batch at 7"):
+        check_item(view, 0, 7)
+    with pytest.raises(CorruptRecordError, match="batch at 7"):
+        decode_item(view, 0, 7)

@@ -849,8 +849,9 @@ class PullRequest:
         return cls(topic, queue, offset, max_bytes, max_wait_ms, cgroup, member, generation)
 
 
-@dataclass(frozen=True, slots=True)
-class PulledRecord:
+class PulledRecord(NamedTuple):
+    """One message of a PULL answer (a named tuple: a consumer decodes one per message)."""
+
     offset: int
     timestamp_ms: int
     key: bytes | None

@@ -95,6 +95,9 @@ RECOVERY_POINT_FILE = "recovery-point"
 FORMAT_FILE = "log-format"
 LOG_FORMAT = 2
 TAIL_CHECKED = 256
+#: A read takes the next item of its queue into the same pread when at most this many
+#: bytes of other queues lie before it (copying 16 KiB costs about what a pread does).
+READ_GAP = 16 << 10
 
 
 # ---- errors ------------------------------------------------------------------------
@@ -1168,7 +1171,9 @@ class CommitLog:
             if phys < self._min_phys:
                 i = end
                 continue
-            # Gather the items that follow in the same segment into one pread.
+            # Gather the items that follow closely in the same segment into one pread.
+            # Other queues' items lie between; a pread copies them too, so a gap wider
+            # than READ_GAP (a few system calls' worth of copying) starts another pread.
             base = phys - phys % seg_bytes
             run = [(phys, i, start, end)]
             run_bytes = size
@@ -1176,7 +1181,8 @@ class CommitLog:
             j = end
             while j < stop and total + run_bytes < max_bytes:
                 p2, s2, b2, e2 = ix.item(j)
-                if p2 - p2 % seg_bytes != base or p2 + s2 - phys > 4 * max(max_bytes, 1 << 16):
+                if (p2 - p2 % seg_bytes != base or p2 - span_end > READ_GAP
+                        or p2 + s2 - phys > 4 * max(max_bytes, 1 << 16)):
                     break
                 run.append((p2, j, b2, e2))
                 run_bytes += s2
