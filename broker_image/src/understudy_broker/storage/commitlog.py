@@ -78,11 +78,10 @@ from understudy_broker.storage.records import (
     StoredRecord,
     Walk,
     Walked,
-    batch_head,
+    batch_parts,
     check_item,
     decode_item,
     encode_eof_marker,
-    records_section,
     topic_bytes,
     walk,
 )
@@ -875,8 +874,8 @@ class CommitLog:
     def _append_checked(self, messages: Sequence[RecordTuple], raws: list[bytes]
                         ) -> AppendResult:
         """Group the messages by queue, then write each group as a batch
-        (:func:`.records.records_section` and :func:`.records.batch_head`: the records
-        are packed once and checksummed in one CRC per batch). A group that does not fit
+        (:func:`.records.batch_parts`: the records are packed once, the pieces written
+        as they are). A group that does not fit
         in the segment's rest is split there: the batch of what fits, an end-of-file
         marker, the rest in the next segment."""
         groups: dict[tuple[str, int], list[int]] = {}
@@ -919,12 +918,10 @@ class CommitLog:
                     pos = chunk_start = seg_end
                     seg_end += seg_bytes
                     continue
-                section = records_section([messages[k] for k in members[i:j]], first_ts)
-                head = batch_head(seq=seq, queue_offset=qoff, first_ts=first_ts, queue=queue,
-                                  count=j - i, topic_raw=raw, records=section)
-                chunk.append(head)
-                chunk.append(section)
-                size = len(head) + len(section)
+                parts, size = batch_parts(seq=seq, queue_offset=qoff, queue=queue,
+                                          topic_raw=raw,
+                                          messages=[messages[k] for k in members[i:j]])
+                chunk += parts
                 entries.append((pos, size, j - i))
                 for k in members[i:j]:
                     offsets[k] = (topic, queue, qoff)

@@ -247,45 +247,57 @@ def encode_record(
     return (prefix, rest, topic_raw, message.body)
 
 
-def records_section(messages: Sequence[RecordTuple], first_ts: int) -> bytes:
-    """A batch's records section: each message's key, body and timestamp (within
-    :data:`MAX_DELTA` of ``first_ts``: the caller's business; topic and queue are the
-    batch's)."""
-    parts: list[bytes] = []
-    add = parts.append
+def batch_parts(*, seq: int, queue_offset: int, queue: int, topic_raw: bytes,
+                messages: Sequence[RecordTuple]) -> tuple[list[bytes], int]:
+    """The bytes of one batch of ``messages`` (one topic and queue; the first sets the
+    batch's timestamp, the others within :data:`MAX_DELTA` of it: the caller's business),
+    as pieces to write one after the other, and their total length. The one encoder of
+    the layout above (:func:`encode_batch` joins the pieces; :meth:`CommitLog.append`
+    writes them). A batch of one is checksummed piece by piece; a larger one's records
+    are joined first, for one CRC over the section."""
+    first_ts = messages[0][4]
     pack = BATCH_RECORD.pack
-    for _topic, _queue, key, body, ts in messages:
-        if key is None:
-            add(pack(-1, len(body), ts - first_ts))
-        else:
-            add(pack(len(key), len(body), ts - first_ts))
-            add(key)
-        add(body)
-    return b"".join(parts)
-
-
-def batch_head(*, seq: int, queue_offset: int, first_ts: int, queue: int, count: int,
-               topic_raw: bytes, records: bytes | memoryview) -> bytes:
-    """Everything of a batch before its records section (prefix, header, topic)."""
-    rest = BATCH_HEADER.pack(seq, queue_offset, first_ts, queue, count, len(topic_raw), 0,
-                             crc32(records))
-    size = BATCH_END + len(topic_raw) + len(records)
-    return BATCH_PREFIX.pack(size, BATCH_MAGIC, crc32(topic_raw, crc32(rest))) + rest + topic_raw
+    if len(messages) == 1:
+        _t, _q, key, body, _ts = messages[0]
+        head = pack(-1 if key is None else len(key), len(body), 0)
+        rcrc = crc32(head)
+        if key:
+            rcrc = crc32(key, rcrc)
+        rcrc = crc32(body, rcrc)
+        records = [head, key, body] if key else [head, body]
+        rlen = BATCH_RECORD_SIZE + (len(key) if key else 0) + len(body)
+    else:
+        pieces: list[bytes] = []
+        add = pieces.append
+        for _topic, _queue, key, body, ts in messages:
+            if key is None:
+                add(pack(-1, len(body), ts - first_ts))
+            else:
+                add(pack(len(key), len(body), ts - first_ts))
+                add(key)
+            add(body)
+        section = b"".join(pieces)
+        rcrc = crc32(section)
+        records = [section]
+        rlen = len(section)
+    rest = BATCH_HEADER.pack(seq, queue_offset, first_ts, queue, len(messages),
+                             len(topic_raw), 0, rcrc)
+    size = BATCH_END + len(topic_raw) + rlen
+    prefix = BATCH_PREFIX.pack(size, BATCH_MAGIC, crc32(topic_raw, crc32(rest)))
+    return [prefix, rest, topic_raw, *records], size
 
 
 def encode_batch(*, seq: int, queue_offset: int, messages: Sequence[RecordTuple]) -> bytes:
     """The bytes of one batch of ``messages`` (one topic and queue; :class:`Message` or
-    :data:`RecordTuple` items): the reference encoder of the layout above
-    (:meth:`CommitLog.append` writes the same bytes)."""
+    :data:`RecordTuple` items): :func:`batch_parts`, joined."""
     if not messages:
         raise ValueError("a batch holds at least one record")
-    topic, queue, _key, _body, first_ts = messages[0]
+    topic, queue = messages[0][0], messages[0][1]
     if any((m[0], m[1]) != (topic, queue) for m in messages):
         raise ValueError("a batch holds one topic's queue")
-    section = records_section(messages, first_ts)
-    return batch_head(seq=seq, queue_offset=queue_offset, first_ts=first_ts, queue=queue,
-                      count=len(messages), topic_raw=topic_bytes(topic),
-                      records=section) + section
+    parts, _size = batch_parts(seq=seq, queue_offset=queue_offset, queue=queue,
+                               topic_raw=topic_bytes(topic), messages=messages)
+    return b"".join(parts)
 
 
 def encode_eof_marker(*, length: int, next_seq: int) -> bytes:
