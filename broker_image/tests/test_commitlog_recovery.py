@@ -23,13 +23,24 @@ def read_all(log: CommitLog, topic: str, queue: int) -> list[StoredRecord]:
     return log.read(topic, queue, 0, max_bytes=1 << 30, max_records=1 << 20)
 
 
-def build_log(root: Path, *, records: int = 30, body: int = 600) -> list[StoredRecord]:
-    """A log of ~2.5 segments over 3 queues; returns every record in log order."""
+#: Messages per append in build_log: batches of one to four messages per queue.
+APPENDS = (1, 2, 6, 9, 12)
+
+
+def build_log(root: Path, *, appends: tuple[int, ...] = APPENDS, body: int = 600
+              ) -> list[StoredRecord]:
+    """A log of ~2.5 segments over 3 queues, in batches of one to four messages (so a
+    torn or damaged batch loses several); returns every message in log order."""
     log = CommitLog.open(root, segment_bytes=SEG)
     try:
-        for i in range(records):
-            key = None if i % 3 else f"k{i}".encode()
-            log.append([Message("t", i % 3, key, bytes([i]) * (body + i), 1000 + i)])
+        i = 0
+        for n in appends:
+            batch = []
+            for _ in range(n):
+                key = None if i % 3 else f"k{i}".encode()
+                batch.append(Message("t", i % 3, key, bytes([i]) * (body + i), 1000 + i))
+                i += 1
+            log.append(batch)
         out = [r for q in range(3) for r in read_all(log, "t", q)]
     finally:
         log.close()
@@ -131,12 +142,14 @@ def test_flipped_byte_in_the_tail_drops_that_record_and_the_rest(data: st.DataOb
 
 def test_a_record_damaged_in_place_in_a_sealed_segment_is_kept_and_not_served(
         tmp_path: Path) -> None:
-    """A flipped byte in a body: the framing holds and the next record follows, so
+    """A flipped byte in a body: the framing holds and the next batch follows, so
     recovery steps over it (nothing is cut, the sealed segment is not an error) and
-    names it; reads refuse it (docs/storage-and-replication.md, "Corruption")."""
+    names it; reads refuse its messages (docs/storage-and-replication.md, "Corruption")."""
     records = build_log(tmp_path)
     first = sorted((tmp_path / "commitlog").iterdir())[0]
     hit = next(r for r in records if r.phys_offset <= SEG // 2 < r.phys_offset + r.size)
+    batch = [r for r in records if r.phys_offset == hit.phys_offset]
+    assert len(batch) > 1  # the damage takes out a batch of several
     assert SEG // 2 - hit.phys_offset > HEADER_END + 1  # in the topic or the body
     raw = bytearray(first.read_bytes())
     raw[SEG // 2] ^= 0x55
@@ -151,8 +164,8 @@ def test_a_record_damaged_in_place_in_a_sealed_segment_is_kept_and_not_served(
         with pytest.raises(DamagedRecordError) as info:
             log.read("t", hit.queue, hit.queue_offset, max_bytes=1, max_records=1)
         assert (info.value.path, info.value.offset) == (first, hit.queue_offset)
-        for q in range(3):  # everything else is served, the damaged record's queue past it
-            start = hit.queue_offset + 1 if q == hit.queue else 0
+        for q in range(3):  # everything else is served, the damaged batch's queue past it
+            start = hit.queue_offset + len(batch) if q == hit.queue else 0
             assert log.read("t", q, start, max_bytes=1 << 30, max_records=1 << 20) == [
                 r for r in records if r.queue == q and r.queue_offset >= start]
     finally:
@@ -179,7 +192,7 @@ def test_a_sealed_segment_whose_framing_is_broken_is_an_error_and_nothing_is_cut
 
 
 def test_a_missing_or_short_sealed_segment_is_an_error(tmp_path: Path) -> None:
-    build_log(tmp_path, records=45)
+    build_log(tmp_path, appends=(*APPENDS, 15))
     files = sorted((tmp_path / "commitlog").iterdir())
     assert len(files) >= 3
     os.truncate(files[0], SEG - 10)
@@ -271,7 +284,8 @@ def test_appends_continue_correctly_after_recovery(tmp_path: Path) -> None:
     os.truncate(seg, seg.stat().st_size - 3)
     log = CommitLog.open(tmp_path, segment_bytes=SEG)
     try:
-        lost = records[-1]
+        lost = next(r for r in records if r.phys_offset == records[-1].phys_offset)
+        assert lost.queue_offset < records[-1].queue_offset  # a torn batch of several
         assert log.max_phys == lost.phys_offset
         r = log.append([Message("t", lost.queue, None, b"again", 1)])
         assert r.queue_offsets == [("t", lost.queue, lost.queue_offset)]
