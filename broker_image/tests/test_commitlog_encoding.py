@@ -55,18 +55,24 @@ messages_st = st.builds(
 
 def reference_stream(batches: list[list[Message]], segment_bytes: int) -> bytes:
     """The byte stream the documented layout prescribes, built with the plain encoders:
-    each append's messages grouped by (topic, queue) in the order the groups first
-    appear; a group's messages go into batches in order, a batch taking the next one
+    each run of one topic's messages in an append grouped by queue in the order the
+    queues first appear in the run; a group's messages go into batches in order, a batch taking the next one
     while it still fits in the segment with room for a marker and its timestamp is
     within MAX_DELTA of the batch's first; a marker ends a segment when not one more fits."""
     out = bytearray()
     seq = 0
     ends: dict[tuple[str, int], int] = {}
     for batch in batches:
-        groups: dict[tuple[str, int], list[Message]] = {}
-        for m in batch:
-            groups.setdefault((m.topic, m.queue), []).append(m)
-        for ident, todo in groups.items():
+        groups: list[tuple[tuple[str, int], list[Message]]] = []
+        run: dict[tuple[str, int], list[Message]] = {}
+        for k, m in enumerate(batch):
+            if k == 0 or batch[k - 1].topic != m.topic:
+                run = {}
+            if (m.topic, m.queue) not in run:
+                run[(m.topic, m.queue)] = []
+                groups.append(((m.topic, m.queue), run[(m.topic, m.queue)]))
+            run[(m.topic, m.queue)].append(m)
+        for ident, todo in groups:
             while todo:
                 seg_end = (len(out) // segment_bytes + 1) * segment_bytes
                 size = BATCH_END + len(ident[0].encode())
@@ -287,3 +293,28 @@ def test_a_batch_whose_lengths_lie_under_good_crcs_is_refused_not_misread(
         check_item(view, 0, 7)
     with pytest.raises(CorruptRecordError, match="batch at 7"):
         decode_item(view, 0, 7)
+
+
+def test_an_append_keeps_topics_in_order_and_regroups_only_a_topics_queues(
+        tmp_path: Path) -> None:
+    """What is appended after the messages it describes (a producer record after each
+    part of a PRODUCE_MULTI) stays after them: a torn tail that keeps it keeps them.
+    A topic's own queues are regrouped into one batch each."""
+    log = CommitLog.open(tmp_path, segment_bytes=SEG, flush=FlushPolicy("interval"))
+    try:
+        sent = [Message("a", q % 2, None, b"a%d" % q, 1) for q in range(4)]
+        sent += [Message("p", 0, None, b"p1", 1)]
+        sent += [Message("b", q % 2, None, b"b%d" % q, 1) for q in range(4)]
+        sent += [Message("p", 0, None, b"p2", 1), Message("a", 0, None, b"a-again", 1)]
+        result = log.append(sent)
+        assert result.queue_offsets == [
+            ("a", 0, 0), ("a", 1, 0), ("a", 0, 1), ("a", 1, 1), ("p", 0, 0),
+            ("b", 0, 0), ("b", 1, 0), ("b", 0, 1), ("b", 1, 1), ("p", 0, 1), ("a", 0, 2)]
+        stored = sorted((r for t, qs in (("a", 2), ("b", 2), ("p", 1)) for q in range(qs)
+                         for r in log.read(t, q, 0, max_bytes=1 << 20, max_records=99)),
+                        key=lambda r: r.seq)
+        assert [r.body for r in stored] == [b"a0", b"a2", b"a1", b"a3", b"p1",
+                                            b"b0", b"b2", b"b1", b"b3", b"p2", b"a-again"]
+        assert len({r.phys_offset for r in stored}) == 7  # a/0, a/1, p, b/0, b/1, p, a/0
+    finally:
+        log.close()

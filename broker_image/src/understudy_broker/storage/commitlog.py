@@ -847,9 +847,10 @@ class CommitLog:
 
     def append(self, messages: Sequence[RecordTuple]) -> AppendResult:
         """Append messages (:class:`Message` or plain :data:`RecordTuple` items): one batch
-        per ``(topic, queue)`` they name (more at a segment's end), one write per segment
-        touched, indexes after the log. Each queue's messages keep their order; the
-        result's offsets are in the order given."""
+        per ``(topic, queue)`` of each run of messages of one topic (more at a segment's
+        end), one write per segment touched, indexes after the log. Messages of different
+        topics keep their order in the log; so do each queue's (only a topic's queues are
+        regrouped). The result's offsets are in the order given."""
         seg_bytes = self.segment_bytes
         limit = seg_bytes - EOF_MIN
         raws: list[bytes] = []
@@ -873,19 +874,28 @@ class CommitLog:
 
     def _append_checked(self, messages: Sequence[RecordTuple], raws: list[bytes]
                         ) -> AppendResult:
-        """Group the messages by queue, then write each group as a batch
-        (:func:`.records.batch_parts`: the records are packed once, the pieces written
-        as they are). A group that does not fit
-        in the segment's rest is split there: the batch of what fits, an end-of-file
-        marker, the rest in the next segment."""
-        groups: dict[tuple[str, int], list[int]] = {}
+        """Group each run of one topic's messages by queue, then write each group as a
+        batch (:func:`.records.batch_parts`: the records are packed once, the pieces
+        written as they are). A group that does not fit in the segment's rest is split
+        there: the batch of what fits, an end-of-file marker, the rest in the next segment.
+
+        Only a topic's queues are regrouped, never one topic's messages moved past
+        another's: what is appended after the messages it describes (an idempotent
+        producer's record after each part of a PRODUCE_MULTI, the scheduler's DONE
+        record after the deliveries) stays after them in the log, so a torn tail that
+        keeps it keeps them too."""
+        groups: list[tuple[tuple[str, int], list[int]]] = []
+        run_topic: str | None = None
+        run: dict[tuple[str, int], list[int]] = {}
         for k, m in enumerate(messages):
+            if m[0] != run_topic:
+                run_topic, run = m[0], {}
             ident = (m[0], m[1])
-            group = groups.get(ident)
+            group = run.get(ident)
             if group is None:
-                groups[ident] = [k]
-            else:
-                group.append(k)
+                group = run[ident] = []
+                groups.append((ident, group))
+            group.append(k)
         seg_bytes = self.segment_bytes
         start = pos = chunk_start = self._max_phys
         seg_end = (pos // seg_bytes + 1) * seg_bytes
@@ -893,12 +903,15 @@ class CommitLog:
         pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
         offsets: list[tuple[str, int, int]] = [("", 0, 0)] * len(messages)
         chunk: list[bytes] = []
-        for ident, members in groups.items():
+        ends: dict[tuple[str, int], int] = {}  # a queue met again in a later run
+        for ident, members in groups:
             topic, queue = ident
             raw = raws[members[0]]
-            ix = self._indexes.get(ident)
-            qoff = ix.end if ix is not None else 0
-            entries = pending[ident] = []
+            qoff = ends.get(ident, -1)
+            if qoff < 0:
+                ix = self._indexes.get(ident)
+                qoff = ix.end if ix is not None else 0
+            entries = pending.setdefault(ident, [])
             i, n = 0, len(members)
             while i < n:
                 room = seg_end - pos - EOF_MIN - BATCH_END - len(raw)
@@ -929,6 +942,7 @@ class CommitLog:
                 seq += j - i
                 pos += size
                 i = j
+            ends[ident] = qoff
         if chunk:
             self._write_at(chunk_start, b"".join(chunk))
         self._commit(pos, seq, pending)
