@@ -8,6 +8,7 @@ bytes on disk must be identical (slaves, older logs and recovery depend on the l
 
 from __future__ import annotations
 
+import shutil
 import struct
 import tempfile
 import zlib
@@ -229,6 +230,15 @@ def test_a_log_of_records_goes_on_with_batches(tmp_path: Path) -> None:
             (4, 4, b"m2"), (5, 5, b"new")]
         assert [r.timestamp_ms for r in got[2:5]] == [1, 2, 3]
         assert log.read("t", 0, 3, max_bytes=1, max_records=10)[0].body == b"m1"
+    finally:
+        log.close()
+    shutil.rmtree(tmp_path / "index")  # rebuilt from records and batches alike
+    (tmp_path / "commitlog" / "recovery-point").unlink(missing_ok=True)
+    log = CommitLog.open(tmp_path, segment_bytes=SEG_SMALL, flush=FlushPolicy("interval"))
+    try:
+        assert log.recovery.index_problems
+        assert log.read("t", 0, 0, max_bytes=1 << 20, max_records=10) == got
+        assert log.next_seq == 6
     finally:
         log.close()
 
