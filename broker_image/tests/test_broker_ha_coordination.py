@@ -34,8 +34,10 @@ from understudy_broker.zklayout import (
     FailoverPolicy,
     GroupConfig,
     config_path,
+    decode_isr,
     decode_state,
     encode_state,
+    isr_path,
     state_path,
     status_path,
 )
@@ -118,6 +120,13 @@ def set_state(admin: KazooClient, state: GroupState) -> None:
         admin.create(state_path(GROUP), encode_state(state), makepath=True)
     else:
         admin.set(state_path(GROUP), encode_state(state))
+
+
+def recorded_in_sync(admin: KazooClient) -> frozenset[str]:
+    """The slaves the group's in-sync record names (what the controller may pick from)."""
+    if admin.exists(isr_path(GROUP)) is None:
+        return frozenset()
+    return decode_isr(admin.get(isr_path(GROUP))[0])
 
 
 def read_state(admin: KazooClient) -> GroupState | None:
@@ -584,6 +593,11 @@ async def test_a_commit_acknowledged_just_before_kill9_survives_failover_and_fai
             return frame.status == p.Status.OK
 
         await eventually(committed, "commit acknowledged once the slave is in sync", 30)
+        # A joining slave's copy counts for the commit before the in-sync record names it
+        # (replication/isr.py); only a named slave may act, so wait for the record (the
+        # kill once fell in between: the controller rightly kept the group unreadable).
+        await eventually(lambda: group.s.name in recorded_in_sync(admin),
+                         "the in-sync record names the slave", 30)
         m.kill9()  # at once: no metadata push, no periodic persist in between
         await eventually(lambda: perm_is(group.s, Permission.READ), "slave READ")
         before = read_state(admin)
