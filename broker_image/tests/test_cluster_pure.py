@@ -293,6 +293,39 @@ def test_when_all_groups_are_isolated_the_least_bad_is_tried() -> None:
     assert t.isolated(1.0).keys() == {"g1", "g2"}
 
 
+def test_a_producers_choice_of_queues_follows_faults_routes_and_time_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queues a producer picks from are judged once and kept (judging them for every
+    message was a third of a producing process's CPU), yet every change shows at the
+    next pick: a failure recorded, a route learned, an isolation that ends."""
+    from understudy_broker import client
+    from understudy_broker import protocol as p
+
+    clock = [100.0]
+    monkeypatch.setattr(client.time, "monotonic", lambda: clock[0])
+    prod = client.Producer(["a:1"], fault_steps=parse_steps("550:2000,15000:60000"))
+    groups = [p.GroupRoute("g1", [p.BrokerRoute("g1-0", "a:1", "master", 3, 1)]),
+              p.GroupRoute("g2", [p.BrokerRoute("g2-0", "a:2", "master", 3, 1)])]
+    prod.router._learned(p.RouteResponse(groups, {"t": 4}, {"t": ["g1", "g2"]},
+                                         {"t": ["g1", "g2", "g1", "g2"]}, 1))
+    live = prod.router.live_queues("t")
+
+    def picks() -> set[int]:
+        return {prod._pick("t", live) for _ in range(8)}
+
+    assert picks() == {0, 1, 2, 3}
+    prod.faults.observe("g1", 0, now=clock[0], failed=True)  # g1 out for 60 s
+    assert picks() == {1, 3}
+    clock[0] += 59.9
+    assert picks() == {1, 3}
+    clock[0] += 0.2  # its isolation is over
+    assert picks() == {0, 1, 2, 3}
+    reader_only = [groups[0], p.GroupRoute("g2", [p.BrokerRoute("g2-0", "a:2", "slave", 1, 2)])]
+    prod.router._learned(p.RouteResponse(reader_only, {"t": 4}, {"t": ["g1", "g2"]},
+                                         {"t": ["g1", "g2", "g1", "g2"]}, 2))
+    assert picks() == {0, 2}  # g2 shows no writer: a route learned counts at once
+
+
 def test_disabled_table_never_isolates() -> None:
     t = FaultTable(enabled=False)
     t.observe("g1", 0, now=0.0, failed=True)

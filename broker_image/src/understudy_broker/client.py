@@ -1317,6 +1317,10 @@ class Producer:
         # broker answers UNKNOWN_OPERATION (an older broker: one topic per request).
         self._multi = True
         self._rr: dict[str, itertools.count[int]] = {}
+        #: (topic, avoided group) -> (route, fault table version, valid until, live
+        #: queues, the queues to pick from): :meth:`_pick`'s last judgement.
+        self._good: dict[tuple[str, str | None],
+                         tuple[p.RouteResponse | None, int, float, list[int], list[int]]] = {}
         self._closed = False
         self._watching = False
         # Idempotence (docs/idempotence.md): a random producer id and, per (topic, queue),
@@ -1405,8 +1409,26 @@ class Producer:
             target = router.queue_on(topic, head)
             return live[0] if target is None else target  # no head: refused, we re-route
         rr = self._rr.setdefault(topic, itertools.count())
-        # Each group is judged once per call, not once per queue (this runs for every
-        # message: per queue, it was 9 % of a producing process's CPU in bench/cluster.py).
+        # The queues to pick from change only with the route, the fault table or the end
+        # of an isolation: judged again then, not for every message (judging them was
+        # over a third of a producing process's CPU in bench/broker.py).
+        cached = self._good.get((topic, avoid))
+        faults = self.faults
+        if (cached is not None and cached[0] is router.route and cached[1] == faults.version
+                and now < cached[2] and cached[3] == live):
+            good = cached[4]
+        else:
+            good = self._good_queues(topic, live, avoid, now)
+            self._good[(topic, avoid)] = (router.route, faults.version,
+                                          faults.next_change(now), live, good)
+        return good[next(rr) % len(good)]
+
+    def _good_queues(self, topic: str, live: list[int], avoid: str | None,
+                     now: float) -> list[int]:
+        """The queues :meth:`_pick` picks from at ``now``."""
+        router = self.router
+        # Each group is judged once per call, not once per queue (per queue, it was 9 % of
+        # a producing process's CPU in bench/cluster.py).
         groups = [router.group_of(topic, q) or "" for q in live]
         usable = {g: g != avoid and self.faults.available(g, now) for g in set(groups)}
         writable = {g: ok and router.holds(g, Permission.WRITE) for g, ok in usable.items()}
@@ -1416,7 +1438,7 @@ class Producer:
         if not good:
             best = self.faults.least_bad(sorted(set(groups) - ({avoid} if avoid else set())), now)
             good = [q for q, g in zip(live, groups, strict=True) if g == best] or live
-        return good[next(rr) % len(good)]
+        return good
 
     async def send(
         self, topic: str, body: bytes, key: bytes | None = None, queue: int | None = None,

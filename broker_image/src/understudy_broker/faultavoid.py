@@ -93,6 +93,9 @@ class FaultTable:
     refusal_ms: float = REFUSAL_ISOLATION_MS
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _changed: dict[str, float] = field(default_factory=dict)  # group -> last route change
+    #: Goes up whenever an entry changes: a choice made from this table (the producer's
+    #: queues to pick from) holds while it stays and :meth:`next_change` has not passed.
+    version: int = 0
 
     def observe(self, group: str, latency_ms: float, now: float, *, failed: bool = False,
                 refused: bool = False, started: float | None = None) -> None:
@@ -112,16 +115,24 @@ class FaultTable:
         prev = self._entries.get(group)
         failures = (prev.failures + 1 if prev else 1) if failed or refused else 0
         self._entries[group] = _Entry(lat, now + iso / 1000, failures)
+        self.version += 1
 
     def route_changed(self, group: str, now: float) -> None:
         """The group's writer changed (a new epoch, WRITE back): try it again now, and
         disregard the outcome of every send to it that began before ``now``."""
         self._entries.pop(group, None)
         self._changed[group] = now
+        self.version += 1
 
     def available(self, group: str, now: float) -> bool:
         e = self._entries.get(group)
         return e is None or now >= e.until
+
+    def next_change(self, now: float) -> float:
+        """When the next isolation running at ``now`` ends (``inf``: none runs): until
+        then, and while :attr:`version` stays, :meth:`available` answers as it does now."""
+        return min((e.until for e in self._entries.values() if e.until > now),
+                   default=float("inf"))
 
     def isolated(self, now: float) -> dict[str, float]:
         """Groups isolated at ``now`` -> seconds left."""
