@@ -151,3 +151,41 @@ async def test_a_heartbeat_answered_after_the_lease_ended_drops_the_queues_first
     assert 0 not in c._positions  # from the committed offset next time
     assert c._lease_valid()  # the answer starts a new lease
     assert resp.generation == 7
+
+
+async def test_a_producers_buffer_room_is_first_come_first_served_and_survives_cancels(
+) -> None:
+    """The producer's room for unacknowledged messages (``max_buffered``): a send finding
+    none waits in order; a place given back goes to the first still waiting; a waiter
+    cancelled as its place arrives passes the place on, so none is lost."""
+    from understudy_broker.client import _Room
+
+    room = _Room(2)
+    await room.take()
+    await room.take()
+    order: list[str] = []
+
+    async def send(name: str) -> None:
+        await room.take()
+        order.append(name)
+
+    a = asyncio.create_task(send("a"))
+    b = asyncio.create_task(send("b"))
+    c = asyncio.create_task(send("c"))
+    await asyncio.sleep(0)
+    assert order == []  # no room
+    b.cancel()  # gives up while waiting
+    room.give()
+    await asyncio.sleep(0)
+    assert order == ["a"]
+    room.give()  # handed to c as c is cancelled: c passes it on
+    c.cancel()
+    await asyncio.gather(a, b, c, return_exceptions=True)
+    assert order == ["a"]
+    await room.take()  # the place c passed on
+    late = asyncio.create_task(send("late"))
+    await asyncio.sleep(0)
+    assert order == ["a"]  # every place taken again
+    room.give()
+    await late
+    assert order == ["a", "late"]
