@@ -968,7 +968,8 @@ class _Room:
     """Places for messages waiting to be acknowledged (``max_buffered``): taken by each
     send, given back as each is answered; a send finding none waits, first come first
     served. ``asyncio.Semaphore`` does the same, but its ``acquire`` builds a generator
-    over its waiters on every call: a seventh of a producing process's CPU."""
+    over its waiters on every call (a take and a give: 0.57 µs with it, 0.25 with this,
+    measured alone; once per message sent)."""
 
     def __init__(self, places: int) -> None:
         self._free = places

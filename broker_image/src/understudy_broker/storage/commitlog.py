@@ -135,7 +135,7 @@ class DamagedRecordError(CorruptRecordError):
 
 
 class UnsupportedLogFormatError(CommitLogError):
-    """The log says it holds a format this broker cannot read (``commitlog/format``)."""
+    """The log says it holds a format this broker cannot read (``<dir>/log-format``)."""
 
 
 class ReplicationGapError(CommitLogError):
