@@ -327,11 +327,14 @@ def test_a_slaves_damaged_copy_is_named_not_served_and_replication_goes_on(
         master.close()
 
 
+@pytest.mark.parametrize("where", ["body", "record length"])
 def test_a_damaged_batch_is_refused_whole_skipped_whole_and_mended_from_a_copy(
-        tmp_path: Path) -> None:
-    """A batch is checked whole: a byte flipped in its third message takes out its five
-    messages, at whichever offset a read starts; the error names them and the offset after
-    them; recovery steps over it in a sealed segment; another copy's intact batch mends it."""
+        tmp_path: Path, where: str) -> None:
+    """A batch is checked whole: a byte flipped in its third message (its body, or the
+    length field of its record inside the batch) takes out its five messages, at
+    whichever offset a read starts; the error names them and the offset after them;
+    recovery steps over it in a sealed segment (the batch's own length still frames what
+    follows); another copy's intact batch mends it."""
     master = CommitLog.open(tmp_path / "m", segment_bytes=SEG)
     try:
         for i in range(12):  # 12 appends x 5 messages to one queue, batches of 5
@@ -349,7 +352,8 @@ def test_a_damaged_batch_is_refused_whole_skipped_whole_and_mended_from_a_copy(
         assert {r.phys_offset for r in everything[5:10]} == {victim.phys_offset}
         assert victim.phys_offset + victim.size <= SEG  # in the first, sealed segment
         at = bytes(segments(tmp_path / "s")[0].read_bytes()).index(victim.body)
-        flip(segments(tmp_path / "s")[0], at + 10)
+        # The record's head (key length, body length, delta) is the 12 bytes before it.
+        flip(segments(tmp_path / "s")[0], at + 10 if where == "body" else at - 5)
         found: list[DamagedRecordError] = []
         slave = CommitLog.open(tmp_path / "s", segment_bytes=SEG, on_damaged=found.append)
         try:

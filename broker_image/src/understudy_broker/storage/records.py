@@ -477,7 +477,7 @@ def walk(
     come, as in a replication push that ends inside a batch) or at an invalid one
     (``error`` says why and where). Checks framing, lengths, the CRCs (``verify``), that
     a batch's record lengths add up to its length (so a slave never stores a batch it
-    could not serve, whatever its CRCs say), the topic name (:func:`understudy_broker.model.check_topic_name`,
+    could not serve, whatever its CRCs say; with ``verify`` only), the topic name (:func:`understudy_broker.model.check_topic_name`,
     once per distinct name: pass a ``topics`` cache that outlives the call) and that each
     marker fills its segment exactly, with zeros (a marker carries no CRC). Continuity
     (sequence and queue offsets) is the caller's business, because only the caller knows
@@ -524,7 +524,9 @@ def walk(
                            or crc32(buf[rstart:end]) != rcrc):
                 out.error = f"batch at {phys} fails its CRC"
                 break
-            problem = _records_problem(buf, rstart, end, count)
+            # Unverified (a damaged batch's framing being confirmed), its records are
+            # what the damage may have hit; its own length still frames what follows.
+            problem = _records_problem(buf, rstart, end, count) if verify else None
             if problem is not None:
                 out.error = f"batch at {phys}: {problem}"
                 break
