@@ -328,3 +328,15 @@ def test_an_append_keeps_topics_in_order_and_regroups_only_a_topics_queues(
         assert len({r.phys_offset for r in stored}) == 7  # a/0, a/1, p, b/0, b/1, p, a/0
     finally:
         log.close()
+
+
+def test_a_records_and_a_batchs_header_both_start_with_the_sequence_number() -> None:
+    """CommitLog._records_held reads the log's first sequence number with FIRST_SEQ,
+    whichever item comes first."""
+    from understudy_broker.storage.records import FIRST_SEQ
+
+    record = b"".join(encode_record(seq=41, queue_offset=3, message=Message("t", 0, None,
+                                                                           b"x", 1),
+                                    topic_raw=b"t"))
+    assert FIRST_SEQ.unpack_from(record, PREFIX_SIZE) == (41,)
+    assert FIRST_SEQ.unpack_from(_batch(42, 3), PREFIX_SIZE) == (42,)

@@ -60,15 +60,13 @@ from understudy_broker.storage.index import (
 )
 from understudy_broker.storage.records import (
     BATCH_END,
-    BATCH_HEADER,
     BATCH_MAGIC,
     BATCH_RECORD_SIZE,
     EOF_MIN,
-    HEADER_END,
+    FIRST_SEQ,
     LEN_MAGIC,
     MAX_DELTA,
     PREFIX_SIZE,
-    RECORD_HEADER,
     RECORD_MAGIC,
     CommitLogError,
     CorruptRecordError,
@@ -645,16 +643,11 @@ class CommitLog:
         record's (one header read). None when that header is unreadable."""
         if self._max_phys <= self._min_phys:
             return 0
-        head = os.pread(self._read_fd(self._min_phys), max(HEADER_END, BATCH_END), 0)
-        if len(head) < max(HEADER_END, BATCH_END):
+        head = os.pread(self._read_fd(self._min_phys), PREFIX_SIZE + FIRST_SEQ.size, 0)
+        if (len(head) < PREFIX_SIZE + FIRST_SEQ.size
+                or LEN_MAGIC.unpack_from(head)[1] not in (RECORD_MAGIC, BATCH_MAGIC)):
             return None
-        magic = LEN_MAGIC.unpack_from(head)[1]
-        if magic == RECORD_MAGIC:
-            first = RECORD_HEADER.unpack_from(head, PREFIX_SIZE)[0]
-        elif magic == BATCH_MAGIC:
-            first = BATCH_HEADER.unpack_from(head, PREFIX_SIZE)[0]
-        else:
-            return None
+        (first,) = FIRST_SEQ.unpack_from(head, PREFIX_SIZE)
         return self._next_seq - first if first <= self._next_seq else None
 
     @staticmethod

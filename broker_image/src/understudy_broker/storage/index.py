@@ -78,6 +78,10 @@ DEFAULT_INDEX_OPEN_FILES = 512
 #: marks.
 WRITE_BEHIND_ENTRIES = 128
 
+#: Entries read from a file at once when a batch's span is sought among entries kept on
+#: file only (:meth:`QueueIndex.item`).
+_SPAN_BLOCK = 1024
+
 
 class IndexFileError(Exception):
     """An index file is unreadable (bad magic/version); the caller rebuilds it from the log."""
@@ -234,30 +238,31 @@ class QueueIndex:
             hi = bisect.bisect_right(phys, p, k)
             at = self._base + released
             if lo == 0 and released:  # it may begin among the entries on file
-                return p, self._sizes[k], self._file_span(p, released, -1), at + hi
+                return p, self._sizes[k], self._run_start(p, released), at + hi
             return p, self._sizes[k], at + lo, at + hi
         p, s = self.entry(offset)
-        return p, s, self._file_span(p, i, -1), self._file_span(p, i, +1)
+        return p, s, self._run_start(p, i), self._run_end(p, i + 1)
 
-    def _file_span(self, phys: int, i: int, step: int) -> int:
-        """From entry ``i`` (relative to base), the first offset (``step`` -1) or the end
-        offset (+1) of the run of entries at ``phys``, reading released entries from the
-        file a block at a time and the rest from memory."""
-        block = 1024
-        if step < 0:
-            while i > 0:
-                lo = max(0, i - block)
-                raw = os.pread(self._fd, (i - lo) * INDEX_ENTRY_SIZE,
-                               INDEX_HEADER_SIZE + lo * INDEX_ENTRY_SIZE)
-                rows = list(INDEX_ENTRY.iter_unpack(raw))
-                for k in range(len(rows) - 1, -1, -1):
-                    if rows[k][0] != phys:
-                        return self._base + lo + k + 1
-                i = lo
-            return self._base
-        i += 1
+    def _run_start(self, phys: int, i: int) -> int:
+        """The first offset of the run of entries at ``phys`` that goes on at entry ``i``
+        (relative to base): the entries before ``i`` on file are read back a block at a
+        time until one is elsewhere."""
+        while i > 0:
+            lo = max(0, i - _SPAN_BLOCK)
+            raw = os.pread(self._fd, (i - lo) * INDEX_ENTRY_SIZE,
+                           INDEX_HEADER_SIZE + lo * INDEX_ENTRY_SIZE)
+            rows = list(INDEX_ENTRY.iter_unpack(raw))
+            for k in range(len(rows) - 1, -1, -1):
+                if rows[k][0] != phys:
+                    return self._base + lo + k + 1
+            i = lo
+        return self._base
+
+    def _run_end(self, phys: int, i: int) -> int:
+        """The offset after the run of entries at ``phys`` that goes on at entry ``i``
+        (relative to base; on file): the file's entries a block at a time, then memory."""
         while i < self._released:
-            hi = min(self._released, i + block)
+            hi = min(self._released, i + _SPAN_BLOCK)
             raw = os.pread(self._fd, (hi - i) * INDEX_ENTRY_SIZE,
                            INDEX_HEADER_SIZE + i * INDEX_ENTRY_SIZE)
             for k, row in enumerate(INDEX_ENTRY.iter_unpack(raw)):

@@ -98,6 +98,8 @@ BATCH_RECORD = struct.Struct(
     "i"  # timestamp delta, ms, from the batch's first timestamp
 )
 BATCH_END = RECORD_PREFIX.size + BATCH_HEADER.size  # where the topic starts
+#: The field RECORD_HEADER and BATCH_HEADER both start with: the (first) sequence number.
+FIRST_SEQ = struct.Struct(">Q")
 BATCH_RECORD_SIZE = BATCH_RECORD.size
 #: BATCH_PREFIX and BATCH_HEADER: one unpack for both.
 _PREFIX_BATCH_HEADER = struct.Struct(BATCH_PREFIX.format + BATCH_HEADER.format[1:])
@@ -112,8 +114,6 @@ LEN_MAGIC = struct.Struct(">II")
 CRC_HEADER = struct.Struct(">I" + RECORD_HEADER.format[1:])
 #: The CRC covers everything after the prefix.
 CRC_FROM = PREFIX_SIZE
-#: The header CRC field followed by BATCH_HEADER: one unpack for both.
-CRC_BATCH_HEADER = struct.Struct(">I" + BATCH_HEADER.format[1:])
 
 
 # ---- errors ------------------------------------------------------------------------
@@ -358,17 +358,26 @@ def _batch_head(buf: memoryview, pos: int, phys: int) -> tuple[ItemHead, int, in
     return ItemHead(topic, queue, qoff, seq, count, size), ts0, rstart
 
 
+def _message_item(buf: memoryview, pos: int, phys: int) -> int:
+    """The magic of the batch or record at ``buf[pos:]``; :class:`CorruptRecordError` when
+    there is neither."""
+    if len(buf) - pos < LEN_MAGIC.size:
+        raise CorruptRecordError(f"record at {phys}: truncated header")
+    magic: int = LEN_MAGIC.unpack_from(buf, pos)[1]
+    if magic not in (RECORD_MAGIC, BATCH_MAGIC):
+        raise CorruptRecordError(f"record at {phys}: bad magic or length")
+    return magic
+
+
+def _record_head(rec: StoredRecord) -> ItemHead:
+    return ItemHead(rec.topic, rec.queue, rec.queue_offset, rec.seq, 1, rec.size)
+
+
 def check_item(buf: memoryview, pos: int, phys: int) -> ItemHead:
     """Check the batch or record at ``buf[pos:]`` (framing, CRCs, every record's lengths)
     and say what it holds; :class:`CorruptRecordError` when it is not intact."""
-    if len(buf) - pos < LEN_MAGIC.size:
-        raise CorruptRecordError(f"record at {phys}: truncated header")
-    magic = LEN_MAGIC.unpack_from(buf, pos)[1]
-    if magic == RECORD_MAGIC:
-        rec = decode_record(buf, pos, phys)
-        return ItemHead(rec.topic, rec.queue, rec.queue_offset, rec.seq, 1, rec.size)
-    if magic != BATCH_MAGIC:
-        raise CorruptRecordError(f"record at {phys}: bad magic or length")
+    if _message_item(buf, pos, phys) == RECORD_MAGIC:
+        return _record_head(decode_record(buf, pos, phys))
     head, _ts0, rstart = _batch_head(buf, pos, phys)
     problem = _records_problem(buf, rstart, pos + head.size, head.messages)
     if problem is not None:
@@ -386,14 +395,12 @@ def decode_item(buf: memoryview, pos: int, phys: int, *, first: int = 0,
     even when it does not (``must``). Returns the item, the messages and their bytes.
     One pass over the records: what the writer checked whole (append, a slave's check,
     recovery's scan), the CRCs say is unchanged."""
-    if len(buf) - pos >= LEN_MAGIC.size and LEN_MAGIC.unpack_from(buf, pos)[1] == RECORD_MAGIC:
+    if _message_item(buf, pos, phys) == RECORD_MAGIC:
         rec = decode_record(buf, pos, phys)
-        head = ItemHead(rec.topic, rec.queue, rec.queue_offset, rec.seq, 1, rec.size)
+        head = _record_head(rec)
         if first != 0 or limit == 0 or (budget is not None and head.size > budget and not must):
             return head, [], 0
         return head, [rec], head.size
-    if len(buf) - pos < LEN_MAGIC.size or LEN_MAGIC.unpack_from(buf, pos)[1] != BATCH_MAGIC:
-        raise CorruptRecordError(f"record at {phys}: bad magic or length")
     head, ts0, p = _batch_head(buf, pos, phys)
     stop = head.messages if limit is None else min(head.messages, first + limit)
     topic, queue, qoff, seq, size = head.topic, head.queue, head.queue_offset, head.seq, head.size
@@ -494,7 +501,7 @@ def walk(
     pos = 0
     unpack_len_magic = LEN_MAGIC.unpack_from
     unpack_crc_header = CRC_HEADER.unpack_from
-    unpack_batch = CRC_BATCH_HEADER.unpack_from
+    unpack_batch = _PREFIX_BATCH_HEADER.unpack_from
     seg_end = segment_end(start_phys, segment_bytes)
     names = {} if topics is None else topics
     while pos < n:
@@ -513,7 +520,7 @@ def walk(
             if n - pos < size:
                 break
         if magic == BATCH_MAGIC:
-            hcrc, seq, qoff, _ts, queue, count, tlen, attrs, rcrc = unpack_batch(buf, pos + 8)
+            _s, _m, hcrc, seq, qoff, _ts, queue, count, tlen, attrs, rcrc = unpack_batch(buf, pos)
             t0 = pos + BATCH_END
             rstart = t0 + tlen
             end = pos + size
