@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ from understudy_broker.storage.records import (
     InvalidMessageError,
     Message,
     MessageTooLargeError,
+    PackedBatch,
     StoredRecord,
+    encode_records,
 )
 
 SEG = 8 << 10  # small segments so a few hundred records roll several times
@@ -318,5 +321,73 @@ def test_queue_offset_at_is_the_first_record_starting_at_or_past_a_position(
         assert log.queue_offset_at("t", 0, log.max_phys) == 6
         assert log.queue_offset_at("t", 0, 0) == log.queue_start("t", 0)
         assert log.queue_offset_at("nope", 0, log.max_phys) == 0  # no such queue
+    finally:
+        log.close()
+
+
+def _packed(messages: list[Message]) -> list[PackedBatch]:
+    """``messages`` (one topic, one timestamp) as a producer packs them: one batch per
+    queue, in the order queues first appear, each queue's messages in order."""
+    by_queue: dict[int, list[Message]] = {}
+    for m in messages:
+        by_queue.setdefault(m.queue, []).append(m)
+    out = []
+    for queue, ms in by_queue.items():
+        section = encode_records([(m.key, m.body, 0) for m in ms])
+        out.append(PackedBatch(ms[0].topic, queue, section, len(ms), ms[0].timestamp_ms,
+                               zlib.crc32(section)))
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(appends=st.lists(st.tuples(st.sampled_from(["orders", "t-1"]),
+                                  st.lists(st.tuples(st.integers(0, 3),
+                                                     st.one_of(st.none(), st.binary(max_size=8)),
+                                                     st.binary(max_size=1500)),
+                                           min_size=1, max_size=12)),
+                        min_size=1, max_size=10))
+def test_packed_batches_are_stored_as_the_master_would_have_packed_them(
+        appends: list[tuple[str, list[tuple[int, bytes | None, bytes]]]]) -> None:
+    """A producer's packed batches (PRODUCE_BATCH) give the same log, byte for byte, and
+    the same offsets, as the same messages appended one by one, segment ends included
+    (an append that might cross one is taken apart into messages)."""
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        plain = CommitLog.open(Path(a), segment_bytes=SEG)
+        packed = CommitLog.open(Path(b), segment_bytes=SEG)
+        try:
+            for n, (topic, sent) in enumerate(appends):
+                ms = [Message(topic, q, k, body, 1_700_000_000_000 + n) for q, k, body in sent]
+                batches = _packed(ms)
+                want = plain.append(ms)
+                got = packed.append(batches)
+                # Offsets come in the packed order: each queue's messages together.
+                order = [bt.queue for bt in batches]
+                assert got.queue_offsets == sorted(want.queue_offsets,
+                                                   key=lambda o: order.index(o[1]))
+                assert (got.start_phys, got.end_phys) == (want.start_phys, want.end_phys)
+            assert snapshot_files(Path(b) / "commitlog") == snapshot_files(Path(a) / "commitlog")
+            for topic in {t for t, _ in appends}:
+                for q in range(4):
+                    assert [(r.key, r.body, r.queue_offset) for r in read_all(packed, topic, q)] \
+                        == [(r.key, r.body, r.queue_offset) for r in read_all(plain, topic, q)]
+        finally:
+            plain.close()
+            packed.close()
+
+
+def test_a_packed_batch_past_the_segments_end_is_stored_message_by_message(
+        tmp_path: Path) -> None:
+    """A packed batch never straddles two segments: one that would is taken apart and
+    split there, a batch of what fits, a marker, the rest in the next segment."""
+    log = CommitLog.open(tmp_path, segment_bytes=SEG)
+    try:
+        log.append([Message("t", 0, None, b"f" * (SEG - 2000), 5)])
+        ms = [Message("t", 1, None, bytes([i]) * 500, 7) for i in range(8)]
+        result = log.append(_packed(ms))
+        assert [o for _t, _q, o in result.queue_offsets] == list(range(8))
+        assert len(list((tmp_path / "commitlog").iterdir())) == 2
+        got = read_all(log, "t", 1)
+        assert [r.body for r in got] == [m.body for m in ms]
+        assert {r.phys_offset // SEG for r in got} == {0, 1}
     finally:
         log.close()

@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from understudy_broker.checksum import crc32
 from understudy_broker.storage.durability import durable_replace, fsync_dir, write_all
@@ -72,15 +72,18 @@ from understudy_broker.storage.records import (
     CorruptRecordError,
     InvalidMessageError,
     MessageTooLargeError,
+    PackedBatch,
     RecordTuple,
     StoredRecord,
     Walk,
     Walked,
+    batch_head_parts,
     batch_parts,
     check_item,
     decode_item,
     encode_eof_marker,
     topic_bytes,
+    unpacked,
     walk,
 )
 
@@ -838,49 +841,78 @@ class CommitLog:
             self._indexes[(topic, queue)] = ix
         return ix
 
-    def append(self, messages: Sequence[RecordTuple]) -> AppendResult:
-        """Append messages (:class:`Message` or plain :data:`RecordTuple` items): one batch
-        per ``(topic, queue)`` of each run of messages of one topic (more at a segment's
-        end), one write per segment touched, indexes after the log. Messages of different
-        topics keep their order in the log; so do each queue's (only a topic's queues are
-        regrouped). The result's offsets are in the order given."""
+    def append(self, messages: Sequence[RecordTuple | PackedBatch]) -> AppendResult:
+        """Append messages (:class:`Message` or plain :data:`RecordTuple` items, and
+        :class:`PackedBatch` items: records a producer packed): one batch per ``(topic,
+        queue)`` of each run of messages of one topic (more at a segment's end), each
+        packed batch as it came, one write per segment touched, indexes after the log.
+        Messages of different topics keep their order in the log; so do each queue's
+        (only a topic's queues are regrouped). The result's offsets are in the order
+        given, one per message (``count`` for a packed batch).
+
+        An append that might cross the end of the active segment takes its packed
+        batches apart into messages first (the one time the master touches a producer's
+        records: a batch never straddles two segments, and only messages can be split
+        there)."""
         seg_bytes = self.segment_bytes
         limit = seg_bytes - EOF_MIN
         raws: list[bytes] = []
         topic_bytes = self._topic_bytes
-        for topic, queue, key, body, _ts in messages:
-            raw = topic_bytes(topic)
+        total = 0
+        packed = False
+        for m in messages:
+            raw = topic_bytes(m[0])
+            queue = m[1]
             if not 0 <= queue <= 0xFFFF_FFFF:
                 raise InvalidMessageError(f"queue id {queue} out of range")
-            size = (BATCH_END + len(raw) + BATCH_RECORD_SIZE
-                    + (len(key) if key is not None else 0) + len(body))
-            if size > limit:
-                raise MessageTooLargeError(
-                    f"record of {size} bytes does not fit in a {seg_bytes}-byte segment"
-                )
+            if isinstance(m, PackedBatch):
+                size = BATCH_END + len(raw) + len(m.records)
+                packed = True
+            else:
+                key, body = m[2], m[3]
+                size = (BATCH_END + len(raw) + BATCH_RECORD_SIZE
+                        + (len(key) if key is not None else 0) + len(body))
+                if size > limit:
+                    raise MessageTooLargeError(
+                        f"record of {size} bytes does not fit in a {seg_bytes}-byte segment")
+            total += size
             raws.append(raw)
+        if packed and self._max_phys % seg_bytes + total > limit:
+            return self.append(unpacked(messages))
         try:
             return self._append_checked(messages, raws)
         except OSError:
             self._discard_unpublished()
             raise
 
-    def _append_checked(self, messages: Sequence[RecordTuple], raws: list[bytes]
+    def _append_checked(self, messages: Sequence[RecordTuple | PackedBatch], raws: list[bytes]
                         ) -> AppendResult:
         """Group each run of one topic's messages by queue, then write each group as a
         batch (:func:`.records.batch_parts`: the records are packed once, the pieces
-        written as they are). A group that does not fit in the segment's rest is split
-        there: the batch of what fits, an end-of-file marker, the rest in the next segment.
+        written as they are), and each packed batch as it came under a header of its
+        own (it fits: :meth:`append`). A group that does not fit in the segment's rest is
+        split there: the batch of what fits, an end-of-file marker, the rest in the next
+        segment.
 
         Only a topic's queues are regrouped, never one topic's messages moved past
         another's: what is appended after the messages it describes (an idempotent
         producer's record after each part of a PRODUCE_MULTI, the scheduler's DONE
         record after the deliveries) stays after them in the log, so a torn tail that
-        keeps it keeps them too."""
-        groups: list[tuple[tuple[str, int], list[int]]] = []
+        keeps it keeps them too. A packed batch ends the run it is in, so a queue's
+        messages keep their order around it."""
+        groups: list[tuple[tuple[str, int], list[int] | int]] = []
+        slots: list[int] = []  # where each item's offsets start in the result
         run_topic: str | None = None
         run: dict[tuple[str, int], list[int]] = {}
+        n_out = 0
         for k, m in enumerate(messages):
+            slots.append(n_out)
+            if isinstance(m, PackedBatch):
+                groups.append(((m[0], m[1]), k))
+                run_topic = None
+                n_out += m.messages
+                continue
+            n_out += 1
             if m[0] != run_topic:
                 run_topic, run = m[0], {}
             ident = (m[0], m[1])
@@ -889,29 +921,47 @@ class CommitLog:
                 group = run[ident] = []
                 groups.append((ident, group))
             group.append(k)
+        records = cast(Sequence[RecordTuple], messages)  # where a group's members are
         seg_bytes = self.segment_bytes
         start = pos = chunk_start = self._max_phys
         seg_end = (pos // seg_bytes + 1) * seg_bytes
         seq = self._next_seq
         pending: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-        offsets: list[tuple[str, int, int]] = [("", 0, 0)] * len(messages)
+        offsets: list[tuple[str, int, int]] = [("", 0, 0)] * n_out
         chunk: list[bytes] = []
         ends: dict[tuple[str, int], int] = {}  # a queue met again in a later run
         for ident, members in groups:
             topic, queue = ident
-            raw = raws[members[0]]
             qoff = ends.get(ident, -1)
             if qoff < 0:
                 ix = self._indexes.get(ident)
                 qoff = ix.end if ix is not None else 0
             entries = pending.setdefault(ident, [])
+            if isinstance(members, int):  # a packed batch, as it came
+                b = messages[members]
+                assert isinstance(b, PackedBatch)
+                parts, size = batch_head_parts(
+                    seq=seq, queue_offset=qoff, queue=queue, topic_raw=raws[members],
+                    count=b.messages, first_ts=b.timestamp_ms, records_crc=b.records_crc,
+                    records_len=len(b.records))
+                chunk += parts
+                chunk.append(b.records)
+                entries.append((pos, size, b.messages))
+                at = slots[members]
+                offsets[at:at + b.messages] = [(topic, queue, o) for o in range(qoff, qoff + b.messages)]
+                qoff += b.messages
+                seq += b.messages
+                pos += size
+                ends[ident] = qoff
+                continue
+            raw = raws[members[0]]
             i, n = 0, len(members)
             while i < n:
                 room = seg_end - pos - EOF_MIN - BATCH_END - len(raw)
-                first_ts = messages[members[i]][4]
+                first_ts = records[members[i]][4]
                 j, used = i, 0
                 while j < n:
-                    _t, _q, key, body, ts = messages[members[j]]
+                    _t, _q, key, body, ts = records[members[j]]
                     own = BATCH_RECORD_SIZE + len(body) + (len(key) if key is not None else 0)
                     if used + own > room or not -MAX_DELTA <= ts - first_ts <= MAX_DELTA:
                         break
@@ -926,11 +976,11 @@ class CommitLog:
                     continue
                 parts, size = batch_parts(seq=seq, queue_offset=qoff, queue=queue,
                                           topic_raw=raw,
-                                          messages=[messages[k] for k in members[i:j]])
+                                          messages=[records[k] for k in members[i:j]])
                 chunk += parts
                 entries.append((pos, size, j - i))
                 for k in members[i:j]:
-                    offsets[k] = (topic, queue, qoff)
+                    offsets[slots[k]] = (topic, queue, qoff)
                     qoff += 1
                 seq += j - i
                 pos += size

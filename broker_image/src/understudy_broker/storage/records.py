@@ -46,7 +46,7 @@ log whose active segment is empty still knows where the sequence continues.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -151,6 +151,22 @@ class Message(NamedTuple):
 RecordTuple = tuple[str, int, bytes | None, bytes, int]
 
 
+class PackedBatch(NamedTuple):
+    """Messages of one ``(topic, queue)`` whose records section a producer packed
+    (a batch-form PRODUCE, docs/record-batch.md): :meth:`CommitLog.append` stores the
+    section as it came, under a header it writes, without touching a record. Checked
+    before it gets here: the section is well formed (:func:`records_problem`, every
+    delta 0) and ``records_crc`` is its CRC. ``topic`` and ``queue`` come first, as in a
+    :data:`RecordTuple`."""
+
+    topic: str
+    queue: int
+    records: bytes
+    messages: int  # how many records the section holds
+    timestamp_ms: int  # the first (and every) record's: the broker's clock at arrival
+    records_crc: int
+
+
 class StoredRecord(NamedTuple):
     """A message read back. ``phys_offset`` and ``size`` are those of the item holding it:
     a record, or the batch every message of which has the same two. A named tuple, not a
@@ -249,19 +265,62 @@ def encode_record(
     return (prefix, rest, topic_raw, message.body)
 
 
+def encode_records(messages: Iterable[tuple[bytes | None, bytes, int]]) -> bytes:
+    """A batch's records section from ``(key, body, timestamp delta)`` triples: the one
+    encoder of :data:`BATCH_RECORD` runs (the master's :func:`batch_parts`, and the
+    producer's batch-form PRODUCE, which sends the section the master will store)."""
+    pack = BATCH_RECORD.pack
+    pieces: list[bytes] = []
+    add = pieces.append
+    for key, body, delta in messages:
+        if key is None:
+            add(pack(-1, len(body), delta))
+        else:
+            add(pack(len(key), len(body), delta))
+            add(key)
+        add(body)
+    return b"".join(pieces)
+
+
+def unpacked(items: Sequence[RecordTuple | PackedBatch]) -> list[RecordTuple]:
+    """``items`` with each :class:`PackedBatch` taken apart into its messages."""
+    out: list[RecordTuple] = []
+    for m in items:
+        if isinstance(m, PackedBatch):
+            topic, queue, ts = m.topic, m.queue, m.timestamp_ms
+            out += [(topic, queue, key, body, ts + delta)
+                    for key, body, delta in records_of(m.records, m.messages)]
+        else:
+            out.append(m)
+    return out
+
+
+def batch_head_parts(*, seq: int, queue_offset: int, queue: int, topic_raw: bytes,
+                     count: int, first_ts: int, records_crc: int, records_len: int
+                     ) -> tuple[list[bytes], int]:
+    """The pieces of a batch before its records section (prefix, header, topic) and the
+    batch's total length: the one encoder of a batch's header, for records packed here
+    (:func:`batch_parts`) or by a producer (:class:`PackedBatch`)."""
+    rest = BATCH_HEADER.pack(seq, queue_offset, first_ts, queue, count, len(topic_raw), 0,
+                             records_crc)
+    size = BATCH_END + len(topic_raw) + records_len
+    prefix = BATCH_PREFIX.pack(size, BATCH_MAGIC, crc32(topic_raw, crc32(rest)))
+    return [prefix, rest, topic_raw], size
+
+
 def batch_parts(*, seq: int, queue_offset: int, queue: int, topic_raw: bytes,
                 messages: Sequence[RecordTuple]) -> tuple[list[bytes], int]:
     """The bytes of one batch of ``messages`` (one topic and queue; the first sets the
     batch's timestamp, the others within :data:`MAX_DELTA` of it: the caller's business),
-    as pieces to write one after the other, and their total length. The one encoder of
-    the layout above (:func:`encode_batch` joins the pieces; :meth:`CommitLog.append`
-    writes them). A batch of one is checksummed piece by piece; a larger one's records
-    are joined first, for one CRC over the section."""
+    as pieces to write one after the other, and their total length. The encoder of the
+    layout above for messages the master packs itself (:func:`encode_batch` joins the
+    pieces; :meth:`CommitLog.append` writes them). A batch of one is checksummed piece by
+    piece; a larger one's records are joined first, for one CRC over the section."""
     first_ts = messages[0][4]
-    pack = BATCH_RECORD.pack
+    records: list[bytes]
     if len(messages) == 1:
         _t, _q, key, body, _ts = messages[0]
-        head = pack(-1 if key is None else len(key), len(body), 0)
+        head = BATCH_RECORD.pack(-1 if key is None else len(key), len(body), 0)
         rcrc = crc32(head)
         if key:
             rcrc = crc32(key, rcrc)
@@ -269,24 +328,15 @@ def batch_parts(*, seq: int, queue_offset: int, queue: int, topic_raw: bytes,
         records = [head, key, body] if key else [head, body]
         rlen = BATCH_RECORD_SIZE + (len(key) if key else 0) + len(body)
     else:
-        pieces: list[bytes] = []
-        add = pieces.append
-        for _topic, _queue, key, body, ts in messages:
-            if key is None:
-                add(pack(-1, len(body), ts - first_ts))
-            else:
-                add(pack(len(key), len(body), ts - first_ts))
-                add(key)
-            add(body)
-        section = b"".join(pieces)
+        section = encode_records([(key, body, ts - first_ts)
+                                  for _t, _q, key, body, ts in messages])
         rcrc = crc32(section)
         records = [section]
         rlen = len(section)
-    rest = BATCH_HEADER.pack(seq, queue_offset, first_ts, queue, len(messages),
-                             len(topic_raw), 0, rcrc)
-    size = BATCH_END + len(topic_raw) + rlen
-    prefix = BATCH_PREFIX.pack(size, BATCH_MAGIC, crc32(topic_raw, crc32(rest)))
-    return [prefix, rest, topic_raw, *records], size
+    head_parts, size = batch_head_parts(seq=seq, queue_offset=queue_offset, queue=queue,
+                                        topic_raw=topic_raw, count=len(messages),
+                                        first_ts=first_ts, records_crc=rcrc, records_len=rlen)
+    return head_parts + records, size
 
 
 def encode_batch(*, seq: int, queue_offset: int, messages: Sequence[RecordTuple]) -> bytes:
@@ -306,10 +356,12 @@ def encode_eof_marker(*, length: int, next_seq: int) -> bytes:
     return EOF_MARKER.pack(length, EOF_MAGIC, next_seq) + bytes(length - EOF_MIN)
 
 
-def _records_problem(buf: memoryview, start: int, end: int, count: int) -> str | None:
+def records_problem(buf: memoryview | bytes, start: int, end: int, count: int, *,
+                    stamped: bool = False) -> str | None:
     """Why a batch's records section ``buf[start:end]`` of ``count`` records is not
     well formed (lengths that run over or fall short of the section, a first timestamp
-    other than the header's), or None."""
+    other than the header's; with ``stamped``, any timestamp delta but 0: the broker
+    stamps what a producer sends), or None."""
     unpack = BATCH_RECORD.unpack_from
     p = start
     if count and end - start >= BATCH_RECORD_SIZE and unpack(buf, start)[2] != 0:
@@ -317,13 +369,33 @@ def _records_problem(buf: memoryview, start: int, end: int, count: int) -> str |
     for _ in range(count):
         if p + BATCH_RECORD_SIZE > end:
             return "its records run past its end"
-        klen, blen, _delta = unpack(buf, p)
+        klen, blen, delta = unpack(buf, p)
         if klen < -1:
             return f"a record has key length {klen}"
+        if stamped and delta:
+            return f"a record has timestamp delta {delta} (the broker stamps the time: 0)"
         p += BATCH_RECORD_SIZE + (klen if klen > 0 else 0) + blen
     if p != end:
         return "its record lengths disagree with its length"
     return None
+
+
+def records_of(section: bytes, count: int) -> list[tuple[bytes | None, bytes, int]]:
+    """The ``(key, body, timestamp delta)`` of each record of a well-formed records
+    section (:func:`records_problem` says None): the inverse of :func:`encode_records`."""
+    unpack = BATCH_RECORD.unpack_from
+    out: list[tuple[bytes | None, bytes, int]] = []
+    p = 0
+    for _ in range(count):
+        klen, blen, delta = unpack(section, p)
+        p += BATCH_RECORD_SIZE
+        key: bytes | None = None
+        if klen >= 0:
+            key = section[p : p + klen]
+            p += klen
+        out.append((key, section[p : p + blen], delta))
+        p += blen
+    return out
 
 
 class ItemHead(NamedTuple):
@@ -379,7 +451,7 @@ def check_item(buf: memoryview, pos: int, phys: int) -> ItemHead:
     if _message_item(buf, pos, phys) == RECORD_MAGIC:
         return _record_head(decode_record(buf, pos, phys))
     head, _ts0, rstart = _batch_head(buf, pos, phys)
-    problem = _records_problem(buf, rstart, pos + head.size, head.messages)
+    problem = records_problem(buf, rstart, pos + head.size, head.messages)
     if problem is not None:
         raise CorruptRecordError(f"batch at {phys}: {problem}")
     return head
@@ -533,7 +605,7 @@ def walk(
                 break
             # Unverified (a damaged batch's framing being confirmed), its records are
             # what the damage may have hit; its own length still frames what follows.
-            problem = _records_problem(buf, rstart, end, count) if verify else None
+            problem = records_problem(buf, rstart, end, count) if verify else None
             if problem is not None:
                 out.error = f"batch at {phys}: {problem}"
                 break
