@@ -66,7 +66,14 @@ def example_requests(topic: str, *, queues: int = 4, now_ms: int | None = None
         (p.Op.DESCRIBE_GROUP, p.DescribeGroupRequest("cg").encode()),
         (p.Op.LIST_GROUPS, p.ListGroupsRequest().encode()),
         (p.Op.NACK, p.NackRequest("cg", "member-1", 2, topic, 0, 0, 1000, 3).encode()),
+        (p.Op.PRODUCE_BATCH, p.encode_produce_batches(topic, sorted(msgs, key=_queue))),
+        (p.Op.PRODUCE_BATCH, p.encode_produce_batches(
+            topic, sorted(msgs, key=_queue), producer=(0x5EED, [10, 11, 12]))),
     ]
+
+
+def _queue(message: tuple[int, bytes | None, bytes]) -> int:
+    return message[0]
 
 
 # ------------------------------------------------------------------ mutation
@@ -186,10 +193,14 @@ def produced(data: bytes, *, max_frame_bytes: int) -> list[Sent]:
     out: list[Sent] = []
     with contextlib.suppress(p.FrameError):
         while isinstance(frame := dec.next_frame(), p.Frame):
-            if frame.op != p.Op.PRODUCE or frame.is_response:
+            if frame.op not in (p.Op.PRODUCE, p.Op.PRODUCE_BATCH) or frame.is_response:
                 continue
             try:
-                topic, messages = p.decode_produce(frame.body)
+                if frame.op == p.Op.PRODUCE:
+                    topic, messages = p.decode_produce(frame.body)
+                else:
+                    req = p.decode_produce_batches(frame.body)
+                    topic, messages = req.topic, p.batch_messages(req)
             except p.FrameError:
                 continue
             out += [(topic, q, k, b) for q, k, b in messages]

@@ -67,6 +67,8 @@ def _bodies() -> dict[str, bytes]:
     named.update(_responses())
     named["decode_produce_full"] = p.encode_produce(
         "t", [(0, b"k", b"v"), (1, None, b"")], ("m", 1), [0, 5])
+    named["decode_produce_batches"] = p.encode_produce_batches(
+        "t", [(0, b"k", b"v"), (0, None, b""), (3, None, b"w")], ("m", 1), [0, 0, 5], (4, [0, 1, 0]))
     named["schedule record"] = sch.encode_entry(due_ms=5, topic="t", queue=1, payload=b"x")
     named["retry envelope"] = sch.encode_retry(sch.Retry(1, "t", 0, 9, b"body"))
     named["replication metadata"] = wire.encode_metadata(

@@ -17,6 +17,7 @@ go here, not in ``fuzz/__init__.py``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -129,6 +130,7 @@ def _decoders() -> list[tuple[str, Callable[[bytes], object], tuple[type[BaseExc
             out.append((f"{kind} {op.name}", decode, _PROTOCOL_ERRORS))
     out += [
         ("decode_produce_full", p.decode_produce_full, _PROTOCOL_ERRORS),
+        ("decode_produce_batches", p.decode_produce_batches, _PROTOCOL_ERRORS),
         ("schedule record", sch.decode, (sch.ScheduleError,)),
         ("retry envelope", sch.decode_retry, (sch.ScheduleError,)),
         ("replication metadata", wire.decode_metadata, (wire.ReplicationProtocolError,)),
@@ -156,6 +158,18 @@ def _roundtrip(name: str, value: Any) -> None:
         produce = tuple(p.decode_produce_full(p.encode_produce(*fields)))
         deliver = fields[3] if fields[3] and any(fields[3]) else None
         assert produce == (*fields[:3], deliver, *fields[4:]), "a produce does not round-trip"
+    elif name == "decode_produce_batches":
+        # Every well-formed batch-form body is the one encoding of its messages: each
+        # batch a run of one queue (two batches of one queue in a row re-encode as one).
+        fields = tuple(value)
+        messages = p.batch_messages(value)
+        queues = [b[0] for b in value.batches]
+        if all(a != b for a, b in itertools.pairwise(queues)):
+            deliver = fields[4] if fields[4] and any(fields[4]) else None
+            again = p.decode_produce_batches(p.encode_produce_batches(
+                fields[0], messages, fields[3], deliver, fields[5]))
+            assert again == value._replace(deliver_at=deliver), \
+                "a batch-form produce does not round-trip"
     elif name == "replication metadata":
         frame = wire.encode_metadata(*value)
         metadata = wire.decode_metadata(frame[wire.PUSH_HEADER.size:])

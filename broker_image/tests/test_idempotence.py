@@ -129,8 +129,10 @@ async def test_a_message_that_comes_back_to_a_queue_keeps_its_number_there() -> 
     loop = asyncio.get_running_loop()
 
     def numbers(items: list[_Pending]) -> list[int]:
-        decoded = p.decode_produce_full(prod._encode("t", items))
+        decoded = p.decode_produce_full(prod._encode("t", items, batch=False))
         assert decoded.producer is not None
+        in_batches = p.decode_produce_batches(prod._encode("t", list(items), batch=True))
+        assert in_batches.producer == decoded.producer  # items of one queue: same order
         return list(decoded.producer[1])
 
     a = _Pending(1, None, b"a", loop.create_future(), False, 0.0)

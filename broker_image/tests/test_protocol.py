@@ -64,6 +64,58 @@ def test_a_produce_carries_the_idempotent_producer_numbers_last() -> None:
         p.encode_produce("t", msgs, producer=(3, [1]))
 
 
+@given(topics, st.lists(st.tuples(queues, keys, bodies), max_size=20),
+       st.booleans(), st.booleans())
+def test_batch_form_produce_round_trips_with_every_trailer(
+        topic: str, messages: list[tuple[int, bytes | None, bytes]], lease: bool,
+        numbered: bool) -> None:
+    """A batch-form PRODUCE holds one batch per run of one queue's messages and gives the
+    messages back in order, trailers included (one entry per message, in that order)."""
+    messages.sort(key=lambda m: m[0])
+    n = len(messages)
+    producer = (9, list(range(n))) if numbered else None
+    deliver = [5 * i for i in range(n)] if lease else None
+    body = p.encode_produce_batches(topic, messages, ("m", 3) if lease else None, deliver,
+                                    producer)
+    req = p.decode_produce_batches(body)
+    assert p.batch_messages(req) == messages
+    assert [b[0] for b in req.batches] == sorted({q for q, _k, _b in messages})
+    assert req.total == n
+    assert (req.lease, req.deliver_at, req.producer) == (
+        ("m", 3) if lease else None, deliver if deliver and any(deliver) else None, producer)
+    out = roundtrip(p.ProduceBatchRequest(topic, [p.ProduceMessage(*m) for m in messages]))
+    assert isinstance(out, p.ProduceBatchRequest)
+    assert [(m.queue, m.key, m.body) for m in out.messages] == messages
+
+
+def _one_batch(section: bytes, count: int, crc: int | None = None) -> bytes:
+    head = struct.pack(">IIII", 0, count, zlib.crc32(section) if crc is None else crc,
+                       len(section))
+    return b"\x00\x01t" + struct.pack(">I", 1) + head + section
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (_one_batch(struct.pack(">iIi", -1, 1, 0) + b"x", 1, crc=7), "fail their CRC"),
+    (_one_batch(struct.pack(">iIi", -1, 2, 0) + b"x", 1), "disagree with its length"),
+    (_one_batch(struct.pack(">iIi", -1, 0, 0) + b"x", 1), "disagree with its length"),
+    (_one_batch(struct.pack(">iIi", -1, 1, 0) + b"x", 2), "run past its end"),
+    (_one_batch(struct.pack(">iIi", -1, 1, 0) + b"x", 0), "holds 0 records"),
+    (_one_batch(struct.pack(">iIi", -2, 1, 0) + b"x", 1), "key length -2"),
+    (_one_batch(struct.pack(">iIi", -1, 1, 5) + b"x", 1), "timestamp delta is not 0"),
+    (_one_batch(struct.pack(">iIiiIi", -1, 0, 0, -1, 0, 9), 2), "timestamp delta 9"),
+    (_one_batch(struct.pack(">iIi", -1, 1, 0) + b"x", 1)[:-1], "body truncated"),
+    (_one_batch(struct.pack(">iIi", -1, 1, 0) + b"x", 1) + b"\x07", "trailing bytes"),
+    (b"\x00\x01t" + struct.pack(">I", 1 << 30), "exceeds the body size"),
+])
+def test_a_bad_batch_form_produce_is_refused_with_what_is_wrong(body: bytes,
+                                                              error: str) -> None:
+    """Each batch is checked once (its CRC, its records' lengths, the broker's clock):
+    what disagrees is a BAD_FRAME naming the queue's batch, and nothing is decoded."""
+    with pytest.raises(p.FrameError, match=error) as info:
+        p.decode_produce_batches(body)
+    assert info.value.code == p.Status.BAD_FRAME
+
+
 @given(st.lists(st.tuples(queues, offsets), max_size=50))
 def test_produce_response_roundtrip(pairs: list[tuple[int, int]]) -> None:
     out = roundtrip(p.ProduceResponse(pairs))

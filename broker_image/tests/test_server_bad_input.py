@@ -157,6 +157,14 @@ async def test_truncated_frame_then_hangup_leaves_the_broker_serving(broker: Any
             p.ProduceRequest("safe", [p.ProduceMessage(7, None, b"x")]).encode(),
             p.Status.BAD_REQUEST,
         ),
+        # The batch form: a records section that fails its CRC, a queue the topic does
+        # not have, a delivery time beyond the longest delay.
+        (p.Op.PRODUCE_BATCH, p.encode_produce_batches("safe", [(0, None, b"x")])[:-1] + b"y",
+         p.Status.BAD_FRAME),
+        (p.Op.PRODUCE_BATCH, p.encode_produce_batches("safe", [(7, None, b"x")]),
+         p.Status.BAD_REQUEST),
+        (p.Op.PRODUCE_BATCH, p.encode_produce_batches("safe", [(0, None, b"x")], None, [2**62]),
+         p.Status.BAD_REQUEST),
     ],
 )
 async def test_well_framed_but_invalid_requests_get_a_status_and_keep_the_connection(

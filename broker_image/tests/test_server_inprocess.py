@@ -28,7 +28,7 @@ from understudy_broker.ha.authority import StaticAuthority
 from understudy_broker.model import Permission, Role
 from understudy_broker.server.broker import Broker
 from understudy_broker.server.errors import RequestError
-from understudy_broker.storage.records import MessageTooLargeError
+from understudy_broker.storage.records import MessageTooLargeError, PackedBatch
 from understudy_harness.testing import eventually
 
 pytestmark = pytest.mark.integration
@@ -449,7 +449,7 @@ async def test_a_producer_writing_many_topics_sends_their_batches_in_one_request
         prod._inflight.release()
         prod._kick()
         acked = await asyncio.gather(*futures)
-    assert seen == {p.Op.PRODUCE_MULTI: 1}
+    assert seen == {p.Op.PRODUCE_MULTI_BATCH: 1}
     first = {t: 1 if t == topics[0] else 0 for t in topics}
     sent = [t for _i in range(3) for t in topics]
     for t in topics:
@@ -579,8 +579,9 @@ async def test_one_topic_twice_in_a_request_is_stored_once_per_message(served: A
 
 async def test_a_broker_without_produce_multi_gets_one_topic_per_request(
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An older broker answers UNKNOWN_OPERATION: the producer sends those batches one
-    topic per request and keeps to that; nothing is lost or stored twice."""
+    """An older broker answers UNKNOWN_OPERATION, to the batch form and then to
+    PRODUCE_MULTI: the producer sends message by message, one topic per request, and
+    keeps to that; nothing is lost or stored twice."""
     broker, _auth, addr = served
     topics = ["old1", "old2", "old3"]
     for t in topics:
@@ -589,9 +590,10 @@ async def test_a_broker_without_produce_multi_gets_one_topic_per_request(
     handle = broker.parts.requests.handle
 
     async def older(frame: p.Frame, *args: Any, **kwargs: Any) -> bytes:
-        if frame.op == p.Op.PRODUCE_MULTI:
+        if frame.op in (p.Op.PRODUCE_MULTI, p.Op.PRODUCE_BATCH, p.Op.PRODUCE_MULTI_BATCH):
             seen[frame.op] = seen.get(frame.op, 0) + 1
-            raise RequestError(p.Status.UNKNOWN_OPERATION, "operation 19 is not supported")
+            raise RequestError(p.Status.UNKNOWN_OPERATION,
+                               f"operation {frame.op} is not supported")
         return await handle(frame, *args, **kwargs)
     monkeypatch.setattr(broker.parts.requests, "handle", older)
     async with Producer([addr], batch_size=128, linger_ms=1, max_in_flight=1,
@@ -603,9 +605,82 @@ async def test_a_broker_without_produce_multi_gets_one_topic_per_request(
             prod._inflight.release()
             prod._kick()
             await asyncio.gather(*futures)
-    assert seen.get(p.Op.PRODUCE_MULTI) == 1  # tried once, then never again
+    # Each tried once, then never again.
+    assert seen.get(p.Op.PRODUCE_MULTI_BATCH) == 1
+    assert seen.get(p.Op.PRODUCE_MULTI) == 1
+    assert p.Op.PRODUCE_BATCH not in seen  # the batch form was off by then
     for t in topics:
         assert await pulled(addr, t) == [b"%s-0" % t.encode(), b"%s-1" % t.encode()]
+
+
+async def test_a_producers_batches_are_stored_as_it_packed_them(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The producer sends each queue's records packed as stored (PRODUCE_BATCH): the log
+    gets them as packed batches, one per queue, not message by message; each message is
+    answered at its own offset and read back in the order sent, an idempotent retry of
+    part of a batch included."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="packed", queues=3)
+    log_ = broker.parts.store.log
+    appended: list[list[object]] = []
+    append = log_.append
+
+    def spy(messages: Any) -> Any:
+        appended.append(list(messages))
+        return append(messages)
+    monkeypatch.setattr(log_, "append", spy)
+    seen = count_ops(broker, monkeypatch)
+    async with Producer([addr], batch_size=64, linger_ms=20) as prod:
+        futures = [await prod.send("packed", b"m%d" % i, queue=i % 3) for i in range(30)]
+        acked = await asyncio.gather(*futures)
+    seen.pop(p.Op.GET_ROUTE, None)
+    assert seen == {p.Op.PRODUCE_BATCH: 1}
+    (stored,) = appended
+    batches = [m for m in stored if isinstance(m, PackedBatch)]
+    assert [(b.queue, b.messages) for b in batches] == [(0, 10), (1, 10), (2, 10)]
+    assert acked == [(i % 3, i // 3) for i in range(30)]
+    for q in range(3):
+        assert await pulled(addr, "packed", q) == [b"m%d" % i for i in range(q, 30, 3)]
+    # The same producer numbers again (a retry whose answer was lost): the repeats are
+    # answered with their first offsets, the new message stored once.
+    body = p.encode_produce_batches("packed", [(0, None, b"again"), (0, None, b"new")],
+                                    producer=(77, [0, 1]))
+    first = await request_once(addr, p.Op.PRODUCE_BATCH, body)
+    assert p.ProduceResponse.decode(first.body).offsets == [(0, 10), (0, 11)]
+    body = p.encode_produce_batches("packed", [(0, None, b"new"), (0, None, b"newer")],
+                                    producer=(77, [1, 2]))
+    again = await request_once(addr, p.Op.PRODUCE_BATCH, body)
+    assert p.ProduceResponse.decode(again.body).offsets == [(0, 11), (0, 12)]
+    assert (await pulled(addr, "packed", 0))[10:] == [b"again", b"new", b"newer"]
+
+
+async def test_a_broker_without_the_batch_form_gets_message_by_message_produces(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker from before the batch form answers UNKNOWN_OPERATION to PRODUCE_BATCH:
+    the producer sends that batch again at once as a PRODUCE, and every later one too;
+    nothing is lost or stored twice."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="older", queues=2)
+    seen = count_ops(broker, monkeypatch)
+    handle = broker.parts.requests.handle
+
+    async def older(frame: p.Frame, *args: Any, **kwargs: Any) -> bytes:
+        if frame.op in (p.Op.PRODUCE_BATCH, p.Op.PRODUCE_MULTI_BATCH):
+            seen[frame.op] = seen.get(frame.op, 0) + 1
+            raise RequestError(p.Status.UNKNOWN_OPERATION,
+                               f"operation {frame.op} is not supported")
+        return await handle(frame, *args, **kwargs)
+    monkeypatch.setattr(broker.parts.requests, "handle", older)
+    async with Producer([addr], batch_size=4, linger_ms=1) as prod:
+        for rnd in range(3):
+            futures = [await prod.send("older", b"%d-%d" % (rnd, i), queue=i % 2)
+                       for i in range(4)]
+            assert [o for _q, o in await asyncio.gather(*futures)] == [2 * rnd, 2 * rnd] + \
+                [2 * rnd + 1] * 2
+    seen.pop(p.Op.GET_ROUTE, None)
+    assert seen == {p.Op.PRODUCE_BATCH: 1, p.Op.PRODUCE: 3}
+    assert await pulled(addr, "older", 0) == [b"%d-%d" % (r, i) for r in range(3)
+                                              for i in (0, 2)]
 
 
 def pull_part(topic: str, queue: int, offset: int = 0, wait_ms: int = 0) -> bytes:

@@ -998,6 +998,10 @@ class _Room:
         self._free += 1
 
 
+def _queue_of(item: _Pending) -> int:
+    return item.queue
+
+
 def _resolve(items: list[_Pending], resp: p.ProduceResponse) -> None:
     """An acknowledged batch: each message's future gets its (queue, offset)."""
     for i, (q, off) in zip(items, resp.offsets, strict=False):
@@ -1351,6 +1355,12 @@ class Producer:
         # and each paid a request's fsync and replication round. Off for good once a
         # broker answers UNKNOWN_OPERATION (an older broker: one topic per request).
         self._multi = True
+        # Batches travel in batch form (PRODUCE_BATCH, PRODUCE_MULTI_BATCH): each
+        # queue's records packed as the broker stores them, so the master stores them
+        # without touching a record (docs/record-batch.md, step 2). Off for good once a
+        # broker answers UNKNOWN_OPERATION to it (an older broker: the message-by-message
+        # form, which every broker takes).
+        self._batch_form = True
         self._rr: dict[str, itertools.count[int]] = {}
         #: (topic, avoided group) -> (route, fault table version, valid until, live
         #: queues, the queues to pick from): :meth:`_pick`'s last judgement.
@@ -1388,10 +1398,14 @@ class Producer:
         if event is not None:
             event.set()
 
-    def _encode(self, topic: str, items: Sequence[_Pending],
-                lease: p.ProduceLease | None = None) -> bytes:
-        """A PRODUCE body for ``items``; an idempotent producer numbers each message for
-        its queue the first time it goes there and sends the same number on a retry."""
+    def _encode(self, topic: str, items: list[_Pending], lease: p.ProduceLease | None = None,
+                *, batch: bool) -> bytes:
+        """A PRODUCE body for ``items``, in batch form with ``batch`` (``items`` are then
+        put in queue order, each queue's in the order sent: the answer's offsets follow
+        that order); an idempotent producer numbers each message for its queue the first
+        time it goes there and sends the same number on a retry."""
+        if batch:
+            items.sort(key=_queue_of)
         producer: p.ProducerSeqs | None = None
         if self.producer_id is not None:
             numbers = []
@@ -1403,8 +1417,19 @@ class Producer:
                     self._next_seq[key] = seq + 1
                 numbers.append(seq)
             producer = (self.producer_id, numbers)
-        return p.encode_produce(topic, [(i.queue, i.key, i.body) for i in items], lease,
-                                [i.deliver_at for i in items], producer)
+        encode = p.encode_produce_batches if batch else p.encode_produce
+        return encode(topic, [(i.queue, i.key, i.body) for i in items], lease,
+                      [i.deliver_at for i in items], producer)
+
+    def _old_broker(self, exc: BrokerError, batch: bool, where: object) -> bool:
+        """Whether ``exc`` says the broker does not know the batch form just sent (an
+        older broker): the producer then sends message by message from now on."""
+        if not batch or exc.status != p.Status.UNKNOWN_OPERATION:
+            return False
+        if self._batch_form:
+            log.info("%s takes no batch-form produce: sending message by message", where)
+            self._batch_form = False
+        return True
 
     async def _queues(self, topic: str) -> list[int]:
         live = self.router.live_queues(topic)
@@ -1624,14 +1649,17 @@ class Producer:
     async def _send_batches_once(self, group: str, batches: list[tuple[str, list[_Pending]]]
                                  ) -> list[tuple[str, list[_Pending]]]:
         """One attempt; returns the batches to send again on their own."""
-        body = p.ProduceMultiRequest([self._encode(t, items) for t, items in batches]).encode()
+        batch = self._batch_form
+        body = p.ProduceMultiRequest([self._encode(t, items, batch=batch)
+                                      for t, items in batches]).encode()
+        op = p.Op.PRODUCE_MULTI_BATCH if batch else p.Op.PRODUCE_MULTI
         async with self._window(group), self._inflight:
             started = time.monotonic()
             conn: Connection | None = None
             try:
                 conn = await self.router.connection(Permission.WRITE, group)
                 pending = asyncio.ensure_future(conn.request(
-                    p.Op.PRODUCE_MULTI, body, epoch=self.router.epoch_of(group),
+                    op, body, epoch=self.router.epoch_of(group),
                     timeout_s=self.router.request_timeout_s))
                 if self.hedge_after_s is not None:
                     done, _ = await asyncio.wait({pending}, timeout=self.hedge_after_s)
@@ -1642,9 +1670,11 @@ class Producer:
             except BrokerError as exc:
                 # Refused whole, before any part was looked at (an older broker, not the
                 # writer, a stale epoch): each batch's own path meets and handles it.
-                if exc.status == p.Status.UNKNOWN_OPERATION:
-                    log.info("%s takes one topic per produce (no PRODUCE_MULTI)",
-                             conn.address if conn is not None else group)
+                where = conn.address if conn is not None else group
+                if self._old_broker(exc, batch, where):
+                    pass  # sent again on their own, message by message
+                elif exc.status == p.Status.UNKNOWN_OPERATION:
+                    log.info("%s takes one topic per produce (no PRODUCE_MULTI)", where)
                     self._multi = False
                 return batches
             except (ConnectionError, OSError, TimeoutError, p.FrameError) as exc:
@@ -1684,7 +1714,10 @@ class Producer:
             return
         if not retry:  # a retry was counted by its caller (_send_batches)
             await self._behind_retries(topic, group)
-        body = self._encode(topic, items)
+        # acks=0 is never answered, so an older broker's refusal would go unseen: it
+        # sends message by message, which every broker takes.
+        batch = self._batch_form and self.acks != 0
+        body = self._encode(topic, items, batch=batch)
         backoff = Backoff(self.retry_backoff_s, 2.0)
         retrying = retry
         async with self._window(group), self._inflight:
@@ -1703,7 +1736,7 @@ class Producer:
                                     i.future.set_result((i.queue, -1))
                             return
                         pending = asyncio.ensure_future(conn.request(
-                            p.Op.PRODUCE,
+                            p.Op.PRODUCE_BATCH if batch else p.Op.PRODUCE,
                             body,
                             epoch=self.router.epoch_of(group),
                             timeout_s=self.router.request_timeout_s,
@@ -1719,6 +1752,10 @@ class Producer:
                         _resolve(items, resp)
                         return
                     except BrokerError as exc:
+                        if self._old_broker(exc, batch, conn.address if conn else group):
+                            batch = False  # refused before anything was looked at
+                            body = self._encode(topic, items, batch=batch)
+                            continue
                         if not _worth_retrying(exc):
                             _fail(items, exc)
                             return
@@ -1747,7 +1784,8 @@ class Producer:
                         retrying = True
                         self._retrying[(topic, group)] = self._retrying.get((topic, group), 0) + 1
                     await self.router.pause(backoff.next(), group, Permission.WRITE, used_epoch)
-                    body = self._encode(topic, items)
+                    batch = batch and self._batch_form
+                    body = self._encode(topic, items, batch=batch)
             finally:
                 if retrying:
                     self._retry_done(topic, group)
@@ -1801,15 +1839,19 @@ class Producer:
             conn: Connection | None = None
             moved = self._head_moved.setdefault(topic, asyncio.Event())
             group = self._to_send_head(topic, group, items)  # the head the route names now
+            batch = self._batch_form
             try:
                 conn = await self.router.connection(Permission.WRITE, group)
-                body = self._encode(topic, items, lead.lease)
+                body = self._encode(topic, items, lead.lease, batch=batch)
                 resp = p.ProduceResponse.decode(await _unless(moved, conn.request(
-                    p.Op.PRODUCE, body, epoch=self.router.epoch_of(group),
+                    p.Op.PRODUCE_BATCH if batch else p.Op.PRODUCE, body,
+                    epoch=self.router.epoch_of(group),
                     timeout_s=self.router.request_timeout_s)))
                 _resolve(items, resp)
                 return
             except BrokerError as exc:
+                if self._old_broker(exc, batch, conn.address if conn else group):
+                    continue  # refused before anything was looked at: sent again at once
                 if exc.status == p.Status.NOT_OWNER:  # refused before the append
                     log.info("ordered produce to %s refused: %s", topic, exc.message)
                     lead.refused()

@@ -38,6 +38,7 @@ from typing import Any, Final, NamedTuple, Self
 
 from understudy_broker.checksum import crc32
 from understudy_broker.model import TopicNameError, check_topic_name, normalize_snapshot
+from understudy_broker.storage import records as stored_format
 
 MAGIC: Final = 0x5553
 VERSION: Final = 1
@@ -82,6 +83,8 @@ class Op(enum.IntEnum):
     SECURITY_ADMIN = 18  # users and ACLs: create, delete, list; add, remove, list; whoami
     PRODUCE_MULTI = 19  # several PRODUCE bodies (one per topic) in one request, one answer each
     PULL_MULTI = 20  # several PULLs (one per queue) in one long poll, one answer each
+    PRODUCE_BATCH = 21  # PRODUCE in batch form: each queue's records packed as stored
+    PRODUCE_MULTI_BATCH = 22  # PRODUCE_MULTI whose parts are in batch form
 
 
 class Status(enum.IntEnum):
@@ -370,6 +373,10 @@ class _Reader:
     def pos(self) -> int:
         return self._pos
 
+    @property
+    def data(self) -> bytes:
+        return self._data
+
     def seek(self, pos: int) -> None:
         self._pos = pos
 
@@ -550,18 +557,25 @@ def encode_produce(topic: str, messages: Sequence[tuple[int, bytes | None, bytes
     ordered topic; ``deliver_at``, one delivery time (ms since the epoch; 0: now) per
     message (docs/delayed.md); ``producer``, an idempotent producer's id and one sequence
     number per message (docs/idempotence.md)."""
-    body = _encode_messages(topic, messages)
+    return _encode_messages(topic, messages) + _trailers(len(messages), lease, deliver_at,
+                                                         producer)
+
+
+def _trailers(count: int, lease: ProduceLease | None, deliver_at: Sequence[int] | None,
+              producer: ProducerSeqs | None) -> bytes:
+    """The trailers of a PRODUCE of ``count`` messages, either form (:func:`encode_produce`)."""
+    body = b""
     if lease is not None:
         member, generation = lease
         body += bytes([_LEASE_MARK]) + _string(member) + _LEASE_GEN.pack(generation)
     if deliver_at is not None and any(deliver_at):
-        if len(deliver_at) != len(messages):
+        if len(deliver_at) != count:
             raise ValueError("one delivery time per message")
         body += bytes([_DELIVER_MARK]) + _PRODUCE_HEAD.pack(len(deliver_at)) + struct.pack(
             f">{len(deliver_at)}q", *deliver_at)
     if producer is not None:
         pid, seqs = producer
-        if len(seqs) != len(messages):
+        if len(seqs) != count:
             raise ValueError("one sequence number per message")
         body += (bytes([_PRODUCER_MARK]) + _PRODUCER_ID.pack(pid)
                  + _PRODUCE_HEAD.pack(len(seqs)) + struct.pack(f">{len(seqs)}Q", *seqs))
@@ -632,6 +646,15 @@ def decode_produce_full(body: bytes) -> ProduceBody:
             raise _bad("body truncated")
         append((queue, key, body[pos:end]))
         pos = end
+    lease, deliver, producer = _decode_trailers(r, pos, count)
+    return ProduceBody(topic, out, lease, deliver, producer)
+
+
+def _decode_trailers(r: _Reader, pos: int, count: int
+                     ) -> tuple[ProduceLease | None, list[int] | None, ProducerSeqs | None]:
+    """The trailers of a PRODUCE of ``count`` messages from ``pos`` to the body's end."""
+    body = r.data
+    size = len(body)
     lease: ProduceLease | None = None
     if pos < size and body[pos] == _LEASE_MARK:
         r.seek(pos + 1)
@@ -662,7 +685,114 @@ def decode_produce_full(body: bytes) -> ProduceBody:
         pos = r.pos
     if pos != size:
         raise _bad(f"{size - pos} unexpected trailing bytes")
-    return ProduceBody(topic, out, lease, deliver, producer)
+    return lease, deliver, producer
+
+
+# ---- the batch form (PRODUCE_BATCH, PRODUCE_MULTI_BATCH; docs/record-batch.md, step 2)
+
+_BATCH_HEAD = struct.Struct(
+    ">"
+    "I"  # queue
+    "I"  # record count, >= 1
+    "I"  # records crc: crc32 of the records section
+    "I"  # records section length
+)
+
+
+class ProduceBatches(NamedTuple):
+    """A decoded batch-form PRODUCE: per batch ``(queue, count, records section, records
+    crc)``, checked (the CRC matches, the section holds exactly ``count`` well-formed
+    records, every timestamp delta 0), ``total`` messages in all, and the trailers (one
+    entry per message, in batch then record order)."""
+
+    topic: str
+    batches: list[tuple[int, int, bytes, int]]
+    total: int  # messages in all
+    lease: ProduceLease | None = None
+    deliver_at: list[int] | None = None
+    producer: ProducerSeqs | None = None
+
+
+def encode_produce_batches(topic: str, messages: Sequence[tuple[int, bytes | None, bytes]],
+                           lease: ProduceLease | None = None,
+                           deliver_at: Sequence[int] | None = None,
+                           producer: ProducerSeqs | None = None) -> bytes:
+    """A batch-form PRODUCE body: one batch per run of consecutive messages to one queue
+    (the caller puts each queue's messages together; the answer's offsets follow this
+    order), each the records section the master stores as it is, with its CRC. The
+    trailers are :func:`encode_produce`'s, one entry per message in this order."""
+    pieces = [_string(topic), _PRODUCE_HEAD.pack(0)]
+    batches = 0
+    n = len(messages)
+    i = 0
+    while i < n:
+        queue = messages[i][0]
+        j = i + 1
+        while j < n and messages[j][0] == queue:
+            j += 1
+        section = stored_format.encode_records([(k, b, 0) for _q, k, b in messages[i:j]])
+        pieces += [_BATCH_HEAD.pack(queue, j - i, crc32(section), len(section)), section]
+        batches += 1
+        i = j
+    pieces[1] = _PRODUCE_HEAD.pack(batches)
+    pieces.append(_trailers(n, lease, deliver_at, producer))
+    return b"".join(pieces)
+
+
+def decode_produce_batches(body: bytes) -> ProduceBatches:
+    """A batch-form PRODUCE body (:func:`encode_produce_batches`), every batch checked
+    once: its CRC over the section (one C call) and its records' lengths (one unpack a
+    record, no copy). BAD_FRAME when anything disagrees."""
+    r = _Reader(body)
+    topic = r.string()
+    (n,) = r.unpack(_PRODUCE_HEAD)
+    if n * _BATCH_HEAD.size > len(body):
+        raise _bad(f"batch count {n} exceeds the body size")
+    batches: list[tuple[int, int, bytes, int]] = []
+    count = 0
+    for _ in range(n):
+        queue, records, crc, length = r.unpack(_BATCH_HEAD)
+        start = r.pos
+        section = r.take(length)
+        if records < 1:
+            raise _bad(f"a batch of queue {queue} holds {records} records")
+        if crc32(section) != crc:
+            raise _bad(f"the records of queue {queue}'s batch fail their CRC")
+        problem = stored_format.records_problem(body, start, start + length, records, stamped=True)
+        if problem is not None:
+            raise _bad(f"queue {queue}'s batch: {problem}")
+        batches.append((queue, records, section, crc))
+        count += records
+    lease, deliver, producer = _decode_trailers(r, r.pos, count)
+    return ProduceBatches(topic, batches, count, lease, deliver, producer)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceBatchRequest:
+    """PRODUCE_BATCH's body by message (tools and tests; the producer and the broker use
+    :func:`encode_produce_batches` and :func:`decode_produce_batches`)."""
+
+    topic: str
+    messages: Sequence[ProduceMessage]
+
+    def encode(self) -> bytes:
+        return encode_produce_batches(self.topic,
+                                      [(m.queue, m.key, m.body) for m in self.messages])
+
+    @classmethod
+    def decode(cls, body: bytes) -> Self:
+        return cls(*_by_message(decode_produce_batches(body)))
+
+
+def _by_message(req: ProduceBatches) -> tuple[str, list[ProduceMessage]]:
+    return req.topic, [ProduceMessage(q, k, b) for q, k, b in batch_messages(req)]
+
+
+def batch_messages(req: ProduceBatches) -> list[tuple[int, bytes | None, bytes]]:
+    """The ``(queue, key, body)`` of every message of a batch-form PRODUCE, in order (what
+    :func:`decode_produce` gives for the other form)."""
+    return [(queue, key, value) for queue, records, section, _crc in req.batches
+            for key, value, _delta in stored_format.records_of(section, records)]
 
 
 #: The offset a PRODUCE answers for a delayed message: it has none until it is due.
@@ -753,6 +883,11 @@ class ProduceMultiRequest(MultiRequest):
     costs for all of them (docs/broker.md, "PRODUCE_MULTI")."""
 
     __slots__ = ()
+
+
+class ProduceMultiBatchRequest(MultiRequest):
+    """PRODUCE_MULTI_BATCH: PRODUCE_MULTI whose parts are batch-form PRODUCE bodies
+    (:func:`encode_produce_batches`); answered as PRODUCE_MULTI is."""
 
 
 class PullMultiRequest(MultiRequest):
@@ -1763,6 +1898,8 @@ REQUEST_TYPES: Final[Mapping[Op, type]] = {
     Op.SECURITY_ADMIN: SecurityAdminRequest,
     Op.PRODUCE_MULTI: ProduceMultiRequest,
     Op.PULL_MULTI: PullMultiRequest,
+    Op.PRODUCE_BATCH: ProduceBatchRequest,
+    Op.PRODUCE_MULTI_BATCH: ProduceMultiBatchRequest,
 }
 RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.CREATE_TOPIC: CreateTopicResponse,
@@ -1784,6 +1921,8 @@ RESPONSE_TYPES: Final[Mapping[Op, type]] = {
     Op.SECURITY_ADMIN: SecurityAdminResponse,
     Op.PRODUCE_MULTI: ProduceMultiResponse,
     Op.PULL_MULTI: PullMultiResponse,
+    Op.PRODUCE_BATCH: ProduceResponse,
+    Op.PRODUCE_MULTI_BATCH: ProduceMultiResponse,
 }
 
 

@@ -64,7 +64,8 @@ def nofile_wanted(max_connections: int, reserve: int = FD_RESERVE) -> int:
     return max_connections + reserve
 
 
-_PRODUCES = frozenset({p.Op.PRODUCE, p.Op.PRODUCE_MULTI})
+_PRODUCES = frozenset({p.Op.PRODUCE, p.Op.PRODUCE_MULTI, p.Op.PRODUCE_BATCH,
+                       p.Op.PRODUCE_MULTI_BATCH})
 
 
 def waits_for_memory(op: int, size: int) -> bool:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from understudy_broker import idempotence as idem
 from understudy_broker import protocol as p
-from understudy_broker.scheduling import SCHEDULE_TOPIC
 from understudy_broker.storage.commitlog import CommitLog, DamagedRecordError
-from understudy_broker.storage.records import RecordTuple
+from understudy_broker.storage.records import PackedBatch, RecordTuple
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class ProducePlan:
     the offset its first copy got, :data:`idempotence.SCHEDULED` for a delayed one) and
     ``kept`` (the request index of each new message, in append order)."""
 
-    messages: list[RecordTuple]
+    messages: list[RecordTuple | PackedBatch]
     repeats: dict[int, int]
     kept: list[int]
     producer: int = 0
@@ -111,26 +110,37 @@ class Producers:
             yield [rec.body for rec in got]
             offset = got[-1].queue_offset + 1
 
-    def plan(self, topic: str, producer: p.ProducerSeqs, queues: Sequence[int],
-             messages: Sequence[RecordTuple], now_ms: int) -> ProducePlan:
-        """Split one PRODUCE into repeats and new messages, and add the record that
-        remembers where the new ones go. ``queues[i]`` is the queue message ``i`` was
-        sent to; ``messages[i]`` is it as the log will store it (a delayed one is a
-        schedule entry by then). Offsets are those the append will give: nothing may
-        suspend between this and the append."""
+    def repeats(self, topic: str, producer: p.ProducerSeqs, queues: Sequence[int]
+                ) -> dict[int, int]:
+        """Request index -> the offset its first copy got, for the messages of one
+        PRODUCE stored before (:data:`idempotence.SCHEDULED` for a delayed one)."""
         pid, seqs = producer
-        repeats = self.table().repeats(pid, topic, queues, seqs)
+        return self.table().repeats(pid, topic, queues, seqs)
+
+    def plan(self, topic: str, producer: p.ProducerSeqs, queues: Sequence[int],
+             messages: Sequence[RecordTuple | PackedBatch], now_ms: int, *,
+             repeats: dict[int, int], delayed: Container[int] = ()) -> ProducePlan:
+        """Split one PRODUCE into repeats (:meth:`repeats`) and new messages, and add the
+        record that remembers where the new ones go. ``queues[i]`` is the queue message
+        ``i`` was sent to, ``delayed`` holds the indexes of delayed messages (stored in
+        the schedule, without an offset yet). ``messages`` are what the log will store:
+        one per message when there are repeats; packed batches may stand for several
+        otherwise. Offsets are those the append will give: nothing may suspend between
+        this and the append."""
+        pid, seqs = producer
         # No repeat (a new batch: the common case): every message, without a test each.
-        kept = (list(range(len(messages))) if not repeats
-                else [i for i in range(len(messages)) if i not in repeats])
+        kept = (list(range(len(queues))) if not repeats
+                else [i for i in range(len(queues)) if i not in repeats])
         if not kept:
             return ProducePlan([], repeats, kept)
+        if repeats and len(messages) != len(queues):
+            raise ValueError("a plan with repeats takes one message per request message")
         next_offset: dict[int, int] = {}
         stored: list[tuple[int, int, int]] = []
         queue_end = self._log.queue_end
         for i in kept:
             q = queues[i]
-            if messages[i][0] == SCHEDULE_TOPIC:
+            if i in delayed:
                 stored.append((q, seqs[i], idem.SCHEDULED))
                 continue
             at = next_offset.get(q)
@@ -140,7 +150,8 @@ class Producers:
             stored.append((q, seqs[i], at))
         runs = idem.runs_of(stored)
         record = (idem.PRODUCERS_TOPIC, 0, None, idem.encode_record(pid, topic, runs), now_ms)
-        new = list(messages) if not repeats else [messages[i] for i in kept]
+        new: list[RecordTuple | PackedBatch] = (list(messages) if not repeats
+                                                else [messages[i] for i in kept])
         new.append(record)
         return ProducePlan(new, repeats, kept, pid, topic, runs)
 

@@ -52,7 +52,13 @@ from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
 from understudy_broker.storage.commitlog import DamagedRecordError
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
-from understudy_broker.storage.records import CommitLogError, RecordTuple, StoredRecord
+from understudy_broker.storage.records import (
+    CommitLogError,
+    PackedBatch,
+    RecordTuple,
+    StoredRecord,
+    unpacked,
+)
 from understudy_broker.storage.store import Store
 from understudy_broker.topology import TopicPlanError
 
@@ -134,14 +140,15 @@ async def acknowledged(waits: Sequence[Awaitable[None]]) -> None:
         raise storage_failed(exc, "flushing the log", undone=False) from exc
 
 
-def _merge_repeats(raw: Sequence[tuple[int, bytes | None, bytes]], plan: ProducePlan,
+def _merge_repeats(queues: Sequence[int], plan: ProducePlan,
                    stored: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """One ``(queue, offset)`` per request message: a repeat gets the offset its first
-    copy got, a new one the offset it was stored at (``stored``, in ``plan.kept`` order;
-    the producer record after them is not answered)."""
+    """One ``(queue, offset)`` per request message (``queues[i]``: the queue message ``i``
+    went to): a repeat gets the offset its first copy got, a new one the offset it was
+    stored at (``stored``, in ``plan.kept`` order; the producer record after them is not
+    answered)."""
     out: list[tuple[int, int]] = []
     it = iter(stored)
-    for i, (q, _k, _b) in enumerate(raw):
+    for i, q in enumerate(queues):
         first = plan.repeats.get(i)
         if first is None:
             out.append(next(it))
@@ -151,6 +158,9 @@ def _merge_repeats(raw: Sequence[tuple[int, bytes | None, bytes]], plan: Produce
 
 
 _DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: The operations whose PRODUCE bodies are in batch form, and each multi's part's op.
+_BATCH_FORM: Final = frozenset({p.Op.PRODUCE_BATCH})
+_PART_OP: Final[dict[int, p.Op]] = {p.Op.PRODUCE_MULTI: p.Op.PRODUCE, p.Op.PRODUCE_MULTI_BATCH: p.Op.PRODUCE_BATCH}
 
 
 def _offset(record: StoredRecord) -> int:
@@ -191,9 +201,13 @@ class _Part:
     :meth:`Requests._checked_produce` -> ``_ready`` -> ``_append`` -> ``_answer``."""
 
     topic: str
-    raw: Sequence[tuple[int, bytes | None, bytes]]
+    queues: list[int]  # the queue of each message, in request order
     started: float  # perf_counter at arrival: the produce latency metric
-    messages: list[RecordTuple] = dataclasses.field(default_factory=list)
+    # Each message as (queue, key, body); None while a batch-form part's batches stand
+    # for them (unpack() makes them when needed).
+    raw: Sequence[tuple[int, bytes | None, bytes]] | None = None
+    messages: list[RecordTuple | PackedBatch] = dataclasses.field(default_factory=list)
+    extra: int = 0  # messages beyond one per item of ``messages`` (its packed batches)
     producer: p.ProducerSeqs | None = None
     now_ms: int = 0
     ordered: bool = False
@@ -201,6 +215,19 @@ class _Part:
     head_epoch: int | None = None
     plan: ProducePlan | None = None
     stored: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """The messages the request holds."""
+        return len(self.queues)
+
+    def unpack(self) -> None:
+        """Store this part message by message (its packed batches taken apart)."""
+        if self.raw is None:
+            messages = unpacked(self.messages)
+            self.raw = [(q, k, b) for _t, q, k, b, _ts in messages]
+            self.messages = list(messages)
+            self.extra = 0
 
 
 class Requests:
@@ -248,6 +275,8 @@ class Requests:
             p.Op.CREATE_TOPIC: self._create_topic,
             p.Op.PRODUCE: self._produce,
             p.Op.PRODUCE_MULTI: self._produce_multi,
+            p.Op.PRODUCE_BATCH: self._produce,
+            p.Op.PRODUCE_MULTI_BATCH: self._produce_multi,
             p.Op.PULL: self._pull,
             p.Op.PULL_MULTI: self._pull_multi,
             p.Op.COMMIT_OFFSET: self._commit_offset,
@@ -487,29 +516,51 @@ class Requests:
         await between the two (batches of one connection keep their order, and the
         producer table cannot change between a plan and its append). WRITE is checked
         here and again right before the append (``part_of_multi``: only there, once for
-        the whole request)."""
+        the whole request).
+
+        A batch-form body (PRODUCE_BATCH, a PRODUCE_MULTI_BATCH part) is stored batch by
+        batch as the producer packed it (docs/record-batch.md, step 2), unless it holds
+        delayed messages or a message that might be too large to deliver: those are
+        handled message by message, as the other form is."""
         started = time.perf_counter()
         if not part_of_multi:
             self._require_write(frame)
-        req = p.decode_produce_full(frame.body)
-        topic, raw = req.topic, req.messages
+        limit = self._cfg.max_frame_bytes
+        # Only a frame near the limit can hold such a message: no per-message cost else.
+        large = p.pulled_frame_bytes(None, frame.body) > limit
+        batches: list[tuple[int, int, bytes, int]] | None = None
+        if frame.op in _BATCH_FORM:
+            breq = p.decode_produce_batches(frame.body)
+            req = p.ProduceBody(breq.topic, [], breq.lease, breq.deliver_at, breq.producer)
+            if breq.deliver_at is not None or large:
+                req = req._replace(messages=p.batch_messages(breq))
+            else:
+                batches = breq.batches
+        else:
+            req = p.decode_produce_full(frame.body)
+        topic = req.topic
         await self._guard.require(who, Resource.TOPIC, topic, "produce")
         queues = self._queues(topic)
-        part = _Part(topic, raw, started)
-        if not raw:
+        if batches is None:
+            raw = req.messages
+            part = _Part(topic, [q for q, _k, _b in raw], started, raw)
+        else:
+            ids: list[int] = []
+            for q, n, _section, _crc in batches:
+                ids += [q] * n
+            part = _Part(topic, ids, started)
+        if not part.queues:
             return part
         now_ms = int(time.time() * 1000)
-        bad = [q for q, _k, _b in raw if q >= queues]
+        sent_to = set(part.queues) if batches is None else {b[0] for b in batches}
+        bad = sorted(q for q in sent_to if q >= queues)
         if bad:
             raise RequestError(
                 p.Status.BAD_REQUEST,
                 f"queue {bad[0]} does not exist: topic {topic!r} has {queues} queues",
             )
-        self._check_placed(topic, {q for q, _k, _b in raw})
-        limit = self._cfg.max_frame_bytes
-        # Only a frame near the limit can hold such a message: no per-message cost else.
-        large = p.pulled_frame_bytes(None, frame.body) > limit
-        for i, (_q, k, b) in enumerate(raw if large else ()):
+        self._check_placed(topic, sent_to)
+        for i, (_q, k, b) in enumerate(part.raw if large and part.raw is not None else ()):
             if p.pulled_frame_bytes(k, b) > limit:
                 # It fits the produce frame (a smaller header), but the PULL answer that
                 # carries it would not: stored, it would stop every consumer at its offset.
@@ -519,23 +570,33 @@ class Requests:
                     f"could never be delivered: the pull answer carrying it would be "
                     f"{p.pulled_frame_bytes(k, b)} bytes, over the {limit}-byte frame limit")
         part.ordered = self._ordered(topic)
-        part.scheduled = self._scheduled(topic, raw, req.deliver_at, now_ms, part.ordered)
+        if part.raw is not None:
+            part.scheduled = self._scheduled(topic, part.raw, req.deliver_at, now_ms,
+                                             part.ordered)
         if part.ordered:
             self._check_send_head(topic)
             # Suspends only while our watch catches up with a producer generation newer
             # than ours (one batch of an ordered topic in flight per producer); the head
             # is checked again by _ready, with no suspension before the append.
-            await self._check_producer(topic, raw[0][0], req.lease)
-        # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
-        messages = [(topic, q, k, b, now_ms) for q, k, b in raw]
-        if part.scheduled is not None:
-            # Delayed messages are stored in the group's schedule (docs/delayed.md).
-            for i, due in part.scheduled:
-                q, k, b = raw[i]
-                messages[i] = (sch.SCHEDULE_TOPIC, 0, k,
-                               sch.encode_entry(due_ms=due, topic=topic, queue=q, payload=b),
-                               now_ms)
-        part.messages = messages
+            await self._check_producer(topic, part.queues[0], req.lease)
+        if batches is not None:
+            part.messages = [PackedBatch(topic, q, section, n, now_ms, crc)
+                             for q, n, section, crc in batches]
+            part.extra = part.count - len(batches)
+        else:
+            # Plain tuples, not Message objects: the log takes either, tuples are cheaper.
+            raw = req.messages
+            messages: list[RecordTuple | PackedBatch] = [(topic, q, k, b, now_ms)
+                                                         for q, k, b in raw]
+            if part.scheduled is not None:
+                # Delayed messages are stored in the group's schedule (docs/delayed.md).
+                for i, due in part.scheduled:
+                    q, k, b = raw[i]
+                    messages[i] = (sch.SCHEDULE_TOPIC, 0, k,
+                                   sch.encode_entry(due_ms=due, topic=topic, queue=q,
+                                                    payload=b),
+                                   now_ms)
+            part.messages = messages
         part.producer = req.producer
         part.now_ms = now_ms
         return part
@@ -545,12 +606,15 @@ class Requests:
         it and :meth:`_append`."""
         if part.ordered:
             part.head_epoch = self._check_send_head(part.topic)
-        if part.producer is not None and part.raw:
+        if part.producer is not None and part.count:
             # An idempotent producer: messages stored before are answered, not stored
             # again, and the new ones are remembered in the same append (invariant 8).
-            part.plan = self.producers.plan(part.topic, part.producer,
-                                            [q for q, _k, _b in part.raw], part.messages,
-                                            part.now_ms)
+            repeats = self.producers.repeats(part.topic, part.producer, part.queues)
+            if repeats:
+                part.unpack()  # only some of a batch's messages are stored
+            part.plan = self.producers.plan(
+                part.topic, part.producer, part.queues, part.messages, part.now_ms,
+                repeats=repeats, delayed={i for i, _due in part.scheduled or ()})
             part.messages = part.plan.messages
 
     def _append(self, parts: Sequence[_Part]) -> tuple[int, int]:
@@ -568,8 +632,9 @@ class Requests:
             raise storage_failed(exc, "appending") from exc
         at = 0
         for part in parts:
-            part.stored = result.queue_offsets[at:at + len(part.messages)]
-            at += len(part.messages)
+            n = len(part.messages) + part.extra
+            part.stored = result.queue_offsets[at:at + n]
+            at += n
             if part.plan is not None and part.messages:
                 self.producers.stored(part.plan)
         self._readable.appended(result.end_phys, {(m[0], m[1]) for m in messages})
@@ -583,7 +648,7 @@ class Requests:
         one wait for every part (none when no part holds a message: an empty PRODUCE is
         answered at once; a batch of repeats waits as its first copy would)."""
         try:
-            if any(part.raw for part in parts):
+            if any(part.count for part in parts):
                 await self._readable.wait_acknowledged(end, start)
         except RequestError as exc:
             return [exc] * len(parts)
@@ -597,7 +662,7 @@ class Requests:
 
     def _answer(self, part: _Part) -> bytes:
         """A stored, acknowledged part's ProduceResponse."""
-        if not part.raw:
+        if not part.count:
             return p.ProduceResponse([]).encode()
         if part.head_epoch is not None:
             self._check_still_head(part.topic, part.head_epoch)
@@ -606,14 +671,14 @@ class Requests:
         plan = part.plan
         if plan is not None:
             self._metrics.produce_repeats(len(plan.repeats))
-            offsets = _merge_repeats(part.raw, plan, offsets)
+            offsets = _merge_repeats(part.queues, plan, offsets)
         self._metrics.messages_in(
-            len(part.messages) - (1 if plan is not None and part.messages else 0))
+            len(part.messages) + part.extra - (1 if plan is not None and part.messages else 0))
         self._metrics.produce_latency(time.perf_counter() - part.started)
         if part.scheduled is not None:
             self._scheduler.wake()
             # A delayed message's answer names the queue it was sent to.
-            offsets = [(part.raw[i][0], o) if o == p.SCHEDULED_OFFSET else (q, o)
+            offsets = [(part.queues[i], o) if o == p.SCHEDULED_OFFSET else (q, o)
                        for i, (q, o) in enumerate(offsets)]
         return p.ProduceResponse(offsets).encode()
 
@@ -625,13 +690,13 @@ class Requests:
         closes the append before it (its second part's plan must see the first stored);
         a storage refusal of the append is answered by every part in it."""
         self._require_write(frame)
-        parts = p.ProduceMultiRequest.decode(frame.body).parts
+        parts = p.MultiRequest.decode(frame.body).parts
         results: list[tuple[int, bytes] | None] = [None] * len(parts)
         checked: list[tuple[int, _Part]] = []
         for i, body in enumerate(parts):
             try:
                 checked.append((i, await self._checked_produce(
-                    dataclasses.replace(frame, op=p.Op.PRODUCE, body=body), who,
+                    dataclasses.replace(frame, op=_PART_OP[frame.op], body=body), who,
                     part_of_multi=True)))
             except RequestError as exc:
                 results[i] = (exc.status, exc.message.encode())
