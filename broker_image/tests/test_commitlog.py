@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import zlib
 from pathlib import Path
@@ -26,6 +27,7 @@ from understudy_broker.storage.records import (
     MessageTooLargeError,
     PackedBatch,
     StoredRecord,
+    decode_item,
     encode_records,
 )
 
@@ -391,3 +393,36 @@ def test_a_packed_batch_past_the_segments_end_is_stored_message_by_message(
         assert {r.phys_offset // SEG for r in got} == {0, 1}
     finally:
         log.close()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches=batches_st, max_bytes=st.integers(1, 5000), start=st.integers(0, 30))
+def test_stored_items_hold_what_a_read_gives(batches: list[list[Message]], max_bytes: int,
+                                            start: int) -> None:
+    """read_items hands on the stored items whole, checked, undecoded (PULL_BATCH): from
+    any offset, decoding them from there gives the messages read gives, and at least one
+    item when any message is there; the items' byte budget is kept after the first."""
+    with tempfile.TemporaryDirectory() as d:
+        log = CommitLog.open(Path(d), segment_bytes=SEG)
+        try:
+            for b in batches:
+                log.append(b)
+            for topic, queue in expected_by_queue(batches):
+                end = log.queue_end(topic, queue)
+                items = log.read_items(topic, queue, start, max_bytes=max_bytes,
+                                       max_records=1 << 20)
+                assert bool(items) == (start < end)
+                if not items:
+                    continue
+                assert items[0].first <= start < items[0].end
+                assert all(a.end == b.first for a, b in itertools.pairwise(items))
+                assert sum(len(i.data) for i in items[:-1]) < max_bytes
+                decoded = [r for i in items
+                           for r in decode_item(memoryview(i.data), 0, 0)[1]
+                           if r.queue_offset >= start]
+                want = log.read(topic, queue, start, max_bytes=1 << 30,
+                                max_records=items[-1].end - start)
+                assert [(r.queue_offset, r.key, r.body, r.timestamp_ms) for r in decoded] == \
+                    [(r.queue_offset, r.key, r.body, r.timestamp_ms) for r in want]
+        finally:
+            log.close()

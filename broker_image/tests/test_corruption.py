@@ -83,6 +83,8 @@ def test_a_damaged_record_in_an_old_segment_is_named_and_never_served(
         assert "t/1 offset 3" in str(err)
         with pytest.raises(DamagedRecordError):
             log.read("t", 1, 3, max_bytes=1, max_records=1)
+        with pytest.raises(DamagedRecordError):  # nor handed on whole (PULL_BATCH)
+            log.read_items("t", 1, 3, max_bytes=1 << 20, max_records=100)
         # Reported once, however often it is read; skipping it serves the rest.
         assert found == [err]
         assert [r.body for r in read_all(log, "t", 1, 4)] == [
@@ -365,6 +367,10 @@ def test_a_damaged_batch_is_refused_whole_skipped_whole_and_mended_from_a_copy(
                     read_all(slave, "t", 0, start)
                 assert (info.value.offset, info.value.next_offset) == (start, 10)
                 assert info.value.first_offset == 5
+                with pytest.raises(DamagedRecordError, match=r"t/0 offsets 5\.\.9"):
+                    slave.read_items("t", 0, start, max_bytes=1 << 20, max_records=100)
+                assert [i.end for i in slave.read_items("t", 0, 0, max_bytes=1 << 20,
+                                                        max_records=100)] == [5]
             assert len(found) == 1
             assert read_all(slave, "t", 0, 10) == everything[10:]
             assert slave.damaged_phys() == [victim.phys_offset]

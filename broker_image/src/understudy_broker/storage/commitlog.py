@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal, NamedTuple, cast
 
 from understudy_broker.checksum import crc32
 from understudy_broker.storage.durability import durable_replace, fsync_dir, write_all
@@ -82,6 +82,7 @@ from understudy_broker.storage.records import (
     check_item,
     decode_item,
     encode_eof_marker,
+    item_head,
     topic_bytes,
     unpacked,
     walk,
@@ -148,6 +149,15 @@ class ReplicationCorruptError(CommitLogError):
 
 
 # ---- value types -------------------------------------------------------------------
+class RawItem(NamedTuple):
+    """A stored item (batch or record) as :meth:`CommitLog.read_items` gives it: the
+    queue offsets it holds, ``[first, end)``, and its bytes."""
+
+    first: int
+    end: int
+    data: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     start_phys: int
@@ -1211,12 +1221,27 @@ class CommitLog:
         names) before its messages are returned. The messages before a damaged one are
         returned; a read that starts at a damaged one raises :class:`DamagedRecordError`,
         which names it and the offset after it, so a reader can skip it."""
+        return self._read(topic, queue, offset, max_bytes, max_records, raw=False)[0]
+
+    def read_items(
+        self, topic: str, queue: int, offset: int, *, max_bytes: int, max_records: int
+    ) -> list[RawItem]:
+        """:meth:`read`, but the stored items themselves (batches, records), each whole
+        and checked (framing, CRCs, what the index names) without decoding a message:
+        what a PULL_BATCH answer carries. The first may hold messages before ``offset``;
+        ``max_bytes`` counts items' bytes (at least one item), ``max_records`` bounds
+        where the last item may start."""
+        return self._read(topic, queue, offset, max_bytes, max_records, raw=True)[1]
+
+    def _read(self, topic: str, queue: int, offset: int, max_bytes: int, max_records: int,
+              *, raw: bool) -> tuple[list[StoredRecord], list[RawItem]]:
         ix = self._indexes.get((topic, queue))
+        out: list[StoredRecord] = []
+        items: list[RawItem] = []
         if ix is None or max_records <= 0:
-            return []
+            return out, items
         offset = max(offset, ix.base)
         stop = min(ix.end, offset + max_records)
-        out: list[StoredRecord] = []
         total = 0
         i = offset
         seg_bytes = self.segment_bytes
@@ -1244,29 +1269,40 @@ class CommitLog:
                 j = e2
             buf = memoryview(os.pread(self._read_fd(base), span_end - phys, phys - base))
             for p, first, begin, last in run:
+                at = p - phys
+                recs: list[StoredRecord] = []
                 try:
-                    head, recs, used = decode_item(
-                        buf, p - phys, p, first=first - begin, limit=min(last, stop) - first,
-                        budget=max_bytes - total, must=not out)
+                    if raw:
+                        head, used = item_head(buf, at, p), 0
+                    else:
+                        head, recs, used = decode_item(
+                            buf, at, p, first=first - begin, limit=min(last, stop) - first,
+                            budget=max_bytes - total, must=not out)
                 except CorruptRecordError as exc:
                     problem = str(exc).partition(f" at {p}: ")[2] or str(exc)
                 else:
                     if (head.queue_offset == begin and head.messages == last - begin
                             and head.queue == queue and head.topic == topic):
+                        if raw:
+                            items.append(RawItem(begin, last, bytes(buf[at:at + head.size])))
+                            total += head.size
+                            if total >= max_bytes:
+                                return out, items
+                            continue
                         out += recs
                         total += used
                         if first + len(recs) < min(last, stop):
-                            return out  # the byte budget ends inside this item
+                            return out, items  # the byte budget ends inside this item
                         continue
                     problem = (f"the index of {topic}/{queue} points here, but the item here "
                                f"holds {head.topic}/{head.queue} offsets {head.queue_offset}.."
                                f"{head.queue_offset + head.messages - 1}")
-                if out:
-                    return out  # the intact records before it; the next read reports it
+                if out or items:
+                    return out, items  # the intact ones before it; the next read reports it
                 raise self._damaged_record(topic, queue, first, p, problem,
                                            first_offset=begin, next_offset=last)
             i = j
-        return out
+        return out, items
 
     def _damaged_record(self, topic: str, queue: int, offset: int, phys: int,
                         reason: str, *, first_offset: int | None = None,

@@ -457,6 +457,15 @@ def check_item(buf: memoryview, pos: int, phys: int) -> ItemHead:
     return head
 
 
+def item_head(buf: memoryview, pos: int, phys: int) -> ItemHead:
+    """The batch or record at ``buf[pos:]``, its framing and CRCs checked but not its
+    records decoded (a batch's record lengths were checked by its writer; the CRCs say
+    they are unchanged): what a read that hands on stored bytes checks."""
+    if _message_item(buf, pos, phys) == RECORD_MAGIC:
+        return _record_head(decode_record(buf, pos, phys))
+    return _batch_head(buf, pos, phys)[0]
+
+
 def decode_item(buf: memoryview, pos: int, phys: int, *, first: int = 0,
                 limit: int | None = None, budget: int | None = None, must: bool = True
                 ) -> tuple[ItemHead, list[StoredRecord], int]:
