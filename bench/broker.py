@@ -337,7 +337,10 @@ def run_understudy(
         out = summarize(name, n, seconds, lat)
         out.update(meter.per_message(name, n))
         console.print(f"  {out[f'{name}_produce_msgs_per_s']:,.0f} msg/s, p99 {out[f'{name}_produce_ack_p99_ms']} ms; consuming ...")
+        meter = CpuMeter([proc.pid for proc in procs.procs])
         out[f"{name}_consume_msgs_per_s"] = round(asyncio.run(understudy_consume(address, "bench", n + 1)), 1)
+        # The consume phase's CPU too (<name>_consume_server_cpu_us_per_msg, ...).
+        out.update(meter.per_message(f"{name}_consume", n + 1))
     return out
 
 
