@@ -69,6 +69,7 @@ def example_requests(topic: str, *, queues: int = 4, now_ms: int | None = None
         (p.Op.PRODUCE_BATCH, p.encode_produce_batches(topic, sorted(msgs, key=_queue))),
         (p.Op.PRODUCE_BATCH, p.encode_produce_batches(
             topic, sorted(msgs, key=_queue), producer=(0x5EED, [10, 11, 12]))),
+        (p.Op.PULL_BATCH, p.PullRequest(topic, 0, 1, 65536, 0).encode()),
     ]
 
 

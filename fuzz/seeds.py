@@ -23,6 +23,7 @@ from understudy_broker.storage.records import (
     EOF_MIN,
     Message,
     RecordTuple,
+    encode_batch,
     encode_eof_marker,
     encode_record,
     record_size,
@@ -50,6 +51,10 @@ def _responses() -> dict[str, bytes]:
     pulled = [p.PulledRecord(0, 1, None, b"a"), p.PulledRecord(1, 2, b"k", b"bb")]
     return {
         "response PULL": p.PullResponse(2, 0, 2, pulled).encode(),
+        "response PULL_BATCH": p.encode_pull_batches(3, 0, 3, 1, [
+            encode_batch(seq=0, queue_offset=0, messages=MESSAGES[:1] * 2),
+            b"".join(encode_record(seq=2, queue_offset=2, message=Message(*MESSAGES[2]),
+                                   topic_raw=b"orders"))]),
         "response PRODUCE": p.ProduceResponse([(0, 5), (1, 9)]).encode(),
         "response GET_ROUTE": route.encode(),
         "response COMMIT_OFFSET": p.OffsetsResponse({0: 3, 1: None}).encode(),

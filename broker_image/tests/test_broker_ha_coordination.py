@@ -623,7 +623,9 @@ async def test_a_queue_with_no_pull_out_at_the_kill_reports_its_reads_restored_o
     admin.create(config_path(GROUP), group.config.to_json(), makepath=True)
     try:
         m, bootstrap = await started_with_topic(group, admin)
-        async with Producer(bootstrap) as producer:
+        # One message a request, so one a stored batch: a pull answer (whole batches)
+        # holds a few of them.
+        async with Producer(bootstrap, batch_size=1) as producer:
             await asyncio.gather(*[await producer.send("t", b"r%d" % i + b"." * 300, queue=0)
                                    for i in range(60)])
         # One batch buffered at most, and small pulls: the loop soon holds a pull's answer

@@ -6,13 +6,20 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from understudy_broker import protocol as p
-from understudy_broker.storage.records import InvalidMessageError, topic_bytes
+from understudy_broker.storage.records import (
+    InvalidMessageError,
+    Message,
+    encode_batch,
+    encode_record,
+    topic_bytes,
+)
 
 topics = st.text(alphabet="abcXYZ019._-", min_size=1, max_size=30).filter(
     lambda t: t not in (".", ".."))
@@ -411,3 +418,33 @@ def test_a_corrupt_record_message_names_the_offset_and_where_to_skip_to(
     assert p.corrupt_record_skip_to(message) == offset + span
     assert p.corrupt_record_skip_to(p.corrupt_record_message(offset, detail)) == offset + 1
     assert p.corrupt_record_skip_to("no such thing") is None
+
+
+def test_a_pull_batch_answer_gives_the_messages_from_its_from_offset() -> None:
+    """PULL_BATCH carries stored items (batches, and records of the older format) as
+    they are; the client checks each and gives the messages from the answer's from
+    offset on: the first item may start before it."""
+    batch = encode_batch(seq=10, queue_offset=4, messages=[
+        ("t", 1, None, b"four", 100), ("t", 1, b"k", b"five", 101), ("t", 1, None, b"six", 103)])
+    record = b"".join(encode_record(seq=13, queue_offset=7, topic_raw=b"t",
+                                    message=Message("t", 1, None, b"seven", 104)))
+    body = p.encode_pull_batches(8, 0, 9, 5, [batch, record])
+    resp = p.decode_pull_batches(body)
+    assert (resp.next_offset, resp.queue_start, resp.queue_end) == (8, 0, 9)
+    assert resp.records == [p.PulledRecord(5, 101, b"k", b"five"),
+                            p.PulledRecord(6, 103, None, b"six"),
+                            p.PulledRecord(7, 104, None, b"seven")]
+    assert p.PullBatchResponse.decode(p.encode_pull_batches(4, 0, 4, 4, [])).records == []
+
+
+@pytest.mark.parametrize(("cut", "error"), [
+    (lambda b: b[:-1], "damaged"),  # the last item's bytes end early
+    (lambda b: b[:60] + bytes([b[60] ^ 1]) + b[61:], "damaged"),  # a flipped bit
+    (lambda b: b + b"\x00", "trailing bytes"),  # more than the items it counts
+    (lambda b: b[:32] + b"\x00\x00\x00\x02" + b[36:], "truncated"),  # fewer than it counts
+])
+def test_a_damaged_pull_batch_answer_is_a_bad_frame(cut: Any, error: str) -> None:
+    batch = encode_batch(seq=0, queue_offset=0, messages=[("t", 0, None, b"x" * 40, 1)])
+    with pytest.raises(p.FrameError, match=error) as info:
+        p.decode_pull_batches(cut(p.encode_pull_batches(1, 0, 1, 0, [batch])))
+    assert info.value.code == p.Status.BAD_FRAME

@@ -654,6 +654,26 @@ async def test_a_producers_batches_are_stored_as_it_packed_them(
     assert (await pulled(addr, "packed", 0))[10:] == [b"again", b"new", b"newer"]
 
 
+async def test_a_pull_batch_is_answered_with_the_stored_batches_and_gives_what_a_pull_does(
+        served: Any) -> None:
+    """PULL_BATCH's answer is the stored batches as they are (the broker decodes no
+    message), from the one holding the asked offset; decoded, it gives what PULL gives."""
+    broker, _auth, addr = served
+    await create_topic([addr], topic="stored", queues=1)
+    body = p.encode_produce_batches("stored", [(0, None, b"m%d" % i) for i in range(10)])
+    assert (await request_once(addr, p.Op.PRODUCE_BATCH, body)).status == p.Status.OK
+    (item,) = broker.parts.store.log.read_items("stored", 0, 0, max_bytes=1 << 20,
+                                                max_records=100)
+    for offset in (0, 3, 9):
+        ask = p.PullRequest("stored", 0, offset, 1 << 20, 0).encode()
+        batch = await request_once(addr, p.Op.PULL_BATCH, ask)
+        plain = await request_once(addr, p.Op.PULL, ask)
+        assert batch.body.endswith(item.data)  # the stored batch, whole
+        assert p.decode_pull_batches(batch.body) == p.PullResponse.decode(plain.body)
+        assert [r.body for r in p.decode_pull_batches(batch.body).records] == \
+            [b"m%d" % i for i in range(offset, 10)]
+
+
 async def test_a_broker_without_the_batch_form_gets_message_by_message_produces(
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker from before the batch form answers UNKNOWN_OPERATION to PRODUCE_BATCH:
@@ -759,14 +779,18 @@ async def test_a_consumer_pulls_its_queues_on_one_broker_in_one_request(
     finally:
         await consumer.close()
     assert got == {q: [b"%d-%d" % (q, i) for i in range(5)] for q in range(4)}
-    # Four queues: the loops' pulls travel together, not one request per queue each.
-    assert seen.get(p.Op.PULL_MULTI, 0) > seen.get(p.Op.PULL, 0)
+    # Four queues: the loops' pulls travel together, not one request per queue each (in
+    # the batch form: answered with the stored batches).
+    assert seen.get(p.Op.PULL_MULTI_BATCH, 0) > seen.get(p.Op.PULL_BATCH, 0)
+    assert not seen.get(p.Op.PULL)
+    assert not seen.get(p.Op.PULL_MULTI)
 
 
 async def test_a_broker_without_pull_multi_gets_one_pull_per_queue(
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An older broker answers PULL_MULTI with UNKNOWN_OPERATION: the consumer pulls each
-    queue on its own from then on and misses nothing."""
+    """An older broker answers PULL_MULTI with UNKNOWN_OPERATION (and the batch form
+    before it): the consumer pulls each queue on its own from then on and misses
+    nothing."""
     broker, _auth, addr = served
     await create_topic([addr], topic="oldq", queues=3)
     seen: dict[int, int] = {}
@@ -774,8 +798,9 @@ async def test_a_broker_without_pull_multi_gets_one_pull_per_queue(
 
     async def older(frame: p.Frame, *args: Any, **kwargs: Any) -> bytes:
         seen[frame.op] = seen.get(frame.op, 0) + 1
-        if frame.op == p.Op.PULL_MULTI:
-            raise RequestError(p.Status.UNKNOWN_OPERATION, "operation 20 is not supported")
+        if frame.op in (p.Op.PULL_MULTI, p.Op.PULL_BATCH, p.Op.PULL_MULTI_BATCH):
+            raise RequestError(p.Status.UNKNOWN_OPERATION,
+                               f"operation {frame.op} is not supported")
         return await handle(frame, *args, **kwargs)
     monkeypatch.setattr(broker.parts.requests, "handle", older)
     consumer = Consumer([addr], group="g", topic="oldq", max_wait_ms=200)
@@ -791,7 +816,10 @@ async def test_a_broker_without_pull_multi_gets_one_pull_per_queue(
     finally:
         await consumer.close()
     assert sorted(got) == [b"0", b"1", b"2"]
-    assert seen.get(p.Op.PULL_MULTI) == 1  # tried once, then never again
+    # Each tried once (on the consumer's one connection: the batch form by the pulls in
+    # flight when its first refusal came back), then never again.
+    assert seen.get(p.Op.PULL_MULTI) == 1
+    assert 1 <= seen.get(p.Op.PULL_MULTI_BATCH, 0) + seen.get(p.Op.PULL_BATCH, 0) <= 3
     assert seen.get(p.Op.PULL, 0) > 3
 
 

@@ -159,7 +159,7 @@ class _PullBatch:
 
     epoch: int
     timeout_s: float
-    parts: list[tuple[bytes, asyncio.Future[bytes]]] = field(default_factory=list)
+    parts: list[tuple[bytes, asyncio.Future[p.PullResponse]]] = field(default_factory=list)
 
 
 class Connection:
@@ -186,6 +186,10 @@ class Connection:
         self._pull_batch: _PullBatch | None = None
         self._pull_tasks: set[asyncio.Task[None]] = set()
         self._multi_pull = True  # until the broker answers PULL_MULTI with UNKNOWN_OPERATION
+        # Pulls are answered with the stored batches (PULL_BATCH, PULL_MULTI_BATCH), which
+        # this side checks and decodes (docs/record-batch.md, step 3), until the broker
+        # answers them with UNKNOWN_OPERATION (an older broker: PULL, PULL_MULTI).
+        self._batch_pull = True
         self._task = asyncio.create_task(self._read_loop())
 
     @classmethod
@@ -285,17 +289,19 @@ class Connection:
             raise broker_error(frame.status, p.error_message(frame), address=self.address)
         return frame.body
 
-    def pull(self, body: bytes, *, epoch: int, timeout_s: float) -> asyncio.Future[bytes]:
-        """A PULL's answer body, or its error, as ``request(Op.PULL, body)`` gives them.
+    def pull(self, body: bytes, *, epoch: int, timeout_s: float
+             ) -> asyncio.Future[p.PullResponse]:
+        """A PULL's answer, decoded, or its error (as ``request(Op.PULL, body)`` raises it).
 
         The pulls made on this connection in one event-loop turn travel in one PULL_MULTI
         (a consumer's queues on one broker, woken together by one produce, pull again
         together): one request's fixed costs for all of them on both sides, as Kafka's
         fetch carries every partition a consumer reads from a broker. The broker answers
         the whole as soon as any part has records. A broker that does not know PULL_MULTI
-        gets one PULL each from then on."""
+        gets one PULL each from then on. Both are sent in their batch form (answered with
+        the stored batches, checked and decoded here) to a broker that knows it."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bytes] = loop.create_future()
+        fut: asyncio.Future[p.PullResponse] = loop.create_future()
         batch = self._pull_batch
         if batch is None or batch.epoch != epoch:
             batch = self._pull_batch = _PullBatch(epoch, timeout_s)
@@ -310,33 +316,51 @@ class Connection:
         self._pull_tasks.add(task)
         task.add_done_callback(self._pull_tasks.discard)
 
+    def _older(self, exc: BrokerError, stored: bool) -> bool:
+        """Whether ``exc`` says this broker does not know the form of pull just sent
+        (``stored``: the batch form): the next form down is used from then on (the batch
+        form goes first, then PULL_MULTI)."""
+        if exc.status != p.Status.UNKNOWN_OPERATION:
+            return False
+        if stored:
+            if self._batch_pull:
+                log.info("%s answers no batch-form pull: asks for messages", self.address)
+                self._batch_pull = False
+        elif self._multi_pull:
+            log.info("%s takes one queue per pull (no PULL_MULTI)", self.address)
+            self._multi_pull = False
+        return True
+
     async def _pulls(self, batch: _PullBatch) -> None:
         parts = [(body, fut) for body, fut in batch.parts if not fut.done()]  # not abandoned
         try:
-            if len(parts) > 1 and self._multi_pull:
+            while len(parts) > 1 and self._multi_pull:
+                stored = self._batch_pull
                 try:
                     answer = await self.request(
-                        p.Op.PULL_MULTI, p.PullMultiRequest([b for b, _f in parts]).encode(),
+                        p.Op.PULL_MULTI_BATCH if stored else p.Op.PULL_MULTI,
+                        p.PullMultiRequest([b for b, _f in parts]).encode(),
                         epoch=batch.epoch, timeout_s=batch.timeout_s)
                 except BrokerError as exc:
-                    if exc.status != p.Status.UNKNOWN_OPERATION:
+                    if not self._older(exc, stored):
                         raise
-                    log.info("%s takes one queue per pull (no PULL_MULTI)", self.address)
-                    self._multi_pull = False
-                else:
-                    results = p.PullMultiResponse.decode(answer).results
-                    if len(results) != len(parts):
-                        raise p.FrameError(p.Status.BAD_FRAME, f"{len(results)} answers to "
-                                           f"a PULL_MULTI of {len(parts)} parts")
-                    for (_b, fut), (status, part) in zip(parts, results, strict=True):
-                        if fut.done():
-                            continue
-                        if status == p.Status.OK:
-                            fut.set_result(part)
-                        else:
-                            fut.set_exception(broker_error(
-                                status, part.decode("utf-8", "replace"), address=self.address))
-                    return
+                    continue
+                results = p.PullMultiResponse.decode(answer).results
+                if len(results) != len(parts):
+                    raise p.FrameError(p.Status.BAD_FRAME, f"{len(results)} answers to "
+                                       f"a PULL_MULTI of {len(parts)} parts")
+                for (_b, fut), (status, part) in zip(parts, results, strict=True):
+                    if fut.done():
+                        continue
+                    if status != p.Status.OK:
+                        fut.set_exception(broker_error(
+                            status, part.decode("utf-8", "replace"), address=self.address))
+                        continue
+                    try:
+                        fut.set_result(_pulled(part, stored))
+                    except p.FrameError as exc:  # this part's answer is damaged
+                        fut.set_exception(exc)
+                return
             if len(parts) == 1:
                 await self._pull_one(*parts[0], batch)
             else:
@@ -347,16 +371,26 @@ class Connection:
         except Exception as exc:  # the request failed as a whole: every part with it
             _fail_futures(parts, exc)
 
-    async def _pull_one(self, body: bytes, fut: asyncio.Future[bytes], batch: _PullBatch) -> None:
-        try:
-            answer = await self.request(p.Op.PULL, body, epoch=batch.epoch,
-                                        timeout_s=batch.timeout_s)
-        except Exception as exc:
-            if not fut.done():
-                fut.set_exception(exc)
-        else:
-            if not fut.done():
-                fut.set_result(answer)
+    async def _pull_one(self, body: bytes, fut: asyncio.Future[p.PullResponse],
+                        batch: _PullBatch) -> None:
+        while True:
+            stored = self._batch_pull
+            try:
+                answer = await self.request(p.Op.PULL_BATCH if stored else p.Op.PULL, body,
+                                            epoch=batch.epoch, timeout_s=batch.timeout_s)
+                resp = _pulled(answer, stored)
+            except BrokerError as exc:
+                if stored and self._older(exc, stored):
+                    continue
+                if not fut.done():
+                    fut.set_exception(exc)
+            except Exception as exc:
+                if not fut.done():
+                    fut.set_exception(exc)
+            else:
+                if not fut.done():
+                    fut.set_result(resp)
+            return
 
     async def exchange(
         self, op: p.Op, body: bytes, *, epoch: int = 0, timeout_s: float = 30.0
@@ -996,6 +1030,12 @@ class _Room:
                 fut.set_result(None)
                 return
         self._free += 1
+
+
+def _pulled(answer: bytes, stored: bool) -> p.PullResponse:
+    """A PULL answer, in the batch form (the stored items: checked and decoded here) or
+    the other."""
+    return p.decode_pull_batches(answer) if stored else p.PullResponse.decode(answer)
 
 
 def _queue_of(item: _Pending) -> int:
@@ -2027,7 +2067,7 @@ async def _abandon(task: asyncio.Future[T]) -> None:
             await task
 
 
-def _fail_futures(parts: Sequence[tuple[bytes, asyncio.Future[bytes]]],
+def _fail_futures(parts: Sequence[tuple[bytes, asyncio.Future[p.PullResponse]]],
                   exc: BaseException) -> None:
     for _body, fut in parts:
         if not fut.done():
@@ -2109,6 +2149,11 @@ class Consumer(_GroupMember):
     record. ``commit()`` stores, per queue, the offset after the last record handed out
     by :meth:`getmany`/iteration — call it after processing (at-least-once).
     ``ownership_log`` records ``(wall time, "acquire"|"release", queue)`` for checkers.
+
+    ``max_bytes`` bounds one pull's answer per queue: messages' bytes from a broker that
+    answers message by message; whole stored batches (at least one) from one that
+    answers with them (PULL_BATCH), so one answer may hold a producer's whole batch of
+    that queue, as a Kafka fetch returns a first record batch larger than its limit.
     """
 
     def __init__(
@@ -2471,9 +2516,9 @@ class Consumer(_GroupMember):
                     return
                 conn = await router.connection(Permission.READ, group)
                 sent_ns, used_epoch = time.time_ns(), router.epoch_of(group)
-                resp = p.PullResponse.decode(await router.unless_moved(
+                resp = await router.unless_moved(
                     group, Permission.READ, conn.address, conn.pull(
-                        req.encode(), epoch=used_epoch, timeout_s=router.request_timeout_s)))
+                        req.encode(), epoch=used_epoch, timeout_s=router.request_timeout_s))
             except BrokerError as exc:
                 if exc.status == p.Status.NOT_OWNER:
                     log.info("pull %s/%d: %s", self.topic, queue, exc.message)

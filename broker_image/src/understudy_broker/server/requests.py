@@ -25,7 +25,7 @@ import errno
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 from understudy_broker import idempotence as idem
 from understudy_broker import protocol as p
@@ -50,7 +50,7 @@ from understudy_broker.server.producers import ProducePlan, Producers
 from understudy_broker.server.readable import ReadableEnd
 from understudy_broker.server.replica import Replica
 from understudy_broker.server.scheduler import Escaper, NoWritableQueue, Scheduler
-from understudy_broker.storage.commitlog import DamagedRecordError
+from understudy_broker.storage.commitlog import DamagedRecordError, RawItem
 from understudy_broker.storage.offsets import RESERVED_PREFIX, encode_commit_record
 from understudy_broker.storage.records import (
     CommitLogError,
@@ -160,11 +160,24 @@ def _merge_repeats(queues: Sequence[int], plan: ProducePlan,
 _DISK_FULL: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: The operations whose PRODUCE bodies are in batch form, and each multi's part's op.
 _BATCH_FORM: Final = frozenset({p.Op.PRODUCE_BATCH})
-_PART_OP: Final[dict[int, p.Op]] = {p.Op.PRODUCE_MULTI: p.Op.PRODUCE, p.Op.PRODUCE_MULTI_BATCH: p.Op.PRODUCE_BATCH}
+#: The long polls answered with stored items (PULL_BATCH's answer).
+_STORED_ANSWERS: Final = frozenset({p.Op.PULL_BATCH, p.Op.PULL_MULTI_BATCH})
+_PART_OP: Final[dict[int, p.Op]] = {p.Op.PRODUCE_MULTI: p.Op.PRODUCE,
+                                     p.Op.PRODUCE_MULTI_BATCH: p.Op.PRODUCE_BATCH}
 
 
-def _offset(record: StoredRecord) -> int:
-    return record.queue_offset
+#: What a read of a queue gives: messages (PULL), or stored items (PULL_BATCH).
+Read = StoredRecord | RawItem
+
+
+def _first(read: StoredRecord | RawItem) -> int:
+    return read.first if isinstance(read, RawItem) else read.queue_offset
+
+
+def _answer_bytes(read: list[Read]) -> int:
+    """What a read puts in a PULL answer: messages' keys and bodies, or items whole."""
+    return sum(len(r.data) if isinstance(r, RawItem) else len(r.body) + len(r.key or b"")
+               for r in read)
 
 
 def storage_failed(exc: OSError, doing: str, *, undone: bool = True) -> RequestError:
@@ -279,6 +292,8 @@ class Requests:
             p.Op.PRODUCE_MULTI_BATCH: self._produce_multi,
             p.Op.PULL: self._pull,
             p.Op.PULL_MULTI: self._pull_multi,
+            p.Op.PULL_BATCH: self._pull,
+            p.Op.PULL_MULTI_BATCH: self._pull_multi,
             p.Op.COMMIT_OFFSET: self._commit_offset,
             p.Op.FETCH_OFFSET: self._fetch_offset,
             p.Op.GET_ROUTE: self._get_route,
@@ -296,7 +311,8 @@ class Requests:
         }
         # Long polls (LONG_POLLS) take the connection's output room too.
         self._long_polls: dict[int, Callable[[p.Frame, Session, OutputRoom], Awaitable[bytes]]] = {
-            p.Op.PULL: self._pull, p.Op.PULL_MULTI: self._pull_multi}
+            p.Op.PULL: self._pull, p.Op.PULL_MULTI: self._pull_multi,
+            p.Op.PULL_BATCH: self._pull, p.Op.PULL_MULTI_BATCH: self._pull_multi}
 
     async def handle(self, frame: p.Frame, room: OutputRoom = always_room,
                      who: Session = INTERNAL) -> bytes:
@@ -819,7 +835,10 @@ class Requests:
         budget = min(self._cfg.max_frame_bytes // 2, self._cfg.limits.max_unsent_bytes)
         wait_ms = min((req.max_wait_ms for req in live.values()), default=0)
         deadline = time.monotonic() + min(wait_ms, 60_000) / 1000
-        read: dict[int, tuple[int, int, int, list[StoredRecord]]] = {}
+        # PULL_BATCH: the stored items themselves, checked but not decoded (the client
+        # decodes them); PULL: the messages, decoded here and encoded for the answer.
+        raw = frame.op in _STORED_ANSWERS
+        read: dict[int, tuple[int, int, int, list[Read]]] = {}
         while live:
             while await room():  # the connection can take the answer: nothing held here
                 await self._recheck(frame, live, out)
@@ -840,19 +859,26 @@ class Requests:
                 start = lg.queue_start(req.topic, req.queue)
                 end = lg.queue_end(req.topic, req.queue)
                 offset = max(req.offset, start)
+                limit = max(1, min(req.max_bytes, left))
+                records: list[Read] = []
                 try:
-                    records = lg.read(req.topic, req.queue, offset,
-                                      max_bytes=max(1, min(req.max_bytes, left)),
-                                      max_records=PULL_MAX_RECORDS) if left > 0 else []
+                    if left > 0 and raw:
+                        records += lg.read_items(req.topic, req.queue, offset,
+                                                 max_bytes=limit, max_records=PULL_MAX_RECORDS)
+                    elif left > 0:
+                        records += lg.read(req.topic, req.queue, offset, max_bytes=limit,
+                                           max_records=PULL_MAX_RECORDS)
                 except DamagedRecordError as exc:  # this part's; the others are served
                     out[i] = _damaged(exc)
                     del live[i]
                     continue
                 if readable < lg.max_phys:  # the log has an unreadable tail
                     end = lg.queue_offset_at(req.topic, req.queue, readable)
-                    if records and records[-1].queue_offset >= end:
-                        records = records[:bisect.bisect_left(records, end, key=_offset)]
-                left -= sum(len(r.body) + len(r.key or b"") for r in records)
+                    # Whole items: an append's items all lie below the readable end or
+                    # all above it.
+                    if records and _first(records[-1]) >= end:
+                        records = records[:bisect.bisect_left(records, end, key=_first)]
+                left -= _answer_bytes(records)
                 read[i] = (offset, start, end, records)
             remaining = deadline - time.monotonic()
             if (any(r[3] for r in read.values()) or any(o is not None for o in out)
@@ -863,13 +889,23 @@ class Requests:
         for i, (offset, start, end, records) in read.items():
             if i not in live:
                 continue
-            next_offset = records[-1].queue_offset + 1 if records else offset
-            self._metrics.messages_out(len(records))
+            if raw:
+                items = cast(list[RawItem], records)
+                next_offset = items[-1].end if items else offset
+                self._metrics.messages_out(next_offset - max(offset, items[0].first)
+                                           if items else 0)
+                out[i] = p.encode_pull_batches(next_offset, start,
+                                               end if not items else max(end, next_offset),
+                                               offset, [item.data for item in items])
+                continue
+            msgs = cast(list[StoredRecord], records)
+            next_offset = msgs[-1].queue_offset + 1 if msgs else offset
+            self._metrics.messages_out(len(msgs))
             out[i] = p.PullResponse(
                 next_offset,
                 start,
-                end if not records else max(end, next_offset),
-                [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in records],
+                end if not msgs else max(end, next_offset),
+                [p.PulledRecord(r.queue_offset, r.timestamp_ms, r.key, r.body) for r in msgs],
             ).encode()
         answers = [a for a in out if a is not None]
         assert len(answers) == len(out)  # every part was refused, or read while live
