@@ -752,19 +752,37 @@ def decode_produce_batches(body: bytes) -> ProduceBatches:
         raise _bad(f"batch count {n} exceeds the body size")
     batches: list[tuple[int, int, bytes, int]] = []
     count = 0
+    pos = r.pos
+    size = len(body)
+    head = _BATCH_HEAD.size
+    unpack_head = _BATCH_HEAD.unpack_from
+    unpack_record = stored_format.BATCH_RECORD.unpack_from
+    record = stored_format.BATCH_RECORD_SIZE
     for _ in range(n):
-        queue, records, crc, length = r.unpack(_BATCH_HEAD)
-        start = r.pos
-        section = r.take(length)
+        if pos + head > size:
+            raise _bad("body truncated")
+        queue, records, crc, length = unpack_head(body, pos)
+        start = pos + head
+        pos = start + length
+        if pos > size:
+            raise _bad("body truncated")
         if records < 1:
             raise _bad(f"a batch of queue {queue} holds {records} records")
+        section = body[start:pos]
         if crc32(section) != crc:
             raise _bad(f"the records of queue {queue}'s batch fail their CRC")
-        problem = stored_format.records_problem(body, start, start + length, records, stamped=True)
-        if problem is not None:
-            raise _bad(f"queue {queue}'s batch: {problem}")
+        if records == 1 and length >= record:  # a batch of one (many topics): inline
+            klen, blen, delta = unpack_record(section, 0)
+            ok = klen >= -1 and not delta and record + max(klen, 0) + blen == length
+        else:
+            ok = False
+        if not ok:
+            problem = stored_format.records_problem(body, start, pos, records, stamped=True)
+            if problem is not None:
+                raise _bad(f"queue {queue}'s batch: {problem}")
         batches.append((queue, records, section, crc))
         count += records
+    r.seek(pos)
     lease, deliver, producer = _decode_trailers(r, r.pos, count)
     return ProduceBatches(topic, batches, count, lease, deliver, producer)
 
