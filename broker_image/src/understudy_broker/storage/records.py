@@ -22,8 +22,9 @@ offset + i`` and timestamp ``first timestamp + delta``)::
                               | key | body )
 
 The first record's delta is 0 (so a batch has one encoding). The two CRCs split what the
-writer of the records (one day the producer: issue 16) and the writer of the header (the
-master: sequence numbers, offsets) know. The slave's check and recovery's scan check
+writer of the records (the producer, for a batch-form PRODUCE: :class:`PackedBatch`; the
+master otherwise) and the writer of the header (the master: sequence numbers, offsets)
+know. The slave's check and recovery's scan check
 both and that the records' lengths add up (:func:`walk`, :func:`check_item`); a read
 checks both and the lengths of the records it walks (:func:`decode_item`).
 
