@@ -756,8 +756,6 @@ def decode_produce_batches(body: bytes) -> ProduceBatches:
     size = len(body)
     head = _BATCH_HEAD.size
     unpack_head = _BATCH_HEAD.unpack_from
-    unpack_record = stored_format.BATCH_RECORD.unpack_from
-    record = stored_format.BATCH_RECORD_SIZE
     for _ in range(n):
         if pos + head > size:
             raise _bad("body truncated")
@@ -771,15 +769,9 @@ def decode_produce_batches(body: bytes) -> ProduceBatches:
         section = body[start:pos]
         if crc32(section) != crc:
             raise _bad(f"the records of queue {queue}'s batch fail their CRC")
-        if records == 1 and length >= record:  # a batch of one (many topics): inline
-            klen, blen, delta = unpack_record(section, 0)
-            ok = klen >= -1 and not delta and record + max(klen, 0) + blen == length
-        else:
-            ok = False
-        if not ok:
-            problem = stored_format.records_problem(body, start, pos, records, stamped=True)
-            if problem is not None:
-                raise _bad(f"queue {queue}'s batch: {problem}")
+        problem = stored_format.records_problem(body, start, pos, records, stamped=True)
+        if problem is not None:
+            raise _bad(f"queue {queue}'s batch: {problem}")
         batches.append((queue, records, section, crc))
         count += records
     r.seek(pos)
