@@ -28,7 +28,9 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
+import tempfile
 import time
 from typing import Any
 
@@ -58,6 +60,10 @@ class Chromium:
     """Chromium with the DevTools protocol on fds 3 (commands in) and 4 (replies out)."""
 
     def __init__(self, profile: pathlib.Path, log: pathlib.Path) -> None:
+        # Its scratch directory (org.chromium.Chromium.*, with the singleton's socket) goes
+        # into one of ours, removed in stop(): killed by SIGKILL, chromium never removes it,
+        # and /tmp kept one per run. A short path: the socket's must fit in sun_path.
+        self._scratch = tempfile.mkdtemp(prefix="usc-")
         to_child, self._to_browser = os.pipe()
         self._from_browser, from_child = os.pipe()
         # keep the child's ends clear of 3 and 4 while they are moved there
@@ -66,7 +72,8 @@ class Chromium:
             os.close(fd)
         try:
             self.pid = os.posix_spawn(
-                CHROMIUM, [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"], dict(os.environ),
+                CHROMIUM, [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                {**os.environ, "TMPDIR": self._scratch},
                 file_actions=[
                     (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                     (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
@@ -76,6 +83,9 @@ class Chromium:
                 ],
                 setsid=True,  # its own process group: every helper process dies with it
             )
+        except BaseException:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise
         finally:
             for fd in high:
                 os.close(fd)
@@ -92,6 +102,7 @@ class Chromium:
         for fd in (self._to_browser, self._from_browser):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _read_message(self, deadline: float) -> dict[str, Any]:
         while b"\0" not in self._buffer:
