@@ -38,6 +38,7 @@ from understudy_broker.zklayout import (
     status_dir,
 )
 from understudy_harness.testing import UNDERSTUDY, Process, eventually
+from understudy_operator import zk as zkio
 from understudy_operator.controller.driver import Controller
 from understudy_operator.controller.liveness import ProcessTableLiveness
 from understudy_operator.local.ports import free_port
@@ -411,7 +412,7 @@ async def test_a_quiet_groups_checks_send_no_request_to_zookeeper(
     reads: list[str] = []
     stays: list[float] = []
     zk = ctl.zk
-    for method in ("observe_group", "read_isr", "read_state", "read_config"):
+    for method in ("read_group", "observe_group", "read_isr", "read_state", "read_config"):
         real = getattr(zk, method)
 
         def spy(*args: object, _real: Callable[..., object] = real, _m: str = method,
@@ -431,7 +432,9 @@ async def test_a_quiet_groups_checks_send_no_request_to_zookeeper(
     cluster.kill("b0")
     await eventually(lambda: len(written) == 2, "slave-consume")
     assert [s.mode for s in written] == [Mode.FENCING, Mode.SLAVE_CONSUME]
-    assert "observe_group" in reads  # each move was decided on fresh reads
+    # Each move was decided on fresh reads: FENCING on one, SLAVE_CONSUME on the one sent
+    # with FENCING's write (answered after it).
+    assert reads.count("read_group") >= 2, reads
 
 
 async def test_racing_drivers_write_each_epoch_once(
@@ -630,3 +633,44 @@ def test_malformed_config_and_status_are_reported_not_fatal(
     st = read_state(admin)
     assert st is not None
     assert (st.mode, st.epoch) == (Mode.NORMAL, 1)
+
+
+async def test_read_group_reads_after_the_write_sent_with_it(admin: KazooClient, zk: str) -> None:
+    """``ZkGateway.read_group``: config, state and observation in one call; with a write,
+    the reads are answered after it (the driver decides its next move on them), a write
+    over a stale version does not take and the reads show who moved the state; an
+    observation asked for other brokers than the config names is not handed out."""
+    admin.create(config_path(GROUP), config(slaves=1).to_json(), makepath=True)
+    first = GroupState(Mode.NORMAL, 1, since=1.0, reason="initial state")
+    admin.create(state_path(GROUP), encode_state(first))
+    admin.create(f"/groups/{GROUP}/status/b1", BrokerStatus(
+        broker="b1", effective=Permission.NONE, epoch_applied=1).to_json(), makepath=True)
+    gw = zkio.gateway(zk, timeout_s=5.0)
+    await gw.start(timeout_s=10)
+    try:
+        found = await gw.read_group(GROUP, ["b0", "b1"])
+        assert found.config == config(slaves=1)
+        assert found.state == first
+        assert found.version == 0
+        assert found.observation is not None
+        assert found.written is None
+        assert found.observation.view("b1").status is not None
+        assert not found.observation.view("b0").zk_live
+
+        fencing = GroupState(Mode.FENCING, 2, since=2.0, reason="test")
+        after = await gw.read_group(GROUP, ["b0", "b1"], write=(fencing, 0))
+        assert after.written is True
+        assert after.written_at is not None
+        assert (after.state, after.version) == (fencing, 1)  # read after the write
+
+        stale = GroupState(Mode.NORMAL, 2, since=3.0, reason="stale")
+        lost = await gw.read_group(GROUP, ["b0", "b1"], write=(stale, 0))
+        assert lost.written is False
+        assert (lost.state, lost.version) == (fencing, 1)
+        assert read_state(admin) == fencing
+
+        other = await gw.read_group(GROUP, ["b0", "b9"])
+        assert other.config is not None
+        assert other.observation is None
+    finally:
+        await gw.stop()

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
 
 from kazoo.client import KazooClient, KazooState
@@ -100,6 +101,23 @@ Warn = Callable[[str], None]
 
 def _log_warning(message: str) -> None:
     log.warning("%s", message)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRead:
+    """What :meth:`ZkGateway.read_group` read: the config (``None``: absent or malformed),
+    the state and its znode version (as :meth:`ZkGateway.read_state`), and the
+    observation of the brokers it was asked for, ``None`` when those are not the config's
+    brokers in its order (then observe them again: :meth:`ZkGateway.observe_group`).
+    ``written``: whether the versioned state write sent first took (``None``: none sent);
+    ``written_at``: when its answer came (wall clock), before the reads' answers."""
+
+    config: GroupConfig | None
+    state: GroupState | None
+    version: int
+    observation: Observation | None
+    written: bool | None = None
+    written_at: float | None = None
 
 
 class ZkGateway:
@@ -298,14 +316,57 @@ class ZkGateway:
         # FENCING relies on it: the set is read after the proof, so it can no longer
         # shrink), and the observation costs one round trip instead of one per node (on a
         # loaded machine each round trip also waits for a CPU, for this thread and kazoo's).
-        found_all: list[Any] = await asyncio.gather(
-            self.children(live_dir(group)),
-            *(self.get(status_path(group, name)) for name in brokers),
-            self.read_isr(group, warn=warn))
+        found_all: list[Any] = await asyncio.gather(*self._observe_reads(group, brokers, warn))
+        return self._observed(group, brokers, found_all, process=process, warn=warn)
+
+    def _observe_reads(self, group: str, brokers: Sequence[str], warn: Warn) -> list[Awaitable[Any]]:
+        """The reads of an observation, in the order they must be sent."""
+        return [self.children(live_dir(group)),
+                *(self.get(status_path(group, name)) for name in brokers),
+                self.read_isr(group, warn=warn)]
+
+    @staticmethod
+    def _observed(group: str, brokers: Sequence[str], found: Sequence[Any], *,
+                  process: Callable[[str], ProcessState], warn: Warn) -> Observation:
         return observation_of(
-            group, brokers, live=set(cast(list[str], found_all[0])),
-            statuses=cast(list[tuple[bytes, int] | None], found_all[1:-1]),
-            in_sync=cast(frozenset[str] | None, found_all[-1]), process=process, warn=warn)
+            group, brokers, live=set(cast(list[str], found[0])),
+            statuses=cast(list[tuple[bytes, int] | None], found[1:-1]),
+            in_sync=cast(frozenset[str] | None, found[-1]), process=process, warn=warn)
+
+    async def read_group(
+        self,
+        group: str,
+        brokers: Sequence[str],
+        *,
+        write: tuple[GroupState, int] | None = None,
+        process: Callable[[str], ProcessState] = lambda _name: ProcessState.UNKNOWN,
+        warn_config: Warn = _log_warning,
+        warn_state: Warn = _log_warning,
+        warn: Warn = _log_warning,
+    ) -> GroupRead:
+        """The config, the state and the observation of ``brokers`` (the brokers the
+        caller expects the config to name, in its order), in one round trip: every request
+        is sent at once, the state before the observation's reads (as the controller has
+        always read them). ``write``: a versioned state write ``(state, version)`` sent
+        before the reads; ZooKeeper answers a session's requests in the order sent, so the
+        reads see the store after that write (taken or not: :attr:`GroupRead.written`)."""
+        answered: list[float] = []
+
+        async def write_first(new: GroupState, version: int) -> bool:
+            taken = await self.write_state(group, new, version=version)
+            answered.append(time.time())
+            return taken
+
+        calls: list[Awaitable[Any]] = [] if write is None else [write_first(*write)]
+        calls += [self.read_config(group, warn=warn_config), self.read_state(group, warn=warn_state),
+                  *self._observe_reads(group, brokers, warn)]
+        found: list[Any] = await asyncio.gather(*calls)
+        written = None if write is None else bool(found.pop(0))
+        config = cast(GroupConfig | None, found[0])
+        state, version = cast(tuple[GroupState | None, int], found[1])
+        same = config is not None and [b.name for b in config.brokers] == list(brokers)
+        observed = self._observed(group, brokers, found[2:], process=process, warn=warn) if same else None
+        return GroupRead(config, state, version, observed, written, answered[0] if answered else None)
 
     async def prune_statuses(self, group: str, keep: set[str]) -> list[str]:
         """Delete the ``status`` and ``route`` documents of brokers no longer in the group

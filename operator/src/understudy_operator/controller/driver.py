@@ -223,7 +223,7 @@ class Controller:
         self.resigning = False
         # Transitions whose versioned write is on its way: a stop lets them finish, so
         # every state this controller wrote reaches its journal (see GroupDriver._commit).
-        self.commits: set[asyncio.Task[float]] = set()
+        self.commits: set[asyncio.Task[zkio.GroupRead | None]] = set()
 
     async def start(self, *, connect_timeout_s: float = 10.0) -> None:
         self.zk.add_listener(self._listener)
@@ -309,6 +309,8 @@ class GroupDriver:
         self._node: str | None = None
         self._node_gen = -1
         self._degraded = False
+        self._order: list[str] = []  # the brokers the last config named, in its order
+        self._interval = 1.0  # the last config's check interval, seconds
 
     def wake(self, *_: Any) -> None:
         self._event.set()
@@ -515,55 +517,98 @@ class GroupDriver:
         return min(interval, decision.recheck_in) if decision.recheck_in is not None else interval
 
     async def _check_fresh(self) -> float:
-        """The check on a fresh read of every input; the only one that writes."""
-        zk = self.c.zk
-        # Both sent at once (one round trip; the session keeps their order), the state
-        # before the observation below, as before.
-        config, (state, version) = await asyncio.gather(
-            zk.read_config(self.group, warn=lambda msg: log.error("%s; not deciding", msg)),
-            zk.read_state(self.group, warn=lambda msg: log.error(
-                "%s; not deciding (override with 'understudy group force-mode')", msg)))
+        """The check on a fresh read of every input; the only one that writes.
+
+        The config, the state and the observation are read in one round trip
+        (:meth:`~understudy_operator.zk.ZkGateway.read_group`). When the inputs just read
+        would move the group on from the state being written too (FENCING after a certain
+        death goes on to SLAVE_CONSUME), the next check's reads are sent with the write,
+        and ZooKeeper answers them after it (a session's requests are answered in order):
+        the next decision is taken at once on inputs read after the write, as if read
+        again after it, and a failover's FENCING and SLAVE_CONSUME cost three round trips,
+        not six. Otherwise the write goes alone and the next check starts from what the
+        watches keep, as before: a read sent with every write would mostly decide to stay."""
+        found = await self._read()
+        while True:
+            step = await self._decide_fresh(found)
+            if not isinstance(step, tuple):
+                return step
+            state, version, decision, read_after = step
+            if self.c.resigning:
+                return self._interval  # resigning: the next leader decides; nothing new is started
+            # The write and its bookkeeping run as their own task, shielded: a stop that
+            # cancels this driver mid-write would otherwise leave a state in ZooKeeper that
+            # the journal, the metrics and the log never saw.
+            commit = self.c.loop.create_task(self._commit(state, version, decision, read_after),
+                                             name=f"controller-{self.group}-commit")
+            self.c.commits.add(commit)
+            commit.add_done_callback(self.c.commits.discard)
+            after = await asyncio.shield(commit)
+            if after is None:
+                return 0  # written alone, or lost a race: check again at once
+            found = after
+
+    async def _read(self, write: tuple[GroupState, int] | None = None) -> zkio.GroupRead:
+        """Config, state and observation in one round trip, the observation of the brokers
+        the last config named (read again when the config names others)."""
+        return await self.c.zk.read_group(
+            self.group, self._order, write=write, process=self.c.liveness.process_state,
+            warn_config=lambda msg: log.error("%s; not deciding", msg),
+            warn_state=lambda msg: log.error(
+                "%s; not deciding (override with 'understudy group force-mode')", msg))
+
+    async def _decide_fresh(self, found: zkio.GroupRead
+                            ) -> float | tuple[GroupState, int, Decision, bool]:
+        """Decide on a fresh read: seconds until the next check (0: at once), or the
+        transition to write over ``(state, version)`` and whether to read again with it
+        (the same inputs would move the group on from the transition's target too: only
+        a hint, as the next move is decided on what is read after the write)."""
+        config, state, version = found.config, found.state, found.version
         if config is None:
             return 1.0
-        interval = config.failover.check_interval_ms / 1000.0
-        names = {b.name for b in config.brokers}
+        interval = self._interval = config.failover.check_interval_ms / 1000.0
+        order = [b.name for b in config.brokers]
         self.roles = {b.name: b.role.value for b in config.brokers}
-        if names != self.brokers:
-            self.brokers = names
-            self.c.liveness.track(names)
-            await self._arm_status_watches(names)
+        self._order = order
+        if set(order) != self.brokers:
+            self.brokers = set(order)
+            self.c.liveness.track(self.brokers)
+            await self._arm_status_watches(self.brokers)
         if version < 0:
             await self._create_initial()
             return 0
         if state is None:
             return interval
         self.c.metrics.set_state(self.group, state)
-        obs = await zk.observe_group(self.group, [b.name for b in config.brokers],
-                                     process=self.c.liveness.process_state)
+        obs = found.observation
+        if obs is None:  # read for other brokers than the config names: observe them now
+            obs = await self.c.zk.observe_group(self.group, order,
+                                                process=self.c.liveness.process_state)
         decision = decide(config, state, obs, self.memory)
         if decision.target is None:
             return self._stay(decision, interval)
-        if self.c.resigning:
-            return interval  # resigning: the next leader decides; nothing new is started
-        # The write and its bookkeeping run as their own task, shielded: a stop that
-        # cancels this driver mid-write would otherwise leave a state in ZooKeeper that
-        # the journal, the metrics and the log never saw.
-        commit = self.c.loop.create_task(self._commit(state, version, decision),
-                                         name=f"controller-{self.group}-commit")
-        self.c.commits.add(commit)
-        commit.add_done_callback(self.c.commits.discard)
-        return await asyncio.shield(commit)
+        onward = decide(config, decision.target, obs, decision.memory).target is not None
+        return state, version, decision, onward
 
-    async def _commit(self, state: GroupState, version: int, decision: Decision) -> float:
-        """Write ``decision.target`` over ``state`` (at ``version``) and record it."""
+    async def _commit(self, state: GroupState, version: int, decision: Decision,
+                      read_after: bool) -> zkio.GroupRead | None:
+        """Write ``decision.target`` over ``state`` (at ``version``) and record it; returns
+        the inputs read right after the write when ``read_after``, else ``None`` (also when
+        the write did not take)."""
         assert decision.target is not None
         self._record(decision)
-        zk = self.c.zk
-        if not await zk.write_state(self.group, decision.target, version=version):
+        found: zkio.GroupRead | None = None
+        if read_after:
+            found = await self._read(write=(decision.target, version))
+            written, at = bool(found.written), found.written_at
+        else:
+            written, at = await self.c.zk.write_state(self.group, decision.target, version=version), None
+        if not written:
             log.info("group %s: state moved under us (version %d); re-reading", self.group,
                      version)
-            return 0
-        written_at = time.time()  # the transition's event time (as the journal's t_ns)
+            return None
+        # The transition's event time (as the journal's t_ns): when the write's answer came.
+        written_at = at if at is not None else time.time()
         # What the watch will deliver in a moment, kept now: the next check must not
         # decide on the state this write replaced.
         self._kept[state_path(self.group)] = (encode_state(decision.target), version + 1)
@@ -575,7 +620,7 @@ class GroupDriver:
         if state.mode is Mode.FENCING and decision.target.mode is Mode.SLAVE_CONSUME:
             self.c.metrics.failovers.labels(self.group).inc()
         self.c.on_transition(self.group, state, decision.target)
-        return 0
+        return found
 
     async def _create_initial(self) -> None:
         if await self.c.zk.create_state(self.group, initial_state(time.time())):
