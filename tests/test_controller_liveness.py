@@ -68,6 +68,34 @@ def dead() -> subprocess.Popen[bytes]:
     return proc
 
 
+async def test_an_exit_seen_by_a_check_first_is_announced_then_once(
+        tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    """A check that finds the process gone before the pidfd's readiness reached the loop
+    announces the exit there and then (the controller dates the exit event by its
+    listener), so nothing acts on an exit whose event comes later; the pidfd does not
+    announce it a second time."""
+    loop = asyncio.get_running_loop()
+    (tmp_path / "b0.pid").write_text(f"{sleeper.pid}\n")
+    src = ProcessTableLiveness(tmp_path, loop)
+    exited: list[str] = []
+    src.subscribe(exited.append)
+    try:
+        src.track(["b0"])
+        assert src.process_state("b0") is ProcessState.RUNNING
+        os.kill(sleeper.pid, signal.SIGKILL)
+        # No await between the kill and the check: the loop has not run the pidfd's reader.
+        deadline = loop.time() + 10
+        while src.process_state("b0") is not ProcessState.EXITED:
+            assert loop.time() < deadline, "the kill never showed in /proc"
+        assert exited == ["b0"]
+        await asyncio.sleep(0.1)  # the loop runs: the pidfd's reader is gone with the event
+        assert exited == ["b0"]
+        assert src.process_state("b0") is ProcessState.EXITED
+        assert exited == ["b0"]
+    finally:
+        src.close()
+
+
 async def test_new_pid_file_is_followed(tmp_path: Path, sleeper: subprocess.Popen[bytes],
                                         dead: subprocess.Popen[bytes]) -> None:
     loop = asyncio.get_running_loop()

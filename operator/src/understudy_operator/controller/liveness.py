@@ -156,18 +156,24 @@ class ProcessTableLiveness:
         Otherwise the pid file is read again (started, restarted or removed): every check
         of every group asks, and the pid file was half of this call's time."""
         tracked = self._tracked.get(broker)
-        if tracked is not None and tracked.fd is not None and not tracked.exited:
-            return classify(proc_state_letter(tracked.pid))
-        pid = read_pid_file(self._dir / f"{broker}.pid")
-        if pid is None:
-            self._forget(broker)
-            return ProcessState.UNKNOWN
-        if tracked is None or tracked.pid != pid:
-            self._forget(broker)
-            tracked = self._open(broker, pid)
-        if tracked.exited:
-            return ProcessState.EXITED
-        return classify(proc_state_letter(pid))
+        if tracked is None or tracked.fd is None or tracked.exited:
+            pid = read_pid_file(self._dir / f"{broker}.pid")
+            if pid is None:
+                self._forget(broker)
+                return ProcessState.UNKNOWN
+            if tracked is None or tracked.pid != pid:
+                self._forget(broker)
+                tracked = self._open(broker, pid)
+            if tracked.exited:
+                return ProcessState.EXITED
+        state = classify(proc_state_letter(tracked.pid))
+        if state is ProcessState.EXITED:
+            # Seen here before the pidfd's readiness reached the loop (a busy loop runs
+            # the check first): this is the exit's event, announced now. Otherwise a
+            # check could act on the exit (FENCING, SLAVE_CONSUME, the slave's READ) and
+            # the exit event be dated after it, as a drill's SLA once showed.
+            self._on_exit(broker, tracked.pid)
+        return state
 
     def _open(self, broker: str, pid: int) -> _Tracked:
         try:
