@@ -669,6 +669,22 @@ async def test_read_group_reads_after_the_write_sent_with_it(admin: KazooClient,
         assert (lost.state, lost.version) == (fencing, 1)
         assert read_state(admin) == fencing
 
+        # A read that fails after the write was answered (a lost connection, here a read
+        # made to fail): the write's outcome still comes back, so it can be recorded.
+        recovering = GroupState(Mode.RECOVERING, 3, since=4.0, reason="test")
+
+        async def broken(*_args: object, **_kwargs: object) -> None:
+            raise zkio.ZkError("connection lost after the write's answer")
+        gw.read_isr = broken  # type: ignore[method-assign]
+        cut = await gw.read_group(GROUP, ["b0", "b1"], write=(recovering, 1))
+        assert cut.written is True
+        assert isinstance(cut.failed, zkio.ZkError)
+        assert cut.state is None
+        assert read_state(admin) == recovering
+        with pytest.raises(zkio.ZkError):
+            await gw.read_group(GROUP, ["b0", "b1"])  # no write: the failure is raised
+        del gw.read_isr
+
         other = await gw.read_group(GROUP, ["b0", "b9"])
         assert other.config is not None
         assert other.observation is None

@@ -110,7 +110,9 @@ class GroupRead:
     observation of the brokers it was asked for, ``None`` when those are not the config's
     brokers in its order (then observe them again: :meth:`ZkGateway.observe_group`).
     ``written``: whether the versioned state write sent first took (``None``: none sent);
-    ``written_at``: when its answer came (wall clock), before the reads' answers."""
+    ``written_at``: when its answer came (wall clock), before the reads' answers;
+    ``failed``: a read that failed after that write was answered (the connection was lost
+    in between, say): the write's outcome still counts, the reads are empty."""
 
     config: GroupConfig | None
     state: GroupState | None
@@ -118,6 +120,7 @@ class GroupRead:
     observation: Observation | None
     written: bool | None = None
     written_at: float | None = None
+    failed: Exception | None = None
 
 
 class ZkGateway:
@@ -349,7 +352,9 @@ class ZkGateway:
         is sent at once, the state before the observation's reads (as the controller has
         always read them). ``write``: a versioned state write ``(state, version)`` sent
         before the reads; ZooKeeper answers a session's requests in the order sent, so the
-        reads see the store after that write (taken or not: :attr:`GroupRead.written`)."""
+        reads see the store after that write (taken or not: :attr:`GroupRead.written`). A
+        failed write raises; a read that fails after the write was answered does not
+        (:attr:`GroupRead.failed`): the caller must still learn whether its write took."""
         answered: list[float] = []
 
         async def write_first(new: GroupState, version: int) -> bool:
@@ -360,8 +365,21 @@ class ZkGateway:
         calls: list[Awaitable[Any]] = [] if write is None else [write_first(*write)]
         calls += [self.read_config(group, warn=warn_config), self.read_state(group, warn=warn_state),
                   *self._observe_reads(group, brokers, warn)]
-        found: list[Any] = await asyncio.gather(*calls)
-        written = None if write is None else bool(found.pop(0))
+        found: list[Any] = await asyncio.gather(*calls, return_exceptions=True)
+        for outcome in found:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # a cancellation, not an answer
+        written: bool | None = None
+        if write is not None:
+            taken = found.pop(0)
+            if isinstance(taken, Exception):
+                raise taken
+            written = bool(taken)
+        failed = next((r for r in found if isinstance(r, Exception)), None)
+        if failed is not None:
+            if written is None:
+                raise failed
+            return GroupRead(None, None, -1, None, written, answered[0] if answered else None, failed)
         config = cast(GroupConfig | None, found[0])
         state, version = cast(tuple[GroupState | None, int], found[1])
         same = config is not None and [b.name for b in config.brokers] == list(brokers)

@@ -620,6 +620,10 @@ class GroupDriver:
         if state.mode is Mode.FENCING and decision.target.mode is Mode.SLAVE_CONSUME:
             self.c.metrics.failovers.labels(self.group).inc()
         self.c.on_transition(self.group, state, decision.target)
+        if found is not None and found.failed is not None:
+            log.info("group %s: the reads after the write failed (%r); reading again",
+                     self.group, found.failed)
+            return None
         return found
 
     async def _create_initial(self) -> None:
