@@ -292,7 +292,7 @@ class GroupDriver:
         self.c = controller
         self.group = group
         self.is_leader = False
-        self.brokers: set[str] = set()
+        self.brokers: list[str] = []  # the brokers the last config named, in its order
         self.roles: dict[str, str] = {}  # broker -> role, from the config (metric labels)
         self.memory = Memory()
         self.last_decision: Decision | None = None
@@ -309,8 +309,6 @@ class GroupDriver:
         self._node: str | None = None
         self._node_gen = -1
         self._degraded = False
-        self._order: list[str] = []  # the brokers the last config named, in its order
-        self._interval = 1.0  # the last config's check interval, seconds
 
     def wake(self, *_: Any) -> None:
         self._event.set()
@@ -453,7 +451,7 @@ class GroupDriver:
         config = self._config_kept()
         raw_state = self._kept.get(state_path(self.group))
         if (config is None or raw_state is None or raw_state[0] is None
-                or self._kept_live is None or {b.name for b in config.brokers} != self.brokers):
+                or self._kept_live is None or [b.name for b in config.brokers] != self.brokers):
             return None
         try:
             state = decode_state(raw_state[0])
@@ -534,8 +532,6 @@ class GroupDriver:
             if not isinstance(step, tuple):
                 return step
             state, version, decision, read_after = step
-            if self.c.resigning:
-                return self._interval  # resigning: the next leader decides; nothing new is started
             # The write and its bookkeeping run as their own task, shielded: a stop that
             # cancels this driver mid-write would otherwise leave a state in ZooKeeper that
             # the journal, the metrics and the log never saw.
@@ -552,7 +548,7 @@ class GroupDriver:
         """Config, state and observation in one round trip, the observation of the brokers
         the last config named (read again when the config names others)."""
         return await self.c.zk.read_group(
-            self.group, self._order, write=write, process=self.c.liveness.process_state,
+            self.group, self.brokers, write=write, process=self.c.liveness.process_state,
             warn_config=lambda msg: log.error("%s; not deciding", msg),
             warn_state=lambda msg: log.error(
                 "%s; not deciding (override with 'understudy group force-mode')", msg))
@@ -566,14 +562,13 @@ class GroupDriver:
         config, state, version = found.config, found.state, found.version
         if config is None:
             return 1.0
-        interval = self._interval = config.failover.check_interval_ms / 1000.0
+        interval = config.failover.check_interval_ms / 1000.0
         order = [b.name for b in config.brokers]
         self.roles = {b.name: b.role.value for b in config.brokers}
-        self._order = order
-        if set(order) != self.brokers:
-            self.brokers = set(order)
-            self.c.liveness.track(self.brokers)
-            await self._arm_status_watches(self.brokers)
+        if order != self.brokers:
+            self.brokers = order
+            self.c.liveness.track(order)
+            await self._arm_status_watches(set(order))
         if version < 0:
             await self._create_initial()
             return 0
@@ -587,6 +582,8 @@ class GroupDriver:
         decision = decide(config, state, obs, self.memory)
         if decision.target is None:
             return self._stay(decision, interval)
+        if self.c.resigning:
+            return interval  # resigning: the next leader decides; nothing new is started
         onward = decide(config, decision.target, obs, decision.memory).target is not None
         return state, version, decision, onward
 
