@@ -438,3 +438,73 @@ def test_members_keep_their_queues_when_their_hosting_broker_dies(
     # From the kill until they closed, neither member let go of (or took) a queue.
     moves = [e for e in a.ownership_log + b.ownership_log if window[0] <= e[0] <= window[1]]
     assert moves == []
+
+
+def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
+        cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    """`understudy consume` commits every 50 messages; both brokers of g1 are killed with
+    positions on g1's queues not committed yet, so the next commits cannot be taken by g1
+    (nobody serves it). The member goes on consuming g2's queues, says what it kept, and
+    commits g1's positions once g1 is back: it ends on its count with every message
+    consumed and the brokers holding the positions it reports (nothing to read again)."""
+    directory, plan = cluster
+    boot = [addr(plan, "g2-0"), addr(plan, "g2-1"), addr(plan, "g1-0")]
+    make_topic(plan, "patient")
+    record, log = tmp_path / "m.jsonl", tmp_path / "m.log"
+    cmd = [*UNDERSTUDY, "consume", "-b", ",".join(boot), "-t", "patient", "-g", "cgp",
+           "--count", "150", "--idle-timeout", "120", "--commit-every", "50",
+           "--session-timeout-ms", "4000", "--member-id", "m", "--record", str(record),
+           "--json"]
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    killed: list[str] = []
+
+    def delivered() -> set[str]:
+        return {str(r["id"]) for r in _records(record) if r["kind"] == "deliver"}
+
+    try:
+        testing.wait_until(lambda: any(r["kind"] == "acquire" for r in _records(record)),
+                           "the member owns queues", 30)
+        asyncio.run(produce(boot, "patient", (b"a-%d" % i for i in range(40))))
+        testing.wait_until(lambda: len(delivered()) == 40, "40 consumed", 30)
+        for broker in ("g1-0", "g1-1"):  # g1's positions are not committed (40 < 50)
+            lc.kill(directory, broker)
+            killed.append(broker)
+        asyncio.run(produce(boot[:2], "patient", (b"b-%d" % i for i in range(60))))
+        testing.wait_until(lambda: len(delivered()) == 100, "100 consumed", 30)
+        assert proc.poll() is None, log.read_text()
+        for broker in killed:
+            lc.start(directory, broker)
+        lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
+        killed.clear()
+        asyncio.run(produce(boot, "patient", (b"c-%d" % i for i in range(50))))
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for broker in killed:
+            lc.start(directory, broker)
+        if killed:
+            lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
+    output = log.read_text()
+    summary = json.loads(output.strip().splitlines()[-1])
+    assert (summary["consumed"], summary["errors"]) == (150, []), summary
+    assert summary["commit_failures"] >= 1, output
+    assert "kept for the next commit" in output
+    assert delivered() == ({f"a-{i}" for i in range(40)} | {f"b-{i}" for i in range(60)}
+                           | {f"c-{i}" for i in range(50)})
+
+    async def next_member() -> tuple[dict[str, int | None], list[bytes]]:
+        # A member starting after it begins at the offsets the brokers hold: the ones
+        # reported, with nothing left to read again.
+        c = Consumer(boot, group="cgp", topic="patient", session_timeout_ms=4000)
+        try:
+            await c.start()
+            await testing.eventually(lambda: len(c.started_at) == 8, "8 queues acquired", 20)
+            start: dict[str, int | None] = {str(q): o for q, o in sorted(c.started_at.items())}
+            return start, [r.body for r in await c.getmany(timeout_s=1.0)]
+        finally:
+            await c.close()
+
+    assert asyncio.run(next_member()) == (summary["positions"], [])

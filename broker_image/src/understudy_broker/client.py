@@ -2223,6 +2223,9 @@ class Consumer(_GroupMember):
         self._holding: set[int] = set()  # queues whose acquisition is logged, not released
         # Per group, the commit that commit(timeout_s) left running (a hung master).
         self._commits_pending: dict[str | None, asyncio.Task[None]] = {}
+        #: Commits of a group that commit(timeout_s) saw fail (after their retries) and
+        #: left to the next commit: what they carried is committed again with it.
+        self.commit_failures = 0
         self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
             asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
@@ -2712,7 +2715,9 @@ class Consumer(_GroupMember):
         with what was stored by then; a group that has not answered (a hung master) goes
         on committing in the background, is skipped while it does, and its queues are
         committed again after (what was not committed may be delivered again: at least
-        once). ``None``: wait for every group (raises as the slowest does)."""
+        once); a group whose commit failed after its retries (its brokers down) is warned
+        about, counted in :attr:`commit_failures` and committed again with the next
+        commit. ``None``: wait for every group (raises as the slowest does)."""
         held = [q for q in sorted(self._positions)
                 if not self.membership or q in self._loops or q in self._revoking]
         stored = await self._commit_queues(held, timeout_s=timeout_s)
@@ -2767,13 +2772,19 @@ class Consumer(_GroupMember):
             task.add_done_callback(functools.partial(self._commit_done, tasks[task]))
         for task in done:
             if task.exception() is not None:
-                log.info("commit of %s/%s: %s", self.group, self.topic, task.exception())
+                self._commit_failed(tasks[task], task.exception())
         return dict(stored)
 
     def _commit_done(self, group: str | None, task: asyncio.Task[None]) -> None:
         del self._commits_pending[group]
         if not task.cancelled() and task.exception() is not None:
-            log.info("background commit of %s/%s: %s", self.group, self.topic, task.exception())
+            self._commit_failed(group, task.exception())
+
+    def _commit_failed(self, group: str | None, exc: BaseException | None) -> None:
+        self.commit_failures += 1
+        log.warning("consumer %s of %s: a commit to %s was not taken (%s): kept for the "
+                    "next commit", self.member_id, self.group,
+                    f"group {group!r}" if group is not None else "the topic's group", exc)
 
     async def close(self) -> None:
         """Commit what was handed out, leave the group (its queues move at once), stop."""

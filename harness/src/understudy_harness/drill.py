@@ -520,6 +520,11 @@ async def ordered_event(n: int, traffic: Traffic, writer: HistoryWriter, status:
     target = traffic.targets[0]
     step = (n - 1) % 3
     if step == 0:
+        gone = [c for c in subs if not c.alive and c.stopped_at is None]
+        if gone:  # exited on their own: the scenario cannot pause them
+            raise DrillError(f"cycle {n}: " + "; ".join(
+                f"{c.name} exited (code {c.proc.returncode}) before its pause: {c.log_tail()}"
+                for c in gone))
         alive = [c for c in subs if c.alive]
         if not alive:
             status.phase = f"cycle {n}: no subprocess client to pause"

@@ -64,6 +64,15 @@ class SubClient:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
+    def log_tail(self, lines: int = 5) -> str:
+        """The last lines of its output (progress bars left out), for an error message."""
+        log = self.record.with_suffix(".log")
+        if not log.exists():
+            return "(no output)"
+        text = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        kept = [t for t in text if t.strip() and "━" not in t]
+        return " | ".join(kept[-lines:]) or "(no output)"
+
     def events(self) -> list[Event]:
         """What it recorded, as history events (a torn last line is dropped). A queue the
         consumer still held when it was killed is released at the kill."""

@@ -104,6 +104,10 @@ bootstrap_option = click.option(
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: How long ``consume`` waits for a commit on its way (after that the commit goes on in
+#: the background and the group is skipped while it does: :meth:`Consumer.commit`).
+COMMIT_WAIT_S = 1.0
+
 _SECURITY_OPTIONS = (
     click.option("--tls-ca", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                  envvar="UNDERSTUDY_TLS_CA",
@@ -381,7 +385,9 @@ async def _produce(
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Stop after this many seconds without a message.")
 @click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
-              help="Commit after this many messages (and at the end).")
+              help="Commit after this many messages (and at the end). A commit a group "
+                   "cannot take now (its brokers down or failing over) is said, kept and "
+                   "made again with the next one; the one at the end must be taken.")
 @click.option("--session-timeout-ms", type=click.IntRange(min=500), default=6000,
               show_default=True, help="A member silent this long loses its queues.")
 @click.option("--member-id", default=None, help="This member's id (default host-pid-random).")
@@ -510,7 +516,9 @@ async def _consume(
                             nacked += 1
                             dead += resp.topic.startswith(DLQ_PREFIX)
                 if since_commit >= commit_every:
-                    await consumer.commit()
+                    # Bounded: a group that cannot take it now is left to the next commit
+                    # (the consumer says so), and the other groups' queues go on.
+                    await consumer.commit(timeout_s=COMMIT_WAIT_S)
                     since_commit = 0
                 progress.update(task, completed=min(consumed, count),
                                 rate=f"{consumed / (now - started):,.0f} msg/s")
@@ -532,6 +540,7 @@ async def _consume(
         "nacked": nacked,
         "redelivered": redelivered,
         "dead_lettered": dead,
+        "commit_failures": consumer.commit_failures,
         "errors": errors,
     }
 
