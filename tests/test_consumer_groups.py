@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from understudy_broker import protocol as p
-from understudy_broker.admin import describe_consumer_group
+from understudy_broker.admin import describe_consumer_group, describe_topic
 from understudy_broker.cli.client import consumer_group, topic
 from understudy_broker.client import BrokerError, Connection, Consumer, Producer, request_once
 from understudy_broker.zklayout import TopicDoc, topic_path
@@ -467,11 +467,18 @@ def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
                            "the member owns queues", 30)
         asyncio.run(produce(boot, "patient", (b"a-%d" % i for i in range(40))))
         testing.wait_until(lambda: len(delivered()) == 40, "40 consumed", 30)
+        on_g1 = {q["queue"] for q in asyncio.run(describe_topic(boot, "patient"))["queues"]
+                 if q["group"] == "g1"}
+        assert any(r["queue"] in on_g1 for r in _records(record) if r["kind"] == "deliver")
         for broker in ("g1-0", "g1-1"):  # g1's positions are not committed (40 < 50)
             lc.kill(directory, broker)
             killed.append(broker)
         asyncio.run(produce(boot[:2], "patient", (b"b-%d" % i for i in range(60))))
         testing.wait_until(lambda: len(delivered()) == 100, "100 consumed", 30)
+        # g1 stays down until the commit that carried its positions gave up (its retries
+        # last a few seconds; one still running when g1 is back would simply be taken).
+        testing.wait_until(lambda: "kept for the next commit" in log.read_text(),
+                           "the member to say it kept a commit", 30)
         assert proc.poll() is None, log.read_text()
         for broker in killed:
             lc.start(directory, broker)
