@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -41,6 +42,7 @@ from understudy_harness.testing import UNDERSTUDY, Process, eventually
 from understudy_operator import zk as zkio
 from understudy_operator.controller.driver import Controller
 from understudy_operator.controller.liveness import ProcessTableLiveness
+from understudy_operator.controller.machine import Decision
 from understudy_operator.local.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -316,6 +318,11 @@ def slaves_linked(admin: KazooClient, *names: str) -> bool:
     return True
 
 
+def _written_by(written: list[tuple[str, GroupState]], ident: str, _group: str,
+                _old: GroupState, new: GroupState) -> None:
+    written.append((ident, new))
+
+
 def _gauge(ctl: Controller, name: str) -> float | None:
     value = ctl.metrics.registry.get_sample_value(name, {"group": GROUP})
     return value
@@ -422,9 +429,9 @@ async def test_a_quiet_groups_checks_send_no_request_to_zookeeper(
         setattr(zk, method, spy)
     stay = driver._stay
 
-    def counted(*args: object) -> float:
+    def counted(decision: Decision, interval: float) -> float:
         stays.append(time.monotonic())
-        return stay(*args)  # type: ignore[arg-type]
+        return stay(decision, interval)
     driver._stay = counted  # type: ignore[method-assign]
     await asyncio.sleep(1.0)
     assert len(stays) >= 5, stays  # checked every 100 ms (some time lost to a busy machine)
@@ -446,7 +453,7 @@ async def test_racing_drivers_write_each_epoch_once(
     ctls = [
         Controller(zk, groups=[GROUP], liveness=ProcessTableLiveness(cluster.pid_dir, loop),
                    loop=loop, identity=ident,
-                   on_transition=lambda g, old, new, ident=ident: written.append((ident, new)))
+                   on_transition=functools.partial(_written_by, written, ident))
         for ident in ("c1", "c2")
     ]
     for c in ctls:
