@@ -2223,9 +2223,7 @@ class Consumer(_GroupMember):
         self._holding: set[int] = set()  # queues whose acquisition is logged, not released
         # Per group, the commit that commit(timeout_s) left running (a hung master).
         self._commits_pending: dict[str | None, asyncio.Task[None]] = {}
-        #: Commits of a group that commit(timeout_s) saw fail (after their retries) and
-        #: left to the next commit: what they carried is committed again with it.
-        self.commit_failures = 0
+        self._commit_failures = 0  # see commit_failures
         self._buffer: asyncio.Queue[tuple[int, int, list[Record]] | BaseException] = (
             asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
@@ -2780,8 +2778,15 @@ class Consumer(_GroupMember):
         if not task.cancelled() and task.exception() is not None:
             self._commit_failed(group, task.exception())
 
+    @property
+    def commit_failures(self) -> int:
+        """Commits of a group that :meth:`commit` with ``timeout_s`` saw fail after their
+        retries and left to the next commit (this member's and its retry topic member's)."""
+        retry = self._retry.commit_failures if self._retry is not None else 0
+        return self._commit_failures + retry
+
     def _commit_failed(self, group: str | None, exc: BaseException | None) -> None:
-        self.commit_failures += 1
+        self._commit_failures += 1
         log.warning("consumer %s of %s: a commit to %s was not taken (%s): kept for the "
                     "next commit", self.member_id, self.group,
                     f"group {group!r}" if group is not None else "the topic's group", exc)
