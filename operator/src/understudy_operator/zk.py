@@ -355,12 +355,9 @@ class ZkGateway:
         reads see the store after that write (taken or not: :attr:`GroupRead.written`). A
         failed write raises; a read that fails after the write was answered does not
         (:attr:`GroupRead.failed`): the caller must still learn whether its write took."""
-        answered: list[float] = []
-
-        async def write_first(new: GroupState, version: int) -> bool:
+        async def write_first(new: GroupState, version: int) -> tuple[bool, float]:
             taken = await self.write_state(group, new, version=version)
-            answered.append(time.time())
-            return taken
+            return taken, time.time()  # dated by its answer, before the reads' answers
 
         calls: list[Awaitable[Any]] = [] if write is None else [write_first(*write)]
         calls += [self.read_config(group, warn=warn_config), self.read_state(group, warn=warn_state),
@@ -370,21 +367,22 @@ class ZkGateway:
             if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                 raise outcome  # a cancellation, not an answer
         written: bool | None = None
+        written_at: float | None = None
         if write is not None:
-            taken = found.pop(0)
-            if isinstance(taken, Exception):
-                raise taken
-            written = bool(taken)
+            answer = found.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            written, written_at = cast(tuple[bool, float], answer)
         failed = next((r for r in found if isinstance(r, Exception)), None)
         if failed is not None:
             if written is None:
                 raise failed
-            return GroupRead(None, None, -1, None, written, answered[0] if answered else None, failed)
+            return GroupRead(None, None, -1, None, written, written_at, failed)
         config = cast(GroupConfig | None, found[0])
         state, version = cast(tuple[GroupState | None, int], found[1])
         same = config is not None and [b.name for b in config.brokers] == list(brokers)
         observed = self._observed(group, brokers, found[2:], process=process, warn=warn) if same else None
-        return GroupRead(config, state, version, observed, written, answered[0] if answered else None)
+        return GroupRead(config, state, version, observed, written, written_at)
 
     async def prune_statuses(self, group: str, keep: set[str]) -> list[str]:
         """Delete the ``status`` and ``route`` documents of brokers no longer in the group
