@@ -544,8 +544,10 @@ def test_a_single_step_still_too_large_is_an_error(fake: FakePrometheus, tmp_pat
 
 
 def test_sla_export_writes_query_range_files(fake: FakePrometheus, tmp_path: pathlib.Path) -> None:
-    result = CliRunner().invoke(sla, ["export", "--prometheus", fake.url, "--start", "-2h", "--end", "-1h",
-                                      "--step", "1m", "--header", "X-Scope-OrgID: team-a", "--out", str(tmp_path)])
+    # absolute times: a relative hour crosses UTC midnight, where windows are split, 1 run in 24
+    result = CliRunner().invoke(sla, ["export", "--prometheus", fake.url, "--start", "2026-11-02T10:00:00Z",
+                                      "--end", "2026-11-02T11:00:00Z", "--step", "1m", "--header",
+                                      "X-Scope-OrgID: team-a", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "wrote 1 file(s)" in result.stdout
     assert f"understudy sla report --input {tmp_path} --step 60s" in result.stdout
