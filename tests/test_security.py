@@ -238,6 +238,31 @@ def test_acls_allow_what_they_grant_and_refuse_the_rest(
         assert await committed(plan, "orders-eu", "audit") == {}
         assert sum((await committed(plan, "orders-eu", "shop")).values()) == 20
 
+        # A member refused its group keeps trying: once the group is granted, its next
+        # getmany() joins and reads (a refused first join used to leave it outside for good).
+        late = Consumer(everyone(plan), group="audit", topic="orders-eu", security=bob)
+        try:
+            with pytest.raises(BrokerError) as refused_join:
+                await late.getmany(timeout_s=0.5)
+            assert refused_join.value.status == p.Status.NOT_AUTHORIZED
+            code, out = await asyncio.to_thread(run, acl, [
+                "add", "--principal", "bob", "--group", "audit", "--operation", "join,commit",
+                *admin_args(plan)])
+            assert code == 0, out
+            late_seen: list[bytes] = []
+            deadline = time.monotonic() + 20
+            while len(late_seen) < 20 and time.monotonic() < deadline:
+                try:
+                    late_seen.extend(r.body for r in await late.getmany(timeout_s=0.5))
+                except BrokerError as exc:  # until every broker has the new rule
+                    if exc.status != p.Status.NOT_AUTHORIZED:
+                        raise
+            assert len(late_seen) == 20
+            await late.commit()
+        finally:
+            await late.close()
+        assert sum((await committed(plan, "orders-eu", "audit")).values()) == 20
+
     asyncio.run(scenario())
 
     # Cluster operations are refused to bob, with the ACL that would grant them.
@@ -252,6 +277,7 @@ def test_acls_allow_what_they_grant_and_refuse_the_rest(
     code, out = run(acl, ["list", "--json", *admin_args(plan)])
     rules = {a["principal"]: a["rules"] for a in json.loads(out)["acls"]}
     assert {"resource": "group", "name": "shop", "operations": ["commit", "join"]} in rules["bob"]
+    assert {"resource": "group", "name": "audit", "operations": ["commit", "join"]} in rules["bob"]
 
 
 async def read_all(plan: ClusterPlan, sec: ClientSecurity, name: str, group: str,

@@ -2195,7 +2195,9 @@ class Consumer(_GroupMember):
                                     else max_poll_interval_ms / 1000)
         self._polled_at = time.monotonic()  # the last getmany() call began or ended
         self._in_getmany = 0
-        self._left_stuck = False  # left the group for max_poll_interval_ms: join at getmany
+        #: Not in the group now, and getmany() joins: it left for max_poll_interval_ms,
+        #: or its first join (in start()) failed.
+        self._must_join = False
         #: Orderly consumption (docs/ordered.md): ``getmany`` hands out one record at a
         #: time and commits the one before it first (the caller came back: it processed
         #: it), so a queue's next owner starts after the last record processed.
@@ -2272,9 +2274,8 @@ class Consumer(_GroupMember):
             if self.router.consume_head(self.topic)[0]:
                 self.router.on_route(self._route_changed)
                 self._reapply = asyncio.create_task(self._follow_chain(), name="consume-chain")
-            await self._join()
-            self._polled_at = time.monotonic()
-            self._heartbeat = asyncio.create_task(self._member_tasks(), name="member-heartbeat")
+            self._must_join = True
+            await self._join_now("joins the group")
             return
         for q in self.router.live_queues(self.topic):
             await self._acquire(q)
@@ -2301,7 +2302,7 @@ class Consumer(_GroupMember):
     async def _leave_stuck(self) -> None:
         """Leave the group without committing: the application is stuck in what it was
         handed, so that is delivered again by the queues' next owners (at least once)."""
-        self._left_stuck = True
+        self._must_join = True
         idle = time.monotonic() - self._polled_at
         log.warning("consumer %s of %s: getmany() not called for %.1fs (max_poll_interval_ms "
                     "%d): leaves the group; its queues move to the other members, and what it "
@@ -2314,13 +2315,14 @@ class Consumer(_GroupMember):
         with contextlib.suppress(BrokerError, ConnectionError, OSError, TimeoutError):
             await self._leave(self.group)  # else the brokers expire it after its session
 
-    async def _join_again(self) -> None:
-        """The first getmany() after leaving for the poll interval: join again (a join
-        that fails raises to the caller, and the next getmany() tries again)."""
-        log.info("consumer %s of %s: getmany() called again: joins the group", self.member_id,
-                 self.group)
+    async def _join_now(self, why: str) -> None:
+        """Join the group and start the member's heartbeat: in start(), and at the
+        getmany() after leaving for the poll interval or after a first join that failed.
+        A join that fails raises to the caller, and the next getmany() tries again."""
+        log.info("consumer %s of %s: %s", self.member_id, self.group, why)
         await self._join()
-        self._left_stuck = False
+        self._must_join = False
+        self._polled_at = time.monotonic()
         self._heartbeat = asyncio.create_task(self._member_tasks(), name="member-heartbeat")
 
     async def _lease_watch(self) -> None:
@@ -2559,13 +2561,15 @@ class Consumer(_GroupMember):
         """The records buffered so far, from any of this member's queues (waiting up to
         ``timeout_s`` for the first; empty after that); with ``orderly``, the next record
         alone, after committing the one handed out before.
-        Redelivered (nacked) messages come first when both are waiting."""
+        Redelivered (nacked) messages come first when both are waiting. A member outside
+        its group (its first join failed, or it left for ``max_poll_interval_ms``) joins
+        here; a join that fails raises, and the next call tries again."""
         await self.start()
         self._in_getmany += 1
         self._polled_at = time.monotonic()
         try:
-            if self._left_stuck:
-                await self._join_again()
+            if self._must_join:
+                await self._join_now("getmany() called: joins the group")
             return await self._getmany_any(timeout_s)
         finally:
             self._in_getmany -= 1
