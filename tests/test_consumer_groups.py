@@ -294,7 +294,7 @@ def _spawn_member(plan: ClusterPlan, name: str, record: Path, log: Path) -> subp
                             start_new_session=True)
 
 
-def _records(*paths: Path) -> list[dict[str, object]]:
+def _records(*paths: Path) -> list[dict[str, Any]]:
     """The complete lines the members wrote so far: a member may be writing its last line
     while this reads (a line without its newline yet is left for the next read)."""
     out = []
@@ -515,3 +515,46 @@ def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
             await c.close()
 
     assert asyncio.run(next_member()) == (summary["positions"], [])
+
+
+def test_a_member_process_started_while_its_brokers_are_down_consumes_once_they_are_back(
+        cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    """`understudy consume` given only g1's brokers, both down: it says it polls again
+    (it used to end at its first poll), and once g1 is back it joins and consumes every
+    message of the topic, on both groups."""
+    directory, plan = cluster
+    make_topic(plan, "early")
+    asyncio.run(produce([addr(plan, "g1-0"), addr(plan, "g2-0")], "early",
+                        (b"e-%d" % i for i in range(30))))
+    log = tmp_path / "m.log"
+    killed: list[str] = []
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        for broker in ("g1-0", "g1-1"):
+            lc.kill(directory, broker)
+            killed.append(broker)
+        cmd = [*UNDERSTUDY, "consume", "-b", f"{addr(plan, 'g1-0')},{addr(plan, 'g1-1')}",
+               "-t", "early", "-g", "cge", "--count", "30", "--idle-timeout", "60",
+               "--session-timeout-ms", "4000", "--json"]
+        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        testing.wait_until(lambda: log.read_text().count("polling again in") >= 2,
+                           "the member to say it polls again", 30)
+        assert proc.poll() is None, log.read_text()
+        for broker in killed:
+            lc.start(directory, broker)
+        lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
+        killed.clear()
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for broker in killed:
+            lc.start(directory, broker)
+        if killed:
+            lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    assert (summary["consumed"], summary["errors"]) == (30, []), summary
+    assert summary["polls_retried"] >= 2, summary
+    assert sum(o or 0 for o in summary["positions"].values()) == 30, summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from understudy_broker import protocol as p
 from understudy_broker.cli import cli
+from understudy_broker.cli.client import poll_again
+from understudy_broker.client import BrokerError, DamagedRecord, SecurityError
+from understudy_operator.local.ports import free_port
 
 UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
 
@@ -85,3 +90,32 @@ def test_help_is_true() -> None:
                  "--permission", "--peer", "--flush", "--auto-degrade / --no-auto-degrade",
                  "--in-sync-replicas", "--min-insync-replicas", "--max-lag-bytes"):
         assert flag in result.output
+
+
+@pytest.mark.parametrize(("exc", "again"), [
+    (ConnectionError("no broker answered GET_ROUTE: 127.0.0.1:1: refused"), True),
+    (TimeoutError(), True),
+    (OSError("network unreachable"), True),
+    (BrokerError(p.Status.NOT_MASTER, "route moved"), True),
+    (BrokerError(p.Status.TIMEOUT, "hung"), True),
+    (BrokerError(p.Status.UNKNOWN_MEMBER, "session expired"), True),
+    (BrokerError(p.Status.NOT_AUTHORIZED, "may not join group 'g'"), False),
+    (BrokerError(p.Status.UNKNOWN_TOPIC, "unknown topic 't'"), False),
+    (SecurityError(p.Status.AUTHENTICATION_FAILED, "wrong password"), False),
+    (DamagedRecord(p.Status.CORRUPT_RECORD, "crc", address="a", topic="t", queue=0, offset=7), False),
+])
+def test_consume_polls_again_after_what_waiting_can_mend_only(exc: BaseException, again: bool) -> None:
+    assert poll_again(exc) is again
+
+
+def test_consume_with_no_broker_answering_polls_until_its_idle_timeout_and_says_why() -> None:
+    result = CliRunner().invoke(cli, ["consume", "-b", f"127.0.0.1:{free_port()}", "-t", "t", "-g", "g",
+                                      "--idle-timeout", "1", "--json"])
+    assert result.exit_code == 1, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["consumed"] == 0
+    assert summary["polls_retried"] >= 2, summary  # it did not end at the first poll
+    (error,) = summary["errors"]
+    assert error.startswith("no message for 1s; the last poll: no broker answered GET_ROUTE"), error
+    assert "polling again in" in result.stderr
+    assert "Traceback" not in result.output

@@ -42,6 +42,7 @@ from understudy_broker.client import (
     parse_address,
 )
 from understudy_broker.faultavoid import DEFAULT_STEPS, parse_steps
+from understudy_broker.retry import Backoff
 from understudy_broker.scheduling import (
     DEFAULT_MAX_RECONSUME,
     DLQ_PREFIX,
@@ -383,7 +384,8 @@ async def _produce(
 @click.option("--group", "-g", required=True, help="Consumer group.")
 @click.option("--count", "-n", type=click.IntRange(min=1), default=10_000, show_default=True)
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Stop after this many seconds without a message.")
+              help="Stop after this many seconds without a message (polls that find no "
+                   "broker to answer are retried until then).")
 @click.option("--commit-every", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Commit after this many messages (and at the end). A commit a group "
                    "cannot take now (its brokers down or failing over) is said, kept and "
@@ -482,7 +484,9 @@ async def _consume(
 
     consumed = 0
     since_commit = 0
+    retried = 0
     errors: list[str] = []
+    backoff = Backoff(0.1, 2.0)
     flusher = asyncio.create_task(keep_flushing()) if record is not None else None
     with _progress() as progress:
         task = progress.add_task(f"consume {topic}", total=count, rate="")
@@ -490,7 +494,24 @@ async def _consume(
         last_seen = started
         try:
             while consumed < count:
-                records = await consumer.getmany(timeout_s=0.25)
+                try:
+                    records = await consumer.getmany(timeout_s=0.25)
+                except (BrokerError, ConnectionError, OSError, TimeoutError) as exc:
+                    if not poll_again(exc):
+                        raise
+                    # No broker reachable now (a group failing over, a rejoin that found
+                    # none): the consumer tries again at the next call, and what it
+                    # buffered stays buffered. The idle timeout bounds the wait.
+                    retried += 1
+                    if time.perf_counter() - last_seen > idle_timeout:
+                        errors.append(f"no message for {idle_timeout:g}s; the last poll: {exc}")
+                        break
+                    delay = backoff.next()
+                    _stderr.print(f"consume: {exc}; polling again in {delay:.1f}s", markup=False,
+                                  highlight=False)
+                    await asyncio.sleep(delay)
+                    continue
+                backoff.reset()
                 now = time.perf_counter()
                 flush_ownership()
                 if not records:
@@ -523,7 +544,7 @@ async def _consume(
                 progress.update(task, completed=min(consumed, count),
                                 rate=f"{consumed / (now - started):,.0f} msg/s")
             await consumer.commit()
-        except (BrokerError, ConnectionError) as exc:
+        except (BrokerError, ConnectionError, OSError, TimeoutError) as exc:
             errors.append(str(exc))
         finally:
             if flusher is not None:
@@ -541,8 +562,19 @@ async def _consume(
         "redelivered": redelivered,
         "dead_lettered": dead,
         "commit_failures": consumer.commit_failures,
+        "polls_retried": retried,
         "errors": errors,
     }
+
+
+def poll_again(exc: BaseException) -> bool:
+    """Whether ``understudy consume`` polls again after ``getmany`` raised ``exc``: yes
+    when no broker could answer now or the one that did will not for a while (a route
+    to move, a member to rejoin); no for what waiting does not change (not authorized,
+    an unknown topic, a damaged record). Pure."""
+    if isinstance(exc, BrokerError):
+        return exc.retriable or exc.status == p.Status.UNKNOWN_MEMBER
+    return isinstance(exc, (ConnectionError, OSError, TimeoutError))
 
 
 def _report(summary: dict[str, Any], *, as_json: bool, title: str) -> None:
