@@ -7,13 +7,14 @@ two members on one queue (from the members' own acquire/release records)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -440,6 +441,46 @@ def test_members_keep_their_queues_when_their_hosting_broker_dies(
     assert moves == []
 
 
+class GroupDown:
+    """Both brokers of ``group`` killed (kill -9) on entry; :meth:`restore`, or the end of
+    the ``with`` block whatever happened in it, starts them again and waits for NORMAL."""
+
+    def __init__(self, directory: Path, plan: ClusterPlan, group: str) -> None:
+        self.directory, self.plan, self.group = directory, plan, group
+        self.killed: list[str] = []
+
+    def __enter__(self) -> GroupDown:
+        for broker in (f"{self.group}-0", f"{self.group}-1"):
+            lc.kill(self.directory, broker)
+            self.killed.append(broker)
+        return self
+
+    def restore(self) -> None:
+        if not self.killed:
+            return
+        for broker in self.killed:
+            lc.start(self.directory, broker)
+        self.killed.clear()
+        lc.wait_mode(self.plan, self.group, "NORMAL", deadline=time.monotonic() + 30)
+
+    def __exit__(self, *_exc: object) -> None:
+        self.restore()
+
+
+@contextlib.contextmanager
+def member_process(cmd: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``cmd`` (an ``understudy consume`` member) with its output in ``log``; killed at the
+    end of the ``with`` block if it is still running."""
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
         cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
     """`understudy consume` commits every 50 messages; both brokers of g1 are killed with
@@ -455,14 +496,11 @@ def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
            "--count", "150", "--idle-timeout", "120", "--commit-every", "50",
            "--session-timeout-ms", "4000", "--member-id", "m", "--record", str(record),
            "--json"]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    killed: list[str] = []
 
     def delivered() -> set[str]:
         return {str(r["id"]) for r in _records(record) if r["kind"] == "deliver"}
 
-    try:
+    with member_process(cmd, log) as proc:
         testing.wait_until(lambda: any(r["kind"] == "acquire" for r in _records(record)),
                            "the member owns queues", 30)
         asyncio.run(produce(boot, "patient", (b"a-%d" % i for i in range(40))))
@@ -470,30 +508,18 @@ def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
         on_g1 = {q["queue"] for q in asyncio.run(describe_topic(boot, "patient"))["queues"]
                  if q["group"] == "g1"}
         assert any(r["queue"] in on_g1 for r in _records(record) if r["kind"] == "deliver")
-        for broker in ("g1-0", "g1-1"):  # g1's positions are not committed (40 < 50)
-            lc.kill(directory, broker)
-            killed.append(broker)
-        asyncio.run(produce(boot[:2], "patient", (b"b-%d" % i for i in range(60))))
-        testing.wait_until(lambda: len(delivered()) == 100, "100 consumed", 30)
-        # g1 stays down until the commit that carried its positions gave up (its retries
-        # last a few seconds; one still running when g1 is back would simply be taken).
-        testing.wait_until(lambda: "kept for the next commit" in log.read_text(),
-                           "the member to say it kept a commit", 30)
-        assert proc.poll() is None, log.read_text()
-        for broker in killed:
-            lc.start(directory, broker)
-        lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
-        killed.clear()
+        with GroupDown(directory, plan, "g1") as g1:  # g1's positions are not committed (40 < 50)
+            asyncio.run(produce(boot[:2], "patient", (b"b-%d" % i for i in range(60))))
+            testing.wait_until(lambda: len(delivered()) == 100, "100 consumed", 30)
+            # g1 stays down until the commit that carried its positions gave up (its
+            # retries last a few seconds; one still running when g1 is back would simply
+            # be taken).
+            testing.wait_until(lambda: "kept for the next commit" in log.read_text(),
+                               "the member to say it kept a commit", 30)
+            assert proc.poll() is None, log.read_text()
+            g1.restore()
         asyncio.run(produce(boot, "patient", (b"c-%d" % i for i in range(50))))
         assert proc.wait(60) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for broker in killed:
-            lc.start(directory, broker)
-        if killed:
-            lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
     output = log.read_text()
     summary = json.loads(output.strip().splitlines()[-1])
     assert (summary["consumed"], summary["errors"]) == (150, []), summary
@@ -527,33 +553,15 @@ def test_a_member_process_started_while_its_brokers_are_down_consumes_once_they_
     asyncio.run(produce([addr(plan, "g1-0"), addr(plan, "g2-0")], "early",
                         (b"e-%d" % i for i in range(30))))
     log = tmp_path / "m.log"
-    killed: list[str] = []
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        for broker in ("g1-0", "g1-1"):
-            lc.kill(directory, broker)
-            killed.append(broker)
-        cmd = [*UNDERSTUDY, "consume", "-b", f"{addr(plan, 'g1-0')},{addr(plan, 'g1-1')}",
-               "-t", "early", "-g", "cge", "--count", "30", "--idle-timeout", "60",
-               "--session-timeout-ms", "4000", "--json"]
-        proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    cmd = [*UNDERSTUDY, "consume", "-b", f"{addr(plan, 'g1-0')},{addr(plan, 'g1-1')}",
+           "-t", "early", "-g", "cge", "--count", "30", "--idle-timeout", "60",
+           "--session-timeout-ms", "4000", "--json"]
+    with GroupDown(directory, plan, "g1") as g1, member_process(cmd, log) as proc:
         testing.wait_until(lambda: log.read_text().count("polling again in") >= 2,
                            "the member to say it polls again", 30)
         assert proc.poll() is None, log.read_text()
-        for broker in killed:
-            lc.start(directory, broker)
-        lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
-        killed.clear()
+        g1.restore()
         assert proc.wait(60) == 0, log.read_text()
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for broker in killed:
-            lc.start(directory, broker)
-        if killed:
-            lc.wait_mode(plan, "g1", "NORMAL", deadline=time.monotonic() + 30)
     summary = json.loads(log.read_text().strip().splitlines()[-1])
     assert (summary["consumed"], summary["errors"]) == (30, []), summary
     assert summary["polls_retried"] >= 2, summary
