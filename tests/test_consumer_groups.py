@@ -441,27 +441,29 @@ def test_members_keep_their_queues_when_their_hosting_broker_dies(
     assert moves == []
 
 
-class GroupDown:
-    """Both brokers of ``group`` killed (kill -9) on entry; :meth:`restore`, or the end of
-    the ``with`` block whatever happened in it, starts them again and waits for NORMAL."""
+class Killed:
+    """``brokers`` killed (kill -9) on entry; :meth:`restore`, or the end of the ``with``
+    block whatever happened in it, starts them again and waits for their groups to be
+    NORMAL."""
 
-    def __init__(self, directory: Path, plan: ClusterPlan, group: str) -> None:
-        self.directory, self.plan, self.group = directory, plan, group
+    def __init__(self, directory: Path, plan: ClusterPlan, *brokers: str) -> None:
+        self.directory, self.plan = directory, plan
+        self.brokers = brokers
         self.killed: list[str] = []
 
-    def __enter__(self) -> GroupDown:
-        for broker in (f"{self.group}-0", f"{self.group}-1"):
+    def __enter__(self) -> Killed:
+        for broker in self.brokers:
             lc.kill(self.directory, broker)
             self.killed.append(broker)
         return self
 
     def restore(self) -> None:
-        if not self.killed:
-            return
+        groups = sorted({broker.split("-")[0] for broker in self.killed})
         for broker in self.killed:
             lc.start(self.directory, broker)
         self.killed.clear()
-        lc.wait_mode(self.plan, self.group, "NORMAL", deadline=time.monotonic() + 30)
+        for group in groups:
+            lc.wait_mode(self.plan, group, "NORMAL", deadline=time.monotonic() + 30)
 
     def __exit__(self, *_exc: object) -> None:
         self.restore()
@@ -508,7 +510,7 @@ def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
         on_g1 = {q["queue"] for q in asyncio.run(describe_topic(boot, "patient"))["queues"]
                  if q["group"] == "g1"}
         assert any(r["queue"] in on_g1 for r in _records(record) if r["kind"] == "deliver")
-        with GroupDown(directory, plan, "g1") as g1:  # g1's positions are not committed (40 < 50)
+        with Killed(directory, plan, "g1-0", "g1-1") as g1:  # g1's positions are not committed (40 < 50)
             asyncio.run(produce(boot[:2], "patient", (b"b-%d" % i for i in range(60))))
             testing.wait_until(lambda: len(delivered()) == 100, "100 consumed", 30)
             # g1 stays down until the commit that carried its positions gave up (its
@@ -556,7 +558,7 @@ def test_a_member_process_started_while_its_brokers_are_down_consumes_once_they_
     cmd = [*UNDERSTUDY, "consume", "-b", f"{addr(plan, 'g1-0')},{addr(plan, 'g1-1')}",
            "-t", "early", "-g", "cge", "--count", "30", "--idle-timeout", "60",
            "--session-timeout-ms", "4000", "--json"]
-    with GroupDown(directory, plan, "g1") as g1, member_process(cmd, log) as proc:
+    with Killed(directory, plan, "g1-0", "g1-1") as g1, member_process(cmd, log) as proc:
         testing.wait_until(lambda: log.read_text().count("polling again in") >= 2,
                            "the member to say it polls again", 30)
         assert proc.poll() is None, log.read_text()
@@ -566,3 +568,42 @@ def test_a_member_process_started_while_its_brokers_are_down_consumes_once_they_
     assert (summary["consumed"], summary["errors"]) == (30, []), summary
     assert summary["polls_retried"] >= 2, summary
     assert sum(o or 0 for o in summary["positions"].values()) == 30, summary
+
+
+def test_a_member_process_that_cannot_hand_a_message_back_commits_nothing_past_it(
+        cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    """`understudy consume --nack-every 1` on a topic of g1 while g1's slave acts and g2's
+    master is down: no group can take the handed-back copy, so the nack fails. The
+    command ends with the error and commits nothing (closing would have committed past the
+    message, and the group would never see it again): the next member reads all of it."""
+    directory, plan = cluster
+    boot = [addr(plan, "g1-1"), addr(plan, "g2-1")]
+    out = CliRunner().invoke(topic, ["create", "-b", addr(plan, "g1-0"), "-t", "handback",
+                                     "--groups", "g1", "--queues-per-group", "2"])
+    assert out.exit_code == 0, out.output
+    asyncio.run(produce([addr(plan, "g1-0"), *boot], "handback", (b"h-%d" % i for i in range(10))))
+    cmd = [*UNDERSTUDY, "consume", "-b", ",".join(boot), "-t", "handback", "-g", "cgn",
+           "--count", "10", "--nack-every", "1", "--idle-timeout", "30",
+           "--session-timeout-ms", "3000", "--json"]
+    with Killed(directory, plan, "g1-0", "g2-0"):
+        lc.wait_mode(plan, "g1", "SLAVE_CONSUME", deadline=time.monotonic() + 30)
+        ended = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+    output = ended.stdout.decode() + ended.stderr.decode()
+    assert ended.returncode == 1, output
+    summary = json.loads(ended.stdout.decode().strip().splitlines()[-1])
+    assert summary["consumed"] >= 1, summary
+    assert summary["nacked"] == 0, summary
+    assert summary["errors"], summary
+
+    async def next_member() -> list[bytes]:
+        c = Consumer(boot, group="cgn", topic="handback", session_timeout_ms=3000)
+        seen: list[bytes] = []
+        try:
+            deadline = time.monotonic() + 30
+            while len(seen) < 10 and time.monotonic() < deadline:
+                seen.extend(r.body for r in await c.getmany(timeout_s=0.5))
+            return seen
+        finally:
+            await c.close()
+
+    assert sorted(asyncio.run(next_member())) == sorted(b"h-%d" % i for i in range(10))

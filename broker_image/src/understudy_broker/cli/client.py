@@ -397,7 +397,9 @@ async def _produce(
               help="Append one JSON line per delivery and per queue acquired/released.")
 @click.option("--nack-every", type=click.IntRange(min=1), default=None, metavar="K",
               help="Hand back every K-th message instead of processing it: it comes again "
-                   "after --nack-delay through the group's retry topic (docs/delayed.md).")
+                   "after --nack-delay through the group's retry topic (docs/delayed.md). "
+                   "One that cannot be handed back ends the command with nothing more "
+                   "committed.")
 @click.option("--nack-delay", default="1s", show_default=True, metavar="DURATION",
               help="How long a handed-back message waits before it comes again.")
 @click.option("--max-reconsume", type=click.IntRange(min=0), default=DEFAULT_MAX_RECONSUME,
@@ -485,6 +487,7 @@ async def _consume(
     consumed = 0
     since_commit = 0
     retried = 0
+    unsettled = False  # a message neither processed nor handed back: no commit past it
     errors: list[str] = []
     backoff = Backoff(0.1, 2.0)
     flusher = asyncio.create_task(keep_flushing()) if record is not None else None
@@ -533,7 +536,14 @@ async def _consume(
                 if nack_every is not None:
                     for i, r in enumerate(records):
                         if (consumed - len(records) + i + 1) % nack_every == 0:
-                            resp = await consumer.nack(r, delay_ms=nack_delay_ms)
+                            try:
+                                resp = await consumer.nack(r, delay_ms=nack_delay_ms)
+                            except (BrokerError, ConnectionError, OSError, TimeoutError):
+                                # Not handed back (its retries spent): committing past it
+                                # would lose it, so the member stops as a crashed one
+                                # would, and the group reads it again after the last commit.
+                                unsettled = True
+                                raise
                             nacked += 1
                             dead += resp.topic.startswith(DLQ_PREFIX)
                 if since_commit >= commit_every:
@@ -549,7 +559,7 @@ async def _consume(
         finally:
             if flusher is not None:
                 await stop_tasks([flusher])
-            await consumer.close()
+            await (consumer.abort() if unsettled else consumer.close())
             flush_ownership()
         elapsed = time.perf_counter() - started
     return {
