@@ -2634,7 +2634,10 @@ class Consumer(_GroupMember):
         ``reconsume_times`` one higher; past ``max_reconsume`` it goes to the group's
         dead-letter topic ``%DLQ%<group>`` instead. The record counts as processed: the
         next :meth:`commit` moves past it. Needs consumer-group membership; the member
-        must own the record's queue (``NOT_OWNER`` otherwise)."""
+        must own the record's queue (``NOT_OWNER`` otherwise). When it raises, the record
+        was not handed back, and a commit (or :meth:`close`) would still move past it:
+        nack it again, or :meth:`abort` so the group reads it again (what
+        ``understudy consume`` does)."""
         if record.topic != self.topic:
             retry = self._retry
             if retry is None or record.topic != retry.topic:
