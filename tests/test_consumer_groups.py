@@ -607,3 +607,56 @@ def test_a_member_process_that_cannot_hand_a_message_back_commits_nothing_past_i
             await c.close()
 
     assert sorted(asyncio.run(next_member())) == sorted(b"h-%d" % i for i in range(10))
+
+
+def test_sigterm_stops_a_producer_and_a_member_process_cleanly(
+        cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
+    """SIGTERM, what Kubernetes sends a pod it stops: `understudy produce --rate` ends
+    with what it sent acknowledged and nothing counted failed; `understudy consume` commits
+    what it consumed and leaves the group at once (a crashed member stays listed for its
+    30 s session). Both print their summary and exit 0; the next member starts where the
+    first one stopped."""
+    _directory, plan = cluster
+    boot = [addr(plan, "g1-0"), addr(plan, "g2-0")]
+    make_topic(plan, "graceful")
+    plog, clog, record = tmp_path / "p.log", tmp_path / "c.log", tmp_path / "c.jsonl"
+    acks = tmp_path / "p.jsonl"
+    produce_cmd = [*UNDERSTUDY, "produce", "-b", ",".join(boot), "-t", "graceful",
+                   "--count", "100000", "--rate", "100", "--id-prefix", "s",
+                   "--record", str(acks), "--json"]
+    with member_process(produce_cmd, plog) as producer:
+        testing.wait_until(lambda: acks.exists() and acks.read_text().count("\n") >= 20,
+                           "20 messages acknowledged", 30)
+        producer.send_signal(signal.SIGTERM)
+        assert producer.wait(30) == 0, plog.read_text()
+    sent = json.loads(plog.read_text().strip().splitlines()[-1])
+    assert sent["stopped_by"] == "SIGTERM", sent
+    assert (sent["failed"], sent["errors"]) == (0, []), sent
+    assert 20 <= sent["acked"] < 100000, sent
+    assert acks.read_text().count("\n") == sent["acked"]
+
+    consume_cmd = [*UNDERSTUDY, "consume", "-b", ",".join(boot), "-t", "graceful", "-g", "cgt",
+                   "--count", "100000", "--idle-timeout", "60", "--session-timeout-ms", "30000",
+                   "--member-id", "t", "--record", str(record), "--json"]
+    with member_process(consume_cmd, clog) as member:
+        testing.wait_until(
+            lambda: sum(r["kind"] == "deliver" for r in _records(record)) == sent["acked"],
+            "every message consumed", 30)
+        member.send_signal(signal.SIGTERM)
+        assert member.wait(30) == 0, clog.read_text()
+    summary = json.loads(clog.read_text().strip().splitlines()[-1])
+    assert summary["stopped_by"] == "SIGTERM", summary
+    assert (summary["consumed"], summary["errors"]) == (sent["acked"], []), summary
+    assert asyncio.run(describe_consumer_group(boot, "cgt"))["members"] == []
+
+    async def next_member() -> tuple[dict[str, int | None], list[bytes]]:
+        c = Consumer(boot, group="cgt", topic="graceful", session_timeout_ms=4000)
+        try:
+            await c.start()
+            await testing.eventually(lambda: len(c.started_at) == 8, "8 queues acquired", 20)
+            start: dict[str, int | None] = {str(q): o for q, o in sorted(c.started_at.items())}
+            return start, [r.body for r in await c.getmany(timeout_s=1.0)]
+        finally:
+            await c.close()
+
+    assert asyncio.run(next_member()) == (summary["positions"], [])

@@ -1,8 +1,12 @@
-"""Bad broker/client flags: a clear message naming the problem and exit code 2."""
+"""The broker and client commands: bad flags get a clear message naming the problem and
+exit code 2; how the client commands poll again, and stop on a signal."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +16,7 @@ from click.testing import CliRunner
 
 from understudy_broker import protocol as p
 from understudy_broker.cli import cli
-from understudy_broker.cli.client import poll_again
+from understudy_broker.cli.client import poll_again, stop_on_signals
 from understudy_broker.client import BrokerError, DamagedRecord, SecurityError
 from understudy_operator.local.ports import free_port
 
@@ -119,3 +123,14 @@ def test_consume_with_no_broker_answering_polls_until_its_idle_timeout_and_says_
     assert error.startswith("no message for 1s; the last poll: no broker answered GET_ROUTE"), error
     assert "polling again in" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_the_first_signal_asks_a_command_to_stop_and_the_next_acts_as_without_it() -> None:
+    async def run() -> tuple[str | None, object, object]:
+        with stop_on_signals() as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            async with asyncio.timeout(5):
+                await stop.event.wait()
+            return stop.signal, signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+    assert asyncio.run(run()) == ("SIGTERM", signal.SIG_DFL, signal.default_int_handler)

@@ -13,10 +13,12 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -72,6 +74,55 @@ def _bootstrap(values: Sequence[str]) -> list[str]:
     if not out:
         raise click.BadParameter("at least one HOST:PORT is needed", param_hint="--bootstrap")
     return out
+
+
+class Stop:
+    """The first SIGTERM or SIGINT a command's loop took: it ends as at its count (the
+    producer flushes, the consumer commits and leaves) and prints its summary."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.signal: str | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[Stop]:
+    """SIGTERM (what Kubernetes and ``kill`` send) and SIGINT (Ctrl-C) ask the running
+    command to stop cleanly; after the first one, a second acts as it would without this
+    (SIGTERM ends the process at once, SIGINT raises KeyboardInterrupt). Call inside the
+    event loop; outside the main thread (no signals there) it installs nothing."""
+    loop = asyncio.get_running_loop()
+    stop = Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    sigs = (signal.SIGTERM, signal.SIGINT)
+
+    def caught(sig: signal.Signals) -> None:
+        stop.signal = sig.name
+        stop.event.set()
+        for s in sigs:
+            loop.remove_signal_handler(s)
+        _stderr.print(f"{sig.name}: stopping (again to stop at once)", markup=False, highlight=False)
+
+    for sig in sigs:
+        loop.add_signal_handler(sig, caught, sig)
+    try:
+        yield stop
+    finally:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
+
+
+async def _sleep_unless(stop: Stop, delay_s: float) -> None:
+    """Sleep ``delay_s``, or less if a stop is asked for meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay_s):
+            await stop.event.wait()
 
 
 def _progress() -> Progress:
@@ -297,10 +348,10 @@ async def _produce(
     slots = asyncio.Semaphore(window)
     latencies: list[float] = []
     errors: list[str] = []
-    acked = 0
+    acked = sent = 0
     prefix = os.urandom(4).hex().encode()
     pad = b"x" * size
-    with _progress() as progress:
+    with _progress() as progress, stop_on_signals() as stop:
         task = progress.add_task(f"produce {topic}", total=count, rate="")
         started = time.perf_counter()
         last_draw = started
@@ -339,7 +390,9 @@ async def _produce(
                 if rate is not None:
                     delay = started + i / rate - time.perf_counter()
                     if delay > 0:
-                        await asyncio.sleep(delay)
+                        await _sleep_unless(stop, delay)
+                if stop.requested:
+                    break
                 await slots.acquire()
                 if outstanding == 0:
                     progress_at = time.perf_counter()
@@ -351,6 +404,7 @@ async def _produce(
                 sent_at = time.perf_counter()
                 due_ms = deliver_at() if deliver_at is not None else 0
                 fut = await producer.send(topic, body, key=key, deliver_at_ms=due_ms)
+                sent += 1
                 fut.add_done_callback(functools.partial(done, sent_at=sent_at, body=body,
                                                         due_ms=due_ms))
                 now = time.perf_counter()
@@ -366,7 +420,9 @@ async def _produce(
         progress.update(task, completed=acked, rate=f"{acked / elapsed:,.0f} msg/s")
     return {
         "acked": acked,
-        "failed": count - acked,
+        # Stopped by a signal, what it did not send has not failed.
+        "failed": (sent if stop.requested else count) - acked,
+        "stopped_by": stop.signal,
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(acked / elapsed, 1) if elapsed > 0 else 0.0,
         "mb_per_s": round(acked * size / elapsed / 1e6, 2) if elapsed > 0 else 0.0,
@@ -441,7 +497,7 @@ def consume(
                      security=security)
         )
     _report(summary, as_json=as_json, title="consume")
-    if summary["consumed"] < count:
+    if summary["errors"] or (summary["stopped_by"] is None and summary["consumed"] < count):
         sys.exit(1)
 
 
@@ -491,12 +547,12 @@ async def _consume(
     errors: list[str] = []
     backoff = Backoff(0.1, 2.0)
     flusher = asyncio.create_task(keep_flushing()) if record is not None else None
-    with _progress() as progress:
+    with _progress() as progress, stop_on_signals() as stop:
         task = progress.add_task(f"consume {topic}", total=count, rate="")
         started = time.perf_counter()
         last_seen = started
         try:
-            while consumed < count:
+            while consumed < count and not stop.requested:
                 try:
                     records = await consumer.getmany(timeout_s=0.25)
                 except (BrokerError, ConnectionError, OSError, TimeoutError) as exc:
@@ -512,7 +568,7 @@ async def _consume(
                     delay = backoff.next()
                     _stderr.print(f"consume: {exc}; polling again in {delay:.1f}s", markup=False,
                                   highlight=False)
-                    await asyncio.sleep(delay)
+                    await _sleep_unless(stop, delay)
                     continue
                 backoff.reset()
                 now = time.perf_counter()
@@ -573,6 +629,7 @@ async def _consume(
         "dead_lettered": dead,
         "commit_failures": consumer.commit_failures,
         "polls_retried": retried,
+        "stopped_by": stop.signal,
         "errors": errors,
     }
 
