@@ -4,11 +4,21 @@ costs 8-12 s and ~0.7 GB on these machines), and small synthetic exports."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# The tests write expected times as naive datetimes meaning UTC, and PySpark turns naive
+# datetimes into instants (and collected ones back) in the process's local zone: on a
+# machine not in UTC every such time would be off by the zone's offset. The job itself
+# does not depend on it (a report under TZ=America/New_York over the US clock change
+# equals the UTC one); the tests' way of writing times does.
+os.environ["TZ"] = "UTC"
+time.tzset()
 
 pyspark = pytest.importorskip("pyspark", reason="the SLA tests need PySpark (pip install 'understudy[spark]')")
 
