@@ -441,6 +441,20 @@ def test_members_keep_their_queues_when_their_hosting_broker_dies(
     assert moves == []
 
 
+async def next_member(boot: list[str], cgroup: str, name: str
+                      ) -> tuple[dict[str, int | None], list[bytes]]:
+    """Where a new member of ``cgroup`` starts on each of the topic's 8 queues (the
+    offsets the brokers hold for the group), and what it reads in its first second."""
+    c = Consumer(boot, group=cgroup, topic=name, session_timeout_ms=4000)
+    try:
+        await c.start()
+        await testing.eventually(lambda: len(c.started_at) == 8, "8 queues acquired", 20)
+        start: dict[str, int | None] = {str(q): o for q, o in sorted(c.started_at.items())}
+        return start, [r.body for r in await c.getmany(timeout_s=1.0)]
+    finally:
+        await c.close()
+
+
 class Killed:
     """``brokers`` killed (kill -9) on entry; :meth:`restore`, or the end of the ``with``
     block whatever happened in it, starts them again and waits for their groups to be
@@ -529,20 +543,9 @@ def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
     assert "kept for the next commit" in output
     assert delivered() == ({f"a-{i}" for i in range(40)} | {f"b-{i}" for i in range(60)}
                            | {f"c-{i}" for i in range(50)})
-
-    async def next_member() -> tuple[dict[str, int | None], list[bytes]]:
-        # A member starting after it begins at the offsets the brokers hold: the ones
-        # reported, with nothing left to read again.
-        c = Consumer(boot, group="cgp", topic="patient", session_timeout_ms=4000)
-        try:
-            await c.start()
-            await testing.eventually(lambda: len(c.started_at) == 8, "8 queues acquired", 20)
-            start: dict[str, int | None] = {str(q): o for q, o in sorted(c.started_at.items())}
-            return start, [r.body for r in await c.getmany(timeout_s=1.0)]
-        finally:
-            await c.close()
-
-    assert asyncio.run(next_member()) == (summary["positions"], [])
+    # A member starting after it begins at the offsets the brokers hold: the ones
+    # reported, with nothing left to read again.
+    assert asyncio.run(next_member(boot, "cgp", "patient")) == (summary["positions"], [])
 
 
 def test_a_member_process_started_while_its_brokers_are_down_consumes_once_they_are_back(
@@ -648,15 +651,4 @@ def test_sigterm_stops_a_producer_and_a_member_process_cleanly(
     assert summary["stopped_by"] == "SIGTERM", summary
     assert (summary["consumed"], summary["errors"]) == (sent["acked"], []), summary
     assert asyncio.run(describe_consumer_group(boot, "cgt"))["members"] == []
-
-    async def next_member() -> tuple[dict[str, int | None], list[bytes]]:
-        c = Consumer(boot, group="cgt", topic="graceful", session_timeout_ms=4000)
-        try:
-            await c.start()
-            await testing.eventually(lambda: len(c.started_at) == 8, "8 queues acquired", 20)
-            start: dict[str, int | None] = {str(q): o for q, o in sorted(c.started_at.items())}
-            return start, [r.body for r in await c.getmany(timeout_s=1.0)]
-        finally:
-            await c.close()
-
-    assert asyncio.run(next_member()) == (summary["positions"], [])
+    assert asyncio.run(next_member(boot, "cgt", "graceful")) == (summary["positions"], [])
