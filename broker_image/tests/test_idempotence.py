@@ -29,10 +29,28 @@ def test_consecutive_numbers_at_consecutive_offsets_make_one_run() -> None:
 def test_the_record_round_trips_and_refuses_what_it_did_not_write() -> None:
     runs = [Run(0, 5, 3, 100), Run(7, 2**63, 1, idem.SCHEDULED)]
     body = idem.encode_record(2**64 - 1, "tópic", runs)
-    assert idem.decode_record(body) == (2**64 - 1, "tópic", runs)
-    for bad in (body[:-1], body + b"x", b"\x02" + body[1:], b"", b"\x01\x00"):
+    assert idem.decode_record(body) == (2**64 - 1, [("tópic", runs)])
+    for bad in (body[:-1], body + b"x", b"\x03" + body[1:], b"", b"\x01\x00"):
         with pytest.raises(ValueError, match="producer record"):
             idem.decode_record(bad)
+
+
+def test_one_record_holds_the_runs_of_every_topic_of_a_request() -> None:
+    parts = [("orders", [Run(0, 5, 3, 100)]), ("pay", []), ("t", [Run(2, 0, 1, idem.SCHEDULED)])]
+    body = idem.encode_request_record(9, parts)
+    assert body[0] == 2  # version 2: several topics
+    assert idem.decode_record(body) == (9, parts)
+    # One topic is written as version 1, which brokers before version 2 read too.
+    assert idem.encode_request_record(9, parts[:1]) == idem.encode_record(9, *parts[0])
+    for bad in (body[:-1], body + b"\x00", b"\x02" + body[1:9] + b"\x00\x01" + body[11:]):
+        with pytest.raises(ValueError, match="producer record"):
+            idem.decode_record(bad)
+    with pytest.raises(ValueError, match="1 to 65535 topics"):
+        idem.encode_request_record(9, [])
+    table = idem.ProducerTable()
+    assert table.rebuild([body]) == 0
+    assert table.lookup(9, "orders", 0, 7) == 102
+    assert table.lookup(9, "t", 2, 0) == idem.SCHEDULED
 
 
 def test_the_table_answers_repeats_inside_recorded_runs_only() -> None:
@@ -99,7 +117,7 @@ def test_retried_batches_are_stored_once_whatever_the_order(data: st.DataObject)
     arrivals = data.draw(st.lists(st.sampled_from(range(len(sent))), min_size=1,
                                   max_size=16)) + list(range(len(sent)))
     table = idem.ProducerTable()
-    log: list[list[tuple[int, int]]] = [[], [], []]  # per queue: (seq) at each offset
+    log: list[list[int]] = [[], [], []]  # per queue: the seq at each offset
     first: dict[tuple[int, int], int] = {}
     for b in arrivals:
         queues = [q for q, _s in sent[b]]
@@ -193,8 +211,14 @@ def test_any_record_round_trips_and_any_damage_is_a_value_error(
     """Producer records are read back from the log: what this version wrote reads back
     exactly; bytes it did not write (cut, extended, flipped, random) raise ValueError,
     nothing else (the table skips them)."""
+    several = data.draw(st.lists(st.tuples(st.text(max_size=8), _runs), min_size=2, max_size=4,
+                                 unique_by=lambda part: part[0]))
     body = idem.encode_record(producer, topic, runs)
-    assert idem.decode_record(body) == (producer, topic, runs)
+    assert idem.decode_record(body) == (producer, [(topic, runs)])
+    request = idem.encode_request_record(producer, several)
+    assert idem.decode_record(request) == (producer, several)
+    if data.draw(st.booleans()):
+        body = request
     cut = data.draw(st.integers(0, len(body)))
     flip = data.draw(st.integers(0, len(body) - 1))
     damaged = bytearray(body)

@@ -21,7 +21,11 @@ The pieces, all pure (the broker's produce handler does the I/O):
   internal topic :data:`PRODUCERS_TOPIC` *in the same append* as the messages, so they
   are durable, replicated and lost together: a master that restarts rebuilds its table
   from the last :data:`REBUILD_RECORDS` of those records, and a slave's copy of the log
-  carries them too.
+  carries them too. A PRODUCE_MULTI's parts stored in one append share one record per
+  producer: version 1 holds one topic's runs (what every broker reads), version 2 the
+  runs of several topics (:func:`encode_request_record`). A broker older than version 2
+  skips those records when it rebuilds: a lost memory of those repeats, never a wrong
+  answer (docs/idempotence.md, "The record's versions").
 * **The table** (:class:`ProducerTable`) keeps the last :data:`RUNS_PER_QUEUE` runs of
   each ``(producer, topic, queue)`` and at most :data:`MAX_KEYS` such keys, least recently
   used first out. A run that continues the key's last one in numbers *and* offsets (the
@@ -55,10 +59,14 @@ REBUILD_RECORDS: Final = 20_000
 #: ``first_offset`` of a run of delayed messages (stored in the schedule, no offset yet).
 SCHEDULED: Final = -1
 
-_HEAD = struct.Struct(">BQH")  # version 1, producer id, topic length
+_HEAD = struct.Struct(">BQH")  # version, producer id, topic length (1) or topic count (2)
 _RUN = struct.Struct(">IQIq")  # queue, first seq, count, first offset (-1: scheduled)
 _COUNT = struct.Struct(">I")
-_VERSION = 1
+_NAME = struct.Struct(">H")  # version 2: each topic's name length
+_VERSION = 1  # one topic's runs
+_VERSION_TOPICS = 2  # several topics' runs: the parts of a PRODUCE_MULTI
+#: The most topics one version 2 record holds.
+MAX_RECORD_TOPICS: Final = 0xFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,33 +107,71 @@ def runs_of(stored: Sequence[tuple[int, int, int]]) -> list[Run]:
     return [Run(*run) for run in out]
 
 
+def _runs_bytes(runs: Sequence[Run]) -> list[bytes]:
+    """A topic's runs in a record: their count, then each."""
+    return [_COUNT.pack(len(runs)),
+            *(_RUN.pack(r.queue, r.first_seq, r.count, r.first_offset) for r in runs)]
+
+
 def encode_record(producer: int, topic: str, runs: Sequence[Run]) -> bytes:
-    """The body of a :data:`PRODUCERS_TOPIC` record: which messages of which producer
-    one PRODUCE stored where."""
+    """The body of a :data:`PRODUCERS_TOPIC` record (version 1): which messages of which
+    producer one PRODUCE stored where."""
     name = topic.encode()
-    parts = [_HEAD.pack(_VERSION, producer, len(name)), name, _COUNT.pack(len(runs))]
-    parts += [_RUN.pack(r.queue, r.first_seq, r.count, r.first_offset) for r in runs]
-    return b"".join(parts)
+    return b"".join([_HEAD.pack(_VERSION, producer, len(name)), name, *_runs_bytes(runs)])
 
 
-def decode_record(body: bytes) -> tuple[int, str, list[Run]]:
-    """``(producer, topic, runs)``; raises ``ValueError`` for a body this version did not
-    write (the table skips it: a lost memory, never a wrong answer)."""
+def encode_request_record(producer: int, parts: Sequence[tuple[str, Sequence[Run]]]) -> bytes:
+    """One record for the runs of several topics one append stored for ``producer``
+    (``(topic, runs)`` each, topics distinct, at most :data:`MAX_RECORD_TOPICS`): version
+    1 when there is one topic, version 2 otherwise."""
+    if len(parts) == 1:
+        return encode_record(producer, *parts[0])
+    if not 1 < len(parts) <= MAX_RECORD_TOPICS:
+        raise ValueError(f"a producer record holds 1 to {MAX_RECORD_TOPICS} topics, "
+                         f"not {len(parts)}")
+    out = [_HEAD.pack(_VERSION_TOPICS, producer, len(parts))]
+    for topic, runs in parts:
+        name = topic.encode()
+        out += [_NAME.pack(len(name)), name, *_runs_bytes(runs)]
+    return b"".join(out)
+
+
+def _decode_topic(body: bytes, at: int, tlen: int) -> tuple[tuple[str, list[Run]], int]:
+    """One topic's name (``tlen`` bytes at ``at``) and runs, and where they end."""
+    if at + tlen > len(body):
+        raise ValueError("producer record length does not match its topic name")
+    topic = body[at : at + tlen].decode()
+    at += tlen
+    (n,) = _COUNT.unpack_from(body, at)
+    at += _COUNT.size
+    if at + n * _RUN.size > len(body):
+        raise ValueError("producer record length does not match its run count")
+    runs = [Run(*_RUN.unpack_from(body, at + i * _RUN.size)) for i in range(n)]
+    return (topic, runs), at + n * _RUN.size
+
+
+def decode_record(body: bytes) -> tuple[int, list[tuple[str, list[Run]]]]:
+    """``(producer, [(topic, runs), ...])`` from either version; raises ``ValueError`` for
+    a body no version writes (the table skips it: a lost memory, never a wrong answer)."""
     try:
-        version, producer, tlen = _HEAD.unpack_from(body, 0)
-        if version != _VERSION:
-            raise ValueError(f"producer record version {version}")
+        version, producer, n = _HEAD.unpack_from(body, 0)
         at = _HEAD.size
-        topic = body[at : at + tlen].decode()
-        at += tlen
-        (n,) = _COUNT.unpack_from(body, at)
-        at += _COUNT.size
-        if at + n * _RUN.size != len(body):
+        if version == _VERSION:  # n: the topic name's length
+            part, at = _decode_topic(body, at, n)
+            parts = [part]
+        elif version == _VERSION_TOPICS and n > 1:  # n: how many topics
+            parts = []
+            for _ in range(n):
+                (tlen,) = _NAME.unpack_from(body, at)
+                part, at = _decode_topic(body, at + _NAME.size, tlen)
+                parts.append(part)
+        else:
+            raise ValueError(f"producer record version {version}")
+        if at != len(body):
             raise ValueError("producer record length does not match its run count")
-        runs = [Run(*_RUN.unpack_from(body, at + i * _RUN.size)) for i in range(n)]
     except (struct.error, UnicodeDecodeError) as exc:
         raise ValueError(f"unreadable producer record: {exc}") from None
-    return producer, topic, runs
+    return producer, parts
 
 
 _Key = tuple[int, str, int]
@@ -208,11 +254,12 @@ class ProducerTable:
         bad = 0
         for body in bodies:
             try:
-                producer, topic, runs = decode_record(body)
+                producer, parts = decode_record(body)
             except ValueError:
                 bad += 1
                 continue
-            self.record(producer, topic, runs)
+            for topic, runs in parts:
+                self.record(producer, topic, runs)
         return bad
 
 

@@ -33,10 +33,11 @@ _RELEASE_EVERY = 4096
 
 @dataclass(slots=True)
 class ProducePlan:
-    """What to append for one idempotent PRODUCE: ``messages`` (the new ones, then the
-    producer record; empty when every message was a repeat), ``repeats`` (request index →
-    the offset its first copy got, :data:`idempotence.SCHEDULED` for a delayed one) and
-    ``kept`` (the request index of each new message, in append order)."""
+    """What to append for one idempotent PRODUCE: ``messages`` (the new ones; empty when
+    every message was a repeat), ``repeats`` (request index → the offset its first copy
+    got, :data:`idempotence.SCHEDULED` for a delayed one), ``kept`` (the request index of
+    each new message, in append order) and the ``runs`` that :meth:`Producers.records`
+    puts in the producer record after them."""
 
     messages: list[RecordTuple | PackedBatch]
     repeats: dict[int, int]
@@ -118,15 +119,15 @@ class Producers:
         return self.table().repeats(pid, topic, queues, seqs)
 
     def plan(self, topic: str, producer: p.ProducerSeqs, queues: Sequence[int],
-             messages: Sequence[RecordTuple | PackedBatch], now_ms: int, *,
+             messages: Sequence[RecordTuple | PackedBatch], *,
              repeats: dict[int, int], delayed: Container[int] = ()) -> ProducePlan:
-        """Split one PRODUCE into repeats (:meth:`repeats`) and new messages, and add the
-        record that remembers where the new ones go. ``queues[i]`` is the queue message
-        ``i`` was sent to, ``delayed`` holds the indexes of delayed messages (stored in
-        the schedule, without an offset yet). ``messages`` are what the log will store:
-        one per message when there are repeats; packed batches may stand for several
-        otherwise. Offsets are those the append will give: nothing may suspend between
-        this and the append."""
+        """Split one PRODUCE into repeats (:meth:`repeats`) and new messages, and say in
+        runs where the new ones go (:meth:`records` makes the record that remembers
+        them). ``queues[i]`` is the queue message ``i`` was sent to, ``delayed`` holds the
+        indexes of delayed messages (stored in the schedule, without an offset yet).
+        ``messages`` are what the log will store: one per message when there are repeats;
+        packed batches may stand for several otherwise. Offsets are those the append will
+        give: nothing may suspend between this and the append."""
         pid, seqs = producer
         # No repeat (a new batch: the common case): every message, without a test each.
         kept = (list(range(len(queues))) if not repeats
@@ -148,12 +149,23 @@ class Producers:
                 at = queue_end(topic, q)
             next_offset[q] = at + 1
             stored.append((q, seqs[i], at))
-        runs = idem.runs_of(stored)
-        record = (idem.PRODUCERS_TOPIC, 0, None, idem.encode_record(pid, topic, runs), now_ms)
         new: list[RecordTuple | PackedBatch] = (list(messages) if not repeats
                                                 else [messages[i] for i in kept])
-        new.append(record)
-        return ProducePlan(new, repeats, kept, pid, topic, runs)
+        return ProducePlan(new, repeats, kept, pid, topic, idem.runs_of(stored))
+
+    @staticmethod
+    def records(plans: Sequence[ProducePlan], now_ms: int) -> list[RecordTuple]:
+        """The producer records to append after the messages of ``plans`` (one append,
+        distinct topics): one per producer for all its topics (the parts of a
+        PRODUCE_MULTI share it), none for a plan of repeats only. Pure."""
+        by_producer: dict[int, list[tuple[str, list[idem.Run]]]] = {}
+        for plan in plans:
+            if plan.messages:
+                by_producer.setdefault(plan.producer, []).append((plan.topic, plan.runs))
+        step = idem.MAX_RECORD_TOPICS
+        return [(idem.PRODUCERS_TOPIC, 0, None,
+                 idem.encode_request_record(pid, parts[i:i + step]), now_ms)
+                for pid, parts in by_producer.items() for i in range(0, len(parts), step)]
 
     def stored(self, plan: ProducePlan) -> None:
         """The plan's append succeeded: remember its runs."""

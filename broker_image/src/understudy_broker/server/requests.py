@@ -144,8 +144,7 @@ def _merge_repeats(queues: Sequence[int], plan: ProducePlan,
                    stored: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """One ``(queue, offset)`` per request message (``queues[i]``: the queue message ``i``
     went to): a repeat gets the offset its first copy got, a new one the offset it was
-    stored at (``stored``, in ``plan.kept`` order; the producer record after them is not
-    answered)."""
+    stored at (``stored``, in ``plan.kept`` order)."""
     out: list[tuple[int, int]] = []
     it = iter(stored)
     for i, q in enumerate(queues):
@@ -629,17 +628,22 @@ class Requests:
             if repeats:
                 part.unpack()  # only some of a batch's messages are stored
             part.plan = self.producers.plan(
-                part.topic, part.producer, part.queues, part.messages, part.now_ms,
+                part.topic, part.producer, part.queues, part.messages,
                 repeats=repeats, delayed={i for i, _due in part.scheduled or ()})
             part.messages = part.plan.messages
 
     def _append(self, parts: Sequence[_Part]) -> tuple[int, int]:
-        """Store the ready parts with one append (one write per segment, one replication
-        wake-up); returns the log span it took. Each part gets its queue offsets."""
+        """Store the ready parts (distinct topics) with one append (one write per segment,
+        one replication wake-up), their idempotent producers' runs in one record per
+        producer after them; returns the log span it took. Each part gets its queue
+        offsets."""
         lg = self._store.log
         messages = [m for part in parts for m in part.messages]
         if not messages:  # every message a repeat: its first copy is acknowledged as it would be
             return lg.max_phys, lg.max_phys
+        plans = [part.plan for part in parts if part.plan is not None]
+        if plans:
+            messages += self.producers.records(plans, parts[0].now_ms)
         try:
             result = lg.append(messages)
         except (CommitLogError, ValueError) as exc:
@@ -688,8 +692,7 @@ class Requests:
         if plan is not None:
             self._metrics.produce_repeats(len(plan.repeats))
             offsets = _merge_repeats(part.queues, plan, offsets)
-        self._metrics.messages_in(
-            len(part.messages) + part.extra - (1 if plan is not None and part.messages else 0))
+        self._metrics.messages_in(len(part.messages) + part.extra)
         self._metrics.produce_latency(time.perf_counter() - part.started)
         if part.scheduled is not None:
             self._scheduler.wake()
