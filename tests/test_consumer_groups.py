@@ -548,26 +548,34 @@ def test_a_member_process_keeps_consuming_while_a_group_cannot_take_its_commits(
     assert asyncio.run(next_member(boot, "cgp", "patient")) == (summary["positions"], [])
 
 
-def test_a_member_process_started_while_its_brokers_are_down_consumes_once_they_are_back(
+def test_a_producer_and_a_member_started_while_their_brokers_are_down_work_once_they_are_back(
         cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
-    """`understudy consume` given only g1's brokers, both down: it says it polls again
-    (it used to end at its first poll), and once g1 is back it joins and consumes every
-    message of the topic, on both groups."""
+    """`understudy produce` and `understudy consume` given only g1's brokers, both down:
+    the member says it polls again and the producer waits for the topic's route (each
+    used to end at once, on its first request); once g1 is back, every message is sent
+    (to whichever groups had a writer then) and consumed."""
     directory, plan = cluster
     make_topic(plan, "early")
-    asyncio.run(produce([addr(plan, "g1-0"), addr(plan, "g2-0")], "early",
-                        (b"e-%d" % i for i in range(30))))
-    log = tmp_path / "m.log"
-    cmd = [*UNDERSTUDY, "consume", "-b", f"{addr(plan, 'g1-0')},{addr(plan, 'g1-1')}",
-           "-t", "early", "-g", "cge", "--count", "30", "--idle-timeout", "60",
-           "--session-timeout-ms", "4000", "--json"]
-    with Killed(directory, plan, "g1-0", "g1-1") as g1, member_process(cmd, log) as proc:
-        testing.wait_until(lambda: log.read_text().count("polling again in") >= 2,
+    g1_only = f"{addr(plan, 'g1-0')},{addr(plan, 'g1-1')}"
+    plog, clog = tmp_path / "p.log", tmp_path / "c.log"
+    producer_cmd = [*UNDERSTUDY, "produce", "-b", g1_only, "-t", "early", "--count", "30",
+                    "--id-prefix", "e", "--send-timeout", "60", "--json"]
+    member_cmd = [*UNDERSTUDY, "consume", "-b", g1_only, "-t", "early", "-g", "cge",
+                  "--count", "30", "--idle-timeout", "60", "--session-timeout-ms", "4000",
+                  "--json"]
+    with (Killed(directory, plan, "g1-0", "g1-1") as g1,
+          member_process(producer_cmd, plog) as producer,
+          member_process(member_cmd, clog) as member):
+        testing.wait_until(lambda: clog.read_text().count("polling again in") >= 2,
                            "the member to say it polls again", 30)
-        assert proc.poll() is None, log.read_text()
+        assert producer.poll() is None, plog.read_text()
+        assert member.poll() is None, clog.read_text()
         g1.restore()
-        assert proc.wait(60) == 0, log.read_text()
-    summary = json.loads(log.read_text().strip().splitlines()[-1])
+        assert producer.wait(60) == 0, plog.read_text()
+        assert member.wait(60) == 0, clog.read_text()
+    sent = json.loads(plog.read_text().strip().splitlines()[-1])
+    assert (sent["acked"], sent["failed"], sent["errors"]) == (30, 0, []), sent
+    summary = json.loads(clog.read_text().strip().splitlines()[-1])
     assert (summary["consumed"], summary["errors"]) == (30, []), summary
     assert summary["polls_retried"] >= 2, summary
     assert sum(o or 0 for o in summary["positions"].values()) == 30, summary

@@ -1307,7 +1307,9 @@ class Producer:
     queues of another group (``retries`` times), so one dead master does not stop writes.
     A keyed send (or one naming its queue) stays on its queue: it waits for that queue's
     group to have a writer again and fails after ``send_timeout_s`` with an error naming
-    the group. Batches are per (topic, group); each group has its own in-flight window
+    the group. The first send to a topic waits for its route the same way while no
+    broker answers (started before its brokers), and fails after ``send_timeout_s``.
+    Batches are per (topic, group); each group has its own in-flight window
     (``max_in_flight_per_group``, and never more than half of ``max_in_flight``), so a
     hung master cannot take the whole window, and an
     unkeyed batch unanswered after ``hedge_after_ms`` is copied to another group (None:
@@ -1474,7 +1476,7 @@ class Producer:
     async def _queues(self, topic: str) -> list[int]:
         live = self.router.live_queues(topic)
         if not live:
-            await self.router.learn_topic(topic, Permission.WRITE)
+            await self._learn(topic)
             live = self.router.live_queues(topic)
             if not live:
                 raise BrokerError(p.Status.UNKNOWN_TOPIC, f"topic {topic!r} has no queues")
@@ -1482,6 +1484,24 @@ class Producer:
             self._watching = True
             self.router.on_route(self._route_changed)
         return live
+
+    async def _learn(self, topic: str) -> None:
+        """Learn ``topic``'s route, asking again while no broker answers, until
+        ``send_timeout_s``: a producer started a moment before its brokers (a pod before
+        theirs are ready, a cluster restarting) waits as a send waits for a failover. An
+        unknown topic is said at once."""
+        deadline = time.monotonic() + self.send_timeout_s
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                await self.router.learn_topic(topic, Permission.WRITE)
+                return
+            except (ConnectionError, OSError, TimeoutError) as exc:
+                delay = backoff.next()
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.info("producer: route of %s: %s; asking again in %.2fs", topic, exc, delay)
+                await asyncio.sleep(delay)
 
     def _route_changed(self, new: p.RouteResponse, old: p.RouteResponse | None) -> None:
         """A group whose writer is back (or changed epoch) is tried again at once."""

@@ -222,7 +222,8 @@ def security_options(fn: F) -> F:
 @click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
               help="Times a failed unkeyed send moves to another group.")
 @click.option("--send-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds before a send (keyed: its queue's group has no writer) fails.")
+              help="Seconds before a send fails (keyed: its queue's group has no writer; "
+                   "the first: no broker answers for the topic's route).")
 @click.option("--fault-avoidance/--no-fault-avoidance", default=True, show_default=True,
               help="Skip groups that failed or answered slowly, for a time scaled by latency.")
 @click.option("--fault-steps", default=None, metavar="MS:MS,...",
