@@ -269,8 +269,12 @@ class Workloads:
 
     async def start_broker(self, group: str, name: str, url: str) -> None:
         broker = FakeBroker(url=url, group=group, name=name, running=self.running)
-        await broker.start()
+        # Known before it starts: a start cut short (the test ends and cancels this loop
+        # while the ZooKeeper client connects in its thread) is still stopped by close().
+        # Registered after, such a broker's client was left reconnecting to a stopped
+        # ZooKeeper, and kazoo's exit hook then waited for it forever.
         self.brokers[name] = broker
+        await broker.start()
 
     async def stop_broker(self, name: str) -> None:
         broker = self.brokers.pop(name, None)
