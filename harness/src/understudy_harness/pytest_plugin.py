@@ -10,6 +10,9 @@ Helpers that are not fixtures (polling, raw frames, the process wrapper) live in
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,6 +26,31 @@ from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.local.zkserver import ZooKeeperEnsemble, ZooKeeperServer
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop every ZooKeeper client a test left running. Its connection keeps trying to
+    reach a server the session has stopped; a watch callback waiting on it then never
+    returns, and kazoo's exit hook joins that callback's thread: a run whose tests all
+    passed never ended (seen once, 2026-11-29). Each is named on stderr; stopped, a
+    client's reconnect loop ends within its backoff and its waiters are answered."""
+    import gc
+
+    from kazoo.client import KazooClient
+
+    leaked = [c for c in gc.get_objects()
+              if isinstance(c, KazooClient) and not c._stopped.is_set()]
+    threads = []
+    for client in leaked:
+        hosts = ",".join(f"{h}:{port}" for h, port in client.hosts or ())
+        sys.stderr.write(f"\npytest: a test left a ZooKeeper client running "
+                         f"({hosts}{client.chroot or ''}): stopping it\n")
+        thread = threading.Thread(target=client.stop, name="stop-leaked-zk", daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = time.monotonic() + 30
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 @pytest.fixture(scope="session")
