@@ -415,6 +415,20 @@ async def eventually(check: Callable[[], Any], *, within: float = 20.0, what: st
     return await testing.eventually(check, what, within, tolerate=(Exception,))
 
 
+def mode_changes(w: Workloads, group: str) -> dict[int, tuple[str, str]]:
+    """``{epoch: (mode, reason)}`` from the ModeChanged Events the operator posts for every
+    state it writes (the handoff's and the controller's alike). Not a ZooKeeper watch: a
+    watch re-armed after FENCING can miss it when SLAVE_CONSUME follows within
+    milliseconds."""
+    out: dict[int, tuple[str, str]] = {}
+    for e in w.objects("v1/events"):
+        if e.get("involvedObject", {}).get("name") != group or e.get("reason") != "ModeChanged":
+            continue
+        m = re.match(r"\w+/\d+ -> (\w+)/(\d+)(?:, acting \S+)?: (.*)$", e["message"])
+        if m:
+            out[int(m.group(2))] = (m.group(1), m.group(3))
+    return out
+
 @contextlib.asynccontextmanager
 async def operator(url: str, *, identity: str,
                    metrics: OperatorMetrics | None = None,
@@ -639,20 +653,9 @@ async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff
                              within=30, what="NORMAL after the rollout")
     assert env.k.deleted_pods == ["roll-2", "roll-1", "roll-0"]
 
-    # The mode history from the ModeChanged Events the operator posts for every state it
-    # writes (the handoff's and the controller's alike), in epoch order. Not a ZooKeeper
-    # watch: a watch re-armed after FENCING can miss it when SLAVE_CONSUME follows within
-    # milliseconds. Events are posted from kopf's own queue, so wait for the last one.
-    def history() -> dict[int, tuple[str, str]]:
-        out: dict[int, tuple[str, str]] = {}
-        for e in env.events("roll"):
-            m = re.match(r"\w+/\d+ -> (\w+)/(\d+)(?:, acting \S+)?: (.*)$", e["message"]) \
-                if e["reason"] == "ModeChanged" else None
-            if m:
-                out[int(m.group(2))] = (m.group(1), m.group(3))
-        return out
-
-    seen = await eventually(lambda: (h := history()) and final.epoch in h and h,
+    # The mode history from the operator's ModeChanged Events (mode_changes); they are
+    # posted from kopf's own queue, so wait for the last one.
+    seen = await eventually(lambda: (h := mode_changes(env.w, "roll")) and final.epoch in h and h,
                             what="a ModeChanged Event for the final NORMAL")
     modes = [seen[e] for e in sorted(seen)]
     # The master was fenced by the planned handoff; reads then went to a slave (written by the
