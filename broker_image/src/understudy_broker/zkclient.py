@@ -4,9 +4,10 @@ Why this module exists: brokers (:mod:`understudy_broker.ha.coordinator`) and th
 gateway (:mod:`understudy_operator.zk`) all talk to ZooKeeper through kazoo. They must
 authenticate the same way, put the same digest ACL on every node they create, and never
 block the event loop on kazoo's threads. One factory (:func:`make_client`), one credential
-parser (:func:`parse_digest`, behind every ``--zk-digest``/``--digest`` flag) and one bridge
-from kazoo's ``IAsyncResult`` to an asyncio future (:func:`kazoo_future`) keep those
-rules in one place; every client the factory builds waits on its socket through
+parser (:func:`parse_digest`, behind every ``--zk-digest``/``--digest`` flag), one way to
+start a client from a loop (:func:`start_client`) and one bridge from kazoo's
+``IAsyncResult`` to an asyncio future (:func:`kazoo_future`) keep those rules in one
+place; every client the factory builds waits on its socket through
 :class:`PollHandler` (one ``poll(2)`` per wait, not an epoll selector built and closed).
 This is the broker package's lowest ZooKeeper layer; the operator imports it only from
 its own ``zk`` module.
@@ -17,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -118,6 +120,43 @@ def make_client(connect: str, *, timeout_s: float, digest: Digest | None = None)
     return KazooClient(hosts=connect, timeout=timeout_s, auth_data=auth,
                        default_acl=digest_acl(digest), connection_retry=retry,
                        handler=PollHandler())
+
+
+async def start_client(client: KazooClient, timeout_s: float, close: Callable[[], None]) -> None:
+    """``client.start(timeout_s)`` off the loop, never leaving a running client behind.
+
+    A start that fails is closed (``close``, in the starting thread) and kazoo's error
+    raised. A caller cancelled while the start runs cannot stop the thread, and the
+    session may still connect after it gave up: whichever of the two finishes last calls
+    ``close``. (A client left running reconnects for good, and kazoo's exit hook waits for
+    its threads: a process that gave up on a start then hung at exit.)
+    """
+    lock = threading.Lock()
+    abandoned = False
+    started = False
+
+    def run() -> None:
+        nonlocal started
+        try:
+            client.start(timeout_s)
+        except Exception:
+            close()
+            raise
+        with lock:
+            started = True
+            if not abandoned:
+                return
+        close()
+
+    try:
+        await asyncio.to_thread(run)
+    except asyncio.CancelledError:
+        with lock:
+            abandoned = True
+            ours = started
+        if ours:
+            await asyncio.to_thread(close)
+        raise
 
 
 def kazoo_future(loop: asyncio.AbstractEventLoop, async_result: Any) -> asyncio.Future[Any]:

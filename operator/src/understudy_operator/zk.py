@@ -42,7 +42,7 @@ from understudy_broker.topicnodes import (
     create_topic_nodes,
     delete_topic_nodes,
 )
-from understudy_broker.zkclient import digest_acl, kazoo_future, make_client
+from understudy_broker.zkclient import digest_acl, kazoo_future, make_client, start_client
 from understudy_broker.zklayout import (
     ACL_RULES,
     ACL_USERS,
@@ -150,9 +150,8 @@ class ZkGateway:
 
     async def start(self, *, timeout_s: float) -> None:
         try:
-            await asyncio.to_thread(self.client.start, timeout_s)
+            await start_client(self.client, timeout_s, self._close)
         except Exception as exc:  # kazoo raises its own timeout type, not TimeoutError
-            await asyncio.to_thread(self._close)
             raise ZkUnavailable(f"ZooKeeper not reachable within {timeout_s:g}s: {exc!r}") from exc
 
     async def stop(self) -> None:

@@ -38,7 +38,7 @@ from understudy_broker.ha.lease import Lease, lease_clock, lease_duration_s, ren
 from understudy_broker.model import GroupState
 from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
-from understudy_broker.zkclient import Digest, digest_acl, kazoo_future, make_client
+from understudy_broker.zkclient import Digest, digest_acl, kazoo_future, make_client, start_client
 from understudy_broker.zklayout import (
     BrokerRouteDoc,
     BrokerStatus,
@@ -166,16 +166,19 @@ class BrokerCoordinator:
         """Connect, register, arm the watches and start the lease renewal."""
         self._client.add_listener(self._listener)
         try:
-            await asyncio.to_thread(self._client.start, connect_timeout_s)
+            await start_client(self._client, connect_timeout_s, self._close_client)
         except Exception as exc:  # kazoo raises its own timeout type, not TimeoutError
-            await asyncio.to_thread(self._close_client)
             raise CoordinationError(
                 f"ZooKeeper not reachable within {connect_timeout_s:g}s: {exc!r}") from exc
-        self._set_live(True)
-        await self._register()
-        self._client.DataWatch(config_path(self.group), self._config_watch)
-        self._client.DataWatch(state_path(self.group), self._state_watch)
-        self._client.ChildrenWatch(live_dir(self.group), self._live_watch)
+        try:
+            self._set_live(True)
+            await self._register()
+            self._client.DataWatch(config_path(self.group), self._config_watch)
+            self._client.DataWatch(state_path(self.group), self._state_watch)
+            self._client.ChildrenWatch(live_dir(self.group), self._live_watch)
+        except BaseException:  # cancelled while registering: no session is left behind
+            await asyncio.to_thread(self._close_client)
+            raise
         self._tasks.append(self._loop.create_task(self._renewal_loop(), name=f"lease-{self.name}"))
 
     async def stop(self) -> None:
