@@ -267,6 +267,12 @@ class Workloads:
     def get(self, res: str, name: str) -> dict[str, Any] | None:
         return next((o for o in self.objects(res) if o["metadata"]["name"] == name), None)
 
+    def must(self, res: str, name: str) -> dict[str, Any]:
+        """:meth:`get` for an object the test knows exists (it fails, naming it, if not)."""
+        obj = self.get(res, name)
+        assert obj is not None, f"no {res} {name!r}"
+        return obj
+
     async def start_broker(self, group: str, name: str, url: str) -> None:
         broker = FakeBroker(url=url, group=group, name=name, running=self.running)
         # Known before it starts: a start cut short (the test ends and cancels this loop
@@ -341,7 +347,7 @@ class Workloads:
     @staticmethod
     def zk_url_of(sts: dict[str, Any]) -> str:
         script = sts["spec"]["template"]["spec"]["containers"][0]["command"][2]
-        return script.split("--zk ", 1)[1].split(" ", 1)[0].strip("'")
+        return str(script.split("--zk ", 1)[1].split(" ", 1)[0].strip("'"))
 
     async def run(self) -> None:
         while True:
@@ -390,6 +396,14 @@ class Env:
 
     def bg(self, name: str) -> dict[str, Any] | None:
         return self.w.get(BG, name)
+
+    def must_bg(self, name: str) -> dict[str, Any]:
+        return self.w.must(BG, name)
+
+    def must_condition(self, name: str, ctype: str) -> dict[str, Any]:
+        cond = self.condition(name, ctype)
+        assert cond is not None, f"BrokerGroup {name!r} has no {ctype} condition"
+        return cond
 
     def state(self, group: str) -> Any:
         if self.admin.exists(state_path(group)) is None:
@@ -540,16 +554,16 @@ async def test_create_builds_owned_children_zk_config_and_ready_status(env: Env)
         lambda: (c := env.condition("orders", "Ready")) and c["status"] == "True" and c,
         what="Ready=True")
     assert ready["reason"] == "Ready"
-    status = env.bg("orders")["status"]
+    status = env.must_bg("orders")["status"]
     assert status["observedGeneration"] == 1
     assert status["mode"] == "NORMAL"
     assert status["readable"] is True
     # Ready needs the master reading; the slave's status may reach the operator one refresh
     # later (each broker publishes its own, about once a second).
     await eventually(
-        lambda: [b["effectivePermission"] for b in env.bg("orders")["status"]["brokers"]]
+        lambda: [b["effectivePermission"] for b in env.must_bg("orders")["status"]["brokers"]]
         == ["FULL", "NONE"], what="both brokers' permissions in the status")
-    assert "understudy.io/finalizer" in env.bg("orders")["metadata"]["finalizers"]
+    assert "understudy.io/finalizer" in env.must_bg("orders")["metadata"]["finalizers"]
 
     # The operator runs in its own thread: the gauge is set right after the status patch
     # this test just saw, so give it that moment rather than racing it.
@@ -605,8 +619,8 @@ async def test_pod_status_drives_failover_and_failback(env: Env) -> None:
         lambda: (st := (env.bg("pay") or {}).get("status", {})).get("mode") == "SLAVE_CONSUME"
         and st.get("acting") == "pay-1" and st.get("readable") and st, what="status")
     assert status["lastFailover"]["masterDown"] is not None
-    assert env.condition("pay", "FailoverInProgress")["status"] == "True"
-    assert env.condition("pay", "ReadAvailable")["reason"] == "ActingSlaveReading"
+    assert env.must_condition("pay", "FailoverInProgress")["status"] == "True"
+    assert env.must_condition("pay", "ReadAvailable")["reason"] == "ActingSlaveReading"
     changes = await eventually(lambda: [e["message"] for e in env.events("pay")
                                         if e["reason"] == "ModeChanged"
                                         and "SLAVE_CONSUME" in e["message"].split(":")[0]],
@@ -618,7 +632,7 @@ async def test_pod_status_drives_failover_and_failback(env: Env) -> None:
                              and s.epoch > epoch0 and s, what="NORMAL again")
     assert final.epoch >= epoch0 + 4  # FENCING, SLAVE_CONSUME, RECOVERING, NORMAL
     await eventually(lambda: (c := env.condition("pay", "BackSyncComplete"))
-                     and c["status"] == "True" and env.bg("pay")["status"]["mode"] == "NORMAL",
+                     and c["status"] == "True" and env.must_bg("pay")["status"]["mode"] == "NORMAL",
                      what="BackSyncComplete")
 
     def modes() -> list[str]:
@@ -627,7 +641,7 @@ async def test_pod_status_drives_failover_and_failback(env: Env) -> None:
     # Events are posted after the status (kopf's own queue): the last may still be on its way.
     await eventually(lambda: all(any(x in m for m in modes()) for x in (
         "-> FENCING", "-> SLAVE_CONSUME", "-> RECOVERING", "-> NORMAL")), what="a ModeChanged Event per mode")
-    times = env.bg("pay")["status"]["lastFailover"]
+    times = env.must_bg("pay")["status"]["lastFailover"]
     assert times["normalAgain"] is not None
     assert times["masterBack"] is not None
 
@@ -635,7 +649,7 @@ async def test_pod_status_drives_failover_and_failback(env: Env) -> None:
 async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff(
         env: Env) -> None:
     await ready_group(env, "roll", slaves=2)
-    sts = env.w.get("apps/v1/statefulsets", "roll")
+    sts = env.w.must("apps/v1/statefulsets", "roll")
     old_rev = revision_of(sts)
     env.k.deleted_pods.clear()
     await env.patch_spec("roll", {"image": "understudy/broker:2"})
@@ -643,7 +657,7 @@ async def test_rollout_restarts_slaves_first_then_master_through_planned_handoff
     def rolled() -> bool:
         pods = [p for p in env.w.objects("v1/pods")
                 if p["metadata"]["name"].startswith("roll-")]
-        sts_now = env.w.get("apps/v1/statefulsets", "roll")
+        sts_now = env.w.must("apps/v1/statefulsets", "roll")
         rev = (sts_now.get("status") or {}).get("updateRevision")
         return bool(rev != old_rev and len(pods) == 3 and all(
             p["metadata"]["labels"]["controller-revision-hash"] == rev for p in pods))
@@ -683,14 +697,14 @@ async def test_scale_up_and_down_updates_zk_config_services_and_statefulset(env:
 
     await env.patch_spec("sc", {"slaves": 2})
     await eventually(lambda: brokers() == ["sc-0", "sc-1", "sc-2"], what="3 brokers in ZK")
-    await eventually(lambda: env.w.get("apps/v1/statefulsets", "sc")["spec"]["replicas"] == 3
+    await eventually(lambda: env.w.must("apps/v1/statefulsets", "sc")["spec"]["replicas"] == 3
                      and env.w.get("v1/services", "sc-2") is not None, what="scaled up")
     await eventually(lambda: (c := env.condition("sc", "Ready")) and c["status"] == "True"
-                     and env.bg("sc")["status"]["readyBrokers"] == "3/3", what="3/3 ready")
+                     and env.must_bg("sc")["status"]["readyBrokers"] == "3/3", what="3/3 ready")
 
     await env.patch_spec("sc", {"slaves": 1})
     await eventually(lambda: brokers() == ["sc-0", "sc-1"], what="2 brokers in ZK")
-    await eventually(lambda: env.w.get("apps/v1/statefulsets", "sc")["spec"]["replicas"] == 2
+    await eventually(lambda: env.w.must("apps/v1/statefulsets", "sc")["spec"]["replicas"] == 2
                      and env.w.get("v1/services", "sc-2") is None, what="scaled down")
     await eventually(lambda: env.admin.exists("/groups/sc/status/sc-2") is None,
                      what="the removed broker's status pruned")
@@ -709,7 +723,7 @@ async def test_scale_down_waits_while_the_removed_slave_acts_for_reads(env: Env)
     await env.patch_spec("sd", {"slaves": 1, "brokers": None})
     await eventually(lambda: any(e["reason"] == "ScaleDeferred" for e in env.events("sd")),
                      what="a ScaleDeferred Event")
-    assert env.w.get("apps/v1/statefulsets", "sd")["spec"]["replicas"] == 3
+    assert env.w.must("apps/v1/statefulsets", "sd")["spec"]["replicas"] == 3
     assert env.state("sd").acting == acting
 
 
@@ -821,17 +835,17 @@ async def test_the_operator_command_serves_health_and_metrics_and_stops_on_sigte
 
 async def test_a_bad_update_keeps_the_running_group_as_it_was(env: Env) -> None:
     await ready_group(env, "keep")
-    before = env.w.get("apps/v1/statefulsets", "keep")
+    before = env.w.must("apps/v1/statefulsets", "keep")
     config = env.admin.get("/groups/keep/config")[0]
     await env.patch_spec("keep", {"slaves": 99, "image": "understudy/broker:2"})
     cond = await eventually(
         lambda: (c := env.condition("keep", "Ready")) and c["reason"] == "InvalidSpec" and c,
         what="InvalidSpec after the update")
     assert "spec.slaves: 99 is out of range [0, 15]" in cond["message"]
-    await eventually(lambda: env.bg("keep")["status"]["observedGeneration"] == 2,
+    await eventually(lambda: env.must_bg("keep")["status"]["observedGeneration"] == 2,
                      what="the rejected generation observed")
     await asyncio.sleep(1.0)  # status ticks and rollout ticks: nothing may move
-    after = env.w.get("apps/v1/statefulsets", "keep")
+    after = env.w.must("apps/v1/statefulsets", "keep")
     assert after["spec"] == before["spec"]
     assert env.admin.get("/groups/keep/config")[0] == config
     assert env.k.deleted_pods == []
@@ -846,7 +860,7 @@ async def test_a_corrupt_state_znode_is_reported_and_nothing_crashes(env: Env) -
         lambda: (c := env.condition("bad-zk", "Ready")) and c["reason"] == "NoGroupState" and c,
         what="Ready=False/NoGroupState")
     assert cond["status"] == "False"
-    assert env.bg("bad-zk")["status"].get("mode") is None  # removed by the merge patch
+    assert env.must_bg("bad-zk")["status"].get("mode") is None  # removed by the merge patch
     env.admin.set(state_path("bad-zk"), good)  # a person repairs it
     await eventually(lambda: (c := env.condition("bad-zk", "Ready")) and c["status"] == "True",
                      what="Ready again after the repair")
@@ -883,10 +897,11 @@ def topic_doc(env: Env, topic: str) -> TopicDoc | None:
     return TopicDoc.from_json(env.admin.get(topic_path(topic))[0])
 
 
-def bt_ready(env: Env, name: str) -> dict[str, Any] | None:
-    """The BrokerTopic's Ready condition."""
+def bt_ready(env: Env, name: str, **want: str) -> dict[str, Any] | None:
+    """The BrokerTopic's Ready condition, if it has every field in ``want``."""
     status = (env.w.get(BT, name) or {}).get("status") or {}
-    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+    ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+    return ready if ready is not None and all(ready.get(k) == v for k, v in want.items()) else None
 
 
 async def test_brokertopic_is_synced_into_zookeeper_grown_and_refusals_change_nothing(
@@ -898,20 +913,20 @@ async def test_brokertopic_is_synced_into_zookeeper_grown_and_refusals_change_no
         "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
         "metadata": {"name": "orders", "namespace": NS},
         "spec": {"groups": ["g1", "g2"], "queuesPerGroup": 2, "zookeeper": zk}})
-    await eventually(lambda: bt_ready(env, "orders")["status"] == "True",
+    await eventually(lambda: bt_ready(env, "orders", status="True"),
                      what="BrokerTopic Ready")
     doc = topic_doc(env, "orders")
     assert doc is not None
     assert doc.queues == ("g1", "g2", "g1", "g2")
-    status = env.w.get(BT, "orders")["status"]
+    status = env.w.must(BT, "orders")["status"]
     assert (status["topic"], status["queueCount"], status["groups"]) == ("orders", 4, "g1,g2")
     assert status["queues"][1] == {"queue": 1, "group": "g2"}
-    assert "understudy.io/finalizer" in env.w.get(BT, "orders")["metadata"]["finalizers"]
+    assert "understudy.io/finalizer" in env.w.must(BT, "orders")["metadata"]["finalizers"]
 
     # Grow: a third group and a third queue per group; existing queues stay where they are.
     await env.w.api("PATCH", f"{base}/orders", {"spec": {"groups": ["g1", "g2", "g3"],
                                                           "queuesPerGroup": 3}})
-    await eventually(lambda: env.w.get(BT, "orders")["status"]["queueCount"] == 9,
+    await eventually(lambda: env.w.must(BT, "orders")["status"]["queueCount"] == 9,
                      what="nine queues in the status")
     grown = topic_doc(env, "orders")
     assert grown is not None
@@ -921,12 +936,10 @@ async def test_brokertopic_is_synced_into_zookeeper_grown_and_refusals_change_no
     # Refusals: an unknown group, then a spec the schema would have stopped (KMock has no
     # schema): Ready=False with the reason, a Warning Event, and ZooKeeper untouched.
     await env.w.api("PATCH", f"{base}/orders", {"spec": {"groups": ["g1", "g2", "g3", "nope"]}})
-    refused = await eventually(lambda: bt_ready(env, "orders")["reason"] == "Refused"
-                               and bt_ready(env, "orders"), what="Refused")
+    refused = await eventually(lambda: bt_ready(env, "orders", reason="Refused"), what="Refused")
     assert "nope" in refused["message"]
     await env.w.api("PATCH", f"{base}/orders", {"spec": {"queuesPerGroup": 0}})
-    invalid = await eventually(lambda: bt_ready(env, "orders")["reason"] == "InvalidSpec"
-                               and bt_ready(env, "orders"), what="InvalidSpec")
+    invalid = await eventually(lambda: bt_ready(env, "orders", reason="InvalidSpec"), what="InvalidSpec")
     assert "queuesPerGroup" in invalid["message"]
     assert topic_doc(env, "orders") == grown
 
@@ -994,8 +1007,7 @@ async def test_brokertopic_force_delete_removes_the_topic_and_ordered_is_never_f
         await env.w.api("POST", base, {
             "apiVersion": "understudy.io/v1alpha1", "kind": "BrokerTopic",
             "metadata": {"name": name, "namespace": NS}, "spec": {**spec, "zookeeper": zk}})
-    ledger = await eventually(lambda: bt_ready(env, "ledger")["reason"] == "Refused"
-                              and bt_ready(env, "ledger"), what="ledger refused")
+    ledger = await eventually(lambda: bt_ready(env, "ledger", reason="Refused"), what="ledger refused")
     assert "ordered" in ledger["message"]
     assert topic_doc(env, "ledger") == TopicDoc("ledger", ("g1",), True)
     await eventually(lambda: topic_doc(env, "scratch") is not None, what="scratch created")
@@ -1031,20 +1043,19 @@ async def test_brokertopic_removes_and_deletes_queues_only_once_real_brokers_rep
             "metadata": {"name": "drain", "namespace": NS},
             "spec": {"groups": ["g1", "g2"], "queuesPerGroup": 1, "deletionPolicy": "Delete",
                      "zookeeper": {"chroot": plan.chroot}}})
-        await eventually(lambda: bt_ready(cluster, "drain")["status"] == "True",
+        await eventually(lambda: bt_ready(cluster, "drain", status="True"),
                          what="drain Ready")
         async with Producer(boot) as prod:
             for i in range(20):  # unkeyed: round robin over both queues
                 await (await prod.send("drain", b"m%d" % i))
 
         await cluster.w.api("PATCH", f"{base}/drain", {"spec": {"groups": ["g1"]}})
-        held = await eventually(lambda: bt_ready(cluster, "drain")["reason"] == "Backlog"
-                                and bt_ready(cluster, "drain"), what="removal held")
+        held = await eventually(lambda: bt_ready(cluster, "drain", reason="Backlog"), what="removal held")
         assert "unconsumed" in held["message"]
-        assert cluster.w.get(BT, "drain")["status"]["queueCount"] == 2
+        assert cluster.w.must(BT, "drain")["status"]["queueCount"] == 2
         assert await drain() == 20
-        await eventually(lambda: cluster.w.get(BT, "drain")["status"]["queueCount"] == 1
-                         and bt_ready(cluster, "drain")["status"] == "True",
+        await eventually(lambda: cluster.w.must(BT, "drain")["status"]["queueCount"] == 1
+                         and bt_ready(cluster, "drain", status="True"),
                          what="g2's queue removed once drained")
 
         async with Producer(boot) as prod:
