@@ -620,6 +620,37 @@ def test_a_member_process_that_cannot_hand_a_message_back_commits_nothing_past_i
     assert sorted(asyncio.run(next_member())) == sorted(b"h-%d" % i for i in range(10))
 
 
+def _catches_sigterm(pid: int) -> bool:
+    """The process has a handler for SIGTERM (``SigCgt`` in /proc): the command's loop
+    is running, so a signal now asks it to stop instead of ending it."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def test_sigterm_stops_a_producer_still_waiting_for_its_first_route(tmp_path: Path) -> None:
+    """`understudy produce` started while no broker answers waits for the route up to its
+    send timeout; SIGTERM in that wait ends it at once, with nothing sent and nothing
+    failed (it waited out the whole send timeout, then failed)."""
+    from understudy_operator.local.ports import free_port
+
+    log = tmp_path / "p.log"
+    cmd = [*UNDERSTUDY, "produce", "-b", f"127.0.0.1:{free_port()}", "-t", "nowhere",
+           "--count", "10", "--send-timeout", "120", "--json"]
+    with member_process(cmd, log) as producer:
+        testing.wait_until(lambda: _catches_sigterm(producer.pid), "the produce loop running", 30)
+        time.sleep(0.5)  # inside the route's wait
+        signalled = time.monotonic()
+        producer.send_signal(signal.SIGTERM)
+        assert producer.wait(60) == 0, log.read_text()
+        waited = time.monotonic() - signalled
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    assert summary["stopped_by"] == "SIGTERM", summary
+    assert (summary["acked"], summary["failed"], summary["errors"]) == (0, 0, []), summary
+    assert waited < 60, waited  # the send timeout is 120 s
+
+
 def test_sigterm_stops_a_producer_and_a_member_process_cleanly(
         cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
     """SIGTERM, what Kubernetes sends a pod it stops: `understudy produce --rate` ends

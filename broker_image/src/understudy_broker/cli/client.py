@@ -18,7 +18,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -123,6 +123,28 @@ async def _sleep_unless(stop: Stop, delay_s: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(delay_s):
             await stop.event.wait()
+
+
+T = TypeVar("T")
+
+
+async def _unless_stopped(stop: Stop, aw: Awaitable[T]) -> T | None:
+    """``aw``'s result, or ``None`` when a stop is asked for first; ``aw`` is then
+    cancelled, so use it only for a wait that is safe to give up (a topic's route)."""
+    task = asyncio.ensure_future(aw)
+    stopped = asyncio.ensure_future(stop.event.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not stop.requested:
+            raise  # this coroutine itself was cancelled
+        return None
 
 
 def _progress() -> Progress:
@@ -404,7 +426,16 @@ async def _produce(
                     body = (prefix + b"-%d-" % i + pad)[:size] if size > 20 else pad
                 sent_at = time.perf_counter()
                 due_ms = deliver_at() if deliver_at is not None else 0
-                fut = await producer.send(topic, body, key=key, deliver_at_ms=due_ms)
+                sending = producer.send(topic, body, key=key, deliver_at_ms=due_ms)
+                if sent:
+                    fut = await sending
+                else:  # the first send learns the route, waiting while no broker answers
+                    first = await _unless_stopped(stop, sending)
+                    if first is None:
+                        slots.release()
+                        outstanding -= 1
+                        break
+                    fut = first
                 sent += 1
                 fut.add_done_callback(functools.partial(done, sent_at=sent_at, body=body,
                                                         due_ms=due_ms))
