@@ -135,6 +135,9 @@ async def _unless_stopped(stop: Stop, aw: Awaitable[T]) -> T | None:
     stopped = asyncio.ensure_future(stop.event.wait())
     try:
         await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     finally:
         stopped.cancel()
     if not task.done():
@@ -142,8 +145,9 @@ async def _unless_stopped(stop: Stop, aw: Awaitable[T]) -> T | None:
     try:
         return await task
     except asyncio.CancelledError:
-        if not stop.requested:
-            raise  # this coroutine itself was cancelled
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # this coroutine itself was cancelled, not only ``aw``
         return None
 
 
