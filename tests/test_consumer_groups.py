@@ -620,6 +620,58 @@ def test_a_member_process_that_cannot_hand_a_message_back_commits_nothing_past_i
     assert sorted(asyncio.run(next_member())) == sorted(b"h-%d" % i for i in range(10))
 
 
+def test_a_library_member_that_goes_on_after_a_failed_nack_commits_nothing_past_it(
+        cluster: tuple[Path, ClusterPlan]) -> None:
+    """A `Consumer` whose nack fails (g1's slave acting, g2's master down: no group can
+    take the copy) and that catches the error and goes on: its commits, and close's,
+    stop at that record, so the next member reads it again with what followed it on its
+    queue. (Before, close() committed past it and the group never saw it again.)"""
+    directory, plan = cluster
+    boot = [addr(plan, "g1-1"), addr(plan, "g2-1")]
+    out = CliRunner().invoke(topic, ["create", "-b", addr(plan, "g1-0"), "-t", "handlib",
+                                     "--groups", "g1", "--queues-per-group", "1"])
+    assert out.exit_code == 0, out.output
+    asyncio.run(produce([addr(plan, "g1-0"), *boot], "handlib", (b"h-%d" % i for i in range(10))))
+
+    async def member() -> tuple[list[bytes], list[str]]:
+        c = Consumer(boot, group="cgl", topic="handlib", session_timeout_ms=3000)
+        seen: list[bytes] = []
+        failures: list[str] = []
+        try:
+            deadline = time.monotonic() + 30
+            while len(seen) < 10 and time.monotonic() < deadline:
+                for r in await c.getmany(timeout_s=0.5):
+                    seen.append(r.body)
+                    if r.body == b"h-3":
+                        try:
+                            await c.nack(r, delay_ms=0)
+                        except (BrokerError, ConnectionError) as exc:
+                            failures.append(str(exc))  # the application goes on
+            await c.commit()
+        finally:
+            await c.close()
+        return seen, failures
+
+    with Killed(directory, plan, "g1-0", "g2-0"):
+        lc.wait_mode(plan, "g1", "SLAVE_CONSUME", deadline=time.monotonic() + 30)
+        seen, failures = asyncio.run(member())
+    assert seen == [b"h-%d" % i for i in range(10)]
+    assert failures, "the nack was expected to fail: no group could take the copy"
+
+    async def again() -> list[bytes]:
+        c = Consumer(boot, group="cgl", topic="handlib", session_timeout_ms=3000)
+        read: list[bytes] = []
+        try:
+            deadline = time.monotonic() + 30
+            while len(read) < 7 and time.monotonic() < deadline:
+                read.extend(r.body for r in await c.getmany(timeout_s=0.5))
+            return read
+        finally:
+            await c.close()
+
+    assert asyncio.run(again()) == [b"h-%d" % i for i in range(3, 10)]
+
+
 def _catches_sigterm(pid: int) -> bool:
     """The process has a handler for SIGTERM (``SigCgt`` in /proc): the command's loop
     is running, so a signal now asks it to stop instead of ending it."""

@@ -1,5 +1,5 @@
 """The broker and client commands: bad flags get a clear message naming the problem and
-exit code 2; how the client commands poll again, and stop on a signal."""
+exit code 2; how the client commands poll again, stop on a signal, and where a commit stops."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from understudy_broker import protocol as p
 from understudy_broker.cli import cli
 from understudy_broker.cli.client import poll_again, stop_on_signals
-from understudy_broker.client import BrokerError, DamagedRecord, SecurityError
+from understudy_broker.client import BrokerError, DamagedRecord, SecurityError, commit_point
 from understudy_operator.local.ports import free_port
 
 UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
@@ -134,3 +134,17 @@ def test_the_first_signal_asks_a_command_to_stop_and_the_next_acts_as_without_it
             return stop.signal, signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
     assert asyncio.run(run()) == ("SIGTERM", signal.SIG_DFL, signal.default_int_handler)
+
+
+@pytest.mark.parametrize(("position", "failed", "committed", "expected"), [
+    (10, [], None, 10),          # nothing failed: up to what was delivered
+    (10, [], 10, None),          # already committed there: nothing new
+    (10, [4, 7], None, 4),       # not past the first record whose nack failed
+    (10, [4], 2, 4),
+    (10, [4], 4, None),          # committed up to it already
+    (10, [4], 6, None),          # committed past it before the nack failed: not taken back
+    (3, [4], None, 3),           # a failed record beyond what was delivered does not hold it
+])
+def test_a_commit_stops_at_a_record_whose_nack_failed(
+        position: int, failed: list[int], committed: int | None, expected: int | None) -> None:
+    assert commit_point(position, failed, committed) == expected

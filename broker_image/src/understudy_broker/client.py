@@ -31,7 +31,7 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -1030,6 +1030,18 @@ class _Room:
                 fut.set_result(None)
                 return
         self._free += 1
+
+
+def commit_point(position: int, not_handed_back: Iterable[int], committed: int | None) -> int | None:
+    """The offset a queue's commit stores now, or ``None`` when there is nothing new: its
+    next offset to deliver, but not past a record whose nack failed (the group must read
+    that one again); a commit already past such a record is not taken back."""
+    point = min(position, min(not_handed_back, default=position))
+    if point == committed:
+        return None
+    if point < position and committed is not None and point < committed:
+        return None
+    return point
 
 
 def _pulled(answer: bytes, stored: bool) -> p.PullResponse:
@@ -2250,6 +2262,8 @@ class Consumer(_GroupMember):
             asyncio.Queue(prefetch_batches))
         self._positions: dict[int, int] = {}  # next offset to deliver, per queue
         self._committed: dict[int, int] = {}
+        # Per queue, the offsets of records whose nack failed: commits stop at the first.
+        self._not_handed_back: dict[int, set[int]] = {}
         self._loops: dict[int, tuple[int, asyncio.Task[None]]] = {}  # queue -> (token, task)
         self._tokens = itertools.count(1)
         self._heartbeat: asyncio.Task[None] | None = None
@@ -2427,6 +2441,7 @@ class Consumer(_GroupMember):
         next owner's to deliver again (at least once); never commit it from here."""
         self._positions.pop(queue, None)
         self._committed.pop(queue, None)
+        self._not_handed_back.pop(queue, None)
 
     # ---- membership -----------------------------------------------------------------
 
@@ -2655,9 +2670,10 @@ class Consumer(_GroupMember):
         dead-letter topic ``%DLQ%<group>`` instead. The record counts as processed: the
         next :meth:`commit` moves past it. Needs consumer-group membership; the member
         must own the record's queue (``NOT_OWNER`` otherwise). When it raises, the record
-        was not handed back, and a commit (or :meth:`close`) would still move past it:
-        nack it again, or :meth:`abort` so the group reads it again (what
-        ``understudy consume`` does)."""
+        was not handed back: until a nack of it succeeds, commits of its queue (and
+        :meth:`close`'s) stop at it, so when this member leaves or dies the group reads it
+        again, with what followed it on its queue (at least once; RocketMQ's consumer
+        keeps a message it could not send back the same way)."""
         if record.topic != self.topic:
             retry = self._retry
             if retry is None or record.topic != retry.topic:
@@ -2672,9 +2688,13 @@ class Consumer(_GroupMember):
         req = p.NackRequest(self.group, member, generation, record.topic, record.queue,
                             record.offset, max(0, delay_ms), self.max_reconsume)
         group = self.router.group_of(self.topic, record.queue)
+        failed = self._not_handed_back.setdefault(record.queue, set())
+        failed.add(record.offset)  # until an answer says it was handed back
         body = await _with_retries(self.router, Permission.READ, p.Op.NACK, req.encode(),
                                    group=group)
-        return p.NackResponse.decode(body)
+        answer = p.NackResponse.decode(body)
+        failed.discard(record.offset)
+        return answer
 
     async def _getmany(self, timeout_s: float) -> list[Record]:
         """Everything the pull loops have buffered (several queues' batches at once), or,
@@ -2755,8 +2775,10 @@ class Consumer(_GroupMember):
                              ) -> dict[int, int | None]:
         """Commit ``queues`` (those with something new) and return what the brokers
         stored for them; queues with nothing new are not in the answer."""
-        todo = {q: self._positions[q] for q in queues
-                if q in self._positions and self._committed.get(q) != self._positions[q]}
+        points = {q: commit_point(self._positions[q], self._not_handed_back.get(q, ()),
+                                  self._committed.get(q))
+                  for q in queues if q in self._positions}
+        todo = {q: o for q, o in points.items() if o is not None}
         if not todo:
             return {}
         by_group: dict[str | None, dict[int, int]] = {}
