@@ -581,6 +581,17 @@ def test_a_producer_and_a_member_started_while_their_brokers_are_down_work_once_
     assert sum(o or 0 for o in summary["positions"].values()) == 30, summary
 
 
+def ten_on_g1(plan: ClusterPlan, name: str, *, queues: int) -> list[str]:
+    """Topic ``name`` on g1 only with ``h-0`` .. ``h-9`` on it; returns a bootstrap of
+    the slaves (g1-1, g2-1), which stay up when the masters are killed."""
+    boot = [addr(plan, "g1-1"), addr(plan, "g2-1")]
+    out = CliRunner().invoke(topic, ["create", "-b", addr(plan, "g1-0"), "-t", name,
+                                     "--groups", "g1", "--queues-per-group", str(queues)])
+    assert out.exit_code == 0, out.output
+    asyncio.run(produce([addr(plan, "g1-0"), *boot], name, (b"h-%d" % i for i in range(10))))
+    return boot
+
+
 def test_a_member_process_that_cannot_hand_a_message_back_commits_nothing_past_it(
         cluster: tuple[Path, ClusterPlan], tmp_path: Path) -> None:
     """`understudy consume --nack-every 1` on a topic of g1 while g1's slave acts and g2's
@@ -588,11 +599,7 @@ def test_a_member_process_that_cannot_hand_a_message_back_commits_nothing_past_i
     command ends with the error and commits nothing (closing would have committed past the
     message, and the group would never see it again): the next member reads all of it."""
     directory, plan = cluster
-    boot = [addr(plan, "g1-1"), addr(plan, "g2-1")]
-    out = CliRunner().invoke(topic, ["create", "-b", addr(plan, "g1-0"), "-t", "handback",
-                                     "--groups", "g1", "--queues-per-group", "2"])
-    assert out.exit_code == 0, out.output
-    asyncio.run(produce([addr(plan, "g1-0"), *boot], "handback", (b"h-%d" % i for i in range(10))))
+    boot = ten_on_g1(plan, "handback", queues=2)
     cmd = [*UNDERSTUDY, "consume", "-b", ",".join(boot), "-t", "handback", "-g", "cgn",
            "--count", "10", "--nack-every", "1", "--idle-timeout", "30",
            "--session-timeout-ms", "3000", "--json"]
@@ -606,18 +613,21 @@ def test_a_member_process_that_cannot_hand_a_message_back_commits_nothing_past_i
     assert summary["nacked"] == 0, summary
     assert summary["errors"], summary
 
-    async def next_member() -> list[bytes]:
-        c = Consumer(boot, group="cgn", topic="handback", session_timeout_ms=3000)
-        seen: list[bytes] = []
-        try:
-            deadline = time.monotonic() + 30
-            while len(seen) < 10 and time.monotonic() < deadline:
-                seen.extend(r.body for r in await c.getmany(timeout_s=0.5))
-            return seen
-        finally:
-            await c.close()
+    assert sorted(asyncio.run(read_as_new_member(boot, "cgn", "handback", 10))) == sorted(
+        b"h-%d" % i for i in range(10))
 
-    assert sorted(asyncio.run(next_member())) == sorted(b"h-%d" % i for i in range(10))
+
+async def read_as_new_member(boot: list[str], cgroup: str, name: str, count: int) -> list[bytes]:
+    """What a new member of ``cgroup`` reads of ``name`` (up to ``count``, 30 s at most)."""
+    c = Consumer(boot, group=cgroup, topic=name, session_timeout_ms=3000)
+    seen: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(seen) < count and time.monotonic() < deadline:
+            seen.extend(r.body for r in await c.getmany(timeout_s=0.5))
+        return seen
+    finally:
+        await c.close()
 
 
 def test_a_library_member_that_goes_on_after_a_failed_nack_commits_nothing_past_it(
@@ -627,11 +637,7 @@ def test_a_library_member_that_goes_on_after_a_failed_nack_commits_nothing_past_
     stop at that record, so the next member reads it again with what followed it on its
     queue. (Before, close() committed past it and the group never saw it again.)"""
     directory, plan = cluster
-    boot = [addr(plan, "g1-1"), addr(plan, "g2-1")]
-    out = CliRunner().invoke(topic, ["create", "-b", addr(plan, "g1-0"), "-t", "handlib",
-                                     "--groups", "g1", "--queues-per-group", "1"])
-    assert out.exit_code == 0, out.output
-    asyncio.run(produce([addr(plan, "g1-0"), *boot], "handlib", (b"h-%d" % i for i in range(10))))
+    boot = ten_on_g1(plan, "handlib", queues=1)
 
     async def member() -> tuple[list[bytes], list[str]]:
         c = Consumer(boot, group="cgl", topic="handlib", session_timeout_ms=3000)
@@ -657,19 +663,8 @@ def test_a_library_member_that_goes_on_after_a_failed_nack_commits_nothing_past_
         seen, failures = asyncio.run(member())
     assert seen == [b"h-%d" % i for i in range(10)]
     assert failures, "the nack was expected to fail: no group could take the copy"
-
-    async def again() -> list[bytes]:
-        c = Consumer(boot, group="cgl", topic="handlib", session_timeout_ms=3000)
-        read: list[bytes] = []
-        try:
-            deadline = time.monotonic() + 30
-            while len(read) < 7 and time.monotonic() < deadline:
-                read.extend(r.body for r in await c.getmany(timeout_s=0.5))
-            return read
-        finally:
-            await c.close()
-
-    assert asyncio.run(again()) == [b"h-%d" % i for i in range(3, 10)]
+    assert asyncio.run(read_as_new_member(boot, "cgl", "handlib", 7)) == [
+        b"h-%d" % i for i in range(3, 10)]
 
 
 def _catches_sigterm(pid: int) -> bool:
