@@ -15,11 +15,8 @@ directory in its command line is SIGKILLed, and the partition proxy thread is cl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-import select
-import socket
 import subprocess
 import sys
 import threading
@@ -37,7 +34,7 @@ from understudy_broker.zklayout import decode_state, state_path
 from understudy_harness.checker import Report, check
 from understudy_harness.drill import merge_permission_logs
 from understudy_harness.history import HistoryWriter, read_history
-from understudy_harness.testing import isr_record, wait_until, zk_session
+from understudy_harness.testing import PartitionProxy, isr_record, wait_until, zk_session
 from understudy_operator.controller.journal import read_transitions
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
@@ -359,84 +356,6 @@ def test_two_controllers_on_real_brokers_make_exactly_one_transition_per_event(c
 
 
 # ------------------------------------------------- master partitioned from ZooKeeper
-
-
-class PartitionProxy:
-    """A TCP relay between one broker and ZooKeeper that can black-hole the link.
-
-    ``cut()`` makes it a silent partition: established connections stay open but every
-    byte is dropped in both directions, and new connections are accepted and left
-    silent — exactly what the broker's kernel sees when a network path goes dark, so its
-    ZooKeeper session expires on the server while its process runs on. ``heal()`` closes
-    the dead connections (the client reconnects at once) and relays again.
-    """
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self._cut = threading.Event()
-        self._closed = threading.Event()
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _track(self, *socks: socket.socket) -> None:
-        with self._lock:
-            self._socks.extend(socks)
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self._cut.is_set():
-                self._track(client)  # silent: never connected upstream, never answered
-                continue
-            try:
-                server = socket.create_connection(self.upstream, timeout=2)
-            except OSError:
-                client.close()
-                continue
-            self._track(client, server)
-            threading.Thread(target=self._relay, args=(client, server), daemon=True).start()
-
-    def _relay(self, a: socket.socket, b: socket.socket) -> None:
-        peers = {a: b, b: a}
-        try:
-            while not self._closed.is_set():
-                ready, _, _ = select.select([a, b], [], [], 0.2)
-                for s in ready:
-                    data = s.recv(65536)
-                    if not data:
-                        return
-                    if not self._cut.is_set():
-                        peers[s].sendall(data)
-        except OSError:
-            return
-        finally:
-            a.close()
-            b.close()
-
-    def cut(self) -> None:
-        self._cut.set()
-
-    def heal(self) -> None:
-        with self._lock:
-            socks, self._socks = self._socks, []
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        self._cut.clear()
-
-    def close(self) -> None:
-        self._closed.set()
-        self.listener.close()
-        self.heal()
-        self._thread.join(5)
 
 
 def test_master_session_expires_while_its_process_lives(cluster_dir: Path) -> None:

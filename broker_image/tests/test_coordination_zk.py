@@ -4,11 +4,8 @@ lease renewal, status publishing and digest ACLs."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,7 +26,7 @@ from understudy_broker.zklayout import (
     state_path,
     status_path,
 )
-from understudy_harness.testing import eventually, paper_group
+from understudy_harness.testing import PartitionProxy, eventually, paper_group
 
 pytestmark = pytest.mark.integration
 
@@ -226,68 +223,25 @@ async def test_unreachable_zookeeper_is_a_clear_error() -> None:
         await c.start(connect_timeout_s=0.5)
 
 
-class HeldRelay:
-    """A TCP relay to ZooKeeper that holds each connection's first bytes until
-    ``release()``: a session whose connect is in flight for as long as a test likes."""
-
-    def __init__(self, upstream: str) -> None:
-        host, _, port = upstream.partition(":")
-        self.upstream = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self.accepted = threading.Event()
-        self._released = threading.Event()
-        self._socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def release(self) -> None:
-        self._released.set()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted.set()
-            self._released.wait()
-            server = socket.create_connection(self.upstream)
-            self._socks += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.release()
-        for s in [self.listener, *self._socks]:
-            with contextlib.suppress(OSError):
-                s.close()
-
-
 async def test_a_start_cancelled_while_connecting_leaves_no_session(zk: str, admin: KazooClient) -> None:
     """A broker shut down while its ZooKeeper session is still connecting: the session
     connects after the start was given up, and must be closed then, not left running."""
     hosts, _, chroot = zk.partition("/")
-    relay = HeldRelay(hosts)
-    c = BrokerCoordinator(f"127.0.0.1:{relay.port}/{chroot}", group=GROUP, name="m",
+    host, _, port = hosts.partition(":")
+    proxy = PartitionProxy((host, int(port)))
+    proxy.cut()  # the connect is held until the heal
+    c = BrokerCoordinator(f"127.0.0.1:{proxy.port}/{chroot}", group=GROUP, name="m",
                           session_timeout_s=4.0, loop=asyncio.get_running_loop(),
                           on_change=lambda: None)
     states: list[str] = []
     c.client.add_listener(states.append)
     try:
         start = asyncio.create_task(c.start(connect_timeout_s=8.0))
-        await eventually(relay.accepted.is_set, "the connect reaches the relay", within_s=5.0)
+        await eventually(lambda: proxy.silent, "the connect reaches the proxy", within_s=5.0)
         start.cancel()
         with pytest.raises(asyncio.CancelledError):
             await start
-        relay.release()  # the handshake completes in kazoo's thread, after the cancel
+        proxy.heal()  # the client connects again, in kazoo's thread, after the cancel
         await eventually(lambda: KazooState.CONNECTED in states and states[-1] == KazooState.LOST,
                          "the session connected, then was closed", within_s=10.0)
         assert c.client.client_state == KeeperState.CLOSED
@@ -295,4 +249,4 @@ async def test_a_start_cancelled_while_connecting_leaves_no_session(zk: str, adm
         assert admin.exists(live_path(GROUP, "m")) is None
     finally:
         await c.stop()
-        relay.close()
+        proxy.close()

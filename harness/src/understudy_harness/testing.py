@@ -19,10 +19,12 @@ import ctypes
 import importlib.util
 import inspect
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -449,3 +451,85 @@ class SmallDisk:
         if self.mounted:
             subprocess.run(["umount", "-l", str(self.path)], check=False)
             self.mounted = False
+
+
+class PartitionProxy:
+    """A TCP relay between one broker and ZooKeeper that can black-hole the link.
+
+    ``cut()`` makes it a silent partition: established connections stay open but every
+    byte is dropped in both directions, and new connections are accepted and left
+    silent (counted in ``silent``) — exactly what the broker's kernel sees when a network
+    path goes dark, so its ZooKeeper session expires on the server while its process runs
+    on. ``heal()`` closes the dead connections (the client reconnects at once) and relays
+    again. Cut before a client starts, it holds that client's connect for as long as a
+    test likes.
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._cut = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self.silent = 0  # connections accepted while cut
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _track(self, *socks: socket.socket) -> None:
+        with self._lock:
+            self._socks.extend(socks)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self._cut.is_set():
+                self._track(client)  # silent: never connected upstream, never answered
+                self.silent += 1
+                continue
+            try:
+                server = socket.create_connection(self.upstream, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            self._track(client, server)
+            threading.Thread(target=self._relay, args=(client, server), daemon=True).start()
+
+    def _relay(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self._closed.is_set():
+                ready, _, _ = select.select([a, b], [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if not self._cut.is_set():
+                        peers[s].sendall(data)
+        except OSError:
+            return
+        finally:
+            a.close()
+            b.close()
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def heal(self) -> None:
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self._cut.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.listener.close()
+        self.heal()
+        self._thread.join(5)
