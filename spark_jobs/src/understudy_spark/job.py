@@ -96,6 +96,7 @@ def build_session(
         # Observation node inside it: the rejected-line count would be lost exactly when
         # every line was rejected. Keep the node.
         .config("spark.sql.adaptive.optimizer.excludedRules", _KEEP_OBSERVATIONS)
+        .config(*transforms.SORT_AGGREGATION)
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
