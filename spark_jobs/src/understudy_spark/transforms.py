@@ -199,18 +199,19 @@ def clean_keyed(keyed: DataFrame, *, step_s: float) -> DataFrame:
         F.floor(ts_ms / F.lit(step_ms)).alias("bucket"),
         "value",
     )
-    # Sorted once by (group, bucket, series): with ``SORT_AGGREGATION`` (``job.build_session``
-    # sets it) this de-duplication and ``group_states``' per-bucket aggregation become sort
-    # aggregations over that order, and the windows over (group, bucket) need no sort of
-    # their own. Nearly every key here is distinct (one sample per series and bucket), so
-    # two hash aggregations over every sample cost more than one sort of them, which runs
-    # of each series' samples, already in time order, make cheap (docs/sla.md "One sort
-    # instead of two hash aggregations"). Without the setting the result is the same.
-    deduped = (
-        rows.repartition("group")
-        .sortWithinPartitions("group", "bucket", "broker", "role", "m")
-        .groupBy("group", "bucket", "broker", "role", "m")
-        .agg(F.max_by("value", "ts_ms").alias("value"))
+    # Sorted once by (group, bucket, series) when the session has ``SORT_AGGREGATION``
+    # (``job.build_session`` sets it): this de-duplication and ``group_states``' per-bucket
+    # aggregation become sort aggregations over that order, and the windows over (group,
+    # bucket) need no sort of their own. Nearly every key here is distinct (one sample per
+    # series and bucket), so two hash aggregations over every sample cost more than one
+    # sort of them, which runs of each series' samples, already in time order, make cheap
+    # (docs/sla.md "One sort instead of two hash aggregations"). A session without the
+    # setting would sort for nothing, so it keeps the hash aggregations; same rows.
+    spread = rows.repartition("group")
+    if keyed.sparkSession.conf.get(SORT_AGGREGATION[0], "false") == SORT_AGGREGATION[1]:
+        spread = spread.sortWithinPartitions("group", "bucket", "broker", "role", "m")
+    deduped = spread.groupBy("group", "bucket", "broker", "role", "m").agg(
+        F.max_by("value", "ts_ms").alias("value")
     )
     return deduped.select("group", "broker", "role", name.alias("metric"), "bucket", "value")
 
