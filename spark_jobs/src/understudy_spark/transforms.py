@@ -208,7 +208,7 @@ def clean_keyed(keyed: DataFrame, *, step_s: float) -> DataFrame:
     # (docs/sla.md "One sort instead of two hash aggregations"). A session without the
     # setting would sort for nothing, so it keeps the hash aggregations; same rows.
     spread = rows.repartition("group")
-    if keyed.sparkSession.conf.get(SORT_AGGREGATION[0], "false") == SORT_AGGREGATION[1]:
+    if str(keyed.sparkSession.conf.get(SORT_AGGREGATION[0], "false")).strip().lower() == "true":
         spread = spread.sortWithinPartitions("group", "bucket", "broker", "role", "m")
     deduped = spread.groupBy("group", "bucket", "broker", "role", "m").agg(
         F.max_by("value", "ts_ms").alias("value")
