@@ -29,6 +29,7 @@ from understudy_broker.zklayout import TopicDoc, topic_path
 from understudy_harness import testing
 from understudy_operator.local import cluster as lc
 from understudy_operator.local.plan import ClusterPlan
+from understudy_operator.local.ports import free_port
 
 pytestmark = pytest.mark.slow
 UNDERSTUDY = testing.UNDERSTUDY
@@ -680,8 +681,6 @@ def test_sigterm_stops_a_producer_still_waiting_for_its_first_route(tmp_path: Pa
     """`understudy produce` started while no broker answers waits for the route up to its
     send timeout; SIGTERM in that wait ends it at once, with nothing sent and nothing
     failed (it waited out the whole send timeout, then failed)."""
-    from understudy_operator.local.ports import free_port
-
     log = tmp_path / "p.log"
     cmd = [*UNDERSTUDY, "produce", "-b", f"127.0.0.1:{free_port()}", "-t", "nowhere",
            "--count", "10", "--send-timeout", "120", "--json"]

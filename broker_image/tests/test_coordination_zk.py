@@ -15,6 +15,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.protocol.states import KeeperState
 from kazoo.security import make_digest_acl
 
+from understudy_broker.client import parse_address
 from understudy_broker.ha.coordinator import BrokerCoordinator, CoordinationError
 from understudy_broker.model import GroupState, Mode, Permission
 from understudy_broker.zklayout import (
@@ -227,8 +228,7 @@ async def test_a_start_cancelled_while_connecting_leaves_no_session(zk: str, adm
     """A broker shut down while its ZooKeeper session is still connecting: the session
     connects after the start was given up, and must be closed then, not left running."""
     hosts, _, chroot = zk.partition("/")
-    host, _, port = hosts.partition(":")
-    proxy = PartitionProxy((host, int(port)))
+    proxy = PartitionProxy(parse_address(hosts))
     proxy.cut()  # the connect is held until the heal
     c = BrokerCoordinator(f"127.0.0.1:{proxy.port}/{chroot}", group=GROUP, name="m",
                           session_timeout_s=4.0, loop=asyncio.get_running_loop(),
