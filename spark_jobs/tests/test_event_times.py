@@ -316,6 +316,14 @@ def _mode(group: str, mode: str, t_ms: int) -> tuple[str, str, str, str, str, fl
     return (group, "", "", mode, names.GROUP_MODE_ENTERED, t_ms / 1000)
 
 
+def test_an_event_at_an_impossible_time_is_no_event(spark: Any) -> None:
+    # A gauge holding 1e300 s (or infinity) names no instant: it is left out of the log,
+    # where an overflowing cast used to fail the job.
+    rows = [_mode("g", "NORMAL", MS), ("g", "g-0", "master", "", names.BROKER_STARTED, 1e300),
+            ("g", "g-0", "master", "", names.BROKER_STARTED, float("inf"))]
+    assert [(r.group, r.kind, r.t_ms) for r in _observed(spark, rows).collect()] == [("g", transforms.KIND_MODE, MS)]
+
+
 def test_a_group_is_exact_only_when_its_event_log_is_complete(spark: Any) -> None:
     day = 86_400_000
     rows = []

@@ -147,6 +147,58 @@ def test_query_range_pairs_are_checked_one_by_one(spark: Any, tmp_path: pathlib.
     assert all(r.startswith('up {"group":"g","broker":"g-0","role":""} [') for r in bad)
 
 
+# Instants no timestamp holds (NaN, infinities, past the year 9999): each such sample is
+# one rejected row; the job used to die on an overflowing cast instead.
+IMPOSSIBLE_TIMES = [
+    ("qr.json",
+     '{"status":"success","data":{"resultType":"matrix","result":[{"metric":'
+     '{"__name__":"up","group":"g","broker":"g-0"},"values":['
+     f'[{T_MS / 1000},"1"],[NaN,"1"],[Infinity,"1"],[-Infinity,"1"],[1e300,"1"],["NaN","1"],'
+     '[9.3e12,"1"]]}]}}', 6),
+    ("dump.txt", "".join(f'{{__name__="up", group="g"}} 1 {t}\n' for t in (
+        T_MS, 9223372036854775807, 9300000000000000, -9223372036854775808, 253402300800000)), 4),
+    ("metrics.prom", "".join(f'up{{group="g"}} 1 {t}\n' for t in (
+        T_MS, 99999999999999999999, 9300000000000000, "93000000000000000.5")), 3),
+]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize(("name", "content", "rejected"), IMPOSSIBLE_TIMES, ids=[c[0] for c in IMPOSSIBLE_TIMES])
+def test_a_sample_at_an_impossible_time_is_rejected_not_fatal(spark: Any, tmp_path: pathlib.Path, name: str,
+                                                               content: str, rejected: int) -> None:
+    path = _write(tmp_path, name, content)
+    rows = readers.read_parsed(spark, readers.list_inputs(spark, [path]), keyed=True).collect()
+    assert [(r.timestamp, r.value) for r in rows if r.ok] == [(dt.datetime(2026, 11, 1, 12), 1.0)]
+    assert sum(r.weight for r in rows if not r.ok) == rejected
+    config = job.JobConfig(inputs=(path,), out=str(tmp_path / "out"))
+    with pytest.raises(InputError, match="--skip-bad") as err:  # a clear error, not a Spark failure
+        job.run(spark, config, progress=lambda _m: None)
+    assert name in str(err.value)
+    assert "1 and 9999" in str(err.value) if name.endswith(".json") else ":2: malformed" in str(err.value)
+
+
+@pytest.mark.spark
+def test_seconds_are_rounded_to_the_nearest_millisecond_halves_away_from_zero(
+        spark: Any, tmp_path: pathlib.Path) -> None:
+    # The reader rounds seconds * 1000 without BigDecimal; the millisecond must be exactly
+    # what rounding the double half away from zero gives, as Spark's round did.
+    import decimal
+
+    seconds = ["-0.0015", "-0.0025", "0.0005", "0.0004999", "0.0025", "-1.5",
+               "1795211698.9605", "1795211698.9615", "1795211698.961", "1793534400.0005", "4.9e-324"]
+    values = ",".join(f'[{s},"1"]' for s in seconds)
+    text = ('{"status":"success","data":{"resultType":"matrix","result":[{"metric":'
+            '{"__name__":"up","group":"g"},"values":[' + values + "]}]}}")
+    rows = readers.read_parsed(spark, readers.list_inputs(spark, [_write(tmp_path, "qr.json", text)]),
+                               keyed=True).collect()
+    epoch = dt.datetime(1970, 1, 1)
+    got = [(r.timestamp - epoch) // dt.timedelta(milliseconds=1) for r in rows]
+    exact = [decimal.Decimal(float(s) * 1000.0).quantize(decimal.Decimal(1), rounding=decimal.ROUND_HALF_UP)
+             for s in seconds]
+    assert got == [int(x) for x in exact]
+    assert got[:6] == [-2, -3, 1, 0, 3, -1500]
+
+
 @pytest.mark.spark
 def test_text_lines_split_the_same_by_bytes_and_by_characters(spark: Any, tmp_path: pathlib.Path) -> None:
     # The common line is cut by byte offsets, a line with runs of blanks by characters;

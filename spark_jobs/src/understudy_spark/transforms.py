@@ -45,6 +45,7 @@ from pyspark.sql.types import DoubleType, StringType, StructField, StructType, T
 from pyspark.sql.window import WindowSpec
 
 from understudy_broker import metric_names
+from understudy_spark.readers import millis_of
 
 MODE = metric_names.GROUP_MODE
 PERMISSION = metric_names.BROKER_PERMISSION
@@ -767,10 +768,11 @@ def event_log(observed: DataFrame) -> DataFrame:
         F.when(is_mode, F.lit("")).otherwise(F.coalesce("role", F.lit(""))).alias("role"),
         kind.alias("kind"),
         F.when(is_mode, mode).alias("mode"),
-        F.round(F.col("value") * 1000.0).cast("long").alias("t_ms"),
+        millis_of(F.col("value") * 1000.0).alias("t_ms"),
     )
     return e.where(
         F.col("group").isNotNull()
+        & F.col("t_ms").isNotNull()  # an instant no timestamp holds (1e300 s): not an event
         & F.col("kind").isNotNull()
         & F.when(F.col("kind") == KIND_MODE, F.col("mode").isNotNull()).otherwise(F.col("broker") != "")
     ).distinct()
