@@ -178,6 +178,19 @@ def test_a_sample_at_an_impossible_time_is_rejected_not_fatal(spark: Any, tmp_pa
 
 
 @pytest.mark.spark
+def test_a_dump_timestamp_is_digits_with_an_optional_minus(spark: Any, tmp_path: pathlib.Path) -> None:
+    # The shape is checked without a regex (first and last byte, next to the cast), which
+    # on its own would take a plus sign or a tab around the digits.
+    stamps = [f"+{T_MS}", f"{T_MS}\t", f"\t{T_MS}", f"0{T_MS}", "-5", f"{T_MS}.0", f"{T_MS}x"]
+    text = "".join(f'{{__name__="up", group="g"}} 1 {t}\n' for t in stamps)
+    rows = readers.read_parsed(spark, readers.list_inputs(spark, [_write(tmp_path, "dump.txt", text)]),
+                               keyed=True).collect()
+    epoch = dt.datetime(1970, 1, 1)
+    assert [r.ok for r in rows] == [False, False, False, True, True, False, False]
+    assert [(r.timestamp - epoch) // dt.timedelta(milliseconds=1) for r in rows if r.ok] == [T_MS, -5]
+
+
+@pytest.mark.spark
 def test_seconds_are_rounded_to_the_nearest_millisecond_halves_away_from_zero(
         spark: Any, tmp_path: pathlib.Path) -> None:
     # The reader rounds seconds * 1000 without BigDecimal; the millisecond must be exactly

@@ -206,19 +206,31 @@ def observed_states(
     the Observation that counts, on the same pass, ``rejected`` input lines (by weight),
     accepted ``samples``, the ``first_bad`` file and the ``topic_samples`` (the topic
     series, :mod:`understudy_spark.topics`), and collects the distinct ``events``
-    (:func:`transforms.event_observations`). Also what ``bench/sla.py`` times."""
+    (:func:`transforms.event_candidate`). Also what ``bench/sla.py`` times."""
     parsed = readers.read_parsed(spark, files, keyed=True)
-    observation = Observation("understudy_sla_input")
-    parsed = parsed.observe(
-        observation,
-        F.coalesce(F.sum(F.when(~F.col("ok"), F.col("weight"))), F.lit(0)).alias("rejected"),
-        F.count(F.when(F.col("ok"), 1)).alias("samples"),
-        F.min(F.when(~F.col("ok"), F.col("source_file"))).alias("first_bad"),
-        transforms.event_observations(),
-        # Whether the topic series are there at all: only then is a topic pass read.
-        F.count(F.when(F.col("ok") & F.col("metric").isin(*topics.TOPIC_METRICS), 1)).alias("topic_samples"),
+    ok = F.col("ok")
+    # What the Observation counts is computed here, in the projection's generated code: an
+    # Observation evaluates its own expressions row by row, not compiled (the event
+    # test's five name comparisons, for one, were ~4 % of the query_range read in a
+    # profile), and only the columns it needs are carried into it.
+    tallied = parsed.select(
+        "timestamp", "metric", *readers.KEY_LABELS, "value", "ok",
+        F.when(~ok, F.col("weight")).alias("_rejected"),
+        F.when(~ok, F.col("source_file")).alias("_bad_file"),
+        transforms.event_candidate().alias("_event"),
+        (ok & F.col("metric").isin(*topics.TOPIC_METRICS)).alias("_topic"),
     )
-    clean = transforms.clean_keyed(readers.keyed_samples_of(parsed), step_s=step_s)
+    observation = Observation("understudy_sla_input")
+    tallied = tallied.observe(
+        observation,
+        F.coalesce(F.sum("_rejected"), F.lit(0)).alias("rejected"),
+        F.count_if(ok).alias("samples"),
+        F.min("_bad_file").alias("first_bad"),
+        F.collect_set("_event").alias("events"),
+        # Whether the topic series are there at all: only then is a topic pass read.
+        F.count_if("_topic").alias("topic_samples"),
+    )
+    clean = transforms.clean_keyed(readers.keyed_samples_of(tallied), step_s=step_s)
     return transforms.group_states(clean), observation
 
 

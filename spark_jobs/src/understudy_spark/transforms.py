@@ -691,7 +691,7 @@ def monthly_sla(daily: DataFrame, *, targets: Targets) -> DataFrame:
 # instant of every mode and READ change (each gauge holds the latest instant of its kind).
 # Every distinct value such a gauge ever showed is one event, so the distinct values of a
 # whole export are an event log of the group: the job collects them in its one pass over the
-# input (an Observation, :func:`event_observations`) and places every transition to the
+# input (an Observation of :func:`event_candidate`) and places every transition to the
 # millisecond. A group whose log is incomplete keeps the bucket definitions above, and the
 # report says which groups are exact and why the others are not (:func:`event_resolution`).
 
@@ -710,7 +710,7 @@ _KINDS = {EXITED: KIND_EXITED, STARTED: KIND_STARTED, READ_LOST: KIND_LOST, READ
 # The ``mode`` label of MODE_ENTERED, by the mode's code in ``understudy_group_mode``.
 MODE_NAMES = ("NORMAL", "FENCING", "SLAVE_CONSUME", "RECOVERING")
 
-# What :func:`event_observations` collects: one row per distinct (series, value).
+# What the Observation collects of :func:`event_candidate`: one row per distinct (series, value).
 OBSERVED_EVENTS_SCHEMA = StructType(
     [
         StructField("group", StringType(), nullable=True),
@@ -733,11 +733,12 @@ def scrape_resolution(step_s: float, why: str) -> str:
     return f"durations at scrape resolution ({step_s:g} s): {why}"
 
 
-def event_observations() -> Column:
-    """The aggregate an Observation on the keyed input rows (``readers.KEYED_COLUMNS``)
-    computes in the job's one pass: the distinct ``(group, broker, role, mode, metric,
-    value)`` of the event-time series (``OBSERVED_EVENTS_SCHEMA``), as ``events``. Each is
-    small: a gauge repeats its value until the next event of its kind."""
+def event_candidate() -> Column:
+    """Per keyed input row (``readers.KEYED_COLUMNS``): its ``(group, broker, role, mode,
+    metric, value)`` when it is a usable event-time sample, else null. The job's
+    Observation collects the distinct ones (``OBSERVED_EVENTS_SCHEMA``) as ``events`` in
+    its one pass; each set is small: a gauge repeats its value until the next event of
+    its kind."""
     usable = (
         F.col("ok")
         & F.col("metric").isin(*EVENT_METRICS)
@@ -746,8 +747,7 @@ def event_observations() -> Column:
         & ~F.isnan("value")
         & (F.col("value") > 0)  # an unset gauge would read 0 (1970): never an event
     )
-    row = F.struct("group", "broker", "role", "mode", "metric", "value")
-    return F.collect_set(F.when(usable, row)).alias("events")
+    return F.when(usable, F.struct("group", "broker", "role", "mode", "metric", "value"))
 
 
 def event_log(observed: DataFrame) -> DataFrame:
