@@ -221,8 +221,10 @@ def group_states(clean: DataFrame) -> DataFrame:
     """One row per (group, bucket) that has any sample.
 
     Output: ``group, bucket, mode, master_read, readers, writers, perm_series,
-    brokers_down, failovers, known, readable, violation, unresolved`` (``writers``: the
-    brokers with WRITE in their effective permission, for the topic SLA). ``known`` follows DESIGN: the
+    brokers_down, failovers, known, readable, violation, unresolved, has_mode,
+    ever_readable`` (``writers``: the brokers with WRITE in their effective permission, for
+    the topic SLA; ``has_mode``: the group has a mode series at all; ``ever_readable``: an
+    earlier bucket was readable; the last two for :func:`incident_buckets`). ``known`` follows DESIGN: the
     mode series has a sample, or every broker's permission series has one (the broker
     count is the most permission series the group ever showed at once).
 
@@ -273,6 +275,10 @@ def group_states(clean: DataFrame) -> DataFrame:
         (F.col("readers") >= 1).alias("readable"),
         proven.alias("violation"),
         (two & ~proven).alias("unresolved"),
+        # For :func:`incident_buckets`, here so that they share this one window pass.
+        (F.max(F.col("mode").isNotNull().cast("int")).over(_whole()) == 1).alias("has_mode"),
+        F.coalesce(F.max((F.col("readers") >= 1).cast("int")).over(_before()) == 1, F.lit(False))
+        .alias("ever_readable"),
     )
 
 
@@ -313,17 +319,21 @@ def incident_buckets(states: DataFrame) -> DataFrame:
     if set(ATTRIBUTION_COLUMNS) <= set(states.columns):
         return states
     mode, master_read, bucket = F.col("mode"), F.col("master_read"), F.col("bucket")
-    has_mode = F.max(mode.isNotNull().cast("int")).over(_whole()) == 1
-    ever_readable = F.coalesce(F.max(F.col("readable").cast("int")).over(_before()), F.lit(0))
+    has_mode = F.col("has_mode")
     fault = F.when(
         has_mode, mode.isNotNull() & (mode != MODE_NORMAL) & (F.coalesce(master_read, F.lit(0)) == 0)
-    ).otherwise(F.col("known") & ~F.col("readable") & (ever_readable == 1))
+    ).otherwise(F.col("known") & ~F.col("readable") & F.col("ever_readable"))
     healthy = (master_read == 1) & F.when(has_mode, mode == MODE_NORMAL).otherwise(F.lit(True))
     event = F.when(fault, 1).when(healthy, 0)
 
     base = list(states.columns)
-    s = states.withColumn("in_i", F.coalesce(F.last(event, ignorenulls=True).over(_running()), F.lit(0)))
-    s = s.withColumn("prev_in", F.coalesce(F.lag("in_i").over(_by_group()), F.lit(0)))
+    # In an incident at this row, and at the row before (the latest event up to the row
+    # before: the previous row's ``in_i``), over one window pass rather than a lag of it.
+    s = states.select(
+        "*",
+        F.coalesce(F.last(event, ignorenulls=True).over(_running()), F.lit(0)).alias("in_i"),
+        F.coalesce(F.last(event, ignorenulls=True).over(_before()), F.lit(0)).alias("prev_in"),
+    )
     is_start = (F.col("in_i") == 1) & (F.col("prev_in") == 0)
     ends_here = (F.col("in_i") == 0) & (F.col("prev_in") == 1)
     # The end row belongs to the incident it ends; the running ``last`` has seen no newer
