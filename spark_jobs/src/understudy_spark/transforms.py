@@ -261,6 +261,7 @@ def group_states(clean: DataFrame) -> DataFrame:
         for f in (F.lag, F.lead)
     ]
     proven = two & F.coalesce(beside[0] | beside[1], F.lit(False))
+    readable = F.col("readers") >= 1
     return per_bucket.select(
         "group",
         "bucket",
@@ -272,12 +273,12 @@ def group_states(clean: DataFrame) -> DataFrame:
         "brokers_down",
         "failovers",
         known.alias("known"),
-        (F.col("readers") >= 1).alias("readable"),
+        readable.alias("readable"),
         proven.alias("violation"),
         (two & ~proven).alias("unresolved"),
         # For :func:`incident_buckets`, here so that they share this one window pass.
         (F.max(F.col("mode").isNotNull().cast("int")).over(_whole()) == 1).alias("has_mode"),
-        F.coalesce(F.max((F.col("readers") >= 1).cast("int")).over(_before()) == 1, F.lit(False))
+        F.coalesce(F.max(readable.cast("int")).over(_before()) == 1, F.lit(False))
         .alias("ever_readable"),
     )
 
