@@ -18,8 +18,8 @@ one day, runs every size, and exits; then DuckDB runs every size.
     python bench/sla.py --month                # add the 30-day size
 
 A 200-group week is ~48M samples per form (~1 GB of dump text a day, ~28 GB for four
-weeks; the bench checks the free disk first). On 2 cores the default sizes took 70 minutes
-(16 to synthesise, 54 to run; --reuse skips the first); --groups/--weeks shrink it (say so
+weeks; the bench checks the free disk first). On 2 cores the default sizes took 70-80 minutes
+(16 to synthesise, 54-64 to run; --reuse skips the first); --groups/--weeks shrink it (say so
 next to the figures, docs/sla.md).
 """
 
