@@ -31,6 +31,8 @@ UNDERSTUDY = str(Path(sys.executable).with_name("understudy"))
         (["--port", "9000", "--replication-port", "9000"], "must differ"),
         (["--port", "9000", "--role", "slave"], "needs --master"),
         (["--port", "9000", "--role", "slave", "--master", "nohost"], "expected HOST:PORT"),
+        (["--port", "9000", "--role", "slave", "--master", "h:70000"],
+         "--master: port 70000 is outside 1-65535 in 'h:70000'"),
         (["--port", "9000", "--role", "slave", "--master", "h:1", "--permission", "FULL"], "never writes"),
         (["--port", "9000", "--replication-port", "9001", "--master", "h:1"], "--role slave"),
         (["--port", "9000", "--replication-port", "9001", "--peer", "oops"], "NAME=HOST:PORT"),

@@ -15,9 +15,8 @@ from kazoo.exceptions import NoAuthError
 from kazoo.protocol.states import KeeperState
 from kazoo.security import make_digest_acl
 
-from understudy_broker.client import parse_address
 from understudy_broker.ha.coordinator import BrokerCoordinator, CoordinationError
-from understudy_broker.model import GroupState, Mode, Permission
+from understudy_broker.model import GroupState, Mode, Permission, parse_address
 from understudy_broker.zklayout import (
     BrokerStatus,
     GroupConfig,

@@ -12,6 +12,7 @@ from understudy_broker.model import (
     Role,
     effective_permission,
     is_isolated,
+    parse_address,
 )
 
 NORMAL = GroupState(Mode.NORMAL, 1)
@@ -84,3 +85,15 @@ def test_permission_parse() -> None:
     assert Permission.parse("2") is Permission.WRITE
     with pytest.raises(ValueError, match="expected one of"):
         Permission.parse("admin")
+
+
+def test_an_address_is_host_colon_port_with_a_port_in_1_to_65535() -> None:
+    assert parse_address("127.0.0.1:9876") == ("127.0.0.1", 9876)
+    assert parse_address("broker-0.g1.svc:1") == ("broker-0.g1.svc", 1)
+    assert parse_address("[::1]:65535") == ("[::1]", 65535)  # the host is what precedes the last colon
+    for bad in ("nohost", "h:", ":9", "h:x", "h:-1", "h: 9", ""):
+        with pytest.raises(ValueError, match=f"expected HOST:PORT, got {bad!r}"):
+            parse_address(bad)
+    for bad, port in (("h:0", 0), ("h:65536", 65536)):
+        with pytest.raises(ValueError, match=f"port {port} is outside 1-65535 in {bad!r}"):
+            parse_address(bad)

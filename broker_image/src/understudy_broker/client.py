@@ -37,7 +37,7 @@ from typing import Any, Final, TypeVar
 
 from understudy_broker import protocol as p
 from understudy_broker.faultavoid import DEFAULT_STEPS, FaultTable
-from understudy_broker.model import Permission, Role
+from understudy_broker.model import Permission, Role, parse_address
 from understudy_broker.retry import Backoff
 from understudy_broker.scheduling import (
     DEFAULT_MAX_RECONSUME,
@@ -143,13 +143,6 @@ def broker_error(status: int, message: str, *, address: str) -> BrokerError:
     client (authentication, ACLs), a :class:`BrokerError` otherwise."""
     cls = SecurityError if status in REFUSALS else BrokerError
     return cls(status, message, address=address)
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {address!r}")
-    return host, int(port)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from understudy_broker.model import Permission, Role
+from understudy_broker.model import Permission, Role, parse_address
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 from understudy_broker.storage.index import DEFAULT_INDEX_OPEN_FILES
@@ -173,14 +173,12 @@ class BrokerConfig:
 
 
 def parse_hostport(text: str, *, what: str) -> tuple[str, int]:
-    """``HOST:PORT`` with a port in 1-65535."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ConfigError(f"{what}: expected HOST:PORT, got {text!r}")
-    port = int(port_text)
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{what}: port {port} is outside 1-65535")
-    return host, port
+    """``HOST:PORT`` with a port in 1-65535 (:func:`model.parse_address`), as a
+    :class:`ConfigError` naming the flag."""
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 def parse_peer(text: str) -> Peer:

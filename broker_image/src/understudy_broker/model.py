@@ -11,8 +11,10 @@ The rules are the ones in DESIGN.md ("Effective permission" and "Read leases").
 
 Two more shared rules live here for the same reason, one copy each: what a topic may be
 called (:func:`check_topic_name`: the codec refuses at the door what the log would refuse
-later) and the shape of a consumer-offset snapshot (:func:`normalize_snapshot`: the offset
-store, the codec's back-sync body and the replicated commit records all validate with it).
+later), the shape of a consumer-offset snapshot (:func:`normalize_snapshot`: the offset
+store, the codec's back-sync body and the replicated commit records all validate with it)
+and what a ``HOST:PORT`` address is (:func:`parse_address`: the client, the broker's flags
+and the workload's bootstrap list).
 """
 
 from __future__ import annotations
@@ -175,6 +177,20 @@ def check_topic_name(topic: str) -> str:
             "A-Z a-z 0-9 . _ - (not '.' or '..'), optionally after %RETRY% or %DLQ%"
         )
     return topic
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port), the port in 1-65535. The host is everything before
+    the last colon and is not resolved here. ``ValueError`` naming the text otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {int(port)} is outside 1-65535 in {address!r}")
+    return host, int(port)
 
 
 # --------------------------------------------------------------------------- offsets

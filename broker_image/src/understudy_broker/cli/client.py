@@ -41,9 +41,9 @@ from understudy_broker.client import (
     Producer,
     Router,
     create_topic,
-    parse_address,
 )
 from understudy_broker.faultavoid import DEFAULT_STEPS, parse_steps
+from understudy_broker.model import parse_address
 from understudy_broker.retry import Backoff
 from understudy_broker.scheduling import (
     DEFAULT_MAX_RECONSUME,

@@ -22,6 +22,7 @@ import click
 from rich.console import Console
 
 from understudy_broker.cli.client import security_options
+from understudy_broker.model import parse_address
 from understudy_broker.security import ClientSecurity
 from understudy_harness.cli.live import live_status
 from understudy_harness.workload import (
@@ -40,9 +41,7 @@ def parse_bootstrap(text: str) -> tuple[str, ...]:
     out = []
     for raw in text.split(","):
         entry = raw.strip()
-        host, sep, port = entry.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{entry!r} is not HOST:PORT")
+        parse_address(entry)
         out.append(entry)
     return tuple(out)
 
