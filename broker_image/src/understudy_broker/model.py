@@ -186,7 +186,7 @@ def parse_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` -> (host, port), the port in 1-65535. The host is everything before
     the last colon and is not resolved here. ``ValueError`` naming the text otherwise."""
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not (port.isascii() and port.isdigit()):  # not '²', not '٣'
         raise ValueError(f"expected HOST:PORT, got {address!r}")
     if not 1 <= int(port) <= 65535:
         raise ValueError(f"port {int(port)} is outside 1-65535 in {address!r}")
