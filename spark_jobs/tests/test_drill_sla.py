@@ -69,6 +69,11 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.spark,
     pytest.mark.slow,
+    # A drill and three Spark jobs: ~220 s at load 8-12, and 295.6 s in one fresh-clone
+    # `make test` (the main run beside it), against the suite's 300 s. Cut off there, the
+    # timeout broke into a py4j call and left the session's gateway out of step: every
+    # later Spark test of the run failed with it (60 of them).
+    pytest.mark.timeout(900),
     pytest.mark.skipif(bool(promrun.missing()), reason="needs the Debian 'prometheus' package (prometheus and promtool)"),
 ]
 
