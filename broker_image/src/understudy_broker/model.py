@@ -9,7 +9,7 @@ callers gather the facts (ZooKeeper state, link health, lease validity) and pass
 
 The rules are the ones in DESIGN.md ("Effective permission" and "Read leases").
 
-Two more shared rules live here for the same reason, one copy each: what a topic may be
+Three more shared rules live here for the same reason, one copy each: what a topic may be
 called (:func:`check_topic_name`: the codec refuses at the door what the log would refuse
 later), the shape of a consumer-offset snapshot (:func:`normalize_snapshot`: the offset
 store, the codec's back-sync body and the replicated commit records all validate with it)
