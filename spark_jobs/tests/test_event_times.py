@@ -121,7 +121,7 @@ def _at(text: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def report(spark: Any, synthetic: tuple[pathlib.Path, dict[str, Any]],
+def report(module_spark: Any, synthetic: tuple[pathlib.Path, dict[str, Any]],
            tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, dict[str, Any], dict[str, Any]]:
     """One job run over every input; returns the output folder and both ground truths."""
     base = tmp_path_factory.mktemp("event_times")
@@ -142,7 +142,7 @@ def report(spark: Any, synthetic: tuple[pathlib.Path, dict[str, Any]],
            *sub_scrape_exposition("sub-undated", events=True, exits=False), "# EOF"]
     (inputs / "sub.om").write_text("\n".join(sub) + "\n", encoding="utf-8")
     out = base / "sla"
-    ran = job.run(spark, job.JobConfig(inputs=(str(inputs),), out=str(out), step_s=STEP), progress=lambda _m: None)
+    ran = job.run(module_spark, job.JobConfig(inputs=(str(inputs),), out=str(out), step_s=STEP), progress=lambda _m: None)
     assert ran.rejected_lines == 0
     return out, truth, plain_truth
 

@@ -34,15 +34,15 @@ def _tag_groups_with_form(parsed: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def results(spark: Any, synthetic: tuple[pathlib.Path, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any], int]:
+def results(module_spark: Any, synthetic: tuple[pathlib.Path, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any], int]:
     """The job's own path (keyed readers, rejects counted by an Observation in the same
     pass), run once over all three forms."""
     out, truth = synthetic
     step = float(truth["spec"]["step_s"])
-    files = readers.list_inputs(spark, [str(out / form) for form in FORMATS])
+    files = readers.list_inputs(module_spark, [str(out / form) for form in FORMATS])
     assert sorted({f.form.value for f in files}) == sorted(FORMATS)
     observation = Observation("rejects")
-    parsed = _tag_groups_with_form(readers.read_parsed(spark, files, keyed=True)).observe(
+    parsed = _tag_groups_with_form(readers.read_parsed(module_spark, files, keyed=True)).observe(
         observation, F.count(F.when(~F.col("ok"), 1)).alias("rejected")
     )
     states = transforms.group_states(

@@ -322,9 +322,9 @@ SUMMED = ["known_s", "unknown_s", "read_unavailable_s", "one_reader_violation_s"
 
 
 @pytest.fixture(scope="module")
-def batch(spark: Any) -> tuple[list[Plant], dict[str, Any]]:
+def batch(module_spark: Any) -> tuple[list[Plant], dict[str, Any]]:
     plant_list = draw_plants(N_PLANTS)
-    return plant_list, run_plants(spark, plant_list)
+    return plant_list, run_plants(module_spark, plant_list)
 
 
 @pytest.mark.spark

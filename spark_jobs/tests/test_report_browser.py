@@ -223,7 +223,7 @@ LIMIT_S = 3000.0
 
 
 @pytest.fixture(scope="module")
-def generated(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+def generated(module_spark: Any, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """report.html (and the tables) of a synthetic plant, written by ``job.run``."""
     root = tmp_path_factory.mktemp("browser")
     # 5-minute buckets keep Spark's part short; the report is the same kind of page.
@@ -231,7 +231,7 @@ def generated(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> pathlib.P
                      violation_fraction=0.5, start="2026-11-30T00:00:00Z", topics=3)
     synthesize(spec, out=root / "exports", formats=("query_range",))
     out = root / "sla"
-    job.run(spark, job.JobConfig(inputs=(str(root / "exports" / "query_range"),), out=str(out), step_s=STEP_S,
+    job.run(module_spark, job.JobConfig(inputs=(str(root / "exports" / "query_range"),), out=str(out), step_s=STEP_S,
                                  targets=Targets(incident_read_unavailable_s=LIMIT_S)),
             progress=lambda _msg: None)
     return out

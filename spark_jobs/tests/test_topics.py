@@ -97,11 +97,11 @@ def _rows(path: pathlib.Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def out(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+def out(module_spark: Any, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     base = tmp_path_factory.mktemp("topics")
     (base / "plant.om").write_text(export(), encoding="utf-8")
     targets = Targets(topic_availability=0.9, topic_targets=(("orders", 0.9999),))
-    job.run(spark, job.JobConfig(inputs=(str(base / "plant.om"),), out=str(base / "sla"), step_s=STEP,
+    job.run(module_spark, job.JobConfig(inputs=(str(base / "plant.om"),), out=str(base / "sla"), step_s=STEP,
                                  targets=targets), progress=lambda _m: None)
     return base / "sla"
 

@@ -106,11 +106,11 @@ SCENARIOS: dict[str, Series] = {
 
 
 @pytest.fixture(scope="module")
-def computed(spark: Any) -> dict[str, dict[str, list[Row]]]:
+def computed(module_spark: Any) -> dict[str, dict[str, list[Row]]]:
     """incidents, timeline and failover increases of every scenario, by group."""
     series = [(metric, {**labels, "group": name}, values)
               for name, scenario in SCENARIOS.items() for metric, labels, values in scenario]
-    states = states_of(spark, series).cache()
+    states = states_of(module_spark, series).cache()
     try:
         tables = {
             "incidents": T.incidents(states, step_s=STEP).collect(),
