@@ -326,6 +326,30 @@ def test_a_producers_choice_of_queues_follows_faults_routes_and_time_at_once(
     assert picks() == {0, 2}  # g2 shows no writer: a route learned counts at once
 
 
+def test_live_queues_are_read_once_per_route_and_follow_a_new_route_at_once() -> None:
+    """A producer asks for a topic's live queues once per message: the answer is kept for
+    the route it was read from, and a route learned (a queue removed, a topic added)
+    shows at the next call."""
+    from understudy_broker import client
+    from understudy_broker import protocol as p
+
+    router = client.Router(["a:1"])
+    groups = [p.GroupRoute("g1", [p.BrokerRoute("g1-0", "a:1", "master", 3, 1)]),
+              p.GroupRoute("g2", [p.BrokerRoute("g2-0", "a:2", "master", 3, 1)])]
+    assert router.live_queues("t") == []  # no route yet
+    router._learned(p.RouteResponse(groups, {"t": 4}, {"t": ["g1", "g2"]},
+                                    {"t": ["g1", "g2", "g1", "g2"]}, 1))
+    first = router.live_queues("t")
+    assert first == [0, 1, 2, 3]
+    assert router.live_queues("t") is first  # kept while the route stays
+    assert router.live_queues("u") == []
+    router._learned(p.RouteResponse(groups, {"t": 4, "u": 2}, {"t": ["g1", "g2"], "u": ["g1"]},
+                                    {"t": ["g1", None, "g1", "g2"]}, 2))
+    assert router.live_queues("t") == [0, 2, 3]  # queue 1 removed
+    assert router.live_queues("u") == [0, 1]  # no placement: every queue on its group
+    assert first == [0, 1, 2, 3]  # an answer given out is never changed
+
+
 def test_disabled_table_never_isolates() -> None:
     t = FaultTable(enabled=False)
     t.observe("g1", 0, now=0.0, failed=True)

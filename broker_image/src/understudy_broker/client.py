@@ -581,6 +581,9 @@ class Router:
         self._failed_at: dict[str, float] = {}  # address -> monotonic time it failed us
         self._watch: asyncio.Task[None] | None = None
         self._route_listeners: list[Callable[[p.RouteResponse, p.RouteResponse | None], None]] = []
+        # live_queues' answers for the route they were read from (routes are replaced, not
+        # changed): a producer asks once per message.
+        self._live: tuple[p.RouteResponse | None, dict[str, list[int]]] = (None, {})
         self._route_seen = asyncio.Event()  # set, then replaced, at every route learned
 
     @property
@@ -599,14 +602,21 @@ class Router:
         return None if self.route is None else self.route.group_of(topic, queue)
 
     def live_queues(self, topic: str) -> list[int]:
-        """The topic's queues that exist (removed ones left out)."""
+        """The topic's queues that exist (removed ones left out); the same list for as
+        long as the route stays (do not change it)."""
         route = self.route
         if route is None or topic not in route.topics:
             return []
-        placed = route.placement.get(topic)
-        if placed is None:
-            return list(range(route.topics[topic]))
-        return [q for q, g in enumerate(placed) if g is not None]
+        seen, lists = self._live
+        if seen is not route:
+            lists = {}
+            self._live = (route, lists)
+        live = lists.get(topic)
+        if live is None:
+            placed = route.placement.get(topic)
+            live = lists[topic] = (list(range(route.topics[topic])) if placed is None
+                                   else [q for q, g in enumerate(placed) if g is not None])
+        return live
 
     def queue_on(self, topic: str, group: str | None) -> int | None:
         """The first live queue of ``topic`` on ``group`` (an ordered topic has one per
@@ -1586,8 +1596,9 @@ class Producer:
             except ScheduleError as exc:
                 raise ValueError(str(exc)) from None
         live = self.router.live_queues(topic)
-        if not (live and self._watching):  # the topic to learn, or the route watch to start
-            live = await self._queues(topic)
+        route = self.router.route
+        if not live or (not self._watching and route is not None and route.version):
+            live = await self._queues(topic)  # the topic to learn, or the route watch to start
         if deliver_at_ms and self.router.send_head(topic)[0]:
             raise ValueError(f"topic {topic!r} is ordered: delayed delivery is not supported "
                              "on ordered topics")
