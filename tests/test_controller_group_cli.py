@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -149,3 +150,25 @@ def test_bad_input_is_a_clear_error(zk: str, admin: KazooClient) -> None:
     code, out = run(zk, "force-mode", "--mode", "NORMAL", "--yes")
     assert code == 1
     assert "no state yet" in out
+
+
+@pytest.mark.parametrize(("connect", "says"), [
+    ("127.0.0.1:99999/understudy", "port 99999 is outside 1-65535"),
+    ("nohostport", "expected HOST:PORT, got 'nohostport'"),
+    ("127.0.0.1:2181/bad//chroot", "has an empty part"),
+])
+def test_a_bad_zk_connect_string_is_a_usage_error_before_any_connection(
+        connect: str, says: str, tmp_path: Any) -> None:
+    """Before: a port out of range ended in kazoo's traceback, and a host without a port or
+    a chroot ZooKeeper refuses waited 5 s and said ZooKeeper could not be reached."""
+    from understudy_operator.cli.controller import controller as controller_cmd
+
+    for cmd, args in ((group_cmd, ["status", "--zk", connect, "--group", "g1"]),
+                      (controller_cmd, ["--zk", connect, "--group", "g1", "--http-port", "0",
+                                        "--liveness", "none"])):
+        r = CliRunner().invoke(cmd, args)
+        assert r.exit_code == 2, r.output
+        assert "Invalid value for '--zk'" in r.output
+        assert says in r.output
+        assert "Traceback" not in r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit)

@@ -130,6 +130,12 @@ def test_async_group_without_slaves_is_valid() -> None:
             "spec.zookeeper.connect: 'zk:2181/understudy' must be host:port",
         ),
         ({"zookeeper": {"chroot": "understudy"}}, "spec.zookeeper.chroot: 'understudy' must be an absolute path"),
+        # Ports past 65535 and paths ZooKeeper refuses passed the patterns and failed only
+        # when the brokers and the controller tried to connect.
+        ({"zookeeper": {"connect": "a:1,zk:99999"}},
+         "spec.zookeeper.connect: port 99999 is outside 1-65535 in 'zk:99999'"),
+        ({"zookeeper": {"chroot": "/a/../b"}}, "spec.zookeeper.chroot: chroot '/a/../b': '.' and '..'"),
+        ({"zookeeper": {"chroot": "/zookeeper"}}, "spec.zookeeper.chroot: chroot '/zookeeper': /zookeeper is"),
         ({"zookeeper": {"sessionTimeoutMs": 10}}, "spec.zookeeper.sessionTimeoutMs: 10 is out of range"),
         ({"failover": {"detectionChecks": 0}}, "spec.failover.detectionChecks: 0 is out of range"),
         ({"failover": {"enabled": "yes"}}, "spec.failover.enabled: must be true or false"),

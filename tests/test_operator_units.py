@@ -314,6 +314,13 @@ def test_split_zk() -> None:
     for bad in ("zk", "zk:2181/", "zk:2181/a//b", "/understudy"):
         with pytest.raises(ValueError, match=r"expected|chroot"):
             split_zk(bad)
+    # The flag's chroot is the default of every spec naming none: held to a manifest's rule
+    # (the CRD's pattern) as well as ZooKeeper's, so a spec does not fail on it later.
+    with pytest.raises(ValueError, match=r"'/a b' must be an absolute path .* default of every spec"):
+        split_zk("zk:2181/a b")
+    with pytest.raises(ValueError, match="port 70000 is outside 1-65535"):
+        split_zk("zk:2181,zk:70000")
+    assert split_zk(" zk-0:2181 , zk-1:2181/u") == ("zk-0:2181,zk-1:2181", "/u")
 
 
 def test_operator_help_is_true_and_bad_flags_are_usage_errors() -> None:

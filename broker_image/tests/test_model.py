@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from understudy_broker.model import (
@@ -13,6 +15,7 @@ from understudy_broker.model import (
     effective_permission,
     is_isolated,
     parse_address,
+    parse_zk_connect,
 )
 
 NORMAL = GroupState(Mode.NORMAL, 1)
@@ -97,3 +100,30 @@ def test_an_address_is_host_colon_port_with_a_port_in_1_to_65535() -> None:
     for bad, port in (("h:0", 0), ("h:65536", 65536)):
         with pytest.raises(ValueError, match=f"port {port} is outside 1-65535 in {bad!r}"):
             parse_address(bad)
+
+
+def test_a_zookeeper_connect_string_is_servers_and_a_chroot_zookeeper_takes() -> None:
+    assert parse_zk_connect("127.0.0.1:2181") == ([("127.0.0.1", 2181)], None)
+    assert parse_zk_connect("zk-0.zk:2181, zk-1.zk:2182/understudy/prod") == (
+        [("zk-0.zk", 2181), ("zk-1.zk", 2182)], "/understudy/prod")
+    assert parse_zk_connect("[::1]:2181/a b.c-d_e") == ([("[::1]", 2181)], "/a b.c-d_e")
+    for bad, says in (
+        ("", "expected HOST:PORT[,HOST:PORT...][/CHROOT], got ''"),
+        ("/understudy", "expected HOST:PORT[,"),
+        ("a:1,,b:2", "expected HOST:PORT[,"),
+        ("a:1, ", "expected HOST:PORT[,"),
+        ("nohostport", "expected HOST:PORT, got 'nohostport'"),
+        ("127.0.0.1:99999/understudy", "port 99999 is outside 1-65535 in '127.0.0.1:99999'"),
+        ("zk:2181/", "chroot '/' has an empty part"),
+        ("zk:2181/a//b", "chroot '/a//b' has an empty part"),
+        ("zk:2181/a/", "chroot '/a/' has an empty part"),
+        ("zk:2181/a/../b", "'.' and '..' are not path parts"),
+        ("zk:2181/.", "'.' and '..' are not path parts"),
+        ("zk:2181/a\tb", "does not take the character '\\t'"),
+        ("zk:2181/a\x85", "does not take the character"),
+        ("zk:2181/zookeeper", "/zookeeper is ZooKeeper's own"),
+        ("zk:2181/zookeeper/quota", "/zookeeper is ZooKeeper's own"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            parse_zk_connect(bad)
+    assert parse_zk_connect("zk:2181/zookeepers")[1] == "/zookeepers"  # only /zookeeper itself

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from understudy_broker.model import Permission, Role, parse_address
+from understudy_broker.model import Permission, Role, parse_address, parse_zk_connect
 from understudy_broker.protocol import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 from understudy_broker.storage.index import DEFAULT_INDEX_OPEN_FILES
@@ -291,14 +291,10 @@ def _validate_limits(cfg: BrokerConfig) -> None:
 
 def _validate_coordination(cfg: BrokerConfig) -> None:
     """The ``--zk`` flags: names become znode names, timeouts must allow a read lease."""
-    zk = cfg.zk or ""
-    hosts, slash, chroot = zk.partition("/")
-    if not hosts or any(not h.strip() for h in hosts.split(",")):
-        raise ConfigError(f"--zk: expected HOST:PORT[,HOST:PORT...][/chroot], got {zk!r}")
-    for h in hosts.split(","):
-        parse_hostport(h.strip(), what="--zk")
-    if slash and (not chroot or any(not part for part in chroot.split("/"))):
-        raise ConfigError(f"--zk: malformed chroot '/{chroot}'")
+    try:
+        parse_zk_connect(cfg.zk or "")
+    except ValueError as exc:
+        raise ConfigError(f"--zk: {exc}") from None
     for kind, name in (("--group", cfg.group), ("--name", cfg.name)):
         if not _DNS_LABEL.match(name):
             raise ConfigError(

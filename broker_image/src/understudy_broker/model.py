@@ -9,12 +9,13 @@ callers gather the facts (ZooKeeper state, link health, lease validity) and pass
 
 The rules are the ones in DESIGN.md ("Effective permission" and "Read leases").
 
-Three more shared rules live here for the same reason, one copy each: what a topic may be
+Four more shared rules live here for the same reason, one copy each: what a topic may be
 called (:func:`check_topic_name`: the codec refuses at the door what the log would refuse
 later), the shape of a consumer-offset snapshot (:func:`normalize_snapshot`: the offset
-store, the codec's back-sync body and the replicated commit records all validate with it)
-and what a ``HOST:PORT`` address is (:func:`parse_address`: the client, the broker's flags
-and the workload's bootstrap list).
+store, the codec's back-sync body and the replicated commit records all validate with it),
+what a ``HOST:PORT`` address is (:func:`parse_address`: the client, the broker's flags
+and the workload's bootstrap list) and a ZooKeeper connect string
+(:func:`parse_zk_connect`: every command's ``--zk``).
 """
 
 from __future__ import annotations
@@ -191,6 +192,48 @@ def parse_address(address: str) -> tuple[str, int]:
     if not 1 <= int(port) <= 65535:
         raise ValueError(f"port {int(port)} is outside 1-65535 in {address!r}")
     return host, int(port)
+
+
+def _bad_path_char(c: str) -> bool:
+    """A character ZooKeeper refuses in a path (``PathUtils.validatePath``)."""
+    o = ord(c)
+    return (o <= 0x1F or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF
+            or 0xFFF0 <= o <= 0xFFFF)
+
+
+def parse_zk_connect(connect: str) -> tuple[list[tuple[str, int]], str | None]:
+    """A ZooKeeper connect string ``HOST:PORT[,HOST:PORT...][/CHROOT]`` -> (the servers,
+    the chroot or None). Every server is :func:`parse_address`'s ``HOST:PORT`` (spaces
+    around it allowed); the chroot is a path ZooKeeper accepts: no empty part (``//``, a
+    ``/`` at the end), no ``.`` or ``..``, none of the characters it refuses, not under
+    ``/zookeeper`` (its own). ``ValueError`` saying what is wrong otherwise, at once
+    rather than as a connection that never comes up."""
+    hosts, slash, rest = connect.partition("/")
+    entries = hosts.split(",")
+    if not hosts.strip() or any(not e.strip() for e in entries):
+        raise ValueError(f"expected HOST:PORT[,HOST:PORT...][/CHROOT], got {connect!r}")
+    servers = [parse_address(e.strip()) for e in entries]
+    return servers, check_zk_chroot("/" + rest) if slash else None
+
+
+def check_zk_chroot(chroot: str) -> str:
+    """A chroot ZooKeeper accepts (see :func:`parse_zk_connect`); returns it, or raises
+    ``ValueError`` saying what is wrong."""
+    if not chroot.startswith("/"):
+        raise ValueError(f"chroot {chroot!r} is not an absolute path: start it with '/', "
+                         "like /understudy")
+    parts = chroot.split("/")[1:]
+    if any(not part for part in parts):
+        raise ValueError(f"chroot {chroot!r} has an empty part: a path like /understudy, "
+                         "without '//' or a '/' at the end")
+    if any(part in (".", "..") for part in parts):
+        raise ValueError(f"chroot {chroot!r}: '.' and '..' are not path parts in ZooKeeper")
+    bad = next((c for c in chroot if _bad_path_char(c)), None)
+    if bad is not None:
+        raise ValueError(f"chroot {chroot!r}: ZooKeeper does not take the character {bad!r}")
+    if parts[0] == "zookeeper":
+        raise ValueError(f"chroot {chroot!r}: /zookeeper is ZooKeeper's own")
+    return chroot
 
 
 # --------------------------------------------------------------------------- offsets

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from understudy_broker.model import GroupState, Mode
 from understudy_broker.zklayout import GroupConfig, LayoutError, check_name, config_path
-from understudy_operator.cli.options import digest_option
+from understudy_operator.cli.options import check_zk_connect, digest_option
 from understudy_operator.controller.liveness import classify, proc_state_letter, read_pid_file
 from understudy_operator.controller.machine import ForceRefused, all_down, plan_force
 from understudy_operator.controller.observe import Observation, ProcessState
@@ -101,8 +101,8 @@ def status_document(config: GroupConfig, state: GroupState | None, obs: Observat
     }
 
 
-_ZK = click.option("--zk", "connect", required=True, metavar="HOST:PORT[/CHROOT]",
-                   help="ZooKeeper connect string with the chroot.")
+_ZK = click.option("--zk", "connect", required=True, metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
+                   callback=check_zk_connect, help="ZooKeeper connect string with the chroot.")
 _GROUP = click.option("--group", required=True, metavar="G", help="The group.")
 _PIDS = click.option("--pid-dir", type=click.Path(file_okay=False, path_type=Path),
                      help="Local mode: <broker>.pid files, to show and check process state.")

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from understudy_broker.model import parse_zk_connect
 from understudy_operator.cli.options import digest_option
+from understudy_operator.k8s.spec import chroot_problem, connect_problem
 
 if TYPE_CHECKING:
     import kopf
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("understudy.operator")
 
-_CONNECT = re.compile(r"^[A-Za-z0-9.-]+:\d{1,5}(,[A-Za-z0-9.-]+:\d{1,5})*$")
-_CHROOT = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -47,13 +47,15 @@ def split_ca_secret(value: str) -> tuple[str, str]:
 
 
 def split_zk(value: str) -> tuple[str, str | None]:
-    """``host:port[,host:port]/chroot`` -> (connect, chroot or None); ``ValueError`` if bad."""
-    connect, slash, rest = value.partition("/")
-    chroot = f"/{rest}" if slash else None
-    if not _CONNECT.match(connect):
-        raise ValueError(f"{value!r}: expected HOST:PORT[,HOST:PORT...][/CHROOT]")
-    if chroot is not None and not _CHROOT.match(chroot):
-        raise ValueError(f"{value!r}: the chroot must be an absolute path like /understudy")
+    """``host:port[,host:port]/chroot`` -> (connect, chroot or None); ``ValueError`` if
+    bad: the rules of every ``--zk`` (:func:`understudy_broker.model.parse_zk_connect`),
+    and, as both become the default of specs that name none, a manifest's
+    (:func:`~understudy_operator.k8s.spec.connect_problem`, ``chroot_problem``)."""
+    servers, chroot = parse_zk_connect(value)
+    connect = ",".join(f"{host}:{port}" for host, port in servers)
+    problem = connect_problem(connect) or (chroot_problem(chroot) if chroot else None)
+    if problem:
+        raise ValueError(f"{problem} (it is the default of every spec that names none)")
     return connect, chroot
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from understudy_broker.model import parse_zk_connect
 from understudy_operator.zk import Digest, parse_digest
 
 
@@ -60,3 +61,18 @@ def _parse_digest(_ctx: click.Context, param: click.Parameter, value: str | None
         return parse_digest(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param=param) from None
+
+
+def check_zk_connect(_ctx: click.Context, param: click.Parameter, value: str | None
+                     ) -> str | None:
+    """A ``--zk`` callback: the connect string as given, once it passes the rules of
+    every ``--zk`` (:func:`understudy_broker.model.parse_zk_connect`); a usage error (exit
+    2) naming what is wrong otherwise, instead of kazoo's traceback or a connection that
+    never comes up."""
+    if value is None:
+        return None
+    try:
+        parse_zk_connect(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+    return value

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from understudy_broker.model import Permission, Role
+from understudy_broker.model import Permission, Role, check_zk_chroot, parse_address
 from understudy_broker.replication.isr import DEFAULT_MAX_LAG_BYTES
 
 MAX_SLAVES: Final = 15
@@ -392,6 +392,35 @@ _PEER_KEYS: Final = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
 _USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 
 
+def connect_problem(connect: str) -> str | None:
+    """What is wrong with a manifest's ZooKeeper connect string (``host[:port],...``, no
+    chroot), or None: host names as the CRD allows them, ports in 1-65535."""
+    if not all(_HOST_PORT.match(part) for part in connect.split(",")):
+        return (f"{connect!r} must be host:port[,host:port...] without a chroot (put the "
+                "chroot in spec.zookeeper.chroot)")
+    for part in connect.split(","):
+        if ":" in part:
+            try:
+                parse_address(part)
+            except ValueError as exc:
+                return str(exc)
+    return None
+
+
+def chroot_problem(chroot: str) -> str | None:
+    """What is wrong with a manifest's chroot, or None: the CRD's pattern (parts of
+    ``A-Z a-z 0-9 _ . -``) and what ZooKeeper refuses (:func:`check_zk_chroot`: ``.``,
+    ``..``, ``/zookeeper``)."""
+    if not _CHROOT.match(chroot):
+        return (f"{chroot!r} must be an absolute path like /understudy (parts of "
+                "A-Z a-z 0-9 _ . -)")
+    try:
+        check_zk_chroot(chroot)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def parse_zookeeper(p: FieldParser, spec: Mapping[str, Any], default_zk_connect: str | None,
                     default_chroot: str | None = None) -> ZooKeeperSpec:
     """``spec.zookeeper`` of a BrokerGroup, BrokerTopic or BrokerUser: the connect string
@@ -408,14 +437,14 @@ def parse_zookeeper(p: FieldParser, spec: Mapping[str, Any], default_zk_connect:
             "spec.zookeeper.connect: required (the operator was started without a default "
             "ZooKeeper connect string)"
         )
-    elif not all(_HOST_PORT.match(part) for part in connect.split(",")):
-        p.add(
-            f"spec.zookeeper.connect: {connect!r} must be host:port[,host:port...] "
-            "without a chroot (put the chroot in spec.zookeeper.chroot)"
-        )
+    else:
+        problem = connect_problem(connect)
+        if problem:
+            p.add(f"spec.zookeeper.connect: {problem}")
     chroot = p.string(zk_raw, "spec.zookeeper", "chroot", default=DEFAULT_CHROOT)
-    if not _CHROOT.match(chroot):
-        p.add(f"spec.zookeeper.chroot: {chroot!r} must be an absolute path like /understudy")
+    problem = chroot_problem(chroot)
+    if problem:
+        p.add(f"spec.zookeeper.chroot: {problem}")
     return ZooKeeperSpec(
         connect=connect,
         chroot=chroot,
