@@ -134,6 +134,8 @@ def test_async_group_without_slaves_is_valid() -> None:
         # when the brokers and the controller tried to connect.
         ({"zookeeper": {"connect": "a:1,zk:99999"}},
          "spec.zookeeper.connect: port 99999 is outside 1-65535 in 'zk:99999'"),
+        ({"zookeeper": {"connect": "zk-0.zk"}},  # the brokers' --zk refused it: pods crashed
+         "spec.zookeeper.connect: expected HOST:PORT, got 'zk-0.zk' (every server with its port"),
         ({"zookeeper": {"chroot": "/a/../b"}}, "spec.zookeeper.chroot: chroot '/a/../b': '.' and '..'"),
         ({"zookeeper": {"chroot": "/zookeeper"}}, "spec.zookeeper.chroot: chroot '/zookeeper': /zookeeper is"),
         ({"zookeeper": {"sessionTimeoutMs": 10}}, "spec.zookeeper.sessionTimeoutMs: 10 is out of range"),

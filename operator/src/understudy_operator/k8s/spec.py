@@ -393,17 +393,18 @@ _USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 
 
 def connect_problem(connect: str) -> str | None:
-    """What is wrong with a manifest's ZooKeeper connect string (``host[:port],...``, no
-    chroot), or None: host names as the CRD allows them, ports in 1-65535."""
+    """What is wrong with a manifest's ZooKeeper connect string (``host:port,...``, no
+    chroot), or None: host names as the CRD allows them, every port given (the brokers'
+    ``--zk`` needs it: a host alone passed here and crashed every broker pod) and in
+    1-65535."""
     if not all(_HOST_PORT.match(part) for part in connect.split(",")):
         return (f"{connect!r} must be host:port[,host:port...] without a chroot (put the "
                 "chroot in spec.zookeeper.chroot)")
     for part in connect.split(","):
-        if ":" in part:
-            try:
-                parse_address(part)
-            except ValueError as exc:
-                return str(exc)
+        try:
+            parse_address(part)
+        except ValueError as exc:
+            return f"{exc} (every server with its port, as in zk-0.zk:2181)"
     return None
 
 
