@@ -4,8 +4,9 @@ pytest-timeout stops a test by raising in its main thread, wherever it is. Its e
 (pytest's ``Failed``) is a ``BaseException``, which py4j's ``except Exception`` around a
 call does not catch: an Exception there closes the connection, this one leaves it open and
 one answer behind, and every Spark call after it read the answer of the call before (a
-drill test past the suite's 300 s once failed the 60 Spark tests after it). The ``spark`` fixture checks the gateway before each test and
-starts a new session when it is out of step (conftest.SparkSessions)."""
+drill test past the suite's 300 s once failed the 60 Spark tests after it). The ``spark``
+fixture checks the gateway before each test and starts a new session when it is out of
+step (conftest.SparkSessions)."""
 
 from __future__ import annotations
 

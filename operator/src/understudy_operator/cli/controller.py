@@ -35,7 +35,8 @@ log = logging.getLogger("understudy.controller")
 @click.command(short_help="Run the failover controller.",
                context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--zk", "connect", required=True, metavar="HOST:PORT[,HOST:PORT...][/CHROOT]",
-              callback=check_zk_connect, help="ZooKeeper connect string, with the chroot (e.g. 127.0.0.1:2181/understudy).")
+              callback=check_zk_connect,
+              help="ZooKeeper connect string, with the chroot (e.g. 127.0.0.1:2181/understudy).")
 @click.option("--group", "groups", multiple=True, required=True, metavar="G",
               help="A group to control; repeat for several.")
 @click.option("--pid-dir", type=click.Path(file_okay=False, path_type=Path),
