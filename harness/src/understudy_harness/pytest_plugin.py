@@ -10,12 +10,14 @@ Helpers that are not fixtures (polling, raw frames, the process wrapper) live in
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -26,6 +28,20 @@ from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.local.zkserver import ZooKeeperEnsemble, ZooKeeperServer
+
+
+def _interrupted(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI job's timeout, ``kill``, a closed terminal) ends the run as Ctrl-C
+    does, by unwinding, so that every fixture stops the servers it started, by PID.
+    Python's default for SIGTERM ends the process at once: a ``make test`` stopped that
+    way left its ZooKeeper and brokers running."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _interrupted)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
