@@ -1,6 +1,7 @@
 """The shared pytest plugin: a run ended by SIGTERM still stops the servers its fixtures
 started (Python's default for SIGTERM ends the process without unwinding: a stopped
-``make test`` left its ZooKeeper and brokers running)."""
+``make test`` left its ZooKeeper and brokers running), also after a test put Python's
+default back."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import time
 from pathlib import Path
 
 MODULE = '''
-import os, pathlib, subprocess, time
+import os, pathlib, signal, subprocess, time
 import pytest
+
+def test_a_command_run_in_process_left_the_default_behind():
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as asyncio's remove_signal_handler does
 
 @pytest.fixture
 def server():

@@ -34,14 +34,24 @@ def _interrupted(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
+def _unwind_on_sigterm() -> None:
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """SIGTERM (a CI job's timeout, ``kill``, a closed terminal) ends the run as Ctrl-C
     does, by unwinding, so that every fixture stops the servers it started, by PID.
     Python's default for SIGTERM ends the process at once: a ``make test`` stopped that
     way left its ZooKeeper and brokers running."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, _interrupted)
+    _unwind_on_sigterm()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Again before each test: a command run in-process (CliRunner) that handled SIGTERM
+    on its event loop leaves Python's default behind (``remove_signal_handler``)."""
+    _unwind_on_sigterm()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
