@@ -15,6 +15,7 @@ from understudy_broker.model import (
     effective_permission,
     is_isolated,
     parse_address,
+    parse_address_list,
     parse_zk_connect,
 )
 
@@ -127,3 +128,15 @@ def test_a_zookeeper_connect_string_is_servers_and_a_chroot_zookeeper_takes() ->
         with pytest.raises(ValueError, match=re.escape(says)):
             parse_zk_connect(bad)
     assert parse_zk_connect("zk:2181/zookeepers")[1] == "/zookeepers"  # only /zookeeper itself
+
+
+def test_an_address_list_is_comma_lists_of_host_port_skipping_empty_entries() -> None:
+    assert parse_address_list(["a:1, b:2", "c:3,"]) == ["a:1", "b:2", "c:3"]
+    assert parse_address_list(["a:1,,b:2"]) == ["a:1", "b:2"]
+    with pytest.raises(ValueError, match=re.escape("expected HOST:PORT, got 'b'")):
+        parse_address_list(["a:1,b"])
+    with pytest.raises(ValueError, match="port 0 is outside 1-65535"):
+        parse_address_list(["a:0"])
+    for empty in ([], [""], [" , ,"]):
+        with pytest.raises(ValueError, match="at least one HOST:PORT is needed"):
+            parse_address_list(empty)

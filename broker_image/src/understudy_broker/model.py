@@ -13,8 +13,8 @@ Four more shared rules live here for the same reason, one copy each: what a topi
 called (:func:`check_topic_name`: the codec refuses at the door what the log would refuse
 later), the shape of a consumer-offset snapshot (:func:`normalize_snapshot`: the offset
 store, the codec's back-sync body and the replicated commit records all validate with it),
-what a ``HOST:PORT`` address is (:func:`parse_address`: the client, the broker's flags
-and the workload's bootstrap list) and a ZooKeeper connect string
+what a ``HOST:PORT`` address is (:func:`parse_address`: the client, the broker's flags;
+:func:`parse_address_list` for the client commands' and the workload's bootstrap lists) and a ZooKeeper connect string
 (:func:`parse_zk_connect`: every command's ``--zk``).
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -192,6 +192,23 @@ def parse_address(address: str) -> tuple[str, int]:
     if not 1 <= int(port) <= 65535:
         raise ValueError(f"port {int(port)} is outside 1-65535 in {address!r}")
     return host, int(port)
+
+
+def parse_address_list(values: Iterable[str]) -> list[str]:
+    """Addresses given as comma-separated ``HOST:PORT`` lists (one flag or several) ->
+    each address, stripped, in order: empty entries (``a:1,,b:2``, a trailing comma) are
+    skipped, every other one must be :func:`parse_address`'s ``HOST:PORT``, and there
+    must be at least one. ``ValueError`` naming the bad entry otherwise."""
+    out = []
+    for value in values:
+        for raw in value.split(","):
+            entry = raw.strip()
+            if entry:
+                parse_address(entry)
+                out.append(entry)
+    if not out:
+        raise ValueError("at least one HOST:PORT is needed")
+    return out
 
 
 def _bad_path_char(c: str) -> bool:

@@ -43,7 +43,7 @@ from understudy_broker.client import (
     create_topic,
 )
 from understudy_broker.faultavoid import DEFAULT_STEPS, parse_steps
-from understudy_broker.model import parse_address
+from understudy_broker.model import parse_address_list
 from understudy_broker.retry import Backoff
 from understudy_broker.scheduling import (
     DEFAULT_MAX_RECONSUME,
@@ -60,20 +60,10 @@ _stderr = Console(stderr=True)
 
 
 def _bootstrap(values: Sequence[str]) -> list[str]:
-    out = []
-    for v in values:
-        for part in v.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                parse_address(part)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint="--bootstrap") from None
-            out.append(part)
-    if not out:
-        raise click.BadParameter("at least one HOST:PORT is needed", param_hint="--bootstrap")
-    return out
+    try:
+        return parse_address_list(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--bootstrap") from None
 
 
 class Stop:

@@ -22,7 +22,7 @@ import click
 from rich.console import Console
 
 from understudy_broker.cli.client import security_options
-from understudy_broker.model import parse_address
+from understudy_broker.model import parse_address_list
 from understudy_broker.security import ClientSecurity
 from understudy_harness.cli.live import live_status
 from understudy_harness.workload import (
@@ -37,13 +37,10 @@ _err = Console(stderr=True)
 
 
 def parse_bootstrap(text: str) -> tuple[str, ...]:
-    """``HOST:PORT[,HOST:PORT...]`` -> addresses; raises ``ValueError`` naming the bad entry."""
-    out = []
-    for raw in text.split(","):
-        entry = raw.strip()
-        parse_address(entry)
-        out.append(entry)
-    return tuple(out)
+    """``HOST:PORT[,HOST:PORT...]`` -> addresses (the client commands' rule,
+    :func:`understudy_broker.model.parse_address_list`); ``ValueError`` naming the bad
+    entry."""
+    return tuple(parse_address_list([text]))
 
 
 def _bootstrap(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
