@@ -14,8 +14,8 @@ called (:func:`check_topic_name`: the codec refuses at the door what the log wou
 later), the shape of a consumer-offset snapshot (:func:`normalize_snapshot`: the offset
 store, the codec's back-sync body and the replicated commit records all validate with it),
 what a ``HOST:PORT`` address is (:func:`parse_address`: the client, the broker's flags;
-:func:`parse_address_list` for the client commands' and the workload's bootstrap lists) and a ZooKeeper connect string
-(:func:`parse_zk_connect`: every command's ``--zk``).
+:func:`parse_address_list` for the client commands' and the workload's bootstrap lists)
+and a ZooKeeper connect string (:func:`parse_zk_connect`: every command's ``--zk``).
 """
 
 from __future__ import annotations
