@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -158,7 +157,7 @@ def test_bad_input_is_a_clear_error(zk: str, admin: KazooClient) -> None:
     ("127.0.0.1:2181/bad//chroot", "has an empty part"),
 ])
 def test_a_bad_zk_connect_string_is_a_usage_error_before_any_connection(
-        connect: str, says: str, tmp_path: Any) -> None:
+        connect: str, says: str) -> None:
     """Before: a port out of range ended in kazoo's traceback, and a host without a port or
     a chroot ZooKeeper refuses waited 5 s and said ZooKeeper could not be reached."""
     from understudy_operator.cli.controller import controller as controller_cmd
