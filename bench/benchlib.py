@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from understudy_broker.client import BrokerError, Producer
+from understudy_harness.testing import end_on_sigterm
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import STATE_FILE
@@ -146,16 +147,6 @@ class HostSteal:
             return None
         (t0, v0), (t1, v1) = self.samples[0], self.samples[-1]
         return (v1 - v0) / (t1 - t0) if t1 > t0 else None
-
-
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def end_on_sigterm() -> None:
-    """SIGTERM (a CI timeout, `kill`) ends the run like Ctrl-C: through the script's
-    ``finally`` blocks, which stop every process it started, by PID."""
-    signal.signal(signal.SIGTERM, _interrupt)
 
 
 @contextlib.contextmanager

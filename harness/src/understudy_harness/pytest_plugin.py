@@ -10,34 +10,22 @@ Helpers that are not fixtures (polling, raw frames, the process wrapper) live in
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
 
 from understudy_harness import netns as namespaces
-from understudy_harness.testing import Brokers, SmallDisk, zk_session
+from understudy_harness.testing import Brokers, SmallDisk, end_on_sigterm, zk_session
 from understudy_operator.local import cluster as lc
 from understudy_operator.local import procs
 from understudy_operator.local.plan import ClusterPlan
 from understudy_operator.local.zkserver import ZooKeeperEnsemble, ZooKeeperServer
-
-
-def _interrupted(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
-def _unwind_on_sigterm() -> None:
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, _interrupted)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,13 +33,13 @@ def pytest_configure(config: pytest.Config) -> None:
     does, by unwinding, so that every fixture stops the servers it started, by PID.
     Python's default for SIGTERM ends the process at once: a ``make test`` stopped that
     way left its ZooKeeper and brokers running."""
-    _unwind_on_sigterm()
+    end_on_sigterm()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Again before each test: a command run in-process (CliRunner) that handled SIGTERM
     on its event loop leaves Python's default behind (``remove_signal_handler``)."""
-    _unwind_on_sigterm()
+    end_on_sigterm()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, Self, TypeVar
 
 from kazoo.client import KazooClient
@@ -106,6 +106,24 @@ def wait_until(cond: Callable[[], T], what: str = "", within_s: float = 20.0, *,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}: last={result!r}")
         time.sleep(interval_s)
+
+
+# ----------------------------------------------------------------------- signals
+
+
+def _interrupted(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def end_on_sigterm() -> None:
+    """SIGTERM (a CI job's timeout, ``kill``, a closed terminal) ends the process as
+    Ctrl-C does, by unwinding, so that every ``finally`` and fixture stops the servers it
+    started, by PID; Python's default ends it at once. Only from the main thread, and only
+    over the default (a handler of the caller's own stays): the test runs' plugin and the
+    benchmark scripts."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _interrupted)
 
 
 # ----------------------------------------------------------------------- ZooKeeper
