@@ -112,6 +112,16 @@ async def test_a_hung_arming_of_one_group_does_not_hold_up_another(
     await m.stop()
 
 
+async def test_no_rebalance_starts_after_stop(client: FaultyClient) -> None:
+    """A watch or a vanished member's timer firing after stop() starts no rebalance (it
+    would run on, unstopped; on a closed loop its coroutine was left unawaited)."""
+    m = await membership(client)
+    await m.describe("cg")
+    await m.stop()
+    m.rebalance_soon("cg")
+    assert "cg" not in m._rebalancing
+
+
 def test_the_expiry_wait_is_the_earliest_session_end() -> None:
     def hosted(last_seen: float, timeout_ms: int) -> _Hosted:
         return _Hosted(MemberDoc("m", "b1", (), timeout_ms), last_seen, last_seen)

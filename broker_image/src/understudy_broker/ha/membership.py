@@ -132,6 +132,7 @@ class Membership:
         self._last_written: dict[str, int] = {}
         self._known: dict[tuple[str, str], tuple[tuple[str, ...], int]] = {}
         self._ghosts: dict[str, dict[str, tuple[float, tuple[str, ...]]]] = {}
+        self._stopped = False  # no rebalance starts after stop()
 
     def on_rebalance(self, listener: Callable[[str], None]) -> None:
         """``listener(consumer_group)`` after each assignment generation this broker wrote."""
@@ -178,6 +179,7 @@ class Membership:
             self.evict_idle(self._clock())
 
     async def stop(self) -> None:
+        self._stopped = True
         armings = [g.arming for g in self._groups.values() if g.arming is not None]
         await stop_tasks([*self._tasks, *self._rebalancing.values(), *armings])
         self._tasks.clear()
@@ -481,6 +483,11 @@ class Membership:
         raise MembershipError(p.Status.INTERNAL, f"{self._space.kind} {cgroup}: assignment contended")
 
     def rebalance_soon(self, cgroup: str) -> None:
+        """Rebalance ``cgroup`` now, or once more after the rebalance running. Nothing
+        after :meth:`stop`: a watch or a vanished member's timer that fires then would
+        start a task nobody stops (or, on a closed loop, leave its coroutine unawaited)."""
+        if self._stopped or self._loop.is_closed():
+            return
         task = self._rebalancing.get(cgroup)
         if task is not None and not task.done():
             self._rebalance_again.add(cgroup)
