@@ -16,9 +16,9 @@ from understudy_operator.controller.liveness import (
     NullLiveness,
     ProcessTableLiveness,
     classify,
-    proc_state_letter,
 )
 from understudy_operator.controller.observe import ProcessState
+from understudy_operator.local.procs import proc_state_letter
 
 
 def _sleeper() -> subprocess.Popen[bytes]:

@@ -134,6 +134,8 @@ def test_pid_files(tmp_path: Path) -> None:
     assert procs.read_pid(tmp_path, "x") == 1234
     (tmp_path / "y.pid").write_text("garbage\n")
     assert procs.read_pid(tmp_path, "y") is None
+    (tmp_path / "z.pid").write_text("0\n")  # kill(0, sig) would signal our own group
+    assert procs.read_pid(tmp_path, "z") is None
     procs.remove_pid(tmp_path, "x")
     procs.remove_pid(tmp_path, "x")
     assert procs.read_pid(tmp_path, "x") is None

@@ -24,9 +24,10 @@ from rich.table import Table
 from understudy_broker.model import GroupState, Mode
 from understudy_broker.zklayout import GroupConfig, LayoutError, check_name, config_path
 from understudy_operator.cli.options import check_zk_connect, digest_option
-from understudy_operator.controller.liveness import classify, proc_state_letter, read_pid_file
+from understudy_operator.controller.liveness import classify
 from understudy_operator.controller.machine import ForceRefused, all_down, plan_force
 from understudy_operator.controller.observe import Observation, ProcessState
+from understudy_operator.local.procs import proc_state_letter, read_pid
 from understudy_operator.zk import Digest, ZkError, ZkGateway, ZkUnavailable, with_gateway
 
 T = TypeVar("T")
@@ -45,7 +46,7 @@ def _with_zk(connect: str, digest: Digest | None, work: Callable[[ZkGateway], Aw
 def _process(pid_dir: Path | None, broker: str) -> ProcessState:
     if pid_dir is None:
         return ProcessState.UNKNOWN
-    pid = read_pid_file(pid_dir / f"{broker}.pid")
+    pid = read_pid(pid_dir, broker)
     return ProcessState.UNKNOWN if pid is None else classify(proc_state_letter(pid))
 
 
