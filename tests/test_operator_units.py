@@ -3,6 +3,7 @@ the status milestones, the client's apply comparison, and the CLI's flag handlin
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -352,3 +353,40 @@ def test_operator_without_credentials_says_what_to_do(monkeypatch: pytest.Monkey
                                       "--health-port", "0"])
     assert result.exit_code == 1
     assert "no Kubernetes credentials" in result.output
+
+
+def test_controller_group_series_follow_changes_and_come_back_after_forget() -> None:
+    """The group gauges are set only when their value changes (every check of every group
+    reports), yet always show the last state and degraded flag, including after the
+    series were removed (leadership lost) and the group is led again."""
+    from prometheus_client import generate_latest
+
+    from understudy_operator.controller.driver import ControllerMetrics
+
+    m = ControllerMetrics()
+
+    def shown() -> dict[str, float]:
+        text = generate_latest(m.registry).decode()
+        out = {}
+        for name in ("understudy_group_mode", "understudy_group_epoch", "understudy_group_degraded"):
+            found = re.search(rf'^{name}\{{group="g1"\}} (\S+)$', text, re.M)
+            if found is not None:
+                out[name] = float(found[1])
+        return out
+
+    normal = GroupState(Mode.NORMAL, epoch=1)
+    m.set_state("g1", normal)
+    m.set_degraded("g1", False)
+    m.set_state("g1", normal)
+    assert shown() == {"understudy_group_mode": 0.0, "understudy_group_epoch": 1.0,
+                       "understudy_group_degraded": 0.0}
+    m.set_state("g1", GroupState(Mode.FENCING, epoch=2))
+    m.set_degraded("g1", True)
+    assert shown() == {"understudy_group_mode": 1.0, "understudy_group_epoch": 2.0,
+                       "understudy_group_degraded": 1.0}
+    m.forget("g1")
+    assert shown() == {}
+    m.set_state("g1", GroupState(Mode.FENCING, epoch=2))  # the same values as before
+    m.set_degraded("g1", True)
+    assert shown() == {"understudy_group_mode": 1.0, "understudy_group_epoch": 2.0,
+                       "understudy_group_degraded": 1.0}

@@ -117,6 +117,8 @@ class ControllerMetrics:
         self.exited = Gauge(names.BROKER_EXITED, "When the broker's process was seen to exit "
                             "(seconds since the epoch)", ["group", "broker", "role"], registry=r)
         self._modes: dict[str, Mode] = {}  # the mode each group's mode_entered last moved for
+        self._shown: dict[str, tuple[Mode, int]] = {}  # group -> (mode, epoch) exported
+        self._degraded: dict[str, bool] = {}  # group -> the degraded gauge's value
         self._exited: dict[str, set[tuple[str, str]]] = {}  # group -> (broker, role) exported
 
     def lead(self, group: str) -> None:
@@ -128,13 +130,21 @@ class ControllerMetrics:
         """Export ``state``. ``entered_at``: the wall-clock instant this controller's write
         of a transition into a new mode succeeded; a mode found otherwise (this controller
         just began leading, or another writer moved the group) is dated by ``state.since``."""
-        self.mode.labels(group).set(int(state.mode))
-        self.epoch.labels(group).set(state.epoch)
+        shown = (state.mode, state.epoch)
+        if self._shown.get(group) != shown:  # every check of every group comes here
+            self._shown[group] = shown
+            self.mode.labels(group).set(int(state.mode))
+            self.epoch.labels(group).set(state.epoch)
         if entered_at is not None or self._modes.get(group) is not state.mode:
             self._modes[group] = state.mode
             at = entered_at if entered_at is not None else state.since
             if at > 0:
                 self.mode_entered.labels(group, state.mode.name).set(at)
+
+    def set_degraded(self, group: str, degraded: bool) -> None:
+        if self._degraded.get(group) is not degraded:  # every check of every group comes here
+            self._degraded[group] = degraded
+            self.degraded.labels(group).set(1 if degraded else 0)
 
     def broker_exited(self, group: str, broker: str, role: str, at: float) -> None:
         """The liveness source reported ``broker``'s process exited at ``at`` (wall clock)."""
@@ -154,6 +164,8 @@ class ControllerMetrics:
             with contextlib.suppress(KeyError):
                 self.mode_entered.remove(group, mode.name)
         self._modes.pop(group, None)
+        self._shown.pop(group, None)
+        self._degraded.pop(group, None)
         for broker, role in self._exited.pop(group, set()):
             with contextlib.suppress(KeyError):
                 self.exited.remove(group, broker, role)
@@ -305,6 +317,7 @@ class GroupDriver:
         self._kept: dict[str, tuple[bytes | None, int]] = {}
         self._kept_live: frozenset[str] | None = None
         self._kept_config: tuple[bytes, GroupConfig | None] | None = None
+        self._kept_state: tuple[bytes, GroupState] | None = None  # the state last decoded
         self._statuses: dict[bytes, BrokerStatus] = {}  # see _parse_status
         self._node: str | None = None
         self._node_gen = -1
@@ -453,11 +466,10 @@ class GroupDriver:
         if (config is None or raw_state is None or raw_state[0] is None
                 or self._kept_live is None or [b.name for b in config.brokers] != self.brokers):
             return None
-        try:
-            state = decode_state(raw_state[0])
-        except LayoutError:
+        state = self._state_kept(raw_state[0])
+        if state is None:
             return None
-        names = [b.name for b in config.brokers]
+        names = self.brokers
         statuses = []
         for name in names:
             found = self._kept.get(status_path(self.group, name))
@@ -471,6 +483,18 @@ class GroupDriver:
             self.group, names, live=self._kept_live, statuses=statuses,
             in_sync=zkio.isr_of(self.group, isr[0]), process=self.c.liveness.process_state,
             parse=self._parse_status)
+
+    def _state_kept(self, raw: bytes) -> GroupState | None:
+        """The kept state decoded, remembered by its bytes (a quiet group's state is the
+        same document check after check); None when malformed (the fresh check says so)."""
+        if self._kept_state is not None and self._kept_state[0] == raw:
+            return self._kept_state[1]
+        try:
+            state = decode_state(raw)
+        except LayoutError:
+            return None
+        self._kept_state = (raw, state)
+        return state
 
     def _parse_status(self, raw: bytes) -> BrokerStatus:
         """A status decoded, remembered by its bytes (a quiet group's statuses repeat
@@ -498,7 +522,7 @@ class GroupDriver:
 
     def _record(self, decision: Decision) -> None:
         self.last_decision = decision
-        self.c.metrics.degraded.labels(self.group).set(1 if decision.degraded else 0)
+        self.c.metrics.set_degraded(self.group, decision.degraded)
         for phase, seconds in decision.phases:
             self.c.metrics.phase.labels(self.group, phase).observe(max(0.0, seconds))
 
