@@ -548,6 +548,11 @@ class PartitionProxy:
 
     def close(self) -> None:
         self._closed.set()
+        # A thread blocked in accept() is not woken by close() from another thread on
+        # Linux (close then waited its 5 s join and left the thread behind); shutdown()
+        # wakes it.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         self.heal()
         self._thread.join(5)
