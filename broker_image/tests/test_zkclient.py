@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from understudy_broker.zkclient import PollHandler, make_client, poll_select
+from understudy_broker.model import parse_address
+from understudy_broker.zkclient import PollHandler, close_client, make_client, poll_select
+from understudy_harness.testing import PartitionProxy
 
 
 @pytest.fixture
@@ -83,3 +86,36 @@ def test_a_client_from_make_client_uses_it_against_zookeeper(zk_server: Any) -> 
     finally:
         client.stop()
         client.close()
+
+
+def test_two_closes_at_once_both_end_and_the_client_is_stopped(zk_server: Any) -> None:
+    """A component's stop can meet the clean-up of its own start cut short: two threads
+    closing one client. kazoo's stop() returns at once while the other thread's stop is
+    still waiting for the connection to end, and its close() then raised "Cannot close
+    connection until it is stopped" (a kopf test's teardown failed so). With the link cut,
+    a stop waits for the server's answer to its close, which never comes."""
+    proxy = PartitionProxy(parse_address(zk_server.connect.split("/")[0]))
+    client = make_client(f"127.0.0.1:{proxy.port}", timeout_s=2.0)
+    try:
+        client.start(timeout=15)
+        proxy.cut()
+        errors: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                close_client(client)
+            except BaseException as exc:  # collected for the assertion below
+                errors.append(exc)
+
+        first, second = threading.Thread(target=close), threading.Thread(target=close)
+        first.start()
+        threading.Event().wait(0.1)  # the first stop is waiting for the connection to end
+        second.start()
+        first.join(30)
+        second.join(30)
+        assert errors == []
+        assert not first.is_alive()
+        assert not second.is_alive()
+        assert client._connection.connection_stopped.is_set()  # no connection thread left
+    finally:
+        proxy.close()

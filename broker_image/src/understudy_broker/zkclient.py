@@ -5,7 +5,8 @@ gateway (:mod:`understudy_operator.zk`) all talk to ZooKeeper through kazoo. The
 authenticate the same way, put the same digest ACL on every node they create, and never
 block the event loop on kazoo's threads. One factory (:func:`make_client`), one credential
 parser (:func:`parse_digest`, behind every ``--zk-digest``/``--digest`` flag), one way to
-start a client from a loop (:func:`start_client`) and one bridge from kazoo's
+start a client from a loop (:func:`start_client`) and to close it (:func:`close_client`),
+and one bridge from kazoo's
 ``IAsyncResult`` to an asyncio future (:func:`kazoo_future`) keep those rules in one
 place; every client the factory builds waits on its socket through
 :class:`PollHandler` (one ``poll(2)`` per wait, not an epoll selector built and closed).
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import select
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -122,6 +124,32 @@ def make_client(connect: str, *, timeout_s: float, digest: Digest | None = None)
                        handler=PollHandler())
 
 
+#: One lock per client, held while it starts and while it closes (see :func:`close_client`).
+_LIFE: weakref.WeakKeyDictionary[KazooClient, threading.Lock] = weakref.WeakKeyDictionary()
+_LIFE_GUARD = threading.Lock()
+
+
+def _life_lock(client: KazooClient) -> threading.Lock:
+    with _LIFE_GUARD:
+        lock = _LIFE.get(client)
+        if lock is None:
+            lock = _LIFE[client] = threading.Lock()
+        return lock
+
+
+def close_client(client: KazooClient) -> None:
+    """Stop and close ``client`` (blocking: call it off the loop), one caller at a time and
+    never while :func:`start_client` is inside kazoo's ``start``. kazoo's ``stop`` returns
+    at once when another thread's stop is still waiting for the connection to end (or
+    before a start has cleared its stopped flag), and its ``close`` then raises "Cannot
+    close connection until it is stopped": a stop of a component whose start had been
+    cut short met the start's own clean-up that way, failed, and could leave the client
+    running."""
+    with _life_lock(client):
+        client.stop()
+        client.close()
+
+
 async def start_client(client: KazooClient, timeout_s: float, close: Callable[[], None]) -> None:
     """``client.start(timeout_s)`` off the loop, never leaving a running client behind.
 
@@ -138,7 +166,8 @@ async def start_client(client: KazooClient, timeout_s: float, close: Callable[[]
     def run() -> None:
         nonlocal started
         try:
-            client.start(timeout_s)
+            with _life_lock(client):  # a close_client meanwhile waits for the start to end
+                client.start(timeout_s)
         except Exception:
             close()
             raise

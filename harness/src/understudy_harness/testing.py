@@ -38,7 +38,7 @@ from kazoo.exceptions import NoNodeError
 from understudy_broker import protocol as p
 from understudy_broker.client import request_once
 from understudy_broker.model import Permission
-from understudy_broker.zkclient import make_client
+from understudy_broker.zkclient import close_client, make_client
 from understudy_broker.zklayout import BrokerSpec, GroupConfig, decode_isr, isr_path
 from understudy_operator.local.plan import understudy_argv
 from understudy_operator.local.ports import free_port
@@ -138,8 +138,7 @@ def _started(client: K) -> Iterator[K]:
     try:
         yield client
     finally:
-        client.stop()
-        client.close()
+        close_client(client)
 
 
 def zk_session(connect: str, *, timeout_s: float = 5.0) -> contextlib.AbstractContextManager[Any]:

@@ -42,7 +42,13 @@ from understudy_broker.topicnodes import (
     create_topic_nodes,
     delete_topic_nodes,
 )
-from understudy_broker.zkclient import digest_acl, kazoo_future, make_client, start_client
+from understudy_broker.zkclient import (
+    close_client,
+    digest_acl,
+    kazoo_future,
+    make_client,
+    start_client,
+)
 from understudy_broker.zklayout import (
     ACL_RULES,
     ACL_USERS,
@@ -159,8 +165,7 @@ class ZkGateway:
         await asyncio.to_thread(self._close)
 
     def _close(self) -> None:
-        self.client.stop()
-        self.client.close()
+        close_client(self.client)
 
     async def _call(self, async_result: Any) -> Any:
         return await kazoo_future(asyncio.get_running_loop(), async_result)

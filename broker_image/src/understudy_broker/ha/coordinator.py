@@ -38,7 +38,14 @@ from understudy_broker.ha.lease import Lease, lease_clock, lease_duration_s, ren
 from understudy_broker.model import GroupState
 from understudy_broker.retry import Backoff
 from understudy_broker.tasks import stop_tasks
-from understudy_broker.zkclient import Digest, digest_acl, kazoo_future, make_client, start_client
+from understudy_broker.zkclient import (
+    Digest,
+    close_client,
+    digest_acl,
+    kazoo_future,
+    make_client,
+    start_client,
+)
 from understudy_broker.zklayout import (
     BrokerRouteDoc,
     BrokerStatus,
@@ -195,8 +202,7 @@ class BrokerCoordinator:
 
     def _close_client(self) -> None:
         self._client.remove_listener(self._listener)
-        self._client.stop()
-        self._client.close()
+        close_client(self._client)
 
     # ------------------------------------------------------------------ kazoo -> loop
 
