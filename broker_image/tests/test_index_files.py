@@ -62,6 +62,32 @@ def test_at_most_limit_files_are_open_and_every_index_keeps_working(tmp_path: Pa
     last.close()
 
 
+def test_the_least_recently_used_file_is_closed_before_another_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never more than ``limit`` open, not even between an open and the close it forces:
+    a broker's descriptors counted while it wrote indexes behind the log showed one more
+    (test_server_limits' bound failed so once)."""
+    files = OpenFiles(2)
+    indexes = [QueueIndex.create(tmp_path / f"q{i}", files=files) for i in range(4)]
+    held_at_open: list[int] = []
+    real_open = os.open
+
+    def counting_open(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        held_at_open.append(open_under(tmp_path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    for rnd in range(2):
+        for i, ix in enumerate(indexes):
+            ix.append([(1000 * i + rnd, 10, 1)])
+            ix.write_pending()
+    monkeypatch.undo()
+    assert len(held_at_open) == 8  # every write reopened its file (4 files, 2 kept)
+    assert max(held_at_open) == 1  # the oldest was closed before each open
+    for ix in indexes:
+        ix.close()
+
+
 def test_no_open_file_is_a_configuration_error() -> None:
     with pytest.raises(ValueError, match="at least one index file"):
         OpenFiles(0)

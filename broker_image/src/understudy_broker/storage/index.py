@@ -103,18 +103,19 @@ class OpenFiles:
         return len(self._open)
 
     def fd(self, index: QueueIndex) -> int:
-        """The descriptor of ``index``'s file, opened (closing the least recently used)
-        when it is not open."""
+        """The descriptor of ``index``'s file, opened (closing the least recently used
+        first, so never more than ``limit`` are open, not even for a moment) when it is
+        not open."""
         fd = self._open.get(index)
         if fd is not None:
             self._open.move_to_end(index)
             return fd
+        if len(self._open) >= self.limit:
+            _, oldest = self._open.popitem(last=False)
+            os.close(oldest)
         fd = os.open(index.path, os.O_RDWR)
         self.opened += 1
         self._open[index] = fd
-        if len(self._open) > self.limit:
-            _, oldest = self._open.popitem(last=False)
-            os.close(oldest)
         return fd
 
     def close(self, index: QueueIndex) -> None:
