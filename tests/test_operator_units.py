@@ -386,7 +386,23 @@ def test_controller_group_series_follow_changes_and_come_back_after_forget() -> 
                        "understudy_group_degraded": 1.0}
     m.forget("g1")
     assert shown() == {}
-    m.set_state("g1", GroupState(Mode.FENCING, epoch=2))  # the same values as before
+    m.set_state("g1", GroupState(Mode.FENCING, epoch=2, since=5.0))  # the same values as before
     m.set_degraded("g1", True)
     assert shown() == {"understudy_group_mode": 1.0, "understudy_group_epoch": 2.0,
                        "understudy_group_degraded": 1.0}
+
+    def entered(mode: str) -> float | None:
+        text = generate_latest(m.registry).decode()
+        found = re.search(rf'^understudy_group_mode_entered_timestamp_seconds\{{group="g1",mode="{mode}"\}} (\S+)$',
+                          text, re.M)
+        return None if found is None else float(found[1])
+
+    # A mode found (not written here) is dated by its state's since, once per mode.
+    assert entered("FENCING") == 5.0
+    m.set_state("g1", GroupState(Mode.FENCING, epoch=2, since=6.0))
+    assert entered("FENCING") == 5.0
+    # A transition this controller wrote is dated by its write, even into the same mode.
+    m.set_state("g1", GroupState(Mode.FENCING, epoch=3, since=7.0), entered_at=8.0)
+    assert entered("FENCING") == 8.0
+    m.set_state("g1", GroupState(Mode.SLAVE_CONSUME, epoch=4, since=9.0))
+    assert entered("SLAVE_CONSUME") == 9.0

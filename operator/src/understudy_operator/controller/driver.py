@@ -116,8 +116,8 @@ class ControllerMetrics:
                                   "mode (seconds since the epoch)", ["group", "mode"], registry=r)
         self.exited = Gauge(names.BROKER_EXITED, "When the broker's process was seen to exit "
                             "(seconds since the epoch)", ["group", "broker", "role"], registry=r)
-        self._modes: dict[str, Mode] = {}  # the mode each group's mode_entered last moved for
-        self._shown: dict[str, tuple[Mode, int]] = {}  # group -> (mode, epoch) exported
+        # group -> (mode, epoch) last exported (mode_entered moves when the mode changes)
+        self._shown: dict[str, tuple[Mode, int]] = {}
         self._degraded: dict[str, bool] = {}  # group -> the degraded gauge's value
         self._exited: dict[str, set[tuple[str, str]]] = {}  # group -> (broker, role) exported
 
@@ -131,12 +131,12 @@ class ControllerMetrics:
         of a transition into a new mode succeeded; a mode found otherwise (this controller
         just began leading, or another writer moved the group) is dated by ``state.since``."""
         shown = (state.mode, state.epoch)
-        if self._shown.get(group) != shown:  # every check of every group comes here
+        before = self._shown.get(group)
+        if before != shown:  # every check of every group comes here
             self._shown[group] = shown
             self.mode.labels(group).set(int(state.mode))
             self.epoch.labels(group).set(state.epoch)
-        if entered_at is not None or self._modes.get(group) is not state.mode:
-            self._modes[group] = state.mode
+        if entered_at is not None or before is None or before[0] is not state.mode:
             at = entered_at if entered_at is not None else state.since
             if at > 0:
                 self.mode_entered.labels(group, state.mode.name).set(at)
@@ -163,7 +163,6 @@ class ControllerMetrics:
                 self.transitions.remove(group, mode.name)
             with contextlib.suppress(KeyError):
                 self.mode_entered.remove(group, mode.name)
-        self._modes.pop(group, None)
         self._shown.pop(group, None)
         self._degraded.pop(group, None)
         for broker, role in self._exited.pop(group, set()):
