@@ -42,6 +42,7 @@ from kazoo.client import KazooClient
 from understudy_broker import protocol as p
 from understudy_broker.client import BrokerError, Connection
 from understudy_broker.model import Mode, Permission
+from understudy_broker.zkclient import close_client
 from understudy_broker.zklayout import BrokerStatus, GroupConfig, live_path, status_path
 from understudy_harness import netns as namespaces
 from understudy_harness.chaos import NETNS_KINDS
@@ -290,9 +291,8 @@ def expire_session(hosts: str, session_id: int, *, timeout_s: float) -> None:
                          client_id=(session_id, session_password(session_id)))
     try:
         client.start(timeout=10)
-        client.stop()
     finally:
-        client.close()
+        close_client(client)  # closing the session from here is what expires it
 
 
 async def zk_expiry(c: Cycle) -> None:
